@@ -1,0 +1,89 @@
+"""Checkpoint saving on aligned steps, and restores that refuse a different model.
+
+`tf.train.CheckpointManager` counts its interval from the first save (steps
+100, 600, 1100 for an interval of 500) and restores whatever matches, silently
+leaving the rest at its initial value. ctl's manager saves when the step
+crosses a multiple of the interval (500, 1000, 1500), which stays true across
+restarts, and checks on restore that every variable of the model and optimizer
+was found with its shape; a mismatch is a `UserError`, raised before anything
+is written.
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+
+from ctl.errors import UserError
+
+
+def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
+    """Whether a multiple of `interval` lies in `(last_step, step]`."""
+    if interval is None:
+        return True
+    last = 0 if last_step is None else last_step
+    return step // interval > last // interval
+
+
+class CheckpointManager(tf.train.CheckpointManager):
+    """A `tf.train.CheckpointManager` with aligned intervals and validated restores."""
+
+    def __init__(self, checkpoint, directory, *, step_counter, checkpoint_interval=None,
+                 init_fn=None, **kwargs):
+        super().__init__(checkpoint, directory, step_counter=step_counter, **kwargs)
+        self._step = step_counter
+        self._interval = checkpoint_interval
+        self._initialize = init_fn
+        self._saved_step = _step_of(self.latest_checkpoint)
+
+    @property
+    def checkpoint_interval(self) -> Optional[int]:
+        return self._interval
+
+    def save(self, checkpoint_number=None, check_interval=True, options=None):
+        step = int(self._step.numpy())
+        if step == self._saved_step:
+            return None
+        if check_interval and not interval_crossed(self._interval, self._saved_step, step):
+            return None
+        path = super().save(checkpoint_number=step, options=options)
+        self._saved_step = step
+        return path
+
+    def restore_or_initialize(self) -> Optional[str]:
+        path = self.latest_checkpoint
+        if path is None:
+            if self._initialize is not None:
+                self._initialize()
+            return None
+        restore(self.checkpoint, path, self.directory)
+        return path
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
+    """Restores `path` into `checkpoint`, or raises `UserError` on any mismatch."""
+    try:
+        status = checkpoint.restore(path)
+        status.assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as error:
+        raise UserError(
+            f"--model_dir={model_dir} holds a checkpoint of a different model "
+            f"({path}: {_first_line(error)}); use a new --model_dir, or the config that "
+            f"wrote it ({model_dir}/config.gin)."
+        ) from error
+    except (tf.errors.NotFoundError, tf.errors.DataLossError) as error:
+        raise UserError(
+            f"cannot read checkpoint {path} ({_first_line(error)}); remove it or use a new "
+            "--model_dir."
+        ) from error
+
+
+def _step_of(path: Optional[str]) -> Optional[int]:
+    if path is None:
+        return None
+    suffix = path.rsplit("-", 1)[-1]
+    return int(suffix) if suffix.isdigit() else None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

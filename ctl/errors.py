@@ -1,0 +1,16 @@
+"""The one exception type for mistakes a user can fix.
+
+A `UserError` carries a one-line message that names the problem and the fix.
+`python -m ctl.run` prints it on stderr and exits with `EXIT_USER_ERROR`,
+without a traceback. Everything else is a bug in ctl or in user code and keeps
+its traceback.
+"""
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A bad flag, gin binding, path, TF_CONFIG or checkpoint."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))

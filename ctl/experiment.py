@@ -1,0 +1,90 @@
+"""What to run: a task, its trainer class and the schedule. Configured by gin.
+
+    ctl.Experiment.task = @DigitsTask()
+    ctl.Schedule.train_steps = 2000
+    ctl.Schedule.eval_interval = 500
+
+Everything here is plain data; `ctl.train_lib` acts on it.
+"""
+
+import dataclasses
+from typing import Optional, Type
+
+import gin
+
+from ctl.errors import UserError
+from ctl.task import Task
+from ctl.trainer import Trainer
+
+
+@gin.configurable(module="ctl")
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When to train, evaluate, checkpoint and summarize, in global steps.
+
+    Attributes:
+      train_steps: the global step training ends at.
+      steps_per_loop: steps per call of the train loop (one log line each).
+      eval_steps: batches per evaluation; `None` evaluates the whole eval set.
+      eval_interval: train steps between evaluations in `train_and_eval`;
+        `None` evaluates only at the end. A final evaluation always runs.
+      checkpoint_interval: train steps between checkpoints; one is always
+        written at the end.
+      max_checkpoints: checkpoints kept in the model dir.
+      summary_interval: steps between `tf.summary` calls made inside the train
+        step; a multiple of `steps_per_loop`. Loop results (loss, metrics,
+        learning rate, steps/sec) are summarized every loop.
+    """
+
+    train_steps: int = gin.REQUIRED
+    steps_per_loop: int = 100
+    eval_steps: Optional[int] = None
+    eval_interval: Optional[int] = 1000
+    checkpoint_interval: int = 1000
+    max_checkpoints: int = 5
+    summary_interval: Optional[int] = None
+
+    def __post_init__(self):
+        _require_positive("train_steps", self.train_steps, allow_zero=True)
+        for name in ("steps_per_loop", "checkpoint_interval", "max_checkpoints"):
+            _require_positive(name, getattr(self, name))
+        for name in ("eval_steps", "eval_interval", "summary_interval"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
+        if self.summary_interval is not None and self.summary_interval % self.steps_per_loop:
+            raise UserError(
+                f"ctl.Schedule.summary_interval ({self.summary_interval}) must be a multiple "
+                f"of ctl.Schedule.steps_per_loop ({self.steps_per_loop})."
+            )
+
+
+@gin.configurable(module="ctl")
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A task, the trainer class that runs it, and the schedule."""
+
+    task: Task = gin.REQUIRED
+    schedule: Schedule = dataclasses.field(default_factory=Schedule)
+    trainer_cls: Type[Trainer] = Trainer
+
+    def __post_init__(self):
+        if not isinstance(self.task, Task):
+            raise UserError(
+                f"ctl.Experiment.task must be a ctl.Task instance, got {self.task!r}; "
+                "bind it with `ctl.Experiment.task = @MyTask()`."
+            )
+        if not (isinstance(self.trainer_cls, type) and issubclass(self.trainer_cls, Trainer)):
+            raise UserError(
+                f"ctl.Experiment.trainer_cls must be a subclass of ctl.Trainer, got "
+                f"{self.trainer_cls!r}."
+            )
+
+
+def _require_positive(name: str, value, allow_zero: bool = False):
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise UserError(
+            f"ctl.Schedule.{name} ({value!r}) must be {kind} integer; "
+            f"fix it with --gin_bindings='ctl.Schedule.{name} = ...'."
+        )

@@ -1,0 +1,68 @@
+"""`python -m ctl.run`: flags, then gin, then the mode. Intentionally short.
+
+    python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
+        --gin_file=configs/digits.gin --gin_bindings='ctl.Schedule.train_steps=500'
+
+A user mistake ends in one line on stderr and exit status 2.
+"""
+
+import logging as std_logging
+import sys
+
+from absl import app, flags, logging
+
+from ctl import config, distribute, train_lib
+from ctl.errors import EXIT_USER_ERROR, UserError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("mode", None, train_lib.MODES, "What to run.")
+flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
+flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin binding, applied after the files; repeatable.")
+flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
+flags.DEFINE_enum("strategy", "default", distribute.STRATEGIES, "tf.distribute strategy.")
+flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices (try mirrored on CPU).")
+flags.mark_flags_as_required(["mode", "model_dir"])
+
+
+def _fail(message: str) -> None:
+    print(f"ctl.run: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def _parse_flags(argv):
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        _fail(f"{error}. See --helpfull.")
+
+
+def _log_to_stdout() -> None:
+    """INFO logs go to stdout, so that stderr holds only problems."""
+    logging.set_verbosity(logging.INFO)
+    handler = logging.get_absl_handler().python_handler
+    handler.stream = sys.stdout
+    handler.addFilter(_NotOrbitController())
+
+
+class _NotOrbitController(std_logging.Filter):
+    """orbit's Controller prints each of its log lines as well; keep one copy."""
+
+    def filter(self, record):
+        return not record.pathname.endswith("orbit/controller.py")
+
+
+def main(argv):
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
+    _log_to_stdout()
+    try:
+        strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+        config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
+    except UserError as error:
+        _fail(str(error))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

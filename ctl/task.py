@@ -1,0 +1,127 @@
+"""`Task`: what a user writes to train a new model with ctl.
+
+A task says *what* to train: the model, its optimizer, the data, the losses and
+the metrics. The `Trainer` says *how*: loops, distribution, checkpoints.
+
+Input contract: every element of the datasets returned by `build_inputs` is a
+`(features, labels)` pair. `features` is whatever the model's `call` takes (a
+tensor or a dict of tensors); `labels` is whatever `build_losses` and the
+metrics take. A task whose data does not fit this pair overrides `train_step`
+and `validation_step`; ctl never inspects the structure to guess.
+"""
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import tensorflow as tf
+
+Logs = Dict[str, Any]
+
+
+class Task:
+    """Base class for user tasks. Subclass it and register it with gin.
+
+    Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
+    Optional: `build_metrics`, `train_step`, `validation_step`,
+    `aggregate_logs`, `reduce_aggregated_logs`, `initialize`.
+
+    All `build_*` methods are called inside the distribution strategy's scope,
+    so variables they create are placed correctly. Models may be Keras 3
+    (`tf.keras`, `keras`) or Keras 2 (`tf_keras`), as long as the optimizer
+    comes from the same Keras.
+    """
+
+    def build_model(self):
+        """Returns a built Keras model (its variables exist, e.g. via `Input`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_model().")
+
+    def build_optimizer(self):
+        """Returns an optimizer from the same Keras as the model."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement build_optimizer()."
+        )
+
+    def build_inputs(
+        self, training: bool, input_context: Optional[tf.distribute.InputContext] = None
+    ) -> tf.data.Dataset:
+        """Returns the train (`training=True`) or eval dataset of one input pipeline.
+
+        Batch with `input_context.get_per_replica_batch_size(global_batch)` and
+        shard with `input_context.input_pipeline_id` when `input_context` is
+        given. The train dataset should repeat; the eval dataset should end
+        after one pass over the eval set (keep the remainder batch).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement build_inputs(training, input_context)."
+        )
+
+    def build_losses(self, labels, outputs, aux_losses: Optional[List[Any]] = None):
+        """Returns the scalar loss of one replica's batch (a mean, not a sum)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement build_losses(labels, outputs, aux_losses)."
+        )
+
+    def build_metrics(self, training: bool = True) -> List[Any]:
+        """Returns Keras metrics updated with `(labels, outputs)` each step."""
+        del training
+        return []
+
+    def train_step(self, inputs, model, optimizer, metrics) -> Logs:
+        """One replica's training step; runs inside `tf.function` and `strategy.run`.
+
+        Returns a dict with at least `"loss"`, the unscaled per-replica loss.
+        """
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            outputs = model(features, training=True)
+            loss = self.build_losses(labels, outputs, aux_losses=model.losses)
+            # Gradients are summed over replicas, so scale to get their mean.
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            scaled_loss = loss / replicas
+        variables = model.trainable_variables
+        gradients = tape.gradient(scaled_loss, variables)
+        optimizer.apply_gradients(zip(gradients, variables))
+        for metric in metrics:
+            metric.update_state(labels, outputs)
+        return {"loss": loss}
+
+    def validation_step(self, inputs, model, metrics) -> Logs:
+        """One replica's eval step; runs inside `tf.function` and `strategy.run`.
+
+        Returns a dict with `"loss"`; any other entries are handed, per replica,
+        to `aggregate_logs`.
+        """
+        features, labels = inputs
+        outputs = model(features, training=False)
+        loss = self.build_losses(labels, outputs, aux_losses=model.losses)
+        for metric in metrics:
+            metric.update_state(labels, outputs)
+        return {"loss": loss}
+
+    def aggregate_logs(self, state: Any, step_logs: Mapping[str, List[Any]]) -> Any:
+        """Folds one eval step's extra logs into `state` (eager, NumPy values).
+
+        `state` starts as `None`; `step_logs` maps each extra entry returned by
+        `validation_step` to a list with one NumPy array per local replica.
+        Override this (and `reduce_aggregated_logs`) for results that Keras
+        metrics cannot hold, such as predictions over the whole eval set.
+        """
+        del step_logs
+        return state
+
+    def reduce_aggregated_logs(self, aggregated_logs: Any, global_step: int) -> Dict[str, Any]:
+        """Turns the aggregated state into named scalar results (eager)."""
+        del aggregated_logs, global_step
+        return {}
+
+    def initialize(self, model) -> None:
+        """Called once when the model dir holds no checkpoint yet.
+
+        Override to load pretrained weights, e.g. with
+        `tf.train.Checkpoint(encoder=model.encoder).read(path)`.
+        """
+        del model
+
+    @classmethod
+    def aggregates_logs(cls) -> bool:
+        """Whether this task collects eval outputs beyond its Keras metrics."""
+        return cls.aggregate_logs is not Task.aggregate_logs

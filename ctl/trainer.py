@@ -1,0 +1,211 @@
+"""`Trainer`: the train and eval loops of a `Task`, on orbit's standard runners.
+
+One training loop of `num_steps` steps, as `orbit.Controller` calls it:
+
+    train_loop_begin()                      # eager: reset train metrics
+    for _ in range(num_steps):              # tf.while_loop or a host loop
+      train_step(iterator)                  # tf.function
+        inputs = next_train_inputs(iterator)
+        strategy.run(task.train_step, inputs)
+        global_step += 1
+    return train_loop_end()                 # eager: {loss, metrics, learning_rate}
+
+One evaluation:
+
+    state = eval_begin()                    # eager: reset eval metrics
+    for _ in range(num_steps or until the eval set ends):
+      outputs = eval_step(iterator)         # tf.function
+        inputs = next_eval_inputs(iterator)
+        strategy.run(task.validation_step, inputs)
+      state = eval_reduce(state, outputs)   # eager; only if the task aggregates
+    return eval_end(state)                  # eager: {loss, metrics, task results}
+
+`use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
+number of steps) as one `tf.while_loop` inside one `tf.function` call; with
+`False` the host drives the loop and each step is its own `tf.function` call.
+Evaluations over the whole eval set, and of tasks that aggregate logs on the
+host, always use the host loop.
+"""
+
+from typing import Any, Dict, Optional
+
+import gin
+import orbit
+import tensorflow as tf
+
+from ctl.errors import UserError
+from ctl.task import Task
+
+Logs = Dict[str, Any]
+
+
+@gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate"])
+class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+    """Trains and evaluates a `Task` under a `tf.distribute` strategy.
+
+    The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
+    `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
+    tools can read it. Subclass and override a hook to change one part of the
+    loop; point gin's `ctl.Experiment.trainer_cls` at the subclass.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        strategy: Optional[tf.distribute.Strategy] = None,
+        train: bool = True,
+        evaluate: bool = True,
+        use_tf_function: bool = True,
+        use_tf_while_loop: bool = True,
+    ):
+        if use_tf_while_loop and not use_tf_function:
+            raise UserError(
+                "ctl.Trainer.use_tf_while_loop=True needs use_tf_function=True; "
+                "set one of them differently."
+            )
+        self.task = task
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self._use_tf_function = use_tf_function
+        self._use_tf_while_loop = use_tf_while_loop
+        with self.strategy.scope():
+            self.model = task.build_model()
+            if not self.model.trainable_variables:
+                raise UserError(
+                    f"{type(task).__name__}.build_model() returned a model without "
+                    "variables; build it (e.g. start it with an Input layer)."
+                )
+            self.optimizer = task.build_optimizer()
+            # Keras 3 optimizers must own their slots before a strategy traces
+            # apply_gradients; tf_keras ones accept it as well.
+            self.optimizer.build(self.model.trainable_variables)
+            self.global_step = orbit.utils.create_global_step()
+            self.train_metrics = list(task.build_metrics(training=True))
+            self.eval_metrics = list(task.build_metrics(training=False))
+            self.train_loss = tf.keras.metrics.Mean("loss")
+            self.eval_loss = tf.keras.metrics.Mean("loss")
+        self.checkpoint = tf.train.Checkpoint(
+            global_step=self.global_step, model=self.model, optimizer=self.optimizer
+        )
+        orbit.StandardTrainer.__init__(
+            self,
+            self.distribute_dataset(task.build_inputs, training=True) if train else None,
+            options=orbit.StandardTrainerOptions(
+                use_tf_function=use_tf_function, use_tf_while_loop=use_tf_while_loop
+            ),
+        )
+        orbit.StandardEvaluator.__init__(
+            self,
+            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None,
+            # The loop choice for eval is made per call in create_eval_loop_fn.
+            options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
+        )
+
+    def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
+        """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`."""
+        return orbit.utils.make_distributed_dataset(
+            self.strategy, dataset_or_fn, *args, **kwargs
+        )
+
+    # Training hooks.
+
+    def train_loop_begin(self):
+        for metric in [self.train_loss, *self.train_metrics]:
+            metric.reset_state()
+
+    def next_train_inputs(self, iterator):
+        """Returns the next inputs for the model; runs inside `tf.function`."""
+        return next(iterator)
+
+    def train_step(self, iterator):
+        def step_fn(inputs):
+            logs = self.task.train_step(
+                inputs,
+                model=self.model,
+                optimizer=self.optimizer,
+                metrics=self.train_metrics,
+            )
+            self.train_loss.update_state(logs["loss"])
+
+        self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
+        self.global_step.assign_add(1)
+
+    def train_loop_end(self) -> Logs:
+        logs = _results([self.train_loss, *self.train_metrics])
+        logs["learning_rate"] = current_learning_rate(self.optimizer)
+        return logs
+
+    # Evaluation hooks.
+
+    def create_eval_loop_fn(self, has_state: bool):
+        step_fn = tf.function(self.eval_step) if self._use_tf_function else self.eval_step
+        host_loop = orbit.utils.create_loop_fn(step_fn)
+        if has_state or not self._use_tf_while_loop:
+            return host_loop
+        graph_loop = tf.function(orbit.utils.create_tf_while_loop_fn(self.eval_step))
+
+        def loop(iterator, num_steps, state=None, reduce_fn=None):
+            if num_steps == -1:  # Until the eval set ends: only a host loop can stop there.
+                return host_loop(iterator, num_steps, state=state, reduce_fn=reduce_fn)
+            graph_loop(iterator, num_steps)
+            return state
+
+        return loop
+
+    def eval_begin(self):
+        for metric in [self.eval_loss, *self.eval_metrics]:
+            metric.reset_state()
+        # A non-None state makes orbit call eval_reduce after each step.
+        return _FIRST_REDUCE if self.task.aggregates_logs() else None
+
+    def next_eval_inputs(self, iterator):
+        """Returns the next inputs for the model; runs inside `tf.function`."""
+        return next(iterator)
+
+    def eval_step(self, iterator):
+        def step_fn(inputs):
+            logs = dict(
+                self.task.validation_step(inputs, model=self.model, metrics=self.eval_metrics)
+            )
+            self.eval_loss.update_state(logs.pop("loss"))
+            return logs
+
+        outputs = self.strategy.run(step_fn, args=(self.next_eval_inputs(iterator),))
+        return tf.nest.map_structure(self.strategy.experimental_local_results, outputs)
+
+    def eval_reduce(self, state=None, step_outputs=None):
+        if state is _FIRST_REDUCE:
+            state = None
+        step_logs = tf.nest.map_structure(lambda t: t.numpy(), step_outputs)
+        return self.task.aggregate_logs(state, step_logs)
+
+    def eval_end(self, aggregated_logs=None) -> Logs:
+        logs = _results([self.eval_loss, *self.eval_metrics])
+        if self.task.aggregates_logs():
+            if aggregated_logs is _FIRST_REDUCE:
+                aggregated_logs = None
+            step = int(self.global_step.numpy())
+            logs.update(self.task.reduce_aggregated_logs(aggregated_logs, global_step=step))
+        return logs
+
+
+# Marks "no eval step has run yet" so that aggregating tasks always see None first.
+_FIRST_REDUCE = object()
+
+
+def _results(metrics) -> Logs:
+    logs = {}
+    for metric in metrics:
+        result = metric.result()
+        if isinstance(result, dict):
+            logs.update(result)
+        else:
+            logs[metric.name] = result
+    return logs
+
+
+def current_learning_rate(optimizer) -> tf.Tensor:
+    """The learning rate the optimizer applies at its current iteration."""
+    learning_rate = optimizer.learning_rate
+    if callable(learning_rate):  # A tf_keras schedule; Keras 3 evaluates its own.
+        learning_rate = learning_rate(optimizer.iterations)
+    return tf.convert_to_tensor(learning_rate)

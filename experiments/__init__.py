@@ -1,0 +1,1 @@
+"""Experiments that ship with ctl; each module holds one gin-registered Task."""
