@@ -9,6 +9,7 @@ was found with its shape; a mismatch is a `UserError`, raised before anything
 is written.
 """
 
+import os
 from typing import Optional
 
 import tensorflow as tf
@@ -61,13 +62,16 @@ class CheckpointManager(tf.train.CheckpointManager):
 
 def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
     """Restores `path` into `checkpoint`, or raises `UserError` on any mismatch."""
+    status = None
     try:
         status = checkpoint.restore(path)
         status.assert_existing_objects_matched()
     except (ValueError, AssertionError, tf.errors.InvalidArgumentError) as error:
+        if status is not None:
+            status.expect_partial()  # We report the mismatch; TensorFlow need not warn again.
         raise UserError(
             f"--model_dir={model_dir} holds a checkpoint of a different model "
-            f"({path}: {_first_line(error)}); use a new --model_dir, or the config that "
+            f"({os.path.basename(path)}: {_first_line(error)}); use a new --model_dir, or the config that "
             f"wrote it ({model_dir}/config.gin)."
         ) from error
     except (tf.errors.NotFoundError, tf.errors.DataLossError) as error:
@@ -86,4 +90,4 @@ def _step_of(path: Optional[str]) -> Optional[int]:
 
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    return text.splitlines()[0][:160] if text else type(error).__name__

@@ -61,7 +61,8 @@ def main(argv):
         config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
         train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
     except UserError as error:
-        _fail(str(error))
+        # Gin appends "In call to configurable ..." lines; the first line is ctl's.
+        _fail(str(error).splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ One evaluation:
       state = eval_reduce(state, outputs)   # eager; only if the task aggregates
     return eval_end(state)                  # eager: {loss, metrics, task results}
 
+The first dimension of every input tensor is the batch: the eval loss is a mean
+over examples, weighted by batch size.
+
 `use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
 number of steps) as one `tf.while_loop` inside one `tf.function` call; with
 `False` the host drives the loop and each step is its own `tf.function` call.
@@ -166,7 +169,12 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             logs = dict(
                 self.task.validation_step(inputs, model=self.model, metrics=self.eval_metrics)
             )
-            self.eval_loss.update_state(logs.pop("loss"))
+            # Weigh each batch by its size, so that the remainder batch (and the
+            # empty batch a replica gets when the eval set runs out) count right.
+            examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
+            loss = logs.pop("loss")
+            loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
+            self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             return logs
 
         outputs = self.strategy.run(step_fn, args=(self.next_eval_inputs(iterator),))
