@@ -8,7 +8,7 @@ Everything here is plain data; `ctl.train_lib` acts on it.
 """
 
 import dataclasses
-from typing import Optional, Type
+from typing import Any, Optional, Sequence, Type
 
 import gin
 
@@ -61,11 +61,12 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, the trainer class that runs it, and the schedule."""
+    """A task, the trainer class that runs it, the schedule, and hooks (ctl.hooks)."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
     trainer_cls: Type[Trainer] = Trainer
+    hooks: Sequence[Any] = ()
 
     def __post_init__(self):
         if not isinstance(self.task, Task):

@@ -13,9 +13,12 @@ import tensorflow as tf
 
 from ctl import config
 from ctl.checkpointing import CheckpointManager
+from ctl.controller import Controller
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.hooks import Hooks, Run
+from ctl.progress import MetricsLog, ProgressLogger
 
 MODES = ("train", "eval", "train_and_eval")
 TRAIN_SUMMARY_DIR = "train"
@@ -50,7 +53,9 @@ def run_experiment(
     )
     chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
-    controller = orbit.Controller(
+    eval_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
+    hooks = _hooks(experiment, trainer, model_dir, strategy, chief, summary_dir, eval_dir)
+    controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
         evaluator=trainer if evaluate else None,
@@ -62,16 +67,27 @@ def run_experiment(
             max_to_keep=schedule.max_checkpoints,
             step_counter=trainer.global_step,
             checkpoint_interval=schedule.checkpoint_interval,
-            init_fn=lambda: experiment.task.initialize(trainer.model),
+            init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
         ),
         summary_interval=schedule.summary_interval,
         summary_dir=summary_dir if chief else None,
-        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
-        train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
+        eval_summary_dir=eval_dir if chief else None,
+        train_actions=([_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else [])
+        + hooks.actions("on_train_loop_end"),
+        eval_actions=hooks.actions("on_eval_end"),
+        stop=hooks.run.stop,
+        on_checkpoint_end=hooks.actions("on_checkpoint_end"),
+        on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
     if train and chief:
         config.save_config(model_dir)
 
+    output = _run_mode(mode, controller, schedule)
+    hooks.call("on_trial_close", output)
+    return output
+
+
+def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
@@ -87,6 +103,17 @@ def run_experiment(
         logging.info("training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
     return output
+
+
+def _hooks(experiment, trainer, model_dir, strategy, chief, train_dir, eval_dir) -> Hooks:
+    """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
+    run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
+              global_step=trainer.global_step, task=experiment.task, strategy=strategy,
+              chief=chief, train_steps=experiment.schedule.train_steps)
+    builtin = [ProgressLogger(experiment.schedule.train_steps)]
+    if chief:
+        builtin.append(MetricsLog(train_dir, eval_dir))
+    return Hooks(builtin + list(experiment.hooks), run)
 
 
 def ensure_writable(model_dir: str) -> None:

@@ -1,0 +1,118 @@
+"""Everyday output: a progress line per train loop, a terminal bar, JSON lines.
+
+`ProgressLogger` logs one line per train loop with step, loss, steps/sec and
+the time left (ETA), and draws a progress bar on stderr when stderr is a
+terminal. `MetricsLog` appends one JSON object per train loop to
+`<model_dir>/train/metrics.jsonl` and one per evaluation to
+`<model_dir>/eval/metrics.jsonl`, for scripts:
+
+    {"step": 200, "time": 1700000000.0, "loss": 0.31, "accuracy": 0.9, ...}
+
+Both are hooks (ctl.hooks) and run eagerly on the host; ctl adds them to
+every run (MetricsLog on the chief only).
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, Optional, TextIO
+
+from absl import logging
+import numpy as np
+import orbit
+import tensorflow as tf
+
+from ctl.hooks import Hook, Run
+
+BAR_WIDTH = 30
+METRICS_FILE = "metrics.jsonl"
+
+
+def scalars(logs) -> Dict[str, float]:
+    """The scalar entries of `logs` as Python floats (others are left out)."""
+    values = {}
+    for name, value in (logs or {}).items():
+        value = np.asarray(orbit.utils.get_value(value))
+        if value.size == 1 and np.issubdtype(value.dtype, np.number):
+            values[name] = float(value.reshape(()))
+    return values
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+class ProgressLogger(Hook):
+    """One log line per train loop: step, loss, steps/sec and ETA; a bar on a TTY."""
+
+    def __init__(self, train_steps: int, stream: Optional[TextIO] = None,
+                 clock=time.monotonic):
+        self.train_steps = train_steps
+        self.stream = stream or sys.stderr
+        self.clock = clock
+        self._last = None  # (time, step) at the end of the previous loop.
+
+    def bind(self, run: Run) -> None:
+        super().bind(run)
+        self._last = (self.clock(), run.step)
+
+    def on_checkpoint_load(self, unused_path) -> None:
+        self._last = (self.clock(), self.run.step)  # Do not count restored steps as trained.
+
+    def line(self, step: int, loss: Optional[float], now: float) -> str:
+        last_time, last_step = self._last
+        rate = (step - last_step) / max(now - last_time, 1e-9)
+        eta = (self.train_steps - step) / rate if rate > 0 else float("inf")
+        loss_text = f"{loss:.4g}" if loss is not None else "-"
+        percent = 100.0 * step / self.train_steps if self.train_steps else 100.0
+        return (f"progress | step {step}/{self.train_steps} ({percent:.0f}%) | loss {loss_text} | "
+                f"{rate:.1f} steps/sec | ETA {format_duration(eta)}")
+
+    def on_train_loop_end(self, logs) -> None:
+        now, step = self.clock(), self.run.step
+        text = self.line(step, scalars(logs).get("loss"), now)
+        self._last = (now, step)
+        logging.info("%s", text)
+        if self.stream.isatty():
+            done = int(BAR_WIDTH * min(step / max(self.train_steps, 1), 1.0))
+            end = "\n" if step >= self.train_steps else ""
+            self.stream.write(f"\r[{'#' * done}{'.' * (BAR_WIDTH - done)}] {text}{end}")
+            self.stream.flush()
+
+    def on_trial_close(self, unused_logs) -> None:
+        if self.stream.isatty():
+            self.stream.write("\n")
+
+
+class MetricsLog(Hook):
+    """Appends a JSON line per train loop and per evaluation under the model dir."""
+
+    def __init__(self, train_dir: str, eval_dir: str):
+        self.paths = {"train": os.path.join(train_dir, METRICS_FILE),
+                      "eval": os.path.join(eval_dir, METRICS_FILE)}
+
+    def on_train_loop_end(self, logs) -> None:
+        self.append("train", logs)
+
+    def on_eval_end(self, logs) -> None:
+        self.append("eval", logs)
+
+    def append(self, kind: str, logs: Any) -> None:
+        record = {"step": self.run.step, "time": time.time(), **scalars(logs)}
+        path = self.paths[kind]
+        tf.io.gfile.makedirs(os.path.dirname(path))
+        # One write of one whole line: readers never see half a record.
+        with tf.io.gfile.GFile(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str):
+    """The records of a `metrics.jsonl` file, oldest first."""
+    with tf.io.gfile.GFile(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
