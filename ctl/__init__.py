@@ -10,10 +10,16 @@ import os
 # loop's own log; keep warnings and errors. A value the user set wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from ctl.errors import UserError  # noqa: E402
+from ctl.best import BestCheckpoint  # noqa: E402
+from ctl.errors import UserError
 from ctl.experiment import Experiment, Schedule
+from ctl.exporting import BestExporter, FinalExporter, LatestExporter
+from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
 from ctl.task import Task
 from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
+from ctl.warm_start import WarmStart
 
-__all__ = ["Experiment", "MODES", "Schedule", "Task", "Trainer", "UserError", "run_experiment"]
+__all__ = ["BestCheckpoint", "BestExporter", "EarlyStopping", "Experiment", "FinalExporter",
+           "Hook", "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
+           "UserError", "WarmStart", "run_experiment"]

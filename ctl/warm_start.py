@@ -6,8 +6,8 @@
 
 It runs only when the model dir holds no checkpoint (a restart resumes from the
 run's own checkpoints instead). Variables are matched by their object path in
-the checkpoint, as `tf.train.Checkpoint` would match them: `model/...` in a
-ctl checkpoint (`checkpoint_prefix` names another root, e.g. for a checkpoint
+the checkpoint's object graph, as `tf.train.Checkpoint.restore` matches them:
+under `model` in a ctl checkpoint (`checkpoint_prefix` names another root, e.g. for a checkpoint
 written as `tf.train.Checkpoint(encoder=...)`). Only model weights are read;
 the optimizer and the step start fresh.
 
@@ -17,29 +17,29 @@ the chosen variables, a shape mismatch, or an `include` that names nothing is a
 """
 
 import collections
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from absl import logging
 import gin
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from ctl.errors import UserError
 from ctl.hooks import Hook
 
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
-def variable_keys(root_name: str, obj) -> Dict[str, object]:
-    """Maps checkpoint key -> variable for every variable reachable from `obj`.
+def variable_paths(obj) -> Dict[str, object]:
+    """Maps object path (e.g. `layer_with_weights-0/kernel`) -> variable, under `obj`.
 
-    Walks the object graph breadth-first with `tf.train.TrackableView`, as the
-    checkpoint writer does, so the first path to a variable is its key.
+    Walks the object graph breadth-first with `tf.train.TrackableView`, the
+    graph a checkpoint records, so each path also leads to the variable there.
     """
-    root = tf.train.Checkpoint(**{root_name: obj})
+    root = tf.train.Checkpoint(root=obj)
     view = tf.train.TrackableView(root)  # Holds a weak reference to `root`.
-    keys = {}
-    seen = set()
-    queue = collections.deque([(root, "")])
+    paths = {}
+    seen = {id(obj)}
+    queue = collections.deque([(obj, "")])
     while queue:
         node, path = queue.popleft()
         for name, child in view.children(node).items():
@@ -48,9 +48,51 @@ def variable_keys(root_name: str, obj) -> Dict[str, object]:
             seen.add(id(child))
             child_path = f"{path}/{name}" if path else name
             if _is_variable(child):
-                keys[child_path + _VALUE] = child
+                paths[child_path] = child
             queue.append((child, child_path))
-    return keys
+    return paths
+
+
+class SavedGraph:
+    """The object graph stored in a checkpoint: follows paths to checkpoint keys."""
+
+    def __init__(self, reader):
+        self.proto = trackable_object_graph_pb2.TrackableObjectGraph()
+        self.proto.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+
+    def node(self, path: str, start: int = 0) -> Optional[int]:
+        node = start
+        for name in path.split("/"):
+            children = {c.local_name: c.node_id for c in self.proto.nodes[node].children}
+            if name not in children:
+                return None
+            node = children[name]
+        return node
+
+    def key(self, node: Optional[int]) -> Optional[str]:
+        if node is None:
+            return None
+        for attribute in self.proto.nodes[node].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                return attribute.checkpoint_key
+        return None
+
+    def variables_under(self, start: int) -> Dict[str, str]:
+        """Maps path (from `start`) -> checkpoint key for every variable below `start`."""
+        found, seen = {}, {start}
+        queue = collections.deque([(start, "")])
+        while queue:
+            node, path = queue.popleft()
+            for child in self.proto.nodes[node].children:
+                if child.node_id in seen:
+                    continue
+                seen.add(child.node_id)
+                child_path = f"{path}/{child.local_name}" if path else child.local_name
+                key = self.key(child.node_id)
+                if key:
+                    found[child_path] = key
+                queue.append((child.node_id, child_path))
+        return found
 
 
 def _is_variable(obj) -> bool:
@@ -120,41 +162,48 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
     Returns {"restored": [variable names], "not_in_checkpoint": [variable names],
     "not_restored": [checkpoint paths under `checkpoint_prefix` left unread]}.
     """
-    path = _resolve(init_checkpoint)
+    path_ = _resolve(init_checkpoint)
     try:
-        reader = tf.train.load_checkpoint(path)
+        reader = tf.train.load_checkpoint(path_)
     except (tf.errors.OpError, ValueError) as error:
         raise UserError(f"cannot read ctl.WarmStart.init_checkpoint={init_checkpoint!r} "
                         f"({str(error).splitlines()[0][:160]}); check the path.") from error
     available = reader.get_variable_to_shape_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" not in available:
+        raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} is a name-based (TF1) "
+                        "checkpoint; warm start reads object-based (TF2) checkpoints.")
+    graph = SavedGraph(reader)
     wanted_ids = {id(v) for v in select(model, include)}
-    keys = {k: v for k, v in variable_keys(checkpoint_prefix, model).items() if id(v) in wanted_ids}
-    restored = sorted(k for k in keys if k in available)
-    missing = sorted(k for k in keys if k not in available)
-    mismatched = [f"{k} {list(available[k])} vs {list(keys[k].shape)}" for k in restored
-                  if list(available[k]) != list(keys[k].shape)]
+    chosen = {p: v for p, v in variable_paths(model).items() if id(v) in wanted_ids}
+    model_node = graph.node(checkpoint_prefix)
+    keys = {p: graph.key(graph.node(p, model_node)) if model_node is not None else None
+            for p in chosen}
+    restored = sorted(p for p in chosen if keys[p] in available)
+    missing = sorted(p for p in chosen if keys[p] not in available)
+    mismatched = [f"{p} {list(available[keys[p]])} vs {list(chosen[p].shape)}" for p in restored
+                  if list(available[keys[p]]) != list(chosen[p].shape)]
     if mismatched:
         raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} has other shapes for "
                         f"{len(mismatched)} variable(s): {'; '.join(mismatched[:3])}; restore a "
                         "subset with ctl.WarmStart.include or fix the model.")
     if not restored:
-        sample = ", ".join(sorted(k for k in available if k != "_CHECKPOINTABLE_OBJECT_GRAPH")[:3])
+        top = ", ".join(c.local_name for c in graph.proto.nodes[0].children)
         raise UserError(
             f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} matches none of the "
-            f"{len(keys)} chosen variables (they start with {checkpoint_prefix!r}/; the checkpoint "
-            f"has e.g. {sample}); check the path, ctl.WarmStart.include and "
+            f"{len(chosen)} chosen variables (looked under {checkpoint_prefix!r}; the checkpoint's "
+            f"top-level objects: {top}); check the path, ctl.WarmStart.include and "
             "ctl.WarmStart.checkpoint_prefix."
         )
-    for key in restored:
-        keys[key].assign(reader.get_tensor(key))
-    prefix = checkpoint_prefix + "/"
-    unused = sorted(k for k in available if k.startswith(prefix) and k.endswith(_VALUE)
-                    and k not in keys)
-    names = lambda ks: [_name(keys[k]) for k in ks]  # noqa: E731
-    report = {"restored": names(restored), "not_in_checkpoint": names(missing),
-              "not_restored": [k[: -len(_VALUE)] for k in unused]}
-    logging.info("warm start from %s: restored %d of %d chosen variables%s: %s", path,
-                 len(restored), len(keys), f" (include={list(include)})" if include else "",
+    for path in restored:
+        chosen[path].assign(reader.get_tensor(keys[path]))
+    used = {keys[p] for p in restored}
+    unused = sorted(f"{checkpoint_prefix}/{p}" for p, k in graph.variables_under(model_node).items()
+                    if k not in used)
+    report = {"restored": [_name(chosen[p]) for p in restored],
+              "not_in_checkpoint": [_name(chosen[p]) for p in missing],
+              "not_restored": unused}
+    logging.info("warm start from %s: restored %d of %d chosen variables%s: %s", path_,
+                 len(restored), len(chosen), f" (include={list(include)})" if include else "",
                  ", ".join(report["restored"]))
     if missing:
         logging.info("warm start: not in the checkpoint, left as initialized: %s",

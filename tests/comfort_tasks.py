@@ -2,6 +2,8 @@
 
 import gin
 
+import ctl
+
 from tests.tasks import RegressionTask
 
 
@@ -23,3 +25,12 @@ class MisshapenTask(RegressionTask):
 
     def build_model(self):
         return self.k.Sequential([self.k.Input((5,)), self.k.layers.Dense(1)])
+
+
+@gin.register
+class ZeroTargetsTrainer(ctl.Trainer):
+    """Trains toward predicting zero: every evaluation on the real targets gets worse."""
+
+    def next_train_inputs(self, iterator):
+        features, targets = next(iterator)
+        return features, targets * 0.0

@@ -81,10 +81,10 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
         best = json.load(f)
     assert best["metric"] == "loss" and best["step"] == 40
     before = snapshot(os.path.join(model_dir, "best"))
-    # Resume with a learning rate that diverges: every later evaluation is worse.
+    # Resume training toward zeros: every later evaluation is worse.
     result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
                      f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
-                     "--gin.RegressionTask.learning_rate=2.0")
+                     "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
     assert result.returncode == 0, result.stderr
     evals = [json.loads(line) for line in open(os.path.join(model_dir, "eval", "metrics.jsonl"))]
     assert [e["step"] for e in evals][-2:] == [50, 60]
