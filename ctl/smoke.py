@@ -19,6 +19,7 @@ Like Determined's `test=True` and Lightning's `fast_dev_run`.
 
 import dataclasses
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -65,13 +66,30 @@ def run_smoke(strategy=None, experiment=None) -> float:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
         except Exception as error:  # noqa: BLE001 - any failure is the answer here.
             logging.info("smoke test failed at %s:\n%s", stage, traceback.format_exc())
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: {first} "
-                            "(traceback above on stdout)") from error
+            raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
+                            f"{describe(error)} (traceback on stdout)") from error
     seconds = time.monotonic() - start
     print(f"smoke: PASS in {seconds:.1f}s ({SMOKE_STEPS} train steps, eval, checkpoint, "
           "restore, export)")
     return seconds
+
+
+def describe(error: Exception, limit: int = 400) -> str:
+    """The telling part of an error's message, on one line.
+
+    An error raised inside `tf.function` starts with "in user code:" and a
+    stack; the cause is in the last "...Error: ..." line and the line after it.
+    """
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    if lines[0] == "in user code:":
+        causes = [i for i, line in enumerate(lines) if re.match(r"^\w*(Error|Exception)\b.*:", line)]
+        if causes:
+            lines = lines[causes[-1]:causes[-1] + 2]
+            lines[0] = lines[0].split(":", 1)[1].strip()
+    return " ".join(lines[:2])[:limit]
 
 
 def _export_and_compare(task, trainer, model_dir: str) -> None:

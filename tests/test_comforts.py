@@ -175,7 +175,7 @@ def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
     result = run_ctl("--mode=smoke", f"--gin_file={COMFORTS_GIN}",
                      "--gin.ctl.Experiment.task=@MisshapenTask()")
     line = one_error_line(result, "smoke test failed at train")
-    assert "5" in line and "3" in line  # The shapes that disagree.
+    assert "value 5" in line and "shape (8, 3)" in line  # The shapes that disagree.
     assert "Traceback" in result.stdout
 
 
