@@ -8,7 +8,6 @@ import os
 from typing import Any, Dict, Optional
 
 from absl import logging
-import orbit
 import tensorflow as tf
 
 from ctl import config
