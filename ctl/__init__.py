@@ -15,11 +15,12 @@ from ctl.errors import UserError
 from ctl.experiment import Experiment, Schedule
 from ctl.exporting import BestExporter, FinalExporter, LatestExporter
 from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
+from ctl.keras_callbacks import KerasCallbacks
 from ctl.task import Task
 from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
 from ctl.warm_start import WarmStart
 
 __all__ = ["BestCheckpoint", "BestExporter", "EarlyStopping", "Experiment", "FinalExporter",
-           "Hook", "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
+           "Hook", "KerasCallbacks", "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
            "UserError", "WarmStart", "run_experiment"]

@@ -25,9 +25,9 @@ from typing import Any, Dict, Optional
 
 from absl import logging
 import gin
-import orbit
 import tensorflow as tf
 
+from ctl import config
 from ctl.hooks import Hook, Run, improved, metric_value
 
 BEST_DIR = "best"
@@ -37,8 +37,9 @@ RECORD_FILE = "best.json"
 class BestMetric:
     """The best value of `metric` so far, persisted atomically in a JSON file.
 
-    Like `orbit.actions.NewBestMetric` (and built on its `JSONPersistedValue`),
-    but the record also holds the step and the path of what was saved.
+    Like `orbit.actions.NewBestMetric`, but the record also holds the step and
+    the path of what was saved, and the file is written only when there is a
+    best to record (never at start, so a run that fails early leaves no trace).
     """
 
     def __init__(self, metric: str, higher_is_better: bool, filename: str,
@@ -46,18 +47,20 @@ class BestMetric:
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.owner = owner
-        self._record = orbit.actions.JSONPersistedValue({}, filename, write_value=write)
-        record = self.record
+        self.filename = filename
+        self.write = write
+        self._record = config.read_json(filename, {})
+        record = self._record
         if record and (record.get("metric"), record.get("higher_is_better")) != (
                 metric, higher_is_better):
             logging.warning("%s: %s tracks %s (higher_is_better=%s), not %s (%s); starting over.",
                             owner, filename, record.get("metric"),
                             record.get("higher_is_better"), metric, higher_is_better)
-            self._record.write({})
+            self._record = {}
 
     @property
     def record(self) -> Dict[str, Any]:
-        return dict(self._record.read() or {})
+        return dict(self._record)
 
     @property
     def value(self) -> Optional[float]:
@@ -69,9 +72,11 @@ class BestMetric:
                         self.higher_is_better)
 
     def commit(self, logs, step: int, path: Optional[str] = None) -> None:
-        self._record.write({"metric": self.metric, "higher_is_better": self.higher_is_better,
-                            "value": metric_value(logs, self.metric, self.owner),
-                            "step": step, "path": path})
+        self._record = {"metric": self.metric, "higher_is_better": self.higher_is_better,
+                        "value": metric_value(logs, self.metric, self.owner),
+                        "step": step, "path": path}
+        if self.write:
+            config.write_json(self.filename, self._record)
 
 
 @gin.configurable(module="ctl")
@@ -118,5 +123,4 @@ class BestCheckpoint(Hook):
 
 def read_best(model_dir: str) -> Dict[str, Any]:
     """The best checkpoint's record in `model_dir` (empty if none)."""
-    path = os.path.join(model_dir, BEST_DIR, RECORD_FILE)
-    return orbit.actions.JSONPersistedValue({}, path, write_value=False).read() or {}
+    return config.read_json(os.path.join(model_dir, BEST_DIR, RECORD_FILE), {})

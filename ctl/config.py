@@ -6,9 +6,10 @@ gin. `parse` turns every gin mistake into a one-line `UserError`.
 
 import difflib
 import inspect
+import json
 import os
 import re
-from typing import List, Sequence
+from typing import Any, List, Sequence
 
 import gin
 import tensorflow as tf
@@ -113,6 +114,20 @@ def write_atomically(path: str, text: str) -> None:
     with tf.io.gfile.GFile(temp, "w") as f:
         f.write(text)
     tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON value stored at `path`, or `default` when there is no such file."""
+    if not tf.io.gfile.exists(path):
+        return default
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def write_json(path: str, value: Any) -> None:
+    """Stores `value` at `path` atomically (creating the directory)."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    write_atomically(path, json.dumps(value))
 
 
 def save_config(model_dir: str) -> None:

@@ -33,6 +33,7 @@ import gin
 import orbit
 import tensorflow as tf
 
+from ctl import config
 from ctl.errors import UserError
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
@@ -151,17 +152,20 @@ class EarlyStopping(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        path = f"{run.model_dir}/early_stopping.json"
-        self._state = orbit.actions.JSONPersistedValue(
-            {"best": None, "evaluations_without_improvement": 0, "step": None},
-            path, write_value=run.chief)
-        state = self._state.read()
+        self.path = f"{run.model_dir}/early_stopping.json"
+        state = self._read()
         if state["evaluations_without_improvement"] >= self.patience:  # Stopped before a restart.
-            run.stop.request(f"early stopping (recorded in {path})")
+            run.stop.request(f"early stopping (recorded in {self.path})")
+
+    def _read(self):
+        initial = {"metric": self.metric, "best": None, "evaluations_without_improvement": 0,
+                   "step": None}
+        state = config.read_json(self.path, initial)
+        return state if state.get("metric") == self.metric else initial
 
     def on_eval_end(self, logs) -> None:
         value = metric_value(logs, self.metric, "ctl.EarlyStopping")
-        state = dict(self._state.read())
+        state = self._read()
         if state["step"] == self.run.step:
             return  # This step was already counted (a restart re-evaluates it).
         if improved(value, state["best"], self.higher_is_better, self.min_delta):
@@ -169,7 +173,8 @@ class EarlyStopping(Hook):
         else:
             state["evaluations_without_improvement"] += 1
         state["step"] = self.run.step
-        self._state.write(state)
+        if self.run.chief:
+            config.write_json(self.path, state)
         if state["evaluations_without_improvement"] >= self.patience:
             self.run.stop.request(
                 f"early stopping: {self.metric} has not improved on {state['best']:.6g} for "

@@ -279,3 +279,15 @@ def test_export_under_mirrored_strategy_matches_the_model(tmp_path):
 def test_a_hook_without_hook_methods_is_a_user_error(tmp_path):
     with pytest.raises(ctl.UserError, match="none of the hook methods"):
         ctl.run_experiment("train", str(tmp_path), experiment=experiment([object()]))
+
+
+def test_keras_early_stopping_callback_stops_the_run(tmp_path):
+    import keras
+
+    stopper = keras.callbacks.EarlyStopping(monitor="val_examples", mode="max", patience=1)
+    hooks = [ctl.KerasCallbacks([stopper]), Recorder()]
+    ctl.run_experiment("train_and_eval", str(tmp_path),
+                       experiment=experiment(hooks, train_steps=200))
+    evals = [call[1] for call in hooks[1].calls if call[0] == "eval"]
+    assert evals == [20, 40]  # `val_examples` never improves after the first evaluation.
+    assert stopper.stopped_epoch == 1
