@@ -57,6 +57,7 @@ class ProgressLogger(Hook):
         self.stream = stream or sys.stderr
         self.clock = clock
         self._last = None  # (time, step) at the end of the previous loop.
+        self._bar_open = False  # A bar is drawn and its line not yet ended.
 
     def bind(self, run: Run) -> None:
         super().bind(run)
@@ -81,13 +82,22 @@ class ProgressLogger(Hook):
         logging.info("%s", text)
         if self.stream.isatty():
             done = int(BAR_WIDTH * min(step / max(self.train_steps, 1), 1.0))
-            end = "\n" if step >= self.train_steps else ""
-            self.stream.write(f"\r[{'#' * done}{'.' * (BAR_WIDTH - done)}] {text}{end}")
+            self.stream.write(f"\r[{'#' * done}{'.' * (BAR_WIDTH - done)}] {text}")
+            self._bar_open = step < self.train_steps
+            self.stream.write("" if self._bar_open else "\n")
             self.stream.flush()
 
+    def on_eval_end(self, unused_logs) -> None:
+        self._end_bar()  # Evaluation logs its own lines.
+
     def on_trial_close(self, unused_logs) -> None:
-        if self.stream.isatty():
+        self._end_bar()
+
+    def _end_bar(self) -> None:
+        if self._bar_open:
             self.stream.write("\n")
+            self.stream.flush()
+            self._bar_open = False
 
 
 class MetricsLog(Hook):

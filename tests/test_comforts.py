@@ -2,6 +2,7 @@
 comforts: through the CLI on real runs, plus the hook protocol in-process."""
 
 import glob
+import io
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import tensorflow as tf
 import ctl
 from ctl.exporting import FinalExporter
 from ctl.hooks import Hook
+from ctl.progress import ProgressLogger
 from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
 from tests.comfort_tasks import EncoderTask
 from tests.conftest import mirrored
@@ -291,3 +293,24 @@ def test_keras_early_stopping_callback_stops_the_run(tmp_path):
     evals = [call[1] for call in hooks[1].calls if call[0] == "eval"]
     assert evals == [20, 40]  # `val_examples` never improves after the first evaluation.
     assert stopper.stopped_epoch == 1
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_line_eta_and_terminal_bar():
+    now = [100.0]
+    terminal = Terminal()
+    logger = ProgressLogger(train_steps=100, stream=terminal, clock=lambda: now[0])
+    step = tf.Variable(0, dtype=tf.int64)
+    logger.bind(ctl.Run(model_dir="unused", model=None, checkpoint=None, global_step=step))
+    step.assign(20)
+    now[0] += 4.0  # 20 steps in 4 s: 5 steps/sec, 80 left: 16 s.
+    logger.on_train_loop_end({"loss": tf.constant(0.25)})
+    assert terminal.getvalue() == (
+        "\r[######........................] progress | step 20/100 (20%) | loss 0.25 | "
+        "5.0 steps/sec | ETA 0:00:16")
+    logger.on_eval_end({})
+    assert terminal.getvalue().endswith("\n")
