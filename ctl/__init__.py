@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 from ctl.best import BestCheckpoint  # noqa: E402
 from ctl.errors import UserError
 from ctl.experiment import Experiment, Schedule
-from ctl.exporting import BestExporter, FinalExporter, LatestExporter
+from ctl.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
 from ctl.keras_callbacks import KerasCallbacks
 from ctl.task import Task
@@ -21,6 +21,6 @@ from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
 from ctl.warm_start import WarmStart
 
-__all__ = ["BestCheckpoint", "BestExporter", "EarlyStopping", "Experiment", "FinalExporter",
+__all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "EarlyStopping", "Experiment", "FinalExporter",
            "Hook", "KerasCallbacks", "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
            "UserError", "WarmStart", "run_experiment"]

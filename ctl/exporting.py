@@ -1,7 +1,8 @@
 """SavedModel exporters: latest, best by an eval metric, and final; N kept each.
 
-As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter, each an
-ordinary hook (ctl.hooks) acting on evaluation results:
+As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter (and
+Determined's export of every checkpoint: CheckpointExporter), each an ordinary
+hook (ctl.hooks) acting on evaluation results or checkpoint saves:
 
     ctl.Experiment.hooks = [@ctl.LatestExporter(), @ctl.BestExporter(), @ctl.FinalExporter()]
     ctl.BestExporter.metric = 'accuracy'
@@ -157,6 +158,17 @@ class BestExporter(Exporter):
         if self.best.test(logs):
             path = self.export()
             self.best.commit(logs, step=self.run.step, path=path)
+
+
+@gin.configurable(module="ctl")
+class CheckpointExporter(Exporter):
+    """Exports each checkpoint as it is saved (Determined's per-checkpoint SavedModels)."""
+
+    def __init__(self, max_to_keep: int = 5, name: str = "checkpoint"):
+        super().__init__(name, max_to_keep)
+
+    def on_checkpoint_end(self, unused_path) -> None:
+        self.export()
 
 
 @gin.configurable(module="ctl")

@@ -66,8 +66,9 @@ def test_exports_load_and_match_their_checkpoint(run_dir):
     assert exported(model_dir, "latest") == [30, 40]  # max_to_keep=2 of 10, 20, 30, 40.
     assert exported(model_dir, "final") == [40]
     assert exported(model_dir, "best") == [40]  # Loss keeps falling; one kept.
+    assert exported(model_dir, "checkpoint") == [10, 20, 30, 40]  # One per checkpoint saved.
     expected = model_at(os.path.join(model_dir, "ckpt-40"))(FEATURES).numpy()
-    for name in ("latest", "final", "best"):
+    for name in ("latest", "final", "best", "checkpoint"):
         np.testing.assert_allclose(served(os.path.join(model_dir, "export", name, "40"), FEATURES),
                                    expected, rtol=1e-6, err_msg=name)
     assert not glob.glob(os.path.join(model_dir, "export", "*", ".tmp*"))  # Renamed into place.
