@@ -112,8 +112,9 @@ class Exporter(Hook):
         if not self.run.chief:
             return None
         path = os.path.join(self.directory, str(self.run.step))
-        signatures = serving_signatures(self.run.task, self.run.model)
-        written = export_saved_model(self.run.model, signatures, path)
+        if getattr(self, "_signatures", None) is None:  # Traced once, reused by every export.
+            self._signatures = serving_signatures(self.run.task, self.run.model)
+        written = export_saved_model(self.run.model, self._signatures, path)
         if written:
             logging.info("export | step: %6d | %s SavedModel: %s", self.run.step, self.name, written)
         for step in exported_steps(self.directory)[:-self.max_to_keep]:
