@@ -315,3 +315,16 @@ def test_progress_line_eta_and_terminal_bar():
         "5.0 steps/sec | ETA 0:00:16")
     logger.on_eval_end({})
     assert terminal.getvalue().endswith("\n")
+
+
+def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path):
+    """`--mode=eval` (as a sidecar does): hooks act on the restored checkpoint."""
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=20))
+    hooks = [ctl.LatestExporter(), ctl.BestCheckpoint()]
+    ctl.run_experiment("eval", str(tmp_path), experiment=experiment(hooks, train_steps=20))
+    expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
+    np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
+                               expected, rtol=1e-6)
+    record = ctl.best.read_best(str(tmp_path))
+    assert record["step"] == 20
+    np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
