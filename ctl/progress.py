@@ -2,11 +2,13 @@
 
 `ProgressLogger` logs one line per train loop with step, loss, steps/sec and
 the time left (ETA), and draws a progress bar on stderr when stderr is a
-terminal. `MetricsLog` appends one JSON object per train loop to
-`<model_dir>/train/metrics.jsonl` and one per evaluation to
-`<model_dir>/eval/metrics.jsonl`, for scripts:
+terminal. `MetricsLog` appends one JSON object per train loop and one per
+evaluation to `<model_dir>/metrics.jsonl`, for scripts:
 
-    {"step": 200, "time": 1700000000.0, "loss": 0.31, "accuracy": 0.9, ...}
+    {"kind": "train", "step": 200, "time": 1700000000.0, "loss": 0.31, "accuracy": 0.9, ...}
+    {"kind": "eval", "step": 200, "time": 1700000001.5, "loss": 0.35, "accuracy": 0.88}
+
+(The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 
 Both are hooks (ctl.hooks) and run eagerly on the host; ctl adds them to
 every run (MetricsLog on the chief only).
@@ -101,11 +103,11 @@ class ProgressLogger(Hook):
 
 
 class MetricsLog(Hook):
-    """Appends a JSON line per train loop and per evaluation under the model dir."""
+    """Appends a JSON line per train loop and per evaluation to `<model_dir>/metrics.jsonl`."""
 
-    def __init__(self, train_dir: str, eval_dir: str):
-        self.paths = {"train": os.path.join(train_dir, METRICS_FILE),
-                      "eval": os.path.join(eval_dir, METRICS_FILE)}
+    def bind(self, run: Run) -> None:
+        super().bind(run)
+        self.path = os.path.join(run.model_dir, METRICS_FILE)
 
     def on_train_loop_end(self, logs) -> None:
         self.append("train", logs)
@@ -114,15 +116,25 @@ class MetricsLog(Hook):
         self.append("eval", logs)
 
     def append(self, kind: str, logs: Any) -> None:
-        record = {"step": self.run.step, "time": time.time(), **scalars(logs)}
-        path = self.paths[kind]
-        tf.io.gfile.makedirs(os.path.dirname(path))
+        record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         # One write of one whole line: readers never see half a record.
-        with tf.io.gfile.GFile(path, "a") as f:
+        with tf.io.gfile.GFile(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
-def read_metrics(path: str):
-    """The records of a `metrics.jsonl` file, oldest first."""
+def read_metrics(model_dir: str, kind: Optional[str] = None):
+    """The records of `<model_dir>/metrics.jsonl` (of one `kind`), oldest first.
+
+    A last line cut short by a kill is skipped.
+    """
+    path = os.path.join(model_dir, METRICS_FILE)
+    if not tf.io.gfile.exists(path):
+        return []
+    records = []
     with tf.io.gfile.GFile(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return [r for r in records if kind is None or r.get("kind") == kind]

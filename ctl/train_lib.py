@@ -53,7 +53,7 @@ def run_experiment(
     chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     eval_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
-    hooks = _hooks(experiment, trainer, model_dir, strategy, chief, summary_dir, eval_dir)
+    hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
     controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
@@ -104,14 +104,14 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
     return output
 
 
-def _hooks(experiment, trainer, model_dir, strategy, chief, train_dir, eval_dir) -> Hooks:
+def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
     run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
               global_step=trainer.global_step, task=experiment.task, strategy=strategy,
               chief=chief, train_steps=experiment.schedule.train_steps)
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
-        builtin.append(MetricsLog(train_dir, eval_dir))
+        builtin.append(MetricsLog())
     return Hooks(builtin + list(experiment.hooks), run)
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 import ctl
 from ctl.exporting import FinalExporter
 from ctl.hooks import Hook
-from ctl.progress import ProgressLogger
+from ctl.progress import ProgressLogger, read_metrics
 from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
 from tests.comfort_tasks import EncoderTask
 from tests.conftest import mirrored
@@ -89,7 +89,7 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
                      f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
                      "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
     assert result.returncode == 0, result.stderr
-    evals = [json.loads(line) for line in open(os.path.join(model_dir, "eval", "metrics.jsonl"))]
+    evals = read_metrics(model_dir, "eval")
     assert [e["step"] for e in evals][-2:] == [50, 60]
     assert all(e["loss"] > best["value"] for e in evals[-2:])
     assert not os.path.exists(os.path.join(model_dir, "ckpt-40.index"))  # Retention ran...
@@ -111,8 +111,7 @@ def test_early_stopping_stops_cleanly(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "early stopping: examples has not improved" in result.stdout
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
-    steps = [json.loads(line)["step"] for line in open(tmp_path / "train" / "metrics.jsonl")]
-    assert steps == [10, 20, 30]
+    assert [r["step"] for r in read_metrics(str(tmp_path), "train")] == [10, 20, 30]
     # A restart remembers the stop: no more training.
     again = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
@@ -207,10 +206,10 @@ def run_ctl_module(module, *args):
 @pytest.mark.slow
 def test_everyday_output(run_dir):
     model_dir, stdout = run_dir
-    train = [json.loads(line) for line in open(os.path.join(model_dir, "train", "metrics.jsonl"))]
-    evals = [json.loads(line) for line in open(os.path.join(model_dir, "eval", "metrics.jsonl"))]
-    assert [r["step"] for r in train] == [10, 20, 30, 40] and "loss" in train[0]
-    assert [r["step"] for r in evals] == [10, 20, 30, 40] and evals[-1]["examples"] == 10
+    records = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
+    assert [(r["kind"], r["step"]) for r in records] == [
+        (kind, step) for step in (10, 20, 30, 40) for kind in ("train", "eval")]
+    assert "loss" in records[0] and "mae" in records[0] and records[-1]["examples"] == 10
     assert "progress | step 40/40 (100%) | loss " in stdout and "ETA 0:00:00" in stdout
 
 
