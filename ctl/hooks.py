@@ -26,6 +26,7 @@ Hooks are listed in gin:
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterable, List, Optional
 
 from absl import logging
@@ -72,7 +73,6 @@ class Run:
     strategy: Optional[tf.distribute.Strategy] = None
     chief: bool = True
     stop: StopRequest = dataclasses.field(default_factory=StopRequest)
-    train_steps: Optional[int] = None
 
     @property
     def step(self) -> int:
@@ -80,7 +80,7 @@ class Run:
 
 
 class Hook:
-    """Optional base class: every method is a no-op; override the ones you need."""
+    """Optional base class: `bind` keeps the `Run` as `self.run`; define the hook methods you need."""
 
     run: Run
 
@@ -127,7 +127,9 @@ def metric_value(logs, metric: str, hook: str) -> float:
 
 def improved(value: float, best: Optional[float], higher_is_better: bool,
              min_delta: float = 0.0) -> bool:
-    """Whether `value` beats `best` by more than `min_delta`."""
+    """Whether `value` beats `best` by more than `min_delta` (NaN never does)."""
+    if math.isnan(value):
+        return False
     if best is None:
         return True
     return value > best + min_delta if higher_is_better else value < best - min_delta

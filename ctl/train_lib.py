@@ -108,7 +108,7 @@ def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
     run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
               global_step=trainer.global_step, task=experiment.task, strategy=strategy,
-              chief=chief, train_steps=experiment.schedule.train_steps)
+              chief=chief)
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
         builtin.append(MetricsLog())
