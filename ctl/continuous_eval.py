@@ -23,6 +23,7 @@ model=..., optimizer=...)` (the model under `model/`), and tf_keras'
 """
 
 import json
+import logging as std_logging
 import os
 import re
 import time
@@ -48,6 +49,7 @@ _STEP_KEYS = (
     "global_step/.ATTRIBUTES/VARIABLE_VALUE",
     "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",  # tf_keras optimizers.
     "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE",
+    "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",  # Keras 3 optimizers.
 )
 
 
@@ -96,9 +98,10 @@ def list_checkpoints(model_dir: str) -> Dict[int, str]:
     return found
 
 
-def ready_checkpoints(model_dir: str, settle_seconds: float) -> Dict[int, str]:
-    """The checkpoints that are committed: named in the state file, or settled."""
-    found = list_checkpoints(model_dir)
+def ready_checkpoints(model_dir: str, settle_seconds: float,
+                      found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
+    """The checkpoints (of `found`) that are committed: named in the state file, or settled."""
+    found = list_checkpoints(model_dir) if found is None else found
     if not found:
         return found
     named = set()
@@ -116,7 +119,7 @@ def ready_checkpoints(model_dir: str, settle_seconds: float) -> Dict[int, str]:
             ready[number] = path
             continue
         try:
-            mtime = tf.io.gfile.stat(path + ".index").mtime_nanos / 1e9
+            mtime = tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9
         except tf.errors.NotFoundError:
             continue
         if now - mtime >= settle_seconds:
@@ -162,6 +165,7 @@ class CheckpointEvaluator:
                 callback.set_model(self.model)
         self._step_fn = None
         self._summaries = None
+        tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
         """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
@@ -181,16 +185,17 @@ class CheckpointEvaluator:
             keys = set(reader.get_variable_to_shape_map())
             step_key = next((k for k in _STEP_KEYS if k in keys), None)
             step = int(reader.get_tensor(step_key)) if step_key else number
+            children = _root_children(reader)
         except (tf.errors.OpError, IndexError) as error:
             raise UnreadableCheckpointError(
                 f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
-        if "model" in _root_children(reader):
+        if "model" in children:
             checkpoint = tf.train.Checkpoint(model=self.model)  # ctl, tf.train.CheckpointManager
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
-        status = restore(checkpoint, path, os.path.dirname(path))
+        status = restore(_ReadOnly(checkpoint), path, os.path.dirname(path))
         status.expect_partial()  # The optimizer's values are not needed here.
         self.trainer.global_step.assign(step)
         return step
@@ -264,10 +269,19 @@ def evaluate_continuously(
     scheduler = sidecar.Scheduler(settings, progress, clock=clock)
     last = {}
     waiting = False
+    seen = {}
     while True:
-        ready = ready_checkpoints(model_dir, settings.settle_seconds)
+        present = list_checkpoints(model_dir)
+        ready = ready_checkpoints(model_dir, settings.settle_seconds, present)
         final = final_checkpoint_number(model_dir)
-        decision = scheduler.decide(ready, final)
+        for number in sorted(set(seen) - set(present)):
+            if not progress.handled(number):
+                logging.warning("skipping %s: deleted before its evaluation (e.g. by "
+                                "max_checkpoints)", os.path.basename(seen[number]))
+                progress.record(number, sidecar.DELETED)
+                save_progress(eval_dir, progress)
+        seen = dict(ready)
+        decision = scheduler.decide(ready, final, present)
         if decision.kind == sidecar.WAIT:
             if not waiting:
                 logging.info("waiting for a new checkpoint in %s", model_dir)
@@ -376,6 +390,29 @@ def append_metrics(eval_dir: str, record: Dict[str, Any]) -> None:
         f.write(prefix + json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+class _PartialRestoreNotice(std_logging.Filter):
+    """Drops TensorFlow's notices, when a checkpoint object is collected, about values
+    it did not restore: the evaluator reads only the model, and reports a failed read
+    itself, once."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not message.startswith((
+            "Detecting that an object or model or tf.train.Checkpoint is being deleted",
+            "Value in checkpoint could not be found in the restored object"))
+
+
+class _ReadOnly:
+    """`checkpoint.read` in place of `restore`: no `save_counter` to match (files
+    written by `Model.save_weights` have none)."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint):
+        self._checkpoint = checkpoint
+
+    def restore(self, path: str):
+        return self._checkpoint.read(path)
 
 
 def _root_children(reader) -> set:

@@ -145,9 +145,17 @@ class Scheduler:
     def idle_seconds(self) -> float:
         return self._clock() - self._idle_since
 
-    def decide(self, ready: Iterable[int], final: Optional[int] = None) -> Decision:
-        """`ready`: numbers of readable checkpoints; `final`: the trainer's last, once known."""
+    def decide(self, ready: Iterable[int], final: Optional[int] = None,
+               present: Iterable[int] = ()) -> Decision:
+        """What to do now.
+
+        `ready`: numbers of committed checkpoints; `present`: those visible,
+        committed or not (the `all` policy waits for a lower one to commit
+        rather than evaluate out of order); `final`: the trainer's last
+        checkpoint, once it marked the run finished.
+        """
         ready = set(ready)
+        present = set(present) | ready
         if ready - self._seen:
             self._seen |= ready
             self._idle_since = self._clock()
@@ -162,6 +170,9 @@ class Scheduler:
             pending = [n for n in pending if newest is None or n > newest]
         if pending:
             if self.settings.policy == "all":
+                lower = [n for n in present if n < pending[0] and not self.progress.handled(n)]
+                if lower:  # Not committed yet: keep step order.
+                    return self._wait_or_timeout()
                 return Decision(EVALUATE, pending[0])
             return Decision(EVALUATE, pending[-1], skipped=tuple(pending[:-1]))
         if final is not None and final not in ready and not any(n > final for n in ready):
@@ -169,6 +180,9 @@ class Scheduler:
             # there: nothing more will come.
             if self.idle_seconds() >= self.settings.settle_seconds:
                 return Decision(FINISHED)
+        return self._wait_or_timeout()
+
+    def _wait_or_timeout(self) -> Decision:
         timeout = self.settings.timeout
         if timeout is not None and self.idle_seconds() >= timeout:
             return Decision(TIMEOUT)
