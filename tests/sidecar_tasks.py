@@ -14,29 +14,18 @@ from tests.tasks import RegressionTask, regression_data
 
 @gin.configurable
 class SlowRegressionTask(RegressionTask):
-    """RegressionTask whose train input waits `delay` seconds per batch: a trainer that
-    takes long enough for an evaluator to run beside it."""
+    """RegressionTask whose train step waits `delay` seconds: a trainer that takes long
+    enough for an evaluator to run beside it. (The wait is in the step, not in tf.data:
+    a Python function in an input pipeline can hang the process at exit.)"""
 
     def __init__(self, delay=0.05, **kwargs):
         super().__init__(**kwargs)
         self.delay = delay
 
-    def build_inputs(self, training, input_context=None):
-        dataset = super().build_inputs(training, input_context)
-        if not training:
-            return dataset
-
-        def wait(features, labels):
-            time.sleep(self.delay)
-            return features, labels
-
-        def slow(features, labels):
-            out = tf.numpy_function(wait, [features, labels], [tf.float32, tf.float32])
-            out[0].set_shape(features.shape)
-            out[1].set_shape(labels.shape)
-            return out[0], out[1]
-
-        return dataset.map(slow)
+    def train_step(self, inputs, model, optimizer, metrics):
+        tf.numpy_function(lambda: np.float32(time.sleep(self.delay) or 0), [], tf.float32,
+                          stateful=True)
+        return super().train_step(inputs, model, optimizer, metrics)
 
 
 @gin.configurable
