@@ -6,8 +6,9 @@
 The loop (eager, on the host; `ctl.sidecar.Scheduler` makes each decision):
 
     while True:
-      ready = checkpoints in DIR that are committed   # every poll_interval
-      decision = scheduler.decide(ready, final checkpoint if the trainer finished)
+      present = checkpoints in DIR (NAME-N.index)     # every poll_interval
+      ready = those committed; seen earlier, now gone, unhandled -> `deleted`
+      decision = scheduler.decide(ready, final checkpoint if finished, present)
       EVALUATE: restore the model (validated), then for each eval set:
                   trainer.eval_begin(); eval_step (tf.function) per batch;
                   trainer.eval_end()  -- the Trainer's own evaluation path
@@ -18,8 +19,9 @@ The loop (eager, on the host; `ctl.sidecar.Scheduler` makes each decision):
 A checkpoint is committed once the `checkpoint` state file names it, or its
 index file is `settle_seconds` old (tf_keras' `ModelCheckpoint` names only the
 newest). Three checkpoint layouts restore: ctl's and `tf.train.Checkpoint(
-model=..., optimizer=...)` (the model under `model/`), and tf_keras'
-`save_weights` (the model at the root).
+model=..., optimizer=...)` (a `model` object at the root), and tf_keras'
+`save_weights` (the model is the root). Only the model is read; the
+optimizer's values stay unread.
 """
 
 import json
@@ -43,7 +45,7 @@ from ctl.experiment import Experiment
 FINISHED_FILE = "ctl_run_finished.json"
 PROGRESS_FILE = "sidecar_progress.json"
 METRICS_FILE = "metrics.jsonl"
-EVAL_DIR = "eval"
+EVAL_DIR = "eval"  # As ctl.train_lib.EVAL_SUMMARY_DIR.
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
 _STEP_KEYS = (
     "global_step/.ATTRIBUTES/VARIABLE_VALUE",
@@ -274,12 +276,7 @@ def evaluate_continuously(
         present = list_checkpoints(model_dir)
         ready = ready_checkpoints(model_dir, settings.settle_seconds, present)
         final = final_checkpoint_number(model_dir)
-        for number in sorted(set(seen) - set(present)):
-            if not progress.handled(number):
-                logging.warning("skipping %s: deleted before its evaluation (e.g. by "
-                                "max_checkpoints)", os.path.basename(seen[number]))
-                progress.record(number, sidecar.DELETED)
-                save_progress(eval_dir, progress)
+        _record_vanished(seen, present, progress, eval_dir)
         seen = dict(ready)
         decision = scheduler.decide(ready, final, present)
         if decision.kind == sidecar.WAIT:
@@ -310,13 +307,24 @@ def evaluate_continuously(
                          progress.evaluations)
             return last
         outcome = progress.outcomes.get(final)
-        if outcome in (sidecar.FAILED, None):
+        if outcome in (sidecar.FAILED, sidecar.DELETED, None):
             raise UserError(
                 f"the trainer's final checkpoint (number {final}) in --model_dir={model_dir} "
                 f"could not be evaluated ({outcome or 'missing'}); see the log above."
             )
         logging.info("finished: the trainer's final checkpoint (number %d) is %s", final, outcome)
         return last
+
+
+def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
+                     progress: sidecar.Progress, eval_dir: str) -> None:
+    """Checkpoints seen ready, now gone before their evaluation, are recorded `deleted`."""
+    for number in sorted(set(seen) - set(present)):
+        if not progress.handled(number):
+            logging.warning("skipping %s: deleted before its evaluation (e.g. by "
+                            "max_checkpoints)", os.path.basename(seen[number]))
+            progress.record(number, sidecar.DELETED)
+            save_progress(eval_dir, progress)
 
 
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str):

@@ -274,3 +274,14 @@ def test_checkpoint_manager_over_model_and_optimizer_evaluates(tmp_path):
     records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
     assert [(r["number"], r["step"]) for r in records] == [(1, 1), (2, 2)]  # optimizer.iterations
     assert records[1]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
+
+
+def test_bad_setting_is_one_clear_line(run_dir):
+    before = snapshot(run_dir)
+    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                     "--gin_bindings=ctl.ContinuousEval.policy = 'newest'")
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = ctl_stderr_lines(result.stderr)
+    assert lines == ["ctl.run: error: Received ctl.ContinuousEval.policy='newest'. "
+                     "Expected one of: all, latest."], lines
+    assert snapshot(run_dir) == before
