@@ -175,7 +175,7 @@ class Scheduler:
                     return self._wait_or_timeout()
                 return Decision(EVALUATE, pending[0])
             return Decision(EVALUATE, pending[-1], skipped=tuple(pending[:-1]))
-        if final is not None and final not in ready and not any(n > final for n in ready):
+        if final is not None and final not in present and not any(n > final for n in present):
             # The trainer finished, yet its final checkpoint is not (or no longer)
             # there: nothing more will come.
             if self.idle_seconds() >= self.settings.settle_seconds:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from ctl.cluster import has_evaluator
 from ctl.errors import UserError
 from ctl.sidecar import (DELETED, EVALUATE, EVALUATED, FAILED, FINISHED, MAX_EVALUATIONS,
                          SKIPPED, TIMEOUT, WAIT, ContinuousEval, Progress, Scheduler)
@@ -115,3 +116,24 @@ def test_all_policy_waits_for_a_lower_checkpoint_to_commit():
     scheduler.progress.record(10, EVALUATED)
     assert scheduler.decide({10, 30}, present={10, 20, 30}).kind == WAIT
     assert scheduler.decide({10, 20, 30}, present={10, 20, 30}).number == 20
+
+
+def test_final_checkpoint_still_settling_is_waited_for():
+    clock = FakeClock()
+    scheduler = Scheduler(ContinuousEval(settle_seconds=1), Progress(), clock=clock)
+    clock.now = 5
+    assert scheduler.decide(set(), final=10, present={10}).kind == WAIT
+
+
+@pytest.mark.parametrize("tf_config, expected", [
+    (None, False),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}', False),
+    ('{"cluster": {"chief": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}}', True),
+])
+def test_has_evaluator_reads_the_cluster_of_tf_config(tf_config, expected):
+    assert has_evaluator({} if tf_config is None else {"TF_CONFIG": tf_config}) is expected
+
+
+def test_malformed_tf_config_is_a_user_error():
+    with pytest.raises(UserError, match="TF_CONFIG is not valid JSON"):
+        has_evaluator({"TF_CONFIG": "{cluster"})
