@@ -16,11 +16,13 @@ from ctl.experiment import Experiment, Schedule
 from ctl.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
 from ctl.keras_callbacks import KerasCallbacks
+from ctl.sidecar import ContinuousEval
 from ctl.task import Task
 from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
 from ctl.warm_start import WarmStart
 
-__all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "EarlyStopping", "Experiment", "FinalExporter",
-           "Hook", "KerasCallbacks", "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
+__all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
+           "EarlyStopping", "Experiment", "FinalExporter", "Hook", "KerasCallbacks",
+           "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
            "UserError", "WarmStart", "run_experiment"]

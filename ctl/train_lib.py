@@ -1,4 +1,4 @@
-"""The modes of a run: train, eval, and train_and_eval, on orbit's Controller.
+"""The modes of a run: train, eval, train_and_eval on orbit's Controller, and continuous_eval.
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly.
@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
-from ctl import config
+from ctl import cluster, config, continuous_eval
 from ctl.checkpointing import CheckpointManager
 from ctl.controller import Controller
 from ctl.distribute import is_chief
@@ -19,7 +19,7 @@ from ctl.experiment import Experiment
 from ctl.hooks import Hooks, Run
 from ctl.progress import MetricsLog, ProgressLogger
 
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TRAIN_SUMMARY_DIR = "train"
 EVAL_SUMMARY_DIR = "eval"
 
@@ -33,10 +33,19 @@ def run_experiment(
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
     Returns the last evaluation's results (for `train`, the last loop's).
+    `continuous_eval` runs `ctl.continuous_eval.evaluate_continuously`. When
+    TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
+    and leaves evaluation to that sidecar. A chief that finishes `train` or
+    `train_and_eval` marks the run finished in `model_dir`.
     """
     if mode not in MODES:
         raise UserError(f"Received mode={mode!r}. Expected one of: {', '.join(MODES)}.")
     strategy = strategy or tf.distribute.get_strategy()
+    if mode == "continuous_eval":
+        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
+    if mode == "train_and_eval" and cluster.has_evaluator():
+        logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
+        mode = "train"
     if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
         raise UserError(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
@@ -79,9 +88,12 @@ def run_experiment(
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
     if train and chief:
+        continuous_eval.clear_finished(model_dir)
         config.save_config(model_dir)
 
     output = _run_mode(mode, controller, schedule)
+    if train and chief:
+        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
     hooks.call("on_trial_close", output)
     return output
 
