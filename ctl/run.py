@@ -3,7 +3,9 @@
     python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
         --gin_file=configs/digits.gin --gin_bindings='ctl.Schedule.train_steps=500'
 
-A user mistake ends in one line on stderr and exit status 2.
+A user mistake ends in one line on stderr and exit status 2. SIGTERM or SIGINT
+saves a checkpoint at the next step boundary and exits with status 75
+(`ctl.preemption.EXIT_PREEMPTED`): run the same command again to resume.
 """
 
 import logging as std_logging
@@ -13,6 +15,7 @@ from absl import app, flags, logging
 
 from ctl import config, distribute, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
+from ctl.preemption import EXIT_PREEMPTED, Preempted
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, train_lib.MODES, "What to run.")
@@ -60,6 +63,9 @@ def main(argv):
         strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
         config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
         train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
+    except Preempted as preempted:
+        print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])

@@ -4,6 +4,7 @@
 parsed; tests and notebooks call it directly.
 """
 
+import contextlib
 import os
 from typing import Any, Dict, Optional
 
@@ -11,11 +12,14 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl import config
+from ctl import config, resume
 from ctl.checkpointing import CheckpointManager
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.faults import FaultHandler
+from ctl.lock import ModelDirLock
+from ctl.preemption import SignalWatcher
 
 MODES = ("train", "eval", "train_and_eval")
 TRAIN_SUMMARY_DIR = "train"
@@ -42,33 +46,54 @@ def run_experiment(
         )
     ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
+    train = mode != "eval"
+    chief = is_chief(strategy)
+    with contextlib.ExitStack() as stack:
+        if train and chief:
+            stack.enter_context(ModelDirLock(model_dir))
+        watcher = stack.enter_context(SignalWatcher()) if train else None
+        return _run(mode, model_dir, strategy, experiment, chief, watcher)
+
+
+def _run(mode, model_dir, strategy, experiment, chief, watcher) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
+    if experiment.fault_tolerance.seed is not None:
+        resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
-    chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
+    manager = CheckpointManager(
+        trainer.checkpoint,
+        model_dir,
+        max_to_keep=schedule.max_checkpoints,
+        step_counter=trainer.global_step,
+        checkpoint_interval=schedule.checkpoint_interval,
+        init_fn=lambda: experiment.task.initialize(trainer.model),
+    )
+    if train:
+        faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher)
+    else:
+        resume.track_rng_state(trainer.checkpoint, trainer.model)
+    train_actions = [faults] if train else []
+    if train and chief:
+        train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     controller = orbit.Controller(
         strategy=strategy,
         trainer=trainer if train else None,
         evaluator=trainer if evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
-        checkpoint_manager=CheckpointManager(
-            trainer.checkpoint,
-            model_dir,
-            max_to_keep=schedule.max_checkpoints,
-            step_counter=trainer.global_step,
-            checkpoint_interval=schedule.checkpoint_interval,
-            init_fn=lambda: experiment.task.initialize(trainer.model),
-        ),
+        checkpoint_manager=manager,
         summary_interval=schedule.summary_interval,
         summary_dir=summary_dir if chief else None,
         eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
-        train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
+        train_actions=train_actions,
     )
+    if train:
+        faults.resume_inputs()
     if train and chief:
         config.save_config(model_dir)
 

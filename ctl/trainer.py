@@ -37,6 +37,7 @@ import orbit
 import tensorflow as tf
 
 from ctl.errors import UserError
+from ctl.step_guard import StepGuard
 from ctl.task import Task
 
 Logs = Dict[str, Any]
@@ -70,6 +71,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.strategy = strategy or tf.distribute.get_strategy()
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
+        # Set by ctl.faults: ends a train loop early on a signal or a NaN loss.
+        self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
             self.model = task.build_model()
             if not self.model.trainable_variables:
@@ -111,6 +114,13 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     # Training hooks.
 
+    def create_train_loop_fn(self):
+        if self.step_guard is None:
+            return super().create_train_loop_fn()
+        return self.step_guard.create_loop_fn(
+            self.train_step, self._use_tf_function, self._use_tf_while_loop
+        )
+
     def train_loop_begin(self):
         for metric in [self.train_loss, *self.train_metrics]:
             metric.reset_state()
@@ -128,9 +138,12 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 metrics=self.train_metrics,
             )
             self.train_loss.update_state(logs["loss"])
+            return logs["loss"]
 
-        self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
+        loss = self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
         self.global_step.assign_add(1)
+        if self.step_guard is not None:
+            self.step_guard.check_loss(self.strategy, loss, self.global_step)
 
     def train_loop_end(self) -> Logs:
         logs = _results([self.train_loss, *self.train_metrics])
