@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.preemption import EXIT_PREEMPTED
-from tests.cli import ROOT, ctl_stderr_lines
+from tests.cli import ROOT, ctl_stderr_lines, snapshot
 
 pytestmark = pytest.mark.slow
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -137,8 +137,20 @@ def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
     # Host loop: slower steps, so that kills land mid-run on a fast machine.
     bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
     reference = str(tmp_path / "reference")
-    run_to_end(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
+    straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
+    try:
+        chaos_run(tmp_path, target, bindings, flags)  # Meanwhile.
+        returncode, stderr = straight.finish()
+    finally:
+        straight.kill()
+    assert returncode == 0, stderr
+    # Model, optimizer, RNG state and step, bit for bit.
+    assert_bit_equal(tf.train.latest_checkpoint(reference),
+                     tf.train.latest_checkpoint(str(tmp_path / "chaos")))
 
+
+def chaos_run(tmp_path, target, bindings, flags):
+    """Trains to `target`, killed with SIGKILL 3 times at random steps."""
     model_dir, progress = str(tmp_path / "chaos"), str(tmp_path / "chaos.progress")
     rng = random.Random()
     killed_mid_run = 0
@@ -158,18 +170,17 @@ def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
     assert killed_mid_run >= 1
     run_to_end(model_dir, progress, *bindings, flags=flags)
     assert latest_step(model_dir) == target
-    # Model, optimizer, RNG state and step, bit for bit.
-    assert_bit_equal(tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(model_dir))
 
 
 def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    # Host loop: minutes before its first loop (and first checkpoint) ends.
     first = Trainer(model_dir, progress, "ctl.Schedule.train_steps=1000000",
-                    "ctl.Schedule.steps_per_loop=100000")
+                    "ctl.Schedule.steps_per_loop=100000", "ctl.Trainer.use_tf_while_loop=False")
     try:
         assert first.wait_for_step(10), first.finish()[1]
-        before = sorted(os.listdir(model_dir))
-        second = Trainer(model_dir, str(tmp_path / "progress2"))
+        before = snapshot(model_dir)["config.gin"]
+        second = Trainer(model_dir, str(tmp_path / "progress2"), "ctl.Schedule.train_steps=5")
         try:
             returncode, stderr = second.finish()
         finally:
@@ -178,7 +189,7 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
         lines = ctl_stderr_lines(stderr)
         assert len(lines) == 1, stderr
         assert "is in use by another trainer" in lines[0] and f"pid {first.proc.pid}" in lines[0]
-        assert sorted(os.listdir(model_dir)) == before
+        assert snapshot(model_dir)["config.gin"] == before  # Its config (train_steps=5) not saved.
         assert not os.path.exists(tmp_path / "progress2")  # It never trained.
     finally:
         first.kill()  # SIGKILL: the lock file stays, the lock does not.
