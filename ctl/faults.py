@@ -89,6 +89,7 @@ class FaultHandler:
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         resume.track_rng_state(trainer.checkpoint, trainer.model)
+        resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
 
     def resume_inputs(self) -> None:
         """Positions the train input after the restored step (call once, after restore)."""

@@ -22,8 +22,10 @@ things decide what a resumed run computes:
 Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
 """
 
+import os
 import random
-from typing import List
+import tempfile
+from typing import List, Optional
 
 from absl import logging
 import keras
@@ -55,6 +57,39 @@ def track_rng_state(checkpoint: tf.train.Checkpoint, model) -> int:
     if states:
         checkpoint.rng = states
     return len(states)
+
+
+def stateful_input_op(task) -> Optional[str]:
+    """Why the train pipeline's state cannot be saved (e.g. "RandomUniform is stateful"), or None.
+
+    Builds one train pipeline and writes a checkpoint of a fresh iterator of it
+    with tf.data's external-state policy FAIL (eager; the buffers are empty, so
+    this is cheap). Such a pipeline is replayed by skipping, like any other,
+    but its data repeat only if its random ops draw the same numbers in a new
+    process.
+    """
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
+    dataset = task.build_inputs(True, tf.distribute.InputContext()).with_options(options)
+    with tempfile.TemporaryDirectory(prefix="ctl-input-probe-") as directory:
+        try:
+            tf.train.Checkpoint(iterator=iter(dataset)).write(os.path.join(directory, "probe"))
+        except tf.errors.FailedPreconditionError as error:
+            return str(error).split("}}")[-1].split("[Op:")[0].strip() or "a stateful op"
+    return None
+
+
+def warn_if_not_replayable(task, seeded: bool) -> None:
+    """Says at start when a resume may not see the data an uninterrupted run would."""
+    reason = stateful_input_op(task)
+    if reason is None:
+        return
+    logging.warning(
+        "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
+        "rebuilds it and skips the batches already consumed; it sees the same data as an "
+        "uninterrupted run only if those random ops draw the same numbers in a new process%s.",
+        type(task).__name__, reason,
+        "" if seeded else " (set ctl.FaultTolerance.seed, and seed tf.random.Generator objects)")
 
 
 def skip_consumed_batches(trainer, steps: int) -> None:

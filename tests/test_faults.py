@@ -107,3 +107,16 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
         assert watcher.signum == signal.SIGTERM
     assert 1 < int(steps.numpy()) < 2**31 - 1
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # Handlers restored.
+
+
+def test_a_pipeline_with_unsaveable_state_is_named_at_start():
+    from ctl import resume
+    from tests.fault_tasks import ProbeTask
+
+    class Noisy(ProbeTask):
+        def build_inputs(self, training, input_context=None):
+            dataset = super().build_inputs(training, input_context)
+            return dataset.map(lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
+
+    assert resume.stateful_input_op(ProbeTask()) is None  # Seeded shuffle: saveable.
+    assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())
