@@ -4,10 +4,12 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
 
     train_loop_begin()                      # eager: reset train metrics
     for _ in range(num_steps):              # tf.while_loop or a host loop
+      if step_guard.should_stop(): break    # in-loop; only with a step_guard (ctl.faults)
       train_step(iterator)                  # tf.function
         inputs = next_train_inputs(iterator)
-        strategy.run(task.train_step, inputs)
+        loss = strategy.run(task.train_step, inputs)
         global_step += 1
+        step_guard.check_loss(loss)         # records a NaN/Inf loss's step
     return train_loop_end()                 # eager: {loss, metrics, learning_rate}
 
 One evaluation:
