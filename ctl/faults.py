@@ -9,7 +9,7 @@
 
     with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.lock, ctl.preemption
       trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.step_guard
-      checkpoint.rng = <Keras RNG states>                           # ctl.resume
+      (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.resume
       controller restores the latest checkpoint
       skip the batches consumed up to global_step                   # ctl.resume
       after each train loop (eager), FaultHandler:
@@ -75,8 +75,8 @@ class FaultTolerance:
 class FaultHandler:
     """Train action (eager, after every train loop): handles bad losses and signals.
 
-    Also installs the per-step guard in `trainer` and the RNG state in its
-    checkpoint; create it before the checkpoint is restored.
+    Also installs the per-step guard in `trainer`, and says at start whether
+    the train input can be replayed exactly.
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
@@ -88,7 +88,6 @@ class FaultHandler:
         self.guard = StepGuard(watcher.stop_requested)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
-        resume.track_rng_state(trainer.checkpoint, trainer.model)
         resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
 
     def resume_inputs(self) -> None:

@@ -48,14 +48,17 @@ def run_experiment(
     experiment = experiment or config.call_configured(Experiment)
     train = mode != "eval"
     chief = is_chief(strategy)
+    # One trainer per model dir. Taken once the checkpoint is validated, so that a
+    # run refused for a bad input leaves even the lock file as it was.
+    lock = ModelDirLock(model_dir) if train and chief else None
     with contextlib.ExitStack() as stack:
-        if train and chief:
-            stack.enter_context(ModelDirLock(model_dir))
+        if lock is not None:
+            stack.callback(lock.release)
         watcher = stack.enter_context(SignalWatcher()) if train else None
-        return _run(mode, model_dir, strategy, experiment, chief, watcher)
+        return _run(mode, model_dir, strategy, experiment, chief, lock, watcher)
 
 
-def _run(mode, model_dir, strategy, experiment, chief, watcher) -> Dict[str, Any]:
+def _run(mode, model_dir, strategy, experiment, chief, lock, watcher) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
@@ -73,10 +76,7 @@ def _run(mode, model_dir, strategy, experiment, chief, watcher) -> Dict[str, Any
         checkpoint_interval=schedule.checkpoint_interval,
         init_fn=lambda: experiment.task.initialize(trainer.model),
     )
-    if train:
-        faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher)
-    else:
-        resume.track_rng_state(trainer.checkpoint, trainer.model)
+    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
     train_actions = [faults] if train else []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
@@ -92,6 +92,8 @@ def _run(mode, model_dir, strategy, experiment, chief, watcher) -> Dict[str, Any
         eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
         train_actions=train_actions,
     )
+    if lock is not None:
+        lock.acquire()  # Before anything is written; raises UserError if held.
     if train:
         faults.resume_inputs()
     if train and chief:

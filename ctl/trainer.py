@@ -39,6 +39,7 @@ import orbit
 import tensorflow as tf
 
 from ctl.errors import UserError
+from ctl.resume import track_rng_state
 from ctl.step_guard import StepGuard
 from ctl.task import Task
 
@@ -51,7 +52,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
-    tools can read it. Subclass and override a hook to change one part of the
+    tools can read it, and `rng`: the Keras 3 RNG states of the model, if any
+    (`ctl.resume`). Subclass and override a hook to change one part of the
     loop; point gin's `ctl.Experiment.trainer_cls` at the subclass.
     """
 
@@ -94,6 +96,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.checkpoint = tf.train.Checkpoint(
             global_step=self.global_step, model=self.model, optimizer=self.optimizer
         )
+        track_rng_state(self.checkpoint, self.model)  # Keras 3 Dropout etc., as `rng`.
         orbit.StandardTrainer.__init__(
             self,
             self.distribute_dataset(task.build_inputs, training=True) if train else None,
