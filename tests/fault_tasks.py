@@ -57,7 +57,8 @@ class ProbeTask(RegressionTask):
 
     def train_step(self, inputs, model, optimizer, metrics):
         step = tf.cast(optimizer.iterations, tf.int64) + 1
-        if self.progress_file:
+        replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        if self.progress_file and not replica:  # One line per step, from the first replica.
             tf.print(step, output_stream=f"file://{self.progress_file}")
         features, labels = inputs
         with tf.GradientTape() as tape:

@@ -100,15 +100,16 @@ def run_to_end(model_dir, progress, *bindings, flags=()):
     return stderr
 
 
-@pytest.mark.parametrize("signum, while_loop", [(signal.SIGTERM, True), (signal.SIGINT, False)],
-                         ids=["SIGTERM-tf_while_loop", "SIGINT-host_loop"])
-def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum, while_loop):
+@pytest.mark.parametrize("signum, while_loop, flags", [
+    (signal.SIGTERM, True, ()), (signal.SIGINT, False, ()), (signal.SIGTERM, True, MIRRORED),
+], ids=["SIGTERM-tf_while_loop", "SIGINT-host_loop", "SIGTERM-tf_while_loop-mirrored"])
+def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum, while_loop, flags):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
     # One loop of 100,000 steps: the signal must not wait for it to end.
     long_run = ("ctl.Schedule.train_steps=1000000", "ctl.Schedule.steps_per_loop=100000",
                 "ctl.Schedule.checkpoint_interval=100000",
                 f"ctl.Trainer.use_tf_while_loop={while_loop}")
-    trainer = Trainer(model_dir, progress, *long_run)
+    trainer = Trainer(model_dir, progress, *long_run, flags=flags)
     try:
         assert trainer.wait_for_step(300), trainer.finish()[1]
         trainer.proc.send_signal(signum)
@@ -125,7 +126,8 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
     assert 300 <= saved < 100000
     assert f"ckpt-{saved}" in lines[-1]
 
-    run_to_end(model_dir, progress, *long_run[1:], f"ctl.Schedule.train_steps={saved + 10}")
+    run_to_end(model_dir, progress, *long_run[1:], f"ctl.Schedule.train_steps={saved + 10}",
+               flags=flags)
     assert latest_step(model_dir) == saved + 10
     assert read_steps(progress) == list(range(1, saved + 11))  # Resumed at saved + 1.
 
