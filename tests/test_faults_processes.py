@@ -197,3 +197,20 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
     assert os.path.exists(os.path.join(model_dir, "trainer.lock"))
     run_to_end(model_dir, progress, "ctl.Schedule.train_steps=20")
     assert latest_step(model_dir) == 20
+
+
+def test_a_second_signal_exits_at_once():
+    script = (
+        "import os, signal, time\n"
+        "from ctl.preemption import SignalWatcher\n"
+        "with SignalWatcher() as watcher:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    while watcher.signum is None: time.sleep(0.01)\n"
+        "    print('first handled', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert "first handled" in result.stdout
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
