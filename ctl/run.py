@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import config, distribute, train_lib
+from ctl import config, continuous_eval, distribute, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
 from ctl.preemption import EXIT_PREEMPTED, Preempted
 
@@ -61,7 +61,10 @@ def main(argv):
     _log_to_stdout()
     try:
         strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
-        config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        gin_files = FLAGS.gin_file
+        if FLAGS.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir)]
+        config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
         train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
         print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
