@@ -4,7 +4,10 @@
 parsed; tests and notebooks call it directly.
 """
 
+import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Optional
 
 from absl import logging
@@ -49,6 +52,33 @@ def run_experiment(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
     chief = is_chief(strategy)
+    with _checkpoint_directory(model_dir, chief) as checkpoint_dir:
+        return _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment)
+
+
+@contextlib.contextmanager
+def _checkpoint_directory(model_dir: str, chief: bool):
+    """The model dir for the chief; for other multi-worker workers, a scratch dir.
+
+    MultiWorkerMirroredStrategy needs every worker to save (the save reads
+    variables collectively); only the chief's checkpoints land in the model dir.
+    The others restore from it and delete their scratch copies at the end.
+    """
+    if chief:
+        yield model_dir
+        return
+    scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment):
+    schedule = experiment.schedule
+    train = mode != "eval"
+    evaluate = mode != "train"
+    strategy = trainer.strategy
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     controller = orbit.Controller(
         strategy=strategy,
@@ -58,7 +88,8 @@ def run_experiment(
         steps_per_loop=schedule.steps_per_loop,
         checkpoint_manager=CheckpointManager(
             trainer.checkpoint,
-            model_dir,
+            checkpoint_dir,
+            restore_directory=model_dir,
             max_to_keep=schedule.max_checkpoints,
             step_counter=trainer.global_step,
             checkpoint_interval=schedule.checkpoint_interval,
