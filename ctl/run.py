@@ -3,7 +3,9 @@
     python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
         --gin_file=configs/digits.gin --gin_bindings='ctl.Schedule.train_steps=500'
 
-A user mistake ends in one line on stderr and exit status 2.
+The same command runs on every task of a cluster; the role comes from
+TF_CONFIG (see `ctl.cluster`). A user mistake ends in one line on stderr and
+exit status 2.
 """
 
 import logging as std_logging
@@ -11,7 +13,7 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import config, distribute, train_lib
+from ctl import cluster, config, distribute, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
 
 FLAGS = flags.FLAGS
@@ -57,9 +59,14 @@ def main(argv):
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     _log_to_stdout()
     try:
-        strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
+        if plan.action == "serve":
+            config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+            distribute.serve(plan.cluster)  # Until the cluster manager stops it.
+            return
+        strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
         config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
+        train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])
