@@ -74,7 +74,8 @@ class Cluster:
     """The processes of a local cluster; `wait()` returns the exit status."""
 
     def __init__(self, run_args: Sequence[str], workers: int, ps: int = 0,
-                 evaluator: bool = False, out=None):
+                 evaluator: bool = False, out=None, command: Sequence[str] = ()):
+        """Starts `command + run_args` (default `python -m ctl.run`) once per task."""
         self._out = out or sys.stdout
         self._lock = threading.Lock()
         self.spec = local_cluster(workers, ps, evaluator)
@@ -85,7 +86,7 @@ class Cluster:
         for name, tf_config in tf_configs(self.spec).items():
             env = {**os.environ, "TF_CONFIG": tf_config, "PYTHONUNBUFFERED": "1"}
             process = subprocess.Popen(
-                [sys.executable, "-m", "ctl.run", *run_args], env=env,
+                [*(command or (sys.executable, "-m", "ctl.run")), *run_args], env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             )
             self.processes[name] = process

@@ -1,11 +1,15 @@
-"""TF_CONFIG validation and the role each task plays: no processes, no cluster."""
+"""TF_CONFIG validation, the role each task plays, and the launcher's process handling."""
 
+import io
 import json
+import os
+import sys
 
 import pytest
 
 from ctl import cluster, launch
 from ctl.errors import UserError
+from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
 
 WITH_EVAL = ("train", "eval", "train_and_eval", "continuous_eval")
 WITHOUT_EVAL = ("train", "eval", "train_and_eval")
@@ -106,3 +110,61 @@ def test_local_cluster_layout_and_tf_configs():
         parsed = cluster.read_tf_config({"TF_CONFIG": text})
         assert (parsed.task_type, parsed.task_id) == (name.split(" ")[0], int(name.split(" ")[-1]) if " " in name else 0)
     assert set(launch.local_cluster(workers=3)) == {"worker"}
+
+
+# A stand-in task for the launcher's process handling: "worker 1" exits with
+# status 3 after a moment, every other task runs until it is stopped.
+_TASK = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+print("started", task["type"], task["index"], flush=True)
+if (task["type"], task["index"]) == ("worker", 1):
+    time.sleep(float(sys.argv[1])); sys.exit(3)
+time.sleep(600)
+"""
+
+
+def _cluster(delay, out, **kwargs):
+    return launch.Cluster([str(delay)], out=out, command=[sys.executable, "-c", _TASK], **kwargs)
+
+
+@pytest.mark.slow
+def test_launcher_stops_every_task_when_one_fails():
+    out = io.StringIO()
+    cluster_ = _cluster(1.0, out, workers=2, ps=1)
+    try:
+        assert cluster_.wait(timeout=120) == 3
+        assert all(p.poll() is not None for p in cluster_.processes.values())
+    finally:
+        cluster_.stop()
+    text = out.getvalue()
+    for name in ("chief", "worker 0", "worker 1", "ps 0"):  # Every line has its task's prefix.
+        assert f"[{name}] started {name.split(' ')[0]} {name.split(' ')[-1] if ' ' in name else 0}" in text
+    assert "[launch] worker 1 exited with status 3; stopping all tasks." in text
+
+
+@pytest.mark.slow
+def test_launcher_timeout_stops_every_task():
+    out = io.StringIO()
+    cluster_ = _cluster(600, out, workers=1, evaluator=True)
+    try:
+        assert cluster_.wait(timeout=3) == 124
+        assert all(p.poll() is not None for p in cluster_.processes.values())
+    finally:
+        cluster_.stop()
+    assert "[launch] timed out after 3s" in out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text,message", [
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": ', "TF_CONFIG is not valid JSON"),
+    (tf_config({"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "evaluator", 1)["TF_CONFIG"],
+     "second evaluator"),
+], ids=["malformed", "second evaluator"])
+def test_cli_refuses_a_bad_tf_config_in_one_line(tmp_path, text, message):
+    result = run_ctl("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",
+                     "--strategy=multi_worker_mirrored", env={"TF_CONFIG": text})
+    assert result.returncode == 2, result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("ctl.run: error: TF_CONFIG ") and message in lines[0], lines
+    assert os.listdir(tmp_path) == []

@@ -106,16 +106,6 @@ def test_parameter_servers_train_to_the_target_step(tmp_path):
     assert set(train["loss"]) == {10, 20, 30} and train["loss"][30] < train["loss"][10]
 
 
-def test_a_failing_task_stops_the_cluster(tmp_path):
-    status, output, _ = launch(
-        tmp_path, ["--workers=2"],
-        ["--mode=train", "--strategy=multi_worker_mirrored", f"--model_dir={tmp_path / 'model'}",
-         f"--gin_file={CLUSTER_GIN}", "--gin_bindings=ctl.Schedule.steps_per_loop=0"])
-    assert status == 2, output[-5000:]
-    assert "ctl.run: error: ctl.Schedule.steps_per_loop (0)" in output
-    assert "exited with status 2; stopping all tasks." in output
-
-
 @needs_sidecar
 def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker):
     model_dir = str(tmp_path / "model")
