@@ -12,7 +12,7 @@ from tests.cluster_tasks import ScoredTask
 from tests.conftest import mirrored
 from tests.tasks import regression_data
 
-WEIGHTS = [np.array([[0.8], [-1.5], [0.9]], np.float32), np.array([0.1], np.float32)]
+WEIGHTS = [np.array([[0.3], [-0.4], [1.5]], np.float32), np.array([0.1], np.float32)]
 
 
 def evaluate(strategy, eval_examples, batch_size):
