@@ -7,6 +7,7 @@ model; the waits are generous because the machine is shared.
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,11 +57,29 @@ def launch(tmp_path, launch_args, run_args):
 
 @pytest.fixture(scope="module")
 def one_worker(tmp_path_factory):
-    """Eval scalars of a single-process train_and_eval of tests/cluster.gin."""
+    """Single-process train_and_eval runs of tests/cluster.gin, in this process.
+
+    Returns the model dir and eval scalars of a run from scratch, and the eval
+    scalars of a run resumed from its step-10 checkpoint (which reads the train
+    set from its start again, so it differs from the run from scratch).
+    """
     model_dir = str(tmp_path_factory.mktemp("one_worker"))
+    resumed_dir = os.path.join(str(tmp_path_factory.mktemp("one_worker_resumed")), "model")
     config.parse([CLUSTER_GIN], [], [ROOT])
     ctl.run_experiment("train_and_eval", model_dir)
-    return scalars(os.path.join(model_dir, "eval"))
+    copy_checkpoint(model_dir, 10, resumed_dir)
+    ctl.run_experiment("train_and_eval", resumed_dir)
+    return {"dir": model_dir, "evals": scalars(os.path.join(model_dir, "eval")),
+            "resumed_evals": scalars(os.path.join(resumed_dir, "eval"))}
+
+
+def copy_checkpoint(source_dir, step, model_dir):
+    """Starts `model_dir` from `source_dir`'s checkpoint of `step`, as a resumed run."""
+    os.makedirs(model_dir)
+    for path in glob.glob(os.path.join(source_dir, f"ckpt-{step}.*")):
+        shutil.copy(path, model_dir)
+    with open(os.path.join(model_dir, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
 def assert_same_evals(actual, expected, steps):
@@ -70,16 +89,20 @@ def assert_same_evals(actual, expected, steps):
     assert actual["examples"][steps[-1]] == 9 and actual["aggregated_examples"][steps[-1]] == 9
 
 
-def test_two_workers_train_and_eval_like_one_worker(tmp_path, one_worker):
+def test_two_workers_resume_train_and_eval_like_one_worker(tmp_path, one_worker):
+    # Both workers restore the chief's step-10 checkpoint of the one-worker run
+    # (a worker that did not would train from other weights, and disagree).
     model_dir = str(tmp_path / "model")
+    copy_checkpoint(one_worker["dir"], 10, model_dir)
     status, output, scratch = launch(
         tmp_path, ["--workers=2"],
         ["--mode=train_and_eval", "--strategy=multi_worker_mirrored", f"--model_dir={model_dir}",
          f"--gin_file={CLUSTER_GIN}"])
     assert status == 0, output[-5000:]
-    assert "[worker 1] " in output and "group_size = 2" in output  # Both trained, together.
+    assert "group_size = 2" in output  # Both trained, together.
+    assert f"[worker 1] restored model from {model_dir}/ckpt-10" in output
     # Each worker evaluated the whole eval set (9 examples, split over the two workers).
-    assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker, steps=[10, 20])
+    assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker["resumed_evals"], steps=[20])
     # Only the chief wrote to the model dir; worker 1 saved to a scratch dir it removed.
     assert sorted(os.listdir(model_dir)) == [
         "checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index", "ckpt-20.data-00000-of-00001",
@@ -115,11 +138,11 @@ def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker
          f"--gin_file={CLUSTER_GIN}"])
     assert status == 0, output[-5000:]
     assert "[evaluator] " in output
-    assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker, steps=[20])
+    assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker["evals"], steps=[20])
 
 
 @needs_sidecar
-def test_parameter_servers_with_a_sidecar_evaluator(tmp_path, one_worker):
+def test_parameter_servers_with_a_sidecar_evaluator(tmp_path):
     model_dir = str(tmp_path / "model")
     status, output, _ = launch(
         tmp_path, ["--workers=2", "--ps=1", "--evaluator"],
