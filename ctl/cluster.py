@@ -200,3 +200,9 @@ def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig],
 
 def _describe(cluster: ClusterConfig) -> str:
     return ", ".join(f"{len(tasks)} {job}" for job, tasks in cluster.cluster.items())
+
+
+def has_evaluator(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the validated `TF_CONFIG`'s cluster has an `evaluator` task."""
+    cluster = read_tf_config(os.environ if environ is None else environ)
+    return cluster is not None and "evaluator" in cluster.cluster

@@ -168,3 +168,9 @@ def test_cli_refuses_a_bad_tf_config_in_one_line(tmp_path, text, message):
     lines = ctl_stderr_lines(result.stderr)
     assert len(lines) == 1 and lines[0].startswith("ctl.run: error: TF_CONFIG ") and message in lines[0], lines
     assert os.listdir(tmp_path) == []
+
+
+def test_has_evaluator():
+    assert cluster.has_evaluator(tf_config(WORKERS, "worker", 1))
+    assert not cluster.has_evaluator(tf_config(PS, "ps"))
+    assert not cluster.has_evaluator({})
