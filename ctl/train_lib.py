@@ -43,7 +43,9 @@ def run_experiment(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    ensure_writable(model_dir)
+    chief = is_chief(strategy)
+    if chief:  # Other workers only read the model dir.
+        ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
     schedule = experiment.schedule
     train = mode != "eval"
@@ -51,7 +53,6 @@ def run_experiment(
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
-    chief = is_chief(strategy)
     with _checkpoint_directory(model_dir, chief) as checkpoint_dir:
         return _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment)
 
