@@ -63,8 +63,20 @@ class CheckpointManager(tf.train.CheckpointManager):
         return path
 
 
-def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
-    """Restores `path` into `checkpoint`, or raises `UserError` on any mismatch."""
+class UnreadableCheckpointError(UserError):
+    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
+
+    def __init__(self, message: str, deleted: bool):
+        super().__init__(message)
+        self.deleted = deleted
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
+    """Restores `path` into `checkpoint` and returns the restore status.
+
+    Raises `UserError` when the checkpoint holds a different model, and its
+    subclass `UnreadableCheckpointError` when the files are gone or damaged.
+    """
     status = None
     try:
         status = checkpoint.restore(path)
@@ -77,11 +89,13 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
             f"({os.path.basename(path)}: {_first_line(error)}); use a new --model_dir, or the config that "
             f"wrote it ({model_dir}/config.gin)."
         ) from error
-    except (tf.errors.NotFoundError, tf.errors.DataLossError) as error:
-        raise UserError(
+    except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
+        raise UnreadableCheckpointError(
             f"cannot read checkpoint {path} ({_first_line(error)}); remove it or use a new "
-            "--model_dir."
+            "--model_dir.",
+            deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
+    return status
 
 
 def _step_of(path: Optional[str]) -> Optional[int]:

@@ -81,17 +81,7 @@ class Plan:
 
 def read_tf_config(environ: Mapping[str, str] = os.environ) -> Optional[ClusterConfig]:
     """Parses and validates `TF_CONFIG`; None when it is unset or names no cluster."""
-    text = environ.get("TF_CONFIG", "").strip()
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserError(
-            f"TF_CONFIG is not valid JSON ({error}): {text[:120]!r}; set it like {_EXAMPLE}."
-        ) from error
-    if not isinstance(value, dict):
-        raise UserError(f"TF_CONFIG must be a JSON object, got {text[:120]!r}; set it like {_EXAMPLE}.")
+    value, text = _load(environ)
     cluster, task = value.get("cluster") or {}, value.get("task") or {}
     if not cluster and not task:
         return None  # '{}' is what some launchers set for a single process.
@@ -203,6 +193,27 @@ def _describe(cluster: ClusterConfig) -> str:
 
 
 def has_evaluator(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the validated `TF_CONFIG`'s cluster has an `evaluator` task."""
-    cluster = read_tf_config(os.environ if environ is None else environ)
-    return cluster is not None and "evaluator" in cluster.cluster
+    """Whether `TF_CONFIG`'s cluster has an `evaluator` task (a sidecar evaluator).
+
+    Reads only the cluster, so that a trainer whose TF_CONFIG names no task of
+    its own still hands evaluation to the evaluator; malformed JSON is a `UserError`.
+    """
+    value, _ = _load(os.environ if environ is None else environ)
+    cluster = value.get("cluster") or {}
+    return isinstance(cluster, dict) and bool(cluster.get("evaluator"))
+
+
+def _load(environ: Mapping[str, str]):
+    """The JSON object in TF_CONFIG (`{}` when unset) and its text."""
+    text = environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return {}, text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(
+            f"TF_CONFIG is not valid JSON ({error}): {text[:120]!r}; set it like {_EXAMPLE}."
+        ) from error
+    if not isinstance(value, dict):
+        raise UserError(f"TF_CONFIG must be a JSON object, got {text[:120]!r}; set it like {_EXAMPLE}.")
+    return value, text

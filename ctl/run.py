@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import cluster, config, distribute, train_lib
+from ctl import cluster, config, continuous_eval, distribute, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
 
 FLAGS = flags.FLAGS
@@ -60,12 +60,15 @@ def main(argv):
     _log_to_stdout()
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
+        gin_files = FLAGS.gin_file
+        if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir)]
         if plan.action == "serve":
-            config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+            config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.
             return
         strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
-        config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
         train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.

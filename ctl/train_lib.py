@@ -1,4 +1,4 @@
-"""The modes of a run: train, eval, and train_and_eval, on orbit's Controller.
+"""The modes of a run: train, eval, train_and_eval on orbit's Controller, and continuous_eval.
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly.
@@ -14,13 +14,13 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl import config
+from ctl import cluster, config, continuous_eval
 from ctl.checkpointing import CheckpointManager
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
 
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TRAIN_SUMMARY_DIR = "train"
 EVAL_SUMMARY_DIR = "eval"
 
@@ -34,10 +34,19 @@ def run_experiment(
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
     Returns the last evaluation's results (for `train`, the last loop's).
+    `continuous_eval` runs `ctl.continuous_eval.evaluate_continuously`. When
+    TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
+    and leaves evaluation to that sidecar. A chief that finishes `train` or
+    `train_and_eval` marks the run finished in `model_dir`.
     """
     if mode not in MODES:
         raise UserError(f"Received mode={mode!r}. Expected one of: {', '.join(MODES)}.")
     strategy = strategy or tf.distribute.get_strategy()
+    if mode == "continuous_eval":
+        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
+    if mode == "train_and_eval" and cluster.has_evaluator():
+        logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
+        mode = "train"
     if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
         raise UserError(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
@@ -102,6 +111,7 @@ def _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment):
         train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
     )
     if train and chief:
+        continuous_eval.clear_finished(model_dir)
         config.save_config(model_dir)
 
     eval_steps = schedule.eval_steps or -1
@@ -109,6 +119,8 @@ def _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment):
         return controller.evaluate(steps=eval_steps)
     if mode == "train":
         controller.train(steps=schedule.train_steps)
+        if chief:
+            continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
         return {}
     output = controller.train_and_evaluate(
         train_steps=schedule.train_steps,
@@ -118,6 +130,8 @@ def _run(mode, model_dir, checkpoint_dir, chief, trainer, experiment):
     if output is None:  # Resumed after the last step: still end with an evaluation.
         logging.info("training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
+    if chief:
+        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
     return output
 
 
