@@ -6,6 +6,8 @@ parsed; tests and notebooks call it directly.
 
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Optional
 
 from absl import logging
@@ -53,10 +55,11 @@ def run_experiment(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    ensure_writable(model_dir)
+    chief = is_chief(strategy)
+    if chief:  # Other workers only read the model dir.
+        ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
     train = mode != "eval"
-    chief = is_chief(strategy)
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
     lock = ModelDirLock(model_dir) if train and chief else None
@@ -64,10 +67,30 @@ def run_experiment(
         if lock is not None:
             stack.callback(lock.release)
         watcher = stack.enter_context(SignalWatcher()) if train else None
-        return _run(mode, model_dir, strategy, experiment, chief, lock, watcher)
+        checkpoint_dir = stack.enter_context(_checkpoint_directory(model_dir, chief))
+        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher)
 
 
-def _run(mode, model_dir, strategy, experiment, chief, lock, watcher) -> Dict[str, Any]:
+@contextlib.contextmanager
+def _checkpoint_directory(model_dir: str, chief: bool):
+    """The model dir for the chief; for other multi-worker workers, a scratch dir.
+
+    MultiWorkerMirroredStrategy needs every worker to save (the save reads
+    variables collectively); only the chief's checkpoints land in the model dir.
+    The others restore from it and delete their scratch copies at the end.
+    """
+    if chief:
+        yield model_dir
+        return
+    scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
+         ) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
@@ -79,7 +102,8 @@ def _run(mode, model_dir, strategy, experiment, chief, lock, watcher) -> Dict[st
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     manager = CheckpointManager(
         trainer.checkpoint,
-        model_dir,
+        checkpoint_dir,
+        restore_directory=model_dir,
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
         checkpoint_interval=schedule.checkpoint_interval,
