@@ -16,13 +16,17 @@ from ctl.experiment import Experiment, Schedule
 from ctl.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
 from ctl.keras_callbacks import KerasCallbacks
+from ctl.faults import FaultTolerance
+from ctl.reducers import Reducer
 from ctl.sidecar import ContinuousEval
 from ctl.task import Task
 from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
 from ctl.warm_start import WarmStart
 
-__all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
-           "EarlyStopping", "Experiment", "FinalExporter", "Hook", "KerasCallbacks",
-           "LatestExporter", "MODES", "Run", "Schedule", "StopRequest", "Task", "Trainer",
-           "UserError", "WarmStart", "run_experiment"]
+__all__ = [
+    "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
+    "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
+    "KerasCallbacks", "LatestExporter", "MODES", "Reducer", "Run", "Schedule",
+    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
+]

@@ -29,8 +29,11 @@ class CheckpointManager(tf.train.CheckpointManager):
     """A `tf.train.CheckpointManager` with aligned intervals and validated restores."""
 
     def __init__(self, checkpoint, directory, *, step_counter, checkpoint_interval=None,
-                 init_fn=None, **kwargs):
+                 init_fn=None, restore_directory=None, **kwargs):
+        """`restore_directory` (default: `directory`) is where restores read from:
+        a multi-worker non-chief saves to a scratch directory, restores the chief's."""
         super().__init__(checkpoint, directory, step_counter=step_counter, **kwargs)
+        self._restore_directory = restore_directory or directory
         self._step = step_counter
         self._interval = checkpoint_interval
         self._initialize = init_fn
@@ -51,12 +54,12 @@ class CheckpointManager(tf.train.CheckpointManager):
         return path
 
     def restore_or_initialize(self) -> Optional[str]:
-        path = self.latest_checkpoint
+        path = tf.train.latest_checkpoint(self._restore_directory)
         if path is None:
             if self._initialize is not None:
                 self._initialize()
             return None
-        restore(self.checkpoint, path, self.directory)
+        restore(self.checkpoint, path, self._restore_directory)
         return path
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence, Type
 import gin
 
 from ctl.errors import UserError
+from ctl.faults import FaultTolerance
 from ctl.task import Task
 from ctl.trainer import Trainer
 
@@ -61,11 +62,12 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, the trainer class that runs it, the schedule, and hooks (ctl.hooks)."""
+    """A task, its trainer class, the schedule, the fault tolerance and hooks (ctl.hooks)."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
     trainer_cls: Type[Trainer] = Trainer
+    fault_tolerance: FaultTolerance = dataclasses.field(default_factory=FaultTolerance)
     hooks: Sequence[Any] = ()
 
     def __post_init__(self):

@@ -5,7 +5,11 @@
 
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
-A user mistake ends in one line on stderr and exit status 2.
+The same command runs on every task of a cluster; the role comes from
+TF_CONFIG (see `ctl.cluster`). A user mistake ends in one line on stderr and
+exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
+and exits with status 75 (`ctl.preemption.EXIT_PREEMPTED`): run the same
+command again to resume.
 """
 
 import logging as std_logging
@@ -13,8 +17,9 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import config, continuous_eval, distribute, smoke, train_lib
+from ctl import cluster, config, continuous_eval, distribute, smoke, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
+from ctl.preemption import EXIT_PREEMPTED, Preempted
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),
@@ -64,15 +69,23 @@ def main(argv):
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
     _log_to_stdout()
     try:
-        strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         gin_files = FLAGS.gin_file
-        if FLAGS.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+        if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
             gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir)]
+        if plan.action == "serve":
+            config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+            distribute.serve(plan.cluster)  # Until the cluster manager stops it.
+            return
+        strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
         config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        if FLAGS.mode == smoke.MODE:
+        if plan.mode == smoke.MODE:
             smoke.run_smoke(strategy)
         else:
-            train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
+            train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+    except Preempted as preempted:
+        print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])

@@ -24,8 +24,8 @@ class Task:
 
     Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
     Optional: `build_metrics`, `train_step`, `validation_step`,
-    `aggregate_logs`, `reduce_aggregated_logs`, `initialize`, `eval_datasets`,
-    `serving_signatures`.
+    `build_reducers`, `aggregate_logs`, `reduce_aggregated_logs`, `initialize`,
+    `eval_datasets`, `serving_signatures`.
 
     All `build_*` methods are called inside the distribution strategy's scope,
     so variables they create are placed correctly. Models may be Keras 3
@@ -111,11 +111,20 @@ class Task:
             metric.update_state(labels, outputs)
         return {"loss": loss}
 
+    def build_reducers(self) -> List[Any]:
+        """Returns `ctl.reducers.Reducer`s over the extra entries of `validation_step`.
+
+        Each sees every replica's batch (of every worker) and adds its results
+        to the eval logs, e.g. `[ctl.reducers.AUC(scores="scores", labels="labels")]`.
+        """
+        return []
+
     def aggregate_logs(self, state: Any, step_logs: Mapping[str, List[Any]]) -> Any:
         """Folds one eval step's extra logs into `state` (eager, NumPy values).
 
         `state` starts as `None`; `step_logs` maps each extra entry returned by
-        `validation_step` to a list with one NumPy array per local replica.
+        `validation_step` to a list with one NumPy array per replica, of every
+        worker: each worker aggregates the whole eval set.
         Override this (and `reduce_aggregated_logs`) for results that Keras
         metrics cannot hold, such as predictions over the whole eval set.
         """

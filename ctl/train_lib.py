@@ -4,19 +4,25 @@
 parsed; tests and notebooks call it directly.
 """
 
+import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Optional
 
 from absl import logging
 import tensorflow as tf
 
-from ctl import cluster, config, continuous_eval
+from ctl import cluster, config, continuous_eval, resume
 from ctl.checkpointing import CheckpointManager
 from ctl.controller import Controller
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.faults import FaultHandler
 from ctl.hooks import Hooks, Run
+from ctl.lock import ModelDirLock
+from ctl.preemption import SignalWatcher
 from ctl.progress import MetricsLog, ProgressLogger
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -51,42 +57,86 @@ def run_experiment(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    ensure_writable(model_dir)
+    chief = is_chief(strategy)
+    if chief:  # Other workers only read the model dir.
+        ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
+    train = mode != "eval"
+    # One trainer per model dir. Taken once the checkpoint is validated, so that a
+    # run refused for a bad input leaves even the lock file as it was.
+    lock = ModelDirLock(model_dir) if train and chief else None
+    with contextlib.ExitStack() as stack:
+        if lock is not None:
+            stack.callback(lock.release)
+        watcher = stack.enter_context(SignalWatcher()) if train else None
+        checkpoint_dir = stack.enter_context(_checkpoint_directory(model_dir, chief))
+        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher)
+
+
+@contextlib.contextmanager
+def _checkpoint_directory(model_dir: str, chief: bool):
+    """The model dir for the chief; for other multi-worker workers, a scratch dir.
+
+    MultiWorkerMirroredStrategy needs every worker to save (the save reads
+    variables collectively); only the chief's checkpoints land in the model dir.
+    The others restore from it and delete their scratch copies at the end.
+    """
+    if chief:
+        yield model_dir
+        return
+    scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
+         ) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
+    if experiment.fault_tolerance.seed is not None:
+        resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
-    chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
-    eval_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
     hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
+    manager = CheckpointManager(
+        trainer.checkpoint,
+        checkpoint_dir,
+        restore_directory=model_dir,
+        max_to_keep=schedule.max_checkpoints,
+        step_counter=trainer.global_step,
+        checkpoint_interval=schedule.checkpoint_interval,
+        init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
+    )
+    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
+    train_actions = [faults] if train else []
+    if train and chief:
+        train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
+    train_actions += hooks.actions("on_train_loop_end")
     controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
         evaluator=trainer if evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
-        checkpoint_manager=CheckpointManager(
-            trainer.checkpoint,
-            model_dir,
-            max_to_keep=schedule.max_checkpoints,
-            step_counter=trainer.global_step,
-            checkpoint_interval=schedule.checkpoint_interval,
-            init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
-        ),
+        checkpoint_manager=manager,
         summary_interval=schedule.summary_interval,
         summary_dir=summary_dir if chief else None,
-        eval_summary_dir=eval_dir if chief else None,
-        train_actions=([_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else [])
-        + hooks.actions("on_train_loop_end"),
+        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
+        train_actions=train_actions,
         eval_actions=hooks.actions("on_eval_end"),
         stop=hooks.run.stop,
         on_checkpoint_end=hooks.actions("on_checkpoint_end"),
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
+    if lock is not None:
+        lock.acquire()  # Before anything is written; raises UserError if held.
+    if train:
+        faults.resume_inputs()
     if train and chief:
         continuous_eval.clear_finished(model_dir)
         config.save_config(model_dir)
