@@ -5,17 +5,18 @@ parsed; tests and notebooks call it directly.
 """
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl import config
+from ctl import async_checkpoint, config
 from ctl.checkpointing import CheckpointManager
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval")
 TRAIN_SUMMARY_DIR = "train"
@@ -43,33 +44,8 @@ def run_experiment(
     ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
     schedule = experiment.schedule
-    train = mode != "eval"
-    evaluate = mode != "train"
-    trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate
-    )
-    chief = is_chief(strategy)
-    summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
-    controller = orbit.Controller(
-        strategy=strategy,
-        trainer=trainer if train else None,
-        evaluator=trainer if evaluate else None,
-        global_step=trainer.global_step,
-        steps_per_loop=schedule.steps_per_loop,
-        checkpoint_manager=CheckpointManager(
-            trainer.checkpoint,
-            model_dir,
-            max_to_keep=schedule.max_checkpoints,
-            step_counter=trainer.global_step,
-            checkpoint_interval=schedule.checkpoint_interval,
-            init_fn=lambda: experiment.task.initialize(trainer.model),
-        ),
-        summary_interval=schedule.summary_interval,
-        summary_dir=summary_dir if chief else None,
-        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
-        train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
-    )
-    if train and chief:
+    _, controller = build_controller(mode, model_dir, strategy, experiment)
+    if mode != "eval" and is_chief(strategy):
         config.save_config(model_dir)
 
     eval_steps = schedule.eval_steps or -1
@@ -87,6 +63,50 @@ def run_experiment(
         logging.info("training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
     return output
+
+
+def build_controller(
+    mode: str,
+    model_dir: str,
+    strategy: tf.distribute.Strategy,
+    experiment: Experiment,
+) -> Tuple[Trainer, orbit.Controller]:
+    """Builds the trainer and the `orbit.Controller` that `run_experiment` drives.
+
+    Restores the latest checkpoint in `model_dir` (or calls the task's
+    `initialize`). Benchmarks drive the returned controller directly.
+    """
+    schedule = experiment.schedule
+    train = mode != "eval"
+    evaluate = mode != "train"
+    trainer = experiment.trainer_cls(
+        experiment.task, strategy=strategy, train=train, evaluate=evaluate
+    )
+    chief = is_chief(strategy)
+    summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
+    if schedule.async_checkpointing:
+        async_checkpoint.enable()
+    controller = orbit.Controller(
+        strategy=strategy,
+        trainer=trainer if train else None,
+        evaluator=trainer if evaluate else None,
+        global_step=trainer.global_step,
+        steps_per_loop=schedule.steps_per_loop,
+        checkpoint_manager=CheckpointManager(
+            trainer.checkpoint,
+            model_dir,
+            max_to_keep=schedule.max_checkpoints,
+            step_counter=trainer.global_step,
+            checkpoint_interval=schedule.checkpoint_interval,
+            init_fn=lambda: experiment.task.initialize(trainer.model),
+        ),
+        enable_async_checkpointing=schedule.async_checkpointing,
+        summary_interval=schedule.summary_interval,
+        summary_dir=summary_dir if chief else None,
+        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
+        train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
+    )
+    return trainer, controller
 
 
 def ensure_writable(model_dir: str) -> None:
