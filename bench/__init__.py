@@ -1,0 +1,1 @@
+"""ctl's benchmark suite: `python -m bench.run` (see docs/bench.md)."""

@@ -1,0 +1,131 @@
+"""Figures 3 and 4: what checkpoints and evaluations cost the training loop.
+
+    python -m bench.controller_cost [--rounds 5]
+
+Figure 3 (`controller_cost`): ctl trains `train_steps` steps per round on the
+mlp workload, in loops of 100, three ways, interleaved:
+  alone        `Controller.train`, no checkpoint, no evaluation;
+  sync / async `Controller.train_and_evaluate` with a checkpoint and an
+               evaluation of `eval_steps` batches every `interval` steps,
+               checkpoints written synchronously or in the background.
+The cost is the median per-round ratio of the time over training alone, minus
+one. It includes the evaluations' own compute: `eval_share` estimates that
+share (eval steps' time over train steps' time, measured here) so that what
+remains is the controller's.
+
+Figure 4 (`checkpoint_stall`): on the `wide` workload (52 MB checkpoints) ctl
+trains `saves` loops of 20 steps per round with no checkpoint, a synchronous
+one after every loop, or an asynchronous one; the stall per checkpoint is the
+median per-round extra time over no checkpoint, divided by `saves` (the wait
+for the last async write at the end of `train` included).
+"""
+
+import argparse
+import time
+
+from bench import loops, measure
+from bench.workloads import BenchTask
+
+COST_TARGET = 0.03
+STALL_TARGET = 0.10
+
+
+def controller_cost(args):
+    interval, train_steps = args.interval, args.train_steps
+    alone = loops.ctl_controller(BenchTask("mlp"), steps_per_loop=100)[1]
+    with_sync = loops.ctl_controller(
+        BenchTask("mlp"), mode="train_and_eval", steps_per_loop=100,
+        checkpoint_interval=interval, eval_steps=args.eval_steps)[1]
+    with_async = loops.ctl_controller(
+        BenchTask("mlp"), mode="train_and_eval", steps_per_loop=100,
+        checkpoint_interval=interval, eval_steps=args.eval_steps, async_checkpointing=True)[1]
+
+    def train_alone(steps):
+        alone.train(int(alone.global_step.numpy()) + steps, checkpoint_at_completion=False)
+
+    def train_and_evaluate(controller, steps):
+        controller.train_and_evaluate(
+            train_steps=int(controller.global_step.numpy()) + steps,
+            eval_steps=args.eval_steps, eval_interval=interval)
+
+    # Warm up: trace the train and eval loops, write a first checkpoint.
+    train_alone(interval)
+    train_and_evaluate(with_sync, interval)
+    train_and_evaluate(with_async, interval)
+    eval_time = _time(lambda: with_sync.evaluate(args.eval_steps), 5)
+    train_time = _time(lambda: train_alone(100), 5)
+    eval_share = (eval_time * train_steps / interval) / (train_time * train_steps / 100)
+
+    times = measure.interleave({
+        "alone": lambda: train_alone(train_steps),
+        "sync": lambda: train_and_evaluate(with_sync, train_steps),
+        "async": lambda: train_and_evaluate(with_async, train_steps),
+    }, args.rounds)
+    for name in ("sync", "async"):
+        cost = measure.paired_ratio(times[name], times["alone"]) - 1
+        measure.emit(
+            "controller_cost", workload="mlp", checkpoints=name, cost=cost,
+            eval_share=eval_share, cost_without_eval=cost - eval_share,
+            train_steps=train_steps, interval=interval, eval_steps=args.eval_steps,
+            rounds=args.rounds, target=f"cost_without_eval <= {COST_TARGET}",
+            met=cost - eval_share <= COST_TARGET)
+
+
+def checkpoint_stall(args):
+    steps_per_loop, saves = 20, args.saves
+    controllers = {
+        "none": loops.ctl_controller(BenchTask("wide"), steps_per_loop=steps_per_loop)[1],
+        "sync": loops.ctl_controller(BenchTask("wide"), steps_per_loop=steps_per_loop,
+                                     checkpoint_interval=steps_per_loop, max_checkpoints=2)[1],
+        "async": loops.ctl_controller(BenchTask("wide"), steps_per_loop=steps_per_loop,
+                                      checkpoint_interval=steps_per_loop, max_checkpoints=2,
+                                      async_checkpointing=True)[1],
+    }
+
+    def train(controller, loops_count):
+        controller.train(int(controller.global_step.numpy()) + loops_count * steps_per_loop,
+                         checkpoint_at_completion=False)
+
+    for controller in controllers.values():
+        train(controller, 2)
+    times = measure.interleave(
+        {name: (lambda c=c: train(c, saves)) for name, c in controllers.items()}, args.rounds)
+    stall = {name: measure.paired_difference(times[name], times["none"]) / saves
+             for name in ("sync", "async")}
+    ratio = stall["async"] / stall["sync"] if stall["sync"] > 0 else float("nan")
+    measure.emit(
+        "checkpoint_stall", workload="wide", sync_stall_s=stall["sync"],
+        async_stall_s=stall["async"], async_over_sync=ratio,
+        loop_s=measure.median(times["none"]) / saves, saves_per_round=saves,
+        steps_per_loop=steps_per_loop, rounds=args.rounds,
+        target=f"async_over_sync <= {STALL_TARGET}", met=ratio <= STALL_TARGET)
+
+
+def _time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return measure.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--train_steps", type=int, default=4000)
+    parser.add_argument("--interval", type=int, default=1000)
+    parser.add_argument("--eval_steps", type=int, default=20)
+    parser.add_argument("--saves", type=int, default=4)
+    parser.add_argument("--figures", default="controller_cost,checkpoint_stall")
+    args = parser.parse_args()
+    measure.claim_stdout()
+    figures = args.figures.split(",")
+    if "controller_cost" in figures:
+        controller_cost(args)
+    if "checkpoint_stall" in figures:
+        checkpoint_stall(args)
+
+
+if __name__ == "__main__":
+    main()
