@@ -16,6 +16,7 @@ from ctl.checkpointing import CheckpointManager
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.summaries import SummaryManager
 from ctl.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval")
@@ -102,8 +103,10 @@ def build_controller(
         ),
         enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
-        summary_dir=summary_dir if chief else None,
-        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
+        summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
+        eval_summary_manager=SummaryManager(
+            os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None, trainer.global_step
+        ),
         train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
     )
     return trainer, controller
