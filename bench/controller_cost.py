@@ -8,7 +8,7 @@ mlp workload, in loops of 100, three ways, interleaved:
   sync / async `Controller.train_and_evaluate` with a checkpoint and an
                evaluation of `eval_steps` batches every `interval` steps,
                checkpoints written synchronously or in the background.
-The cost is the median per-round ratio of the time over training alone, minus
+The cost is the ratio of the median time to that of training alone, minus
 one. It includes the evaluations' own compute: `eval_share` estimates that
 share (eval steps' time over train steps' time, measured here) so that what
 remains is the controller's.
@@ -16,7 +16,7 @@ remains is the controller's.
 Figure 4 (`checkpoint_stall`): on the `wide` workload (52 MB checkpoints) ctl
 trains `saves` loops of 20 steps per round with no checkpoint, a synchronous
 one after every loop, or an asynchronous one; the stall per checkpoint is the
-median per-round extra time over no checkpoint, divided by `saves` (the wait
+extra median time over no checkpoint, divided by `saves` (the wait
 for the last async write at the end of `train` included, and the slowdown of
 training while the background thread writes). `*_save_call_s` is how long the
 `save` call itself blocked the loop (median).
@@ -64,7 +64,7 @@ def controller_cost(args):
         "async": lambda: train_and_evaluate(with_async, train_steps),
     }, args.rounds)
     for name in ("sync", "async"):
-        cost = measure.paired_ratio(times[name], times["alone"]) - 1
+        cost = measure.ratio(times[name], times["alone"]) - 1
         measure.emit(
             "controller_cost", workload="mlp", checkpoints=name, cost=cost,
             eval_share=eval_share, cost_without_eval=cost - eval_share,
@@ -99,7 +99,7 @@ def checkpoint_stall(args):
         calls.clear()
     times = measure.interleave(
         {name: (lambda c=c: train(c, saves)) for name, c in controllers.items()}, args.rounds)
-    stall = {name: measure.paired_difference(times[name], times["none"]) / saves
+    stall = {name: measure.difference(times[name], times["none"]) / saves
              for name in ("sync", "async")}
     ratio = stall["async"] / stall["sync"] if stall["sync"] > 0 else float("nan")
     measure.emit(
@@ -137,8 +137,8 @@ def _time(fn, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train_steps", type=int, default=10000)
-    parser.add_argument("--interval", type=int, default=5000)
+    parser.add_argument("--train_steps", type=int, default=6000)
+    parser.add_argument("--interval", type=int, default=3000)
     parser.add_argument("--eval_steps", type=int, default=20)
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--figures", default="controller_cost,checkpoint_stall")

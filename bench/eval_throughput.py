@@ -32,13 +32,16 @@ def main():
         def repeat(evaluate):
             return lambda: [evaluate(args.eval_steps) for _ in range(evals)]
 
-        times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds)
+        cpu = {}
+        times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu)
         steps = evals * args.eval_steps
         for name in runs:
-            ratio = measure.paired_ratio(times["raw"], times[name])
+            ratio = measure.ratio(times["raw"], times[name])
             fields = dict(workload=workload, variant=name,
                           steps_per_sec=steps / measure.median(times[name]),
-                          ratio_to_raw=ratio, eval_steps=args.eval_steps,
+                          ratio_to_raw=ratio,
+                          cpu_ratio_to_raw=measure.ratio(cpu["raw"], cpu[name]),
+                          eval_steps=args.eval_steps,
                           evals_per_round=evals, rounds=args.rounds)
             if name == "ctl":
                 fields.update(target=f">= {TARGET}", met=ratio >= TARGET)

@@ -2,8 +2,8 @@
 
 Each figure script runs its variants round-robin (the order rotates each
 round), so that load from other processes on the machine falls on all of them
-alike, and reports medians. Ratios are taken within a round, then the median
-over rounds is reported.
+alike, and reports medians: a ratio or a difference is taken between the
+variants' median times, which a burst of load in one round does not move.
 
 orbit's Controller prints a line per loop on stdout; a figure calls
 `claim_stdout()` first, so that those lines go to stderr and stdout carries
@@ -40,19 +40,26 @@ def _round(value):
     return value
 
 
-def interleave(variants: Dict[str, Callable[[], None]], rounds: int) -> Dict[str, List[float]]:
+def interleave(variants: Dict[str, Callable[[], None]], rounds: int,
+               cpu: Dict[str, List[float]] = None) -> Dict[str, List[float]]:
     """Times each variant's callable once per round, rotating the order.
 
-    Returns the wall times in seconds, per variant, in round order.
+    Returns the wall times in seconds, per variant, in round order; if `cpu`
+    is given, appends this process's CPU time (all threads) to `cpu[name]`.
+    CPU time is far less disturbed by other processes than wall time.
     """
     names = list(variants)
     times = {name: [] for name in names}
+    for name in names if cpu is not None else ():
+        cpu.setdefault(name, [])
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             variants[name]()
             times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu[name].append(time.process_time() - start_cpu)
     return times
 
 
@@ -60,14 +67,14 @@ def median(values: List[float]) -> float:
     return float(statistics.median(values))
 
 
-def paired_ratio(numerator: List[float], denominator: List[float]) -> float:
-    """Median over rounds of numerator[r] / denominator[r]."""
-    return median([n / d for n, d in zip(numerator, denominator)])
+def ratio(numerator: List[float], denominator: List[float]) -> float:
+    """median(numerator) / median(denominator)."""
+    return median(numerator) / median(denominator)
 
 
-def paired_difference(minuend: List[float], subtrahend: List[float]) -> float:
-    """Median over rounds of minuend[r] - subtrahend[r]."""
-    return median([a - b for a, b in zip(minuend, subtrahend)])
+def difference(minuend: List[float], subtrahend: List[float]) -> float:
+    """median(minuend) - median(subtrahend)."""
+    return median(minuend) - median(subtrahend)
 
 
 def quantile(values: List[float], q: float) -> float:

@@ -23,15 +23,15 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # figure -> (command after `python`, full arguments, --quick arguments)
 FIGURES = {
     "train_throughput": (["-m", "bench.train_throughput"],
-                         ["--rounds", "15"], ["--rounds", "3"]),
+                         ["--rounds", "15"], ["--rounds", "3", "--loops", "5"]),
     "eval_throughput": (["-m", "bench.eval_throughput"],
                         ["--rounds", "15"], ["--rounds", "3"]),
     "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
-                        ["--rounds", "7"], ["--rounds", "2", "--train_steps", "4000",
-                                            "--interval", "2000"]),
+                        ["--rounds", "7"], ["--rounds", "2", "--train_steps", "2000",
+                                            "--interval", "1000"]),
     "checkpoint_stall": (["-m", "bench.controller_cost", "--figures", "checkpoint_stall"],
-                         ["--rounds", "7"], ["--rounds", "2", "--saves", "2"]),
-    "startup": (["-m", "bench.startup"], ["--rounds", "5"], ["--rounds", "2"]),
+                         ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
+    "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--quick"]),
 }
 TIMEOUT_S = 300

@@ -85,6 +85,7 @@ def build_controller(
     )
     chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
+    eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
     if schedule.async_checkpointing:
         async_checkpoint.enable()
     controller = orbit.Controller(
@@ -103,9 +104,12 @@ def build_controller(
         ),
         enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
+        # orbit uses the dirs only to decide whether train and eval share a manager.
+        summary_dir=summary_dir if chief else None,
+        eval_summary_dir=eval_summary_dir if chief else None,
         summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
         eval_summary_manager=SummaryManager(
-            os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None, trainer.global_step
+            eval_summary_dir if chief else None, trainer.global_step
         ),
         train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
     )
