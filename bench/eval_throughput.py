@@ -44,7 +44,8 @@ def main():
                           eval_steps=args.eval_steps,
                           evals_per_round=evals, rounds=args.rounds)
             if name == "ctl":
-                fields.update(target=f">= {TARGET}", met=ratio >= TARGET)
+                fields.update(target=f">= {TARGET}", met=ratio >= TARGET,
+                              met_in_cpu_time=fields["cpu_ratio_to_raw"] >= TARGET)
             measure.emit("eval_throughput", **fields)
 
 

@@ -48,7 +48,8 @@ def main():
                           steps_per_loop=args.steps_per_loop,
                           steps_per_round=steps, rounds=args.rounds)
             if name == "ctl":
-                fields.update(target=f">= {TARGET}", met=ratio >= TARGET)
+                fields.update(target=f">= {TARGET}", met=ratio >= TARGET,
+                              met_in_cpu_time=fields["cpu_ratio_to_raw"] >= TARGET)
             measure.emit("train_throughput", **fields)
 
 

@@ -51,3 +51,14 @@ def test_runner_rejects_an_unknown_figure():
     assert result.returncode == 2
     assert "unknown figure(s) ['speed']" in result.stderr
     assert result.stdout == ""
+
+
+def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
+    script = tmp_path / "latency.py"
+    script.write_text('import json\nprint("log line")\nprint(json.dumps({"median_s": 0.5}))\n')
+    monkeypatch.setitem(run.FIGURES, "sidecar_latency", ([str(script)], [], []))
+    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    [record] = run.run_figure("sidecar_latency", quick=False)
+    assert record["figure"] == "sidecar_latency"
+    assert record["median_s"] == 0.5
+    assert record["target"] == "median_s <= 0.2" and record["met"] is False
