@@ -12,7 +12,8 @@ The cost is the ratio of the median time to that of training alone, minus
 one (`cpu_cost_without_eval`: the same in CPU time of the process, which other
 processes' load disturbs less). It includes the evaluations' own compute: `eval_share` estimates that
 share (eval steps' time over train steps' time, measured here) so that what
-remains is the controller's.
+remains is the controller's; `overhead_per_interval_s` is that remainder in
+seconds per checkpoint-and-evaluation.
 
 Figure 4 (`checkpoint_stall`): on the `wide` workload (52 MB checkpoints) ctl
 trains `saves` loops of 20 steps per round with no checkpoint, a synchronous
@@ -75,6 +76,8 @@ def controller_cost(args):
             "controller_cost", workload="mlp", checkpoints=name, cost=cost,
             eval_share=eval_share, cost_without_eval=cost - eval_share,
             cpu_cost_without_eval=cpu_cost - eval_share,
+            overhead_per_interval_s=(
+                measure.median(times["alone"]) * (cost - eval_share) * interval / train_steps),
             train_steps=train_steps, interval=interval, eval_steps=args.eval_steps,
             rounds=args.rounds, target=f"cost_without_eval <= {COST_TARGET}",
             met=cost - eval_share <= COST_TARGET,
@@ -149,8 +152,8 @@ def _time(fn, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train_steps", type=int, default=6000)
-    parser.add_argument("--interval", type=int, default=3000)
+    parser.add_argument("--train_steps", type=int, default=20000)
+    parser.add_argument("--interval", type=int, default=10000)
     parser.add_argument("--eval_steps", type=int, default=20)
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--figures", default="controller_cost,checkpoint_stall")
