@@ -24,6 +24,7 @@ import tensorflow as tf
 
 import ctl
 from ctl import train_lib
+from ctl.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9
@@ -113,7 +114,20 @@ def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None, 
     schedule.setdefault("checkpoint_interval", NEVER)
     experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule))
     model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
-    return train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment)
+    built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
+                                       watcher=_watcher() if mode != "eval" else None)
+    return built.trainer, built.controller
+
+
+def _watcher():
+    """The SIGTERM/SIGINT watcher ctl trains under, installed once for the process."""
+    global _WATCHER
+    if _WATCHER is None:
+        _WATCHER = SignalWatcher().__enter__()
+    return _WATCHER
+
+
+_WATCHER = None
 
 
 def ctl_train(task: BenchTask, steps_per_loop: int):

@@ -12,8 +12,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from ctl.errors import UserError  # noqa: E402
 from ctl.experiment import Experiment, Schedule
+from ctl.faults import FaultTolerance
+from ctl.reducers import Reducer
+from ctl.sidecar import ContinuousEval
 from ctl.task import Task
 from ctl.train_lib import MODES, run_experiment
 from ctl.trainer import Trainer
 
-__all__ = ["Experiment", "MODES", "Schedule", "Task", "Trainer", "UserError", "run_experiment"]
+__all__ = [
+    "ContinuousEval", "Experiment", "FaultTolerance", "MODES", "Reducer", "Schedule", "Task",
+    "Trainer", "UserError", "run_experiment",
+]

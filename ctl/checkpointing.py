@@ -29,8 +29,11 @@ class CheckpointManager(tf.train.CheckpointManager):
     """A `tf.train.CheckpointManager` with aligned intervals and validated restores."""
 
     def __init__(self, checkpoint, directory, *, step_counter, checkpoint_interval=None,
-                 init_fn=None, **kwargs):
+                 init_fn=None, restore_directory=None, **kwargs):
+        """`restore_directory` (default: `directory`) is where restores read from:
+        a multi-worker non-chief saves to a scratch directory, restores the chief's."""
         super().__init__(checkpoint, directory, step_counter=step_counter, **kwargs)
+        self._restore_directory = restore_directory or directory
         self._step = step_counter
         self._interval = checkpoint_interval
         self._initialize = init_fn
@@ -51,17 +54,29 @@ class CheckpointManager(tf.train.CheckpointManager):
         return path
 
     def restore_or_initialize(self) -> Optional[str]:
-        path = self.latest_checkpoint
+        path = tf.train.latest_checkpoint(self._restore_directory)
         if path is None:
             if self._initialize is not None:
                 self._initialize()
             return None
-        restore(self.checkpoint, path, self.directory)
+        restore(self.checkpoint, path, self._restore_directory)
         return path
 
 
-def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
-    """Restores `path` into `checkpoint`, or raises `UserError` on any mismatch."""
+class UnreadableCheckpointError(UserError):
+    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
+
+    def __init__(self, message: str, deleted: bool):
+        super().__init__(message)
+        self.deleted = deleted
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
+    """Restores `path` into `checkpoint` and returns the restore status.
+
+    Raises `UserError` when the checkpoint holds a different model, and its
+    subclass `UnreadableCheckpointError` when the files are gone or damaged.
+    """
     status = None
     try:
         status = checkpoint.restore(path)
@@ -74,11 +89,13 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str) -> None:
             f"({os.path.basename(path)}: {_first_line(error)}); use a new --model_dir, or the config that "
             f"wrote it ({model_dir}/config.gin)."
         ) from error
-    except (tf.errors.NotFoundError, tf.errors.DataLossError) as error:
-        raise UserError(
+    except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
+        raise UnreadableCheckpointError(
             f"cannot read checkpoint {path} ({_first_line(error)}); remove it or use a new "
-            "--model_dir."
+            "--model_dir.",
+            deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
+    return status
 
 
 def _step_of(path: Optional[str]) -> Optional[int]:

@@ -1,18 +1,26 @@
-"""Choosing the `tf.distribute` strategy a run trains under.
+"""Choosing the `tf.distribute` strategy a run trains under, and serving tasks.
 
 `cpu_replicas=N` splits the host CPU into N logical devices, so that the
 replica logic of `MirroredStrategy` can be tried on a machine without
-accelerators. It must run before TensorFlow initializes its devices.
+accelerators. It must run before TensorFlow initializes its devices, as must
+the creation of a multi-worker strategy: `ctl.run` creates the strategy first.
+
+Multi-process strategies take the cluster from a validated TF_CONFIG
+(`ctl.cluster.ClusterConfig`); the evaluator is never part of their cluster.
 """
+
+from typing import Optional
 
 import tensorflow as tf
 
+from ctl.cluster import ClusterConfig
 from ctl.errors import UserError
 
-STRATEGIES = ("default", "one_device", "mirrored")
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 
 
-def create_strategy(name: str = "default", cpu_replicas: int = 0) -> tf.distribute.Strategy:
+def create_strategy(name: str = "default", cpu_replicas: int = 0,
+                    cluster: Optional[ClusterConfig] = None) -> tf.distribute.Strategy:
     """Returns the strategy called `name` (one of `STRATEGIES`)."""
     if name not in STRATEGIES:
         raise UserError(f"Received strategy={name!r}. Expected one of: {', '.join(STRATEGIES)}.")
@@ -22,12 +30,61 @@ def create_strategy(name: str = "default", cpu_replicas: int = 0) -> tf.distribu
         _split_cpu(cpu_replicas)
     if name == "default":
         return tf.distribute.get_strategy()
+    if name == "multi_worker_mirrored":
+        # Without TF_CONFIG this is one worker over the local devices.
+        resolver = _resolver(cluster) if cluster else None
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    if name == "parameter_server":
+        if cluster is None:
+            raise UserError("--strategy=parameter_server needs TF_CONFIG naming chief, worker and ps tasks.")
+        return tf.distribute.ParameterServerStrategy(_resolver(cluster))
+    if name == "tpu":
+        return _tpu_strategy()
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy((gpus or cpus)[0].name)
     devices = [d.name for d in gpus] or [d.name for d in cpus[: max(cpu_replicas, 1)]]
     return tf.distribute.MirroredStrategy(devices)
+
+
+def serve(cluster: ClusterConfig) -> None:
+    """Runs this worker or ps task's server for parameter-server training; never returns.
+
+    The coordinator (the chief) sends it variables and steps; a cluster
+    manager, or `ctl.launch`, stops it when training is over.
+    """
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster.training_cluster()),
+        job_name=cluster.task_type,
+        task_index=cluster.task_id,
+        protocol="grpc",
+        start=True,
+    )
+    server.join()
+
+
+def _resolver(cluster: ClusterConfig):
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.training_cluster()),
+        task_type=cluster.task_type,
+        task_id=cluster.task_id,
+        rpc_layer="grpc",
+    )
+
+
+def _tpu_strategy() -> tf.distribute.Strategy:
+    """A TPUStrategy on the TPU named by the environment (TPU_NAME, or a local TPU VM)."""
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, tf.errors.OpError) as error:
+        raise UserError(
+            f"--strategy=tpu found no TPU ({str(error).splitlines()[0][:160]}); run on a TPU VM "
+            "or set TPU_NAME."
+        ) from error
+    return tf.distribute.TPUStrategy(resolver)
 
 
 def _split_cpu(count: int) -> None:

@@ -13,6 +13,7 @@ from typing import Optional, Type
 import gin
 
 from ctl.errors import UserError
+from ctl.faults import FaultTolerance
 from ctl.task import Task
 from ctl.trainer import Trainer
 
@@ -71,11 +72,12 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, the trainer class that runs it, and the schedule."""
+    """A task, the trainer class that runs it, the schedule and the fault tolerance."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
     trainer_cls: Type[Trainer] = Trainer
+    fault_tolerance: FaultTolerance = dataclasses.field(default_factory=FaultTolerance)
 
     def __post_init__(self):
         if not isinstance(self.task, Task):

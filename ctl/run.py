@@ -3,7 +3,11 @@
     python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
         --gin_file=configs/digits.gin --gin_bindings='ctl.Schedule.train_steps=500'
 
-A user mistake ends in one line on stderr and exit status 2.
+The same command runs on every task of a cluster; the role comes from
+TF_CONFIG (see `ctl.cluster`). A user mistake ends in one line on stderr and
+exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
+and exits with status 75 (`ctl.preemption.EXIT_PREEMPTED`): run the same
+command again to resume.
 """
 
 import logging as std_logging
@@ -11,8 +15,9 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import config, distribute, train_lib
+from ctl import cluster, config, continuous_eval, distribute, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
+from ctl.preemption import EXIT_PREEMPTED, Preempted
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, train_lib.MODES, "What to run.")
@@ -57,9 +62,20 @@ def main(argv):
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     _log_to_stdout()
     try:
-        strategy = distribute.create_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
-        config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        train_lib.run_experiment(FLAGS.mode, FLAGS.model_dir, strategy)
+        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
+        gin_files = FLAGS.gin_file
+        if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir)]
+        if plan.action == "serve":
+            config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+            distribute.serve(plan.cluster)  # Until the cluster manager stops it.
+            return
+        strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
+        config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+    except Preempted as preempted:
+        print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])

@@ -10,7 +10,7 @@ metrics take. A task whose data does not fit this pair overrides `train_step`
 and `validation_step`; ctl never inspects the structure to guess.
 """
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -22,7 +22,7 @@ class Task:
 
     Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
     Optional: `build_metrics`, `train_step`, `validation_step`,
-    `aggregate_logs`, `reduce_aggregated_logs`, `initialize`.
+    `build_reducers`, `aggregate_logs`, `reduce_aggregated_logs`, `initialize`, `eval_datasets`.
 
     All `build_*` methods are called inside the distribution strategy's scope,
     so variables they create are placed correctly. Models may be Keras 3
@@ -53,6 +53,17 @@ class Task:
         raise NotImplementedError(
             f"{type(self).__name__} must implement build_inputs(training, input_context)."
         )
+
+    def eval_datasets(self) -> Sequence[str]:
+        """Names of several eval sets; `()` (the default) for the one unnamed set.
+
+        With names, the sidecar evaluator (`--mode=continuous_eval`) calls
+        `build_inputs(training=False, input_context=..., name=NAME)` once per
+        name and writes each set's summaries to `<model_dir>/eval/NAME`.
+        In-line evaluation (`eval`, `train_and_eval`) calls `build_inputs`
+        without a name, so give `name` a default.
+        """
+        return ()
 
     def build_losses(self, labels, outputs, aux_losses: Optional[List[Any]] = None):
         """Returns the scalar loss of one replica's batch (a mean, not a sum)."""
@@ -97,11 +108,20 @@ class Task:
             metric.update_state(labels, outputs)
         return {"loss": loss}
 
+    def build_reducers(self) -> List[Any]:
+        """Returns `ctl.reducers.Reducer`s over the extra entries of `validation_step`.
+
+        Each sees every replica's batch (of every worker) and adds its results
+        to the eval logs, e.g. `[ctl.reducers.AUC(scores="scores", labels="labels")]`.
+        """
+        return []
+
     def aggregate_logs(self, state: Any, step_logs: Mapping[str, List[Any]]) -> Any:
         """Folds one eval step's extra logs into `state` (eager, NumPy values).
 
         `state` starts as `None`; `step_logs` maps each extra entry returned by
-        `validation_step` to a list with one NumPy array per local replica.
+        `validation_step` to a list with one NumPy array per replica, of every
+        worker: each worker aggregates the whole eval set.
         Override this (and `reduce_aggregated_logs`) for results that Keras
         metrics cannot hold, such as predictions over the whole eval set.
         """

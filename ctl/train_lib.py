@@ -1,25 +1,31 @@
-"""The modes of a run: train, eval, and train_and_eval, on orbit's Controller.
+"""The modes of a run: train, eval, train_and_eval on orbit's Controller, and continuous_eval.
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly.
 """
 
+import contextlib
 import os
-from typing import Any, Dict, Optional, Tuple
+import shutil
+import tempfile
+from typing import Any, Dict, NamedTuple, Optional
 
 from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl import async_checkpoint, config
+from ctl import async_checkpoint, cluster, config, continuous_eval, resume
 from ctl.checkpointing import CheckpointManager
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.faults import FaultHandler
+from ctl.lock import ModelDirLock
+from ctl.preemption import SignalWatcher
 from ctl.summaries import SummaryManager
 from ctl.trainer import Trainer
 
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TRAIN_SUMMARY_DIR = "train"
 EVAL_SUMMARY_DIR = "eval"
 
@@ -33,59 +39,98 @@ def run_experiment(
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
     Returns the last evaluation's results (for `train`, the last loop's).
+    `continuous_eval` runs `ctl.continuous_eval.evaluate_continuously`. When
+    TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
+    and leaves evaluation to that sidecar. A chief that finishes `train` or
+    `train_and_eval` marks the run finished in `model_dir`.
     """
     if mode not in MODES:
         raise UserError(f"Received mode={mode!r}. Expected one of: {', '.join(MODES)}.")
     strategy = strategy or tf.distribute.get_strategy()
+    if mode == "continuous_eval":
+        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
+    if mode == "train_and_eval" and cluster.has_evaluator():
+        logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
+        mode = "train"
     if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
         raise UserError(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    ensure_writable(model_dir)
+    chief = is_chief(strategy)
+    if chief:  # Other workers only read the model dir.
+        ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
-    schedule = experiment.schedule
-    _, controller = build_controller(mode, model_dir, strategy, experiment)
-    if mode != "eval" and is_chief(strategy):
-        config.save_config(model_dir)
-
-    eval_steps = schedule.eval_steps or -1
-    if mode == "eval":
-        return controller.evaluate(steps=eval_steps)
-    if mode == "train":
-        controller.train(steps=schedule.train_steps)
-        return {}
-    output = controller.train_and_evaluate(
-        train_steps=schedule.train_steps,
-        eval_steps=eval_steps,
-        eval_interval=schedule.eval_interval,
-    )
-    if output is None:  # Resumed after the last step: still end with an evaluation.
-        logging.info("training already reached step %d", schedule.train_steps)
-        output = controller.evaluate(steps=eval_steps)
-    return output
+    train = mode != "eval"
+    # One trainer per model dir. Taken once the checkpoint is validated, so that a
+    # run refused for a bad input leaves even the lock file as it was.
+    lock = ModelDirLock(model_dir) if train and chief else None
+    with contextlib.ExitStack() as stack:
+        if lock is not None:
+            stack.callback(lock.release)
+        watcher = stack.enter_context(SignalWatcher()) if train else None
+        checkpoint_dir = stack.enter_context(_checkpoint_directory(model_dir, chief))
+        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher)
 
 
-def build_controller(
-    mode: str,
-    model_dir: str,
-    strategy: tf.distribute.Strategy,
-    experiment: Experiment,
-) -> Tuple[Trainer, orbit.Controller]:
-    """Builds the trainer and the `orbit.Controller` that `run_experiment` drives.
+@contextlib.contextmanager
+def _checkpoint_directory(model_dir: str, chief: bool):
+    """The model dir for the chief; for other multi-worker workers, a scratch dir.
+
+    MultiWorkerMirroredStrategy needs every worker to save (the save reads
+    variables collectively); only the chief's checkpoints land in the model dir.
+    The others restore from it and delete their scratch copies at the end.
+    """
+    if chief:
+        yield model_dir
+        return
+    scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Built(NamedTuple):
+    """What `build_controller` returns."""
+
+    trainer: Trainer
+    controller: orbit.Controller
+    faults: Optional[FaultHandler]  # None unless training.
+
+
+def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy,
+                     experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
+                     chief: bool = True, watcher: Optional[SignalWatcher] = None) -> Built:
+    """Builds the trainer, fault handler and `orbit.Controller` that `run_experiment` drives.
 
     Restores the latest checkpoint in `model_dir` (or calls the task's
-    `initialize`). Benchmarks drive the returned controller directly.
+    `initialize`); writes nothing. Training needs a `watcher`. `bench/` drives
+    the returned controller directly, so that it measures ctl's real loop.
     """
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
+    if experiment.fault_tolerance.seed is not None:
+        resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
-    chief = is_chief(strategy)
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
+    manager = CheckpointManager(
+        trainer.checkpoint,
+        checkpoint_dir or model_dir,
+        restore_directory=model_dir,
+        max_to_keep=schedule.max_checkpoints,
+        step_counter=trainer.global_step,
+        checkpoint_interval=schedule.checkpoint_interval,
+        init_fn=lambda: experiment.task.initialize(trainer.model),
+    )
+    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
+    train_actions = [faults] if train else []
+    if train and chief:
+        train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     if schedule.async_checkpointing:
         async_checkpoint.enable()
     controller = orbit.Controller(
@@ -94,14 +139,7 @@ def build_controller(
         evaluator=trainer if evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
-        checkpoint_manager=CheckpointManager(
-            trainer.checkpoint,
-            model_dir,
-            max_to_keep=schedule.max_checkpoints,
-            step_counter=trainer.global_step,
-            checkpoint_interval=schedule.checkpoint_interval,
-            init_fn=lambda: experiment.task.initialize(trainer.model),
-        ),
+        checkpoint_manager=manager,
         enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
         # orbit uses the dirs only to decide whether train and eval share a manager.
@@ -111,9 +149,46 @@ def build_controller(
         eval_summary_manager=SummaryManager(
             eval_summary_dir if chief else None, trainer.global_step
         ),
-        train_actions=[_OnceAfterFirstLoop(model_dir, summary_dir)] if train and chief else (),
+        train_actions=train_actions,
     )
-    return trainer, controller
+    return Built(trainer, controller, faults)
+
+
+def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
+         ) -> Dict[str, Any]:
+    schedule = experiment.schedule
+    train = mode != "eval"
+    trainer, controller, faults = build_controller(
+        mode, model_dir, strategy, experiment,
+        checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
+    )
+    if lock is not None:
+        lock.acquire()  # Before anything is written; raises UserError if held.
+    if train:
+        faults.resume_inputs()
+    if train and chief:
+        continuous_eval.clear_finished(model_dir)
+        config.save_config(model_dir)
+
+    eval_steps = schedule.eval_steps or -1
+    if mode == "eval":
+        return controller.evaluate(steps=eval_steps)
+    if mode == "train":
+        controller.train(steps=schedule.train_steps)
+        if chief:
+            continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
+        return {}
+    output = controller.train_and_evaluate(
+        train_steps=schedule.train_steps,
+        eval_steps=eval_steps,
+        eval_interval=schedule.eval_interval,
+    )
+    if output is None:  # Resumed after the last step: still end with an evaluation.
+        logging.info("training already reached step %d", schedule.train_steps)
+        output = controller.evaluate(steps=eval_steps)
+    if chief:
+        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
+    return output
 
 
 def ensure_writable(model_dir: str) -> None:

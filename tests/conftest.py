@@ -1,5 +1,6 @@
 """Test setup: two logical CPU devices, so MirroredStrategy has two replicas."""
 
+import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -15,7 +16,11 @@ tf.config.set_logical_device_configuration(
 )
 
 
+@functools.lru_cache(maxsize=None)
 def mirrored():
+    # One instance per process: two MirroredStrategy objects over the same devices
+    # allocate the same collective keys, and TensorFlow refuses a gather under a
+    # key an all-reduce used before ("Collective instance ... expected type").
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
 
 

@@ -87,3 +87,28 @@ def test_build_model_without_variables_is_a_user_error():
 
     with pytest.raises(ctl.UserError, match="without variables"):
         Trainer(Unbuilt())
+
+
+def test_initialize_runs_only_when_the_model_dir_has_no_checkpoint(tmp_path):
+    calls = []
+
+    class Pretrained(RegressionTask):
+        def initialize(self, model):
+            calls.append(1)
+            model.layers[-1].kernel.assign(TRUE_WEIGHTS)
+
+    def run(steps):
+        experiment = ctl.Experiment(task=Pretrained(), schedule=ctl.Schedule(
+            train_steps=steps, steps_per_loop=5, eval_interval=None))
+        return ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment)
+
+    assert run(0)["loss"] == pytest.approx(0.0, abs=1e-10)  # Pretrained weights are exact.
+    assert run(5)["loss"] == pytest.approx(0.0, abs=1e-6)   # Restored, not initialized again.
+    assert len(calls) == 1
+
+
+def test_one_device_strategy_trains():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:1")
+    trainer, _, weights = train_weights(strategy, RegressionTask())
+    assert "CPU:1" in trainer.global_step.device
+    np.testing.assert_allclose(weights, TRUE_WEIGHTS, atol=0.15)

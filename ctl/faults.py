@@ -1,0 +1,123 @@
+"""Fault tolerance of a training run: settings (gin) and the after-loop handler.
+
+    ctl.FaultTolerance.seed = 42                 # determinism: bit-identical resumes
+    ctl.FaultTolerance.nan_policy = 'recover'
+    ctl.FaultTolerance.max_recoveries = 3
+    ctl.FaultTolerance.healthy_interval = 1000
+
+`run_experiment` wires the pieces around one train run:
+
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.lock, ctl.preemption
+      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.step_guard
+      (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.resume
+      controller restores the latest checkpoint
+      skip the batches consumed up to global_step                   # ctl.resume
+      after each train loop (eager), FaultHandler:
+        bad step?  stop (NonFiniteLoss) or restore + replay         # ctl.nan_guard
+        signal?    save a checkpoint, raise Preempted               # ctl.preemption
+
+A checkpoint is complete once the manager's `checkpoint` state file names it
+(TensorFlow writes the files first and that file last, atomically), so a run
+killed at any moment restarts from the latest complete checkpoint.
+"""
+
+import dataclasses
+from typing import Optional
+
+from absl import logging
+import gin
+
+from ctl import checkpointing, resume
+from ctl.errors import UserError
+from ctl.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
+from ctl.preemption import Preempted, SignalWatcher
+from ctl.step_guard import NO_BAD_STEP, StepGuard
+
+
+@gin.configurable(module="ctl")
+@dataclasses.dataclass(frozen=True)
+class FaultTolerance:
+    """How a run reacts to NaN losses, and whether it is made deterministic.
+
+    Attributes:
+      nan_policy: 'stop' ends the run with an error naming the step whose loss
+        was NaN or Inf; 'recover' restores the latest checkpoint and replays.
+      max_recoveries: recoveries allowed in a row under 'recover'.
+      healthy_interval: steps without a bad loss after which the count of
+        recoveries starts again from zero.
+      seed: if set, seeds Python, NumPy, TensorFlow and Keras and turns on TF
+        op determinism before the model is built: then a run stopped and
+        resumed any number of times ends with the same weights, bit for bit,
+        as one that ran straight through.
+    """
+
+    nan_policy: str = "stop"
+    max_recoveries: int = 3
+    healthy_interval: int = 1000
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if self.nan_policy not in NAN_POLICIES:
+            raise UserError(
+                f"Received ctl.FaultTolerance.nan_policy={self.nan_policy!r}. Expected one of: "
+                f"{', '.join(NAN_POLICIES)}."
+            )
+        for name in ("max_recoveries", "healthy_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(
+                    f"ctl.FaultTolerance.{name} ({value!r}) must be a non-negative integer."
+                )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise UserError(f"ctl.FaultTolerance.seed ({self.seed!r}) must be an integer or None.")
+
+
+class FaultHandler:
+    """Train action (eager, after every train loop): handles bad losses and signals.
+
+    Also installs the per-step guard in `trainer`, and says at start whether
+    the train input can be replayed exactly.
+    """
+
+    def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
+                 watcher: SignalWatcher):
+        self.settings = settings
+        self.trainer = trainer
+        self.manager = manager
+        self.watcher = watcher
+        self.guard = StepGuard(watcher.stop_requested)
+        self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
+        trainer.step_guard = self.guard
+        resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
+
+    def resume_inputs(self) -> None:
+        """Positions the train input after the restored step (call once, after restore)."""
+        resume.skip_consumed_batches(self.trainer, int(self.trainer.global_step.numpy()))
+
+    def __call__(self, unused_output) -> None:
+        bad_step = int(self.guard.bad_step.numpy())
+        if bad_step != NO_BAD_STEP:
+            self._on_bad_loss(bad_step)
+        if self.watcher.signum is not None:
+            path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
+            step = int(self.trainer.global_step.numpy())
+            raise Preempted(self.watcher.signum, step, path)
+
+    def _on_bad_loss(self, bad_step: int) -> None:
+        if self.settings.nan_policy == "stop":
+            raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'")
+        path = self.manager.latest_checkpoint
+        if path is None:
+            raise NonFiniteLoss(bad_step, "no checkpoint to recover from yet")
+        if not self.budget.spend(bad_step):
+            raise NonFiniteLoss(
+                bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
+                f"limit set by ctl.FaultTolerance.max_recoveries")
+        checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
+        step = int(self.trainer.global_step.numpy())
+        logging.warning("loss is NaN or Inf at step %d: restored %s, replaying from step %d "
+                        "(recovery %d of at most %d in a row).", bad_step, path, step,
+                        self.budget.used, self.settings.max_recoveries)
+        self.budget.resumed_at(step)
+        self.guard.clear()
+        resume.skip_consumed_batches(self.trainer, step)

@@ -1,0 +1,185 @@
+"""`python -m ctl.launch`: a cluster of `ctl.run` processes on this machine.
+
+    python -m ctl.launch --workers=2 --evaluator -- \\
+        --mode=train_and_eval --strategy=multi_worker_mirrored \\
+        --model_dir=/tmp/digits --gin_file=configs/digits.gin
+
+starts one `python -m ctl.run <args>` per task on 127.0.0.1, each on a free
+port with its own TF_CONFIG, as a cluster manager would on several hosts:
+
+    --workers=N            N workers; worker 0 is the chief.
+    --workers=N --ps=M     a chief (the coordinator), N workers and M ps tasks
+                           (use --strategy=parameter_server).
+    --evaluator            one evaluator task (runs --mode=continuous_eval).
+
+Every output line is prefixed with its task ("[worker 1] ..."). The launcher
+returns when the tasks that finish on their own (chief, multi-worker workers,
+evaluator) have finished, then stops the servers (ps, and the workers of
+parameter-server training). If a task fails, or on Ctrl-C, it stops them all
+and exits with the failed task's status (130 on Ctrl-C).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+_STOP_GRACE_S = 10.0
+
+
+def free_ports(count: int) -> List[int]:
+    """`count` distinct ports that are free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_cluster(workers: int, ps: int = 0, evaluator: bool = False) -> Dict[str, List[str]]:
+    """A cluster spec on 127.0.0.1; with `ps`, a chief coordinates the workers."""
+    if workers < 1 or ps < 0:
+        raise ValueError(f"--workers ({workers}) must be >= 1 and --ps ({ps}) >= 0.")
+    counts = {"chief": 1 if ps else 0, "worker": workers, "ps": ps, "evaluator": int(evaluator)}
+    ports = iter(free_ports(sum(counts.values())))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in counts.items() if n}
+
+
+def tf_configs(cluster: Dict[str, List[str]]) -> Dict[str, str]:
+    """Maps a task name ("worker 1") to its TF_CONFIG."""
+    return {
+        _name(job, index, len(tasks)): json.dumps(
+            {"cluster": cluster, "task": {"type": job, "index": index}})
+        for job, tasks in cluster.items()
+        for index in range(len(tasks))
+    }
+
+
+def _name(job: str, index: int, count: int) -> str:
+    return job if job in ("chief", "evaluator") and count == 1 else f"{job} {index}"
+
+
+class Cluster:
+    """The processes of a local cluster; `wait()` returns the exit status."""
+
+    def __init__(self, run_args: Sequence[str], workers: int, ps: int = 0,
+                 evaluator: bool = False, out=None, command: Sequence[str] = ()):
+        """Starts `command + run_args` (default `python -m ctl.run`) once per task."""
+        self._out = out or sys.stdout
+        self._lock = threading.Lock()
+        self.spec = local_cluster(workers, ps, evaluator)
+        # Under parameter servers, workers and ps serve until stopped.
+        self._servers = {"ps", "worker"} if ps else set()
+        self.processes: Dict[str, subprocess.Popen] = {}
+        self._threads = []
+        for name, tf_config in tf_configs(self.spec).items():
+            env = {**os.environ, "TF_CONFIG": tf_config, "PYTHONUNBUFFERED": "1"}
+            process = subprocess.Popen(
+                [*(command or (sys.executable, "-m", "ctl.run")), *run_args], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            )
+            self.processes[name] = process
+            thread = threading.Thread(target=self._stream, args=(name, process), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _stream(self, name: str, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            with self._lock:
+                self._out.write(f"[{name}] {line}")
+                self._out.flush()
+
+    def _finishes(self, name: str) -> bool:
+        return name.split(" ")[0] not in self._servers
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Waits for the finishing tasks; stops everything; returns the exit status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = 0
+        try:
+            while True:
+                codes = {name: p.poll() for name, p in self.processes.items()}
+                failed = [name for name, code in codes.items() if code not in (None, 0)]
+                if failed:
+                    self._say(f"{failed[0]} exited with status {codes[failed[0]]}; stopping all tasks.")
+                    status = codes[failed[0]]
+                    break
+                if all(codes[name] == 0 for name in codes if self._finishes(name)):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    self._say(f"timed out after {timeout:.0f}s; stopping all tasks.")
+                    status = 124
+                    break
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            self._say("interrupted; stopping all tasks.")
+            status = 130
+        finally:
+            self.stop()
+        return status
+
+    def stop(self) -> None:
+        """Terminates every task still running (SIGTERM, then SIGKILL after a grace period)."""
+        running = [p for p in self.processes.values() if p.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _say(self, message: str) -> None:
+        with self._lock:
+            self._out.write(f"[launch] {message}\n")
+            self._out.flush()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ctl.launch",
+        usage="python -m ctl.launch --workers=N [--ps=M] [--evaluator] -- <ctl.run flags>",
+        description="Starts a local cluster of ctl.run processes on 127.0.0.1.",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    parser.add_argument("--ps", type=int, default=0, help="parameter-server tasks; adds a chief")
+    parser.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    parser.add_argument("--timeout_s", type=float, default=None,
+                        help="stop every task after this many seconds (exit 124)")
+    if "--" in argv:
+        split = list(argv).index("--")
+        ours, run_args = list(argv[:split]), list(argv[split + 1:])
+    else:
+        ours, run_args = list(argv), []
+    args = parser.parse_args(ours)
+    if args.workers < 1 or args.ps < 0:
+        parser.error(f"--workers ({args.workers}) must be >= 1 and --ps ({args.ps}) >= 0.")
+    if not run_args:
+        parser.error("give the ctl.run flags after `--`, e.g. -- --mode=train --model_dir=...")
+    signal.signal(signal.SIGTERM, _interrupt)  # Stopped by a supervisor: stop the tasks too.
+    cluster = Cluster(run_args, args.workers, args.ps, args.evaluator)
+    print(f"[launch] cluster: {json.dumps(cluster.spec)}", flush=True)
+    return cluster.wait(args.timeout_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

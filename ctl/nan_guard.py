@@ -1,0 +1,53 @@
+"""What to do when a step's loss is NaN or Inf: the policy, without TensorFlow.
+
+The per-step check runs in the train loop (`ctl.step_guard`); this module
+decides, after the loop has stopped on a bad step, whether to stop the run or
+to recover from the last checkpoint, and keeps count of recoveries.
+
+    policy "stop":    raise NonFiniteLoss naming the step.
+    policy "recover": restore the latest checkpoint and replay the same data,
+                      at most `max_recoveries` times in a row; the count goes
+                      back to zero once `healthy_interval` steps have trained
+                      without a bad loss since the last recovery.
+"""
+
+from typing import Optional
+
+from ctl.errors import UserError
+
+NAN_POLICIES = ("stop", "recover")
+
+
+class NonFiniteLoss(UserError):
+    """The loss was NaN or Inf at `step` and the policy says stop."""
+
+    def __init__(self, step: int, why: str):
+        self.step = step
+        super().__init__(
+            f"the training loss is NaN or Inf at step {step} ({why}); lower the learning "
+            "rate or check the data of that step, or set ctl.FaultTolerance.nan_policy = "
+            "'recover' to restore the last checkpoint and retry."
+        )
+
+
+class RecoveryBudget:
+    """Counts recoveries; `spend` says whether one more is allowed (pure logic)."""
+
+    def __init__(self, max_recoveries: int, healthy_interval: int):
+        self.max_recoveries = max_recoveries
+        self.healthy_interval = healthy_interval
+        self.used = 0
+        self._healthy_since: Optional[int] = None
+
+    def spend(self, bad_step: int) -> bool:
+        """Called for a bad loss at `bad_step`; True if a recovery may run."""
+        if self._healthy_since is not None and bad_step - self._healthy_since > self.healthy_interval:
+            self.used = 0
+        if self.used >= self.max_recoveries:
+            return False
+        self.used += 1
+        return True
+
+    def resumed_at(self, step: int) -> None:
+        """Training goes on from `step` (the restored checkpoint's)."""
+        self._healthy_since = step

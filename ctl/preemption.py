@@ -1,0 +1,124 @@
+"""Graceful preemption: SIGTERM or SIGINT stops training at the next step boundary.
+
+A Python signal handler only runs when the main thread comes back to the
+interpreter, which a `tf.while_loop` of thousands of steps does not do. So
+`SignalWatcher` also hands the signal to a thread through
+`signal.set_wakeup_fd`: CPython's C-level handler writes the signal number to
+a pipe, the thread wakes and sets a `tf.Variable` that the train loop reads
+before every step (`ctl.step_guard`). The loop therefore ends within one step
+of the signal, whether it runs on the host or as one `tf.while_loop`.
+
+After the loop, `ctl.faults` saves a checkpoint and raises `Preempted`;
+`python -m ctl.run` exits with `EXIT_PREEMPTED` (75, `EX_TEMPFAIL` in
+`sysexits.h`: "temporary failure, retry"), which a scheduler can tell from a
+failure (1) and from a user error (2). A second signal while the first is being
+handled ends the process at once with `128 + signum`, as if unhandled.
+
+Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it wraps one
+`tf.function` call per step (`handler.run(train_step)`), so a signal waits for
+a whole `tf.while_loop`, and it exists to agree on a save step across the
+workers of a `MultiWorkerMirroredStrategy`. ctl's strategies are single-worker;
+the variable read per step gives a shorter, documented bound.
+"""
+
+import os
+import signal
+import threading
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+EXIT_PREEMPTED = 75
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving a checkpoint at `step`."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Optional[str]):
+        self.signum = signum
+        self.step = step
+        self.checkpoint = checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"stopped by {name} at step {step}; checkpoint {checkpoint or '(none written)'} "
+            "holds every completed step. Run the same command again to resume."
+        )
+
+
+class SignalWatcher:
+    """Turns SIGTERM/SIGINT into a request to stop, readable in and out of graphs.
+
+    Use as a context manager from the main thread (eager):
+
+        with SignalWatcher() as watcher:
+            ...  # loops read `watcher.stop_requested` (a tf.Variable) per step
+            if watcher.signum: ...
+
+    Outside the main thread signals cannot be caught; the watcher then does
+    nothing and the default handling stays.
+    """
+
+    def __init__(self):
+        self.stop_requested = tf.Variable(False, trainable=False, name="ctl_stop_requested")
+        self.signum: Optional[int] = None
+        self._old_handlers = {}
+        self._old_wakeup_fd = -1
+        self._pipe = None
+        self._thread = None
+
+    def __enter__(self) -> "SignalWatcher":
+        if threading.current_thread() is not threading.main_thread():
+            logging.warning("not in the main thread: SIGTERM/SIGINT end training without a checkpoint.")
+            return self
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        for signum in SIGNALS:
+            self._old_handlers[signum] = signal.signal(signum, self._on_signal_in_main_thread)
+        self._old_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="ctl-signal-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pipe is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        read_fd, write_fd = self._pipe
+        os.close(write_fd)  # Ends the watcher thread's read.
+        self._thread.join(timeout=5)
+        os.close(read_fd)
+        self._pipe = None
+
+    def request_stop(self, signum: int) -> None:
+        """Records `signum` and asks the train loop to stop (any thread)."""
+        if self.signum is not None:
+            logging.warning("second %s: exiting now, without a checkpoint.",
+                            signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.signum = signum
+        logging.warning("received %s: saving a checkpoint at the next step boundary, then "
+                        "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
+        self.stop_requested.assign(True)
+
+    def _watch(self) -> None:
+        read_fd = self._pipe[0]
+        while True:
+            try:
+                data = os.read(read_fd, 16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in SIGNALS:
+                    self.request_stop(signum)
+
+    def _on_signal_in_main_thread(self, signum, frame) -> None:
+        # The watcher thread already acted on the byte CPython wrote to the pipe;
+        # this handler exists so that SIGINT does not raise KeyboardInterrupt.
+        del signum, frame

@@ -1,0 +1,39 @@
+"""A regression task whose evaluation also needs the whole eval set: exact AUC and counts."""
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from ctl import reducers
+from tests.tasks import RegressionTask
+
+
+@gin.configurable
+class ScoredTask(RegressionTask):
+    """RegressionTask that also scores "is the target positive?" on the eval set.
+
+    Its eval logs hold the exact AUC of the predictions (a reducer), and, through
+    aggregate_logs, how many examples and batches each evaluation saw.
+    """
+
+    def validation_step(self, inputs, model, metrics):
+        logs = super().validation_step(inputs, model, metrics)
+        features, targets = inputs
+        logs["scores"] = model(features, training=False)[:, 0]
+        logs["labels"] = tf.cast(targets[:, 0] > 0, tf.int32)
+        logs["batch_size"] = tf.shape(features)[0]  # A scalar per replica.
+        return logs
+
+    def build_reducers(self):
+        return [reducers.AUC("auc", scores="scores", labels="labels")]
+
+    def aggregate_logs(self, state, step_logs):
+        state = state or {"examples": 0, "score_sum": 0.0}
+        state["examples"] += int(sum(step_logs["batch_size"]))
+        state["score_sum"] += float(sum(np.sum(s, dtype=np.float64) for s in step_logs["scores"]))
+        return state
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step):
+        return {"aggregated_examples": aggregated_logs["examples"],
+                "score_sum": aggregated_logs["score_sum"]}
+

@@ -1,0 +1,84 @@
+"""A regression task for fault tests: shuffled data, Keras 3 dropout, NaN injection, progress.
+
+`ProbeTask` writes each step number it starts to `progress_file` (from inside
+the graph, with `tf.print`), so that a test outside the process can see how
+far training got and kill it mid-loop. Its data are reshuffled every epoch
+with a seed and an epoch is not a multiple of the checkpoint interval, so a
+resume that restarted the input (or lost the dropout RNG) ends elsewhere.
+"""
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tests.tasks import RegressionTask
+
+
+@gin.configurable
+class ProbeTask(RegressionTask):
+    """RegressionTask + dropout + shuffle; optionally poisons the loss at given steps.
+
+    Args:
+      progress_file: if set, each step appends its number (1-based) to this file.
+      nan_at_steps: steps whose loss is multiplied by NaN.
+      transient: if True each of `nan_at_steps` is poisoned only the first time it
+        runs in a process (a glitch); if False every time (bad data).
+      dropout: rate of a Keras 3 Dropout on the features (0 for none).
+    """
+
+    def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
+                 train_examples=120, **kwargs):
+        super().__init__(train_examples=train_examples, **kwargs)
+        self.progress_file = progress_file
+        self.dropout = dropout
+        self.transient = transient
+        self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
+        # Not in any checkpoint: a restored run remembers which glitches fired.
+        self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.bool), trainable=False)
+
+    def build_model(self):
+        layers = [keras.Input((3,))]
+        if self.dropout:
+            layers.append(keras.layers.Dropout(self.dropout, seed=3))
+        layers.append(keras.layers.Dense(1, kernel_initializer="zeros"))
+        return keras.Sequential(layers)
+
+    def build_inputs(self, training, input_context=None):
+        if not training:
+            return super().build_inputs(training, input_context)
+        features, targets = _data(self.train_examples)
+        dataset = tf.data.Dataset.from_tensor_slices((features, targets))
+        batch_size = self.batch_size
+        if input_context is not None:
+            dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            batch_size = input_context.get_per_replica_batch_size(batch_size)
+        return dataset.repeat().shuffle(64, seed=5).batch(batch_size, drop_remainder=True)
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        step = tf.cast(optimizer.iterations, tf.int64) + 1
+        replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        if self.progress_file and not replica:  # One line per step, from the first replica.
+            tf.print(step, output_stream=f"file://{self.progress_file}")
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            outputs = model(features, training=True)
+            loss = self.build_losses(labels, outputs) * self._poison(step)
+            scaled_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
+        for metric in metrics:
+            metric.update_state(labels, outputs)
+        return {"loss": loss}
+
+    def _poison(self, step):
+        now = tf.equal(self.nan_at_steps, step)
+        hit = tf.reduce_any(now & ~self.fired) if self.transient else tf.reduce_any(now)
+        if self.transient:
+            self.fired.assign(self.fired | now)
+        return tf.where(hit, tf.constant(np.nan, tf.float32), tf.constant(1.0, tf.float32))
+
+
+def _data(count):
+    features = np.random.default_rng(0).normal(size=(count, 3)).astype(np.float32)
+    return features, features @ np.array([[1.0], [-2.0], [0.5]], np.float32)

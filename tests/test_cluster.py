@@ -1,0 +1,176 @@
+"""TF_CONFIG validation, the role each task plays, and the launcher's process handling."""
+
+import io
+import json
+import os
+import sys
+
+import pytest
+
+from ctl import cluster, launch
+from ctl.errors import UserError
+from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
+
+WITH_EVAL = ("train", "eval", "train_and_eval", "continuous_eval")
+WITHOUT_EVAL = ("train", "eval", "train_and_eval")
+
+
+def tf_config(cluster_spec, task_type, index=0):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster_spec, "task": {"type": task_type, "index": index}})}
+
+
+WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]}
+PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]}
+
+
+def plan(spec, task_type, index=0, mode="train_and_eval", strategy="multi_worker_mirrored",
+         modes=WITH_EVAL):
+    return cluster.plan(mode, strategy, cluster.read_tf_config(tf_config(spec, task_type, index)), modes)
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", "{}"])
+def test_no_tf_config_is_a_single_process(value):
+    environ = {} if value is None else {"TF_CONFIG": value}
+    assert cluster.read_tf_config(environ) is None
+    assert cluster.plan("train", "mirrored", None, WITH_EVAL) == cluster.Plan("run", "train", "mirrored", None)
+
+
+BAD_TF_CONFIGS = {
+    "not json": ("{'cluster': }", "TF_CONFIG is not valid JSON"),
+    "not an object": ("[1, 2]", "must be a JSON object"),
+    "no task": (json.dumps({"cluster": {"worker": ["h:1"]}}), "has no \"task\""),
+    "no cluster": (json.dumps({"task": {"type": "worker", "index": 0}}), "has no \"cluster\""),
+    "unknown task role": (tf_config({"worker": ["h:1"]}, "master")["TF_CONFIG"],
+                          "task type 'master' is not a role"),
+    "unknown cluster role": (tf_config({"worker": ["h:1"], "learner": ["h:2"]}, "worker")["TF_CONFIG"],
+                             "unknown role 'learner'"),
+    "second evaluator (index)": (tf_config(WORKERS, "evaluator", 1)["TF_CONFIG"], "second evaluator"),
+    "second evaluator (cluster)": (tf_config({"worker": ["h:1"], "evaluator": ["h:2", "h:3"]},
+                                             "worker")["TF_CONFIG"], "second evaluator"),
+    "index out of range": (tf_config(WORKERS, "worker", 2)["TF_CONFIG"], "task worker:2 is not in the cluster"),
+    "negative index": (tf_config(WORKERS, "worker", -1)["TF_CONFIG"], "task index (-1)"),
+    "address without port": (tf_config({"worker": ["localhost"]}, "worker")["TF_CONFIG"], "host:port"),
+    "two chiefs": (tf_config({"chief": ["h:1", "h:2"]}, "chief")["TF_CONFIG"], "2 chiefs"),
+    "no trainer": (tf_config({"ps": ["h:1"]}, "ps")["TF_CONFIG"], "no chief or worker"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TF_CONFIGS))
+def test_bad_tf_config_is_a_clear_user_error(case):
+    text, message = BAD_TF_CONFIGS[case]
+    with pytest.raises(UserError) as error:
+        cluster.read_tf_config({"TF_CONFIG": text})
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_multi_worker_roles():
+    chief = plan(WORKERS, "worker", 0)
+    assert (chief.action, chief.mode, chief.strategy) == ("run", "train_and_eval", "multi_worker_mirrored")
+    assert chief.cluster.is_chief and not plan(WORKERS, "worker", 1).cluster.is_chief
+    assert chief.cluster.training_cluster() == {"worker": WORKERS["worker"]}  # No evaluator.
+    evaluator = plan(WORKERS, "evaluator")
+    assert (evaluator.action, evaluator.mode, evaluator.strategy) == ("run", "continuous_eval", "mirrored")
+
+
+def test_parameter_server_roles():
+    assert plan(PS, "chief", mode="train", strategy="parameter_server").action == "run"
+    assert plan(PS, "worker", 1, strategy="parameter_server").action == "serve"
+    assert plan(PS, "ps", strategy="parameter_server").action == "serve"
+    with pytest.raises(UserError, match="trains with --mode=train; evaluation runs in the evaluator"):
+        plan(PS, "chief", mode="train_and_eval", strategy="parameter_server")
+    with pytest.raises(UserError, match="needs a chief, at least one worker and at least one ps"):
+        plan({"worker": ["h:1"], "ps": ["h:2"]}, "worker", strategy="parameter_server")
+    with pytest.raises(UserError, match="needs a TF_CONFIG"):
+        cluster.plan("train", "parameter_server", None, WITH_EVAL)
+
+
+def test_strategy_and_cluster_must_agree():
+    with pytest.raises(UserError, match="--strategy=mirrored trains in one process"):
+        plan(WORKERS, "worker", strategy="mirrored")
+    with pytest.raises(UserError, match="only --strategy=parameter_server uses"):
+        plan(PS, "worker", strategy="multi_worker_mirrored")
+    # A one-task TF_CONFIG (as some managers set) is fine with a local strategy.
+    assert plan({"worker": ["h:1"]}, "worker", strategy="mirrored").action == "run"
+
+
+def test_evaluator_without_continuous_eval_mode_is_a_clear_error():
+    with pytest.raises(UserError, match="runs --mode=continuous_eval, but this ctl has no such mode"):
+        plan(WORKERS, "evaluator", modes=WITHOUT_EVAL)
+
+
+def test_local_cluster_layout_and_tf_configs():
+    spec = launch.local_cluster(workers=2, ps=1, evaluator=True)
+    assert {job: len(tasks) for job, tasks in spec.items()} == {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}
+    addresses = [a for tasks in spec.values() for a in tasks]
+    assert len(set(addresses)) == 5 and all(a.startswith("127.0.0.1:") for a in addresses)
+    configs = launch.tf_configs(spec)
+    assert sorted(configs) == ["chief", "evaluator", "ps 0", "worker 0", "worker 1"]
+    for name, text in configs.items():  # Each is valid and names its own task.
+        parsed = cluster.read_tf_config({"TF_CONFIG": text})
+        assert (parsed.task_type, parsed.task_id) == (name.split(" ")[0], int(name.split(" ")[-1]) if " " in name else 0)
+    assert set(launch.local_cluster(workers=3)) == {"worker"}
+
+
+# A stand-in task for the launcher's process handling: "worker 1" exits with
+# status 3 after a moment, every other task runs until it is stopped.
+_TASK = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+print("started", task["type"], task["index"], flush=True)
+if (task["type"], task["index"]) == ("worker", 1):
+    time.sleep(float(sys.argv[1])); sys.exit(3)
+time.sleep(600)
+"""
+
+
+def _cluster(delay, out, **kwargs):
+    return launch.Cluster([str(delay)], out=out, command=[sys.executable, "-c", _TASK], **kwargs)
+
+
+@pytest.mark.slow
+def test_launcher_stops_every_task_when_one_fails():
+    out = io.StringIO()
+    cluster_ = _cluster(1.0, out, workers=2, ps=1)
+    try:
+        assert cluster_.wait(timeout=120) == 3
+        assert all(p.poll() is not None for p in cluster_.processes.values())
+    finally:
+        cluster_.stop()
+    text = out.getvalue()
+    for name in ("chief", "worker 0", "worker 1", "ps 0"):  # Every line has its task's prefix.
+        assert f"[{name}] started {name.split(' ')[0]} {name.split(' ')[-1] if ' ' in name else 0}" in text
+    assert "[launch] worker 1 exited with status 3; stopping all tasks." in text
+
+
+@pytest.mark.slow
+def test_launcher_timeout_stops_every_task():
+    out = io.StringIO()
+    cluster_ = _cluster(600, out, workers=1, evaluator=True)
+    try:
+        assert cluster_.wait(timeout=3) == 124
+        assert all(p.poll() is not None for p in cluster_.processes.values())
+    finally:
+        cluster_.stop()
+    assert "[launch] timed out after 3s" in out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text,message", [
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": ', "TF_CONFIG is not valid JSON"),
+    (tf_config({"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "evaluator", 1)["TF_CONFIG"],
+     "second evaluator"),
+], ids=["malformed", "second evaluator"])
+def test_cli_refuses_a_bad_tf_config_in_one_line(tmp_path, text, message):
+    result = run_ctl("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",
+                     "--strategy=multi_worker_mirrored", env={"TF_CONFIG": text})
+    assert result.returncode == 2, result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("ctl.run: error: TF_CONFIG ") and message in lines[0], lines
+    assert os.listdir(tmp_path) == []
+
+
+def test_has_evaluator():
+    assert cluster.has_evaluator(tf_config(WORKERS, "worker", 1))
+    assert not cluster.has_evaluator(tf_config(PS, "ps"))
+    assert not cluster.has_evaluator({})

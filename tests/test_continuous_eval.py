@@ -1,0 +1,287 @@
+"""The sidecar evaluator (`--mode=continuous_eval`) beside real trainers, on real checkpoints."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import ctl
+from ctl import continuous_eval
+from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
+from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
+from tests.tasks import RegressionTask, regression_data
+
+pytestmark = pytest.mark.slow
+WAIT_S = 240  # Bound on every wait; the 2-core host is shared.
+
+
+def progress(model_dir):
+    with open(os.path.join(model_dir, "eval", continuous_eval.PROGRESS_FILE)) as f:
+        return {int(k): v for k, v in json.load(f)["checkpoints"].items()}
+
+
+def evaluated_numbers(model_dir):
+    return [r["number"] for r in continuous_eval.read_metrics(os.path.join(model_dir, "eval"))]
+
+
+def experiment(task=None, **schedule):
+    return ctl.Experiment(task=task or RegressionTask(),
+                          schedule=ctl.Schedule(**{"train_steps": 40, "steps_per_loop": 10,
+                                                   "checkpoint_interval": 10, **schedule}))
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory):
+    """A finished 40-step run with checkpoints 10, 20, 30, 40 (trained in this process)."""
+    model_dir = str(tmp_path_factory.mktemp("trained"))
+    ctl.run_experiment("train", model_dir, experiment=experiment())
+    return model_dir
+
+
+@pytest.fixture
+def run_dir(trained_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(trained_dir, model_dir)
+    return model_dir
+
+
+class Processes:
+    """Started `python -m ctl.run` processes; all killed at the end of the test."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.started = []
+
+    def start(self, name, *args, env=None):
+        out = open(self.tmp_path / f"{name}.log", "w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ctl.run", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            text=True, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+        process.log = self.tmp_path / f"{name}.log"
+        self.started.append((process, out))
+        return process
+
+    def kill_all(self):
+        for process, out in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+            out.close()
+
+
+@pytest.fixture
+def processes(tmp_path):
+    started = Processes(tmp_path)
+    yield started
+    started.kill_all()
+
+
+def wait_until(condition, what, timeout=WAIT_S):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path, processes):
+    model_dir = str(tmp_path / "run")
+    # The evaluator starts first: it waits for the dir, the trainer's config.gin and a checkpoint.
+    evaluator = processes.start("evaluator1", "--mode=continuous_eval", f"--model_dir={model_dir}")
+    tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{free_port()}"],
+                                        "evaluator": [f"127.0.0.1:{free_port()}"]},
+                            "task": {"type": "chief", "index": 0}})
+    trainer = processes.start(
+        "trainer", "--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+        "--gin_bindings=import tests.sidecar_tasks",
+        "--gin_bindings=ctl.Experiment.task = @SlowRegressionTask()",
+        "--gin_bindings=SlowRegressionTask.delay = 0.1", "--gin_bindings=ctl.Schedule.train_steps = 60",
+        "--gin_bindings=ctl.Schedule.max_checkpoints = 10", env={"TF_CONFIG": tf_config})
+    wait_until(lambda: evaluated_numbers(model_dir), "the first evaluation")
+    evaluator.send_signal(signal.SIGKILL)  # Mid-run: wherever it is.
+    evaluator.wait(timeout=30)
+    restarted = processes.start("evaluator2", "--mode=continuous_eval", f"--model_dir={model_dir}")
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
+    assert restarted.wait(timeout=WAIT_S) == 0, restarted.log.read_text()[-3000:]
+
+    steps = [10, 20, 30, 40, 50, 60]
+    assert sorted(evaluated_numbers(model_dir)) == steps  # Each exactly once.
+    assert progress(model_dir) == {step: "evaluated" for step in steps}
+    evals = scalars(os.path.join(model_dir, "eval"))
+    assert set(evals["loss"]) == set(steps) and evals["examples"][60] == 10.0
+    assert evals["loss"][60] < evals["loss"][10]
+    log = restarted.log.read_text()
+    assert "finished: the trainer's final checkpoint (number 60) is evaluated" in log
+    assert "eval | step:     60" in log
+    trainer_log = trainer.log.read_text()
+    assert "training without in-line eval" in trainer_log and "eval | step" not in trainer_log
+
+
+def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, processes):
+    model_dir = str(tmp_path / "run")
+    trainer = processes.start(
+        "trainer", "--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+        "--gin_bindings=import tests.sidecar_tasks",
+        "--gin_bindings=ctl.Experiment.task = @SlowRegressionTask()",
+        "--gin_bindings=ctl.Schedule.train_steps = 80", "--gin_bindings=ctl.Schedule.max_checkpoints = 2")
+    evaluator = processes.start(
+        "evaluator", "--mode=continuous_eval", f"--model_dir={model_dir}",
+        "--gin_bindings=ctl.ContinuousEval.callbacks = [@SlowEvalCallback()]",
+        "--gin_bindings=SlowEvalCallback.seconds = 1.0")
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
+    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
+    outcomes = progress(model_dir)
+    numbers = evaluated_numbers(model_dir)
+    assert len(numbers) == len(set(numbers)) and 80 in numbers
+    assert set(outcomes.values()) <= {"evaluated", "deleted"}
+    assert [n for n, o in outcomes.items() if o == "evaluated"] == sorted(numbers)
+    for number, outcome in outcomes.items():
+        if outcome == "deleted":
+            assert f"skipping ckpt-{number}: deleted before" in evaluator.log.read_text()
+
+
+def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):
+    data = os.path.join(run_dir, "ckpt-20.data-00000-of-00001")
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert evaluated_numbers(run_dir) == [10, 30, 40]
+    assert progress(run_dir) == {10: "evaluated", 20: "failed", 30: "evaluated", 40: "evaluated"}
+    assert "skipping ckpt-20, recorded as failed: cannot read checkpoint" in result.stdout
+    assert set(scalars(os.path.join(run_dir, "eval"))["loss"]) == {10, 30, 40}
+
+
+def test_checkpoint_of_a_different_model_is_an_error(run_dir):
+    before = snapshot(run_dir)
+    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                     "--gin_bindings=ctl.Experiment.task = @WideTask()")
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1 and "holds a checkpoint of a different model" in lines[0], lines
+    assert snapshot(run_dir) == before  # Nothing evaluated, nothing recorded.
+
+
+def test_idle_timeout_ends_with_a_clear_message(run_dir):
+    os.remove(os.path.join(run_dir, continuous_eval.FINISHED_FILE))  # A trainer that vanished.
+    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                     "--gin_bindings=ctl.ContinuousEval.timeout = 2")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert evaluated_numbers(run_dir) == [10, 20, 30, 40]
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1 and "no new checkpoint in --model_dir=" in lines[0], lines
+    assert "for 2 s (ctl.ContinuousEval.timeout)" in lines[0]
+
+
+def test_deleted_before_and_during_evaluation(run_dir, caplog):
+    # While ckpt-10 is evaluated, its own files and those of ckpt-20 (already seen) vanish.
+    settings = ctl.ContinuousEval(callbacks=[DeleteOnFirstEvaluation(run_dir, [10, 20])])
+    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    assert progress(run_dir) == {10: "evaluated", 20: "deleted", 30: "evaluated", 40: "evaluated"}
+    assert evaluated_numbers(run_dir) == [10, 30, 40]
+    assert "skipping ckpt-20: deleted before its evaluation" in caplog.text
+
+
+def test_latest_policy_and_max_evaluations(run_dir):
+    settings = ctl.ContinuousEval(policy="latest")
+    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    assert evaluated_numbers(run_dir) == [40]
+    assert progress(run_dir) == {10: "skipped", 20: "skipped", 30: "skipped", 40: "evaluated"}
+
+    shutil.rmtree(os.path.join(run_dir, "eval"))
+    settings = ctl.ContinuousEval(max_evaluations=3)
+    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    assert evaluated_numbers(run_dir) == [10, 20, 30]
+    # Counted over restarts: a new evaluator with the same limit has nothing left to do.
+    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    assert evaluated_numbers(run_dir) == [10, 20, 30]
+
+
+def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
+    model_dir = str(tmp_path)
+    task = TwoEvalSetsTask()
+    ctl.run_experiment("train", model_dir, experiment=experiment(task, train_steps=20))
+    recorder = RecordingCallback()
+    settings = ctl.ContinuousEval(callbacks=[recorder])
+    continuous_eval.evaluate_continuously(model_dir, experiment=experiment(task), settings=settings)
+    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    assert [r["step"] for r in records] == [10, 20]
+    assert records[1]["results"]["near"]["examples"] == 6.0
+    assert records[1]["results"]["far"]["examples"] == 10.0
+    for name in ("near", "far"):
+        assert set(scalars(os.path.join(model_dir, "eval", name))["loss"]) == {10, 20}
+    # Per evaluation of one set: begin, a begin/end pair per batch, one begin that meets the end.
+    near = ["begin", "batch_begin:0", "batch_end:0", "batch_begin:1", "batch_end:1",
+            "batch_begin:2", "end:['examples', 'loss']"]
+    far = near[:5] + ["batch_begin:2", "batch_end:2", "batch_begin:3", "end:['examples', 'loss']"]
+    assert recorder.calls == (near + far) * 2
+
+
+def _eval_loss(model):
+    features, targets = regression_data(10, seed=1)
+    return float(np.mean((model(features).numpy() - targets) ** 2))
+
+
+def test_tf_keras_model_checkpoint_files_evaluate(tmp_path):
+    model_dir = str(tmp_path)
+    model = RegressionTask(flavor="tf_keras").build_model()
+    model.compile(tf_keras.optimizers.SGD(0.05), loss="mse")
+    features, targets = regression_data(64)
+    saver = tf_keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "ckpt-{epoch}"),
+                                               save_weights_only=True)
+    model.fit(features, targets, batch_size=16, epochs=3, callbacks=[saver], verbose=0)
+    recorder = RecordingCallback()
+    settings = ctl.ContinuousEval(max_evaluations=3, callbacks=[recorder])
+    continuous_eval.evaluate_continuously(
+        model_dir, experiment=experiment(RegressionTask(flavor="tf_keras")), settings=settings)
+    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    # In order, although only the newest is named in the state file; at the optimizer's step.
+    assert [(r["number"], r["step"]) for r in records] == [(1, 4), (2, 8), (3, 12)]
+    assert records[2]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
+    np.testing.assert_allclose(recorder.kernels[2], model.get_weights()[0].ravel(), rtol=1e-6)
+
+
+def test_checkpoint_manager_over_model_and_optimizer_evaluates(tmp_path):
+    model_dir = str(tmp_path)
+    task = RegressionTask()
+    model, optimizer = task.build_model(), task.build_optimizer()
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer),
+                                         model_dir, max_to_keep=3)
+    features, targets = regression_data(8)
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(features) - targets))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+        manager.save()
+    settings = ctl.ContinuousEval(max_evaluations=2)
+    continuous_eval.evaluate_continuously(model_dir, experiment=experiment(), settings=settings)
+    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    assert [(r["number"], r["step"]) for r in records] == [(1, 1), (2, 2)]  # optimizer.iterations
+    assert records[1]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
+
+
+def test_bad_setting_is_one_clear_line(run_dir):
+    before = snapshot(run_dir)
+    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                     "--gin_bindings=ctl.ContinuousEval.policy = 'newest'")
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = ctl_stderr_lines(result.stderr)
+    assert lines == ["ctl.run: error: Received ctl.ContinuousEval.policy='newest'. "
+                     "Expected one of: all, latest."], lines
+    assert snapshot(run_dir) == before

@@ -1,0 +1,75 @@
+"""Evaluation that does not depend on the cluster shape, and the reducer interface."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ctl import reducers
+from ctl.trainer import Trainer
+from tests.cluster_tasks import ScoredTask
+from tests.conftest import mirrored
+from tests.tasks import regression_data
+
+WEIGHTS = [np.array([[0.3], [-0.4], [1.5]], np.float32), np.array([0.1], np.float32)]
+
+
+def evaluate(strategy, eval_examples, batch_size):
+    trainer = Trainer(ScoredTask(eval_examples=eval_examples, batch_size=batch_size),
+                      strategy=strategy)
+    trainer.model.set_weights(WEIGHTS)
+    return {name: float(value) for name, value in trainer.evaluate(tf.constant(-1)).items()}
+
+
+def reference(eval_examples):
+    """The same results computed with NumPy over the whole eval set at once."""
+    features, targets = regression_data(eval_examples, seed=1)
+    scores = (features @ WEIGHTS[0] + WEIGHTS[1])[:, 0]
+    labels = targets[:, 0] > 0
+    pairs = [(p, n) for p, n in itertools.product(scores[labels], scores[~labels])]
+    auc = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs])
+    return {"examples": eval_examples, "aggregated_examples": eval_examples, "auc": auc,
+            "loss": float(np.mean((targets[:, 0] - scores) ** 2)),
+            "score_sum": float(scores.astype(np.float64).sum())}
+
+
+# (eval examples, global batch): 9 in 8 leaves one replica of two an empty last batch;
+# 10 in 4 leaves a last batch of 2 (one example per replica).
+@pytest.mark.parametrize("eval_examples,batch_size", [(9, 8), (10, 4)])
+def test_eval_results_are_the_same_for_one_and_two_replicas(eval_examples, batch_size):
+    one = evaluate(tf.distribute.get_strategy(), eval_examples, batch_size)
+    two = evaluate(mirrored(), eval_examples, batch_size)
+    expected = reference(eval_examples)
+    assert set(one) == set(two) == set(expected)
+    for name in ("examples", "aggregated_examples", "auc"):
+        assert one[name] == two[name] == expected[name], name
+    for name in ("loss", "score_sum"):  # Summed in a different order: float rounding only.
+        assert one[name] == pytest.approx(expected[name], rel=1e-6), name
+        assert two[name] == pytest.approx(expected[name], rel=1e-6), name
+
+
+def test_auc_reducer_matches_pairwise_definition_with_ties():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 5, size=40).astype(np.float32)  # Many ties.
+    labels = rng.integers(0, 2, size=40)
+    auc = reducers.AUC()
+    # Three replicas, uneven batches, one replica that saw nothing.
+    states = reducers.start([auc])
+    for begin in range(0, 40, 7):
+        batch = slice(begin, min(begin + 7, 40))
+        split = (batch.start + batch.stop) // 2
+        reducers.accumulate([auc], states, {
+            "scores": [scores[batch.start:split], scores[split:batch.stop], scores[:0]],
+            "labels": [labels[batch.start:split], labels[split:batch.stop], labels[:0]],
+        })
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    expected = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
+    assert reducers.results([auc], states)["auc"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_auc_of_one_class_is_nan():
+    auc = reducers.AUC()
+    states = reducers.accumulate([auc], reducers.start([auc]),
+                                 {"scores": [np.ones(3)], "labels": [np.ones(3)]})
+    assert np.isnan(reducers.results([auc], states)["auc"])

@@ -1,0 +1,122 @@
+"""Fault tolerance in-process: NaN policies, the lock, the signal watcher and the guarded loop."""
+
+import os
+import signal
+import threading
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ctl
+from ctl import config
+from ctl.faults import FaultTolerance
+from ctl.lock import ModelDirLock
+from ctl.nan_guard import NonFiniteLoss, RecoveryBudget
+from ctl.preemption import SignalWatcher
+from ctl.step_guard import StepGuard
+from tests.cli import ROOT
+
+FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
+# In-process: no global seed, so that op determinism is not switched on for the
+# rest of the test session (ProbeTask seeds its dropout and shuffle itself).
+BASE = ["ctl.FaultTolerance.seed = None", "ctl.Schedule.train_steps = 30"]
+
+
+def train(model_dir, *bindings):
+    config.parse([FAULTS_GIN], [*BASE, *bindings])
+    return ctl.run_experiment("train", str(model_dir))
+
+
+def weights(model_dir):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "save_counter" not in name and "OBJECT_GRAPH" not in name}
+
+
+@pytest.mark.parametrize("while_loop", [True, False])
+def test_nan_stop_names_the_step_not_the_loop(tmp_path, while_loop):
+    with pytest.raises(NonFiniteLoss, match=r"NaN or Inf at step 13 .*nan_policy='stop'"):
+        train(tmp_path, "ProbeTask.nan_at_steps = (13,)",
+              f"ctl.Trainer.use_tf_while_loop = {while_loop}")
+    # The loop of steps 11-20 stopped at 13; nothing after the last good checkpoint was saved.
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
+    assert all(np.isfinite(v).all() for v in weights(tmp_path).values())
+
+
+def test_nan_recover_replays_the_same_data(tmp_path):
+    train(tmp_path / "clean")
+    gin.clear_config()
+    train(tmp_path / "glitch", "ProbeTask.nan_at_steps = (13, 27)",
+          "ctl.FaultTolerance.nan_policy = 'recover'", "ctl.FaultTolerance.max_recoveries = 1",
+          "ctl.FaultTolerance.healthy_interval = 5")
+    # Two glitches 14 steps apart, one recovery allowed "in a row": the healthy
+    # interval reset the count. Replaying steps 11-13 and 21-27 reproduced the clean run.
+    clean, recovered = weights(tmp_path / "clean"), weights(tmp_path / "glitch")
+    assert sorted(clean) == sorted(recovered)
+    for name in clean:
+        assert clean[name].tobytes() == recovered[name].tobytes(), name
+
+
+def test_nan_recover_gives_up_after_max_recoveries(tmp_path):
+    with pytest.raises(NonFiniteLoss, match=r"step 13 \(2 recoveries already tried"):
+        train(tmp_path, "ProbeTask.nan_at_steps = (13,)", "ProbeTask.transient = False",
+              "ctl.FaultTolerance.nan_policy = 'recover'", "ctl.FaultTolerance.max_recoveries = 2")
+
+
+def test_recovery_budget_resets_after_a_healthy_interval():
+    budget = RecoveryBudget(max_recoveries=2, healthy_interval=100)
+    assert budget.spend(50) and budget.spend(50)
+    budget.resumed_at(40)
+    assert not budget.spend(60)  # Third in a row.
+    budget.resumed_at(40)
+    assert budget.spend(141) and budget.used == 1  # 100 healthy steps since 40.
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("nan_policy", "retry", "Expected one of: stop, recover"),
+    ("max_recoveries", -1, "max_recoveries (-1) must be a non-negative integer"),
+    ("seed", 1.5, "seed (1.5) must be an integer"),
+])
+def test_bad_fault_tolerance_settings(field, value, message):
+    with pytest.raises(ctl.UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        FaultTolerance(**{field: value})
+
+
+def test_lock_refuses_a_second_holder_and_is_released(tmp_path):
+    with ModelDirLock(str(tmp_path)):
+        with pytest.raises(ctl.UserError, match=rf"in use by another trainer \(pid {os.getpid()} on host"):
+            ModelDirLock(str(tmp_path)).acquire()
+    with ModelDirLock(str(tmp_path)):  # Released on exit.
+        pass
+
+
+def test_signal_stops_a_tf_while_loop_within_a_step():
+    steps = tf.Variable(0, dtype=tf.int64)
+    with SignalWatcher() as watcher:
+        guard = StepGuard(watcher.stop_requested)
+        loop = guard.create_loop_fn(lambda _: steps.assign_add(1), True, True)
+        loop(None, tf.constant(1))  # Traced before the clock starts.
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            loop(None, tf.constant(2**31 - 1))  # Hours, unless the signal stops it.
+        finally:
+            timer.cancel()
+        assert watcher.signum == signal.SIGTERM
+    assert 1 < int(steps.numpy()) < 2**31 - 1
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # Handlers restored.
+
+
+def test_a_pipeline_with_unsaveable_state_is_named_at_start():
+    from ctl import resume
+    from tests.fault_tasks import ProbeTask
+
+    class Noisy(ProbeTask):
+        def build_inputs(self, training, input_context=None):
+            dataset = super().build_inputs(training, input_context)
+            return dataset.map(lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
+
+    assert resume.stateful_input_op(ProbeTask()) is None  # Seeded shuffle: saveable.
+    assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())

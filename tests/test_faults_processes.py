@@ -1,0 +1,216 @@
+"""Real trainer processes stopped with SIGTERM, SIGINT and SIGKILL, and a second trainer.
+
+Each test starts `python -m ctl.run` on tests/faults.gin (ProbeTask, seed 7),
+watches the progress file the task writes from inside the graph, and signals
+the process mid-loop. Every wait is bounded and every process is killed in a
+`finally`.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from ctl.preemption import EXIT_PREEMPTED
+from tests.cli import ROOT, ctl_stderr_lines, snapshot
+
+pytestmark = pytest.mark.slow
+FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
+MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
+
+
+class Trainer:
+    """One `python -m ctl.run --mode=train` process on `model_dir`."""
+
+    def __init__(self, model_dir, progress, *bindings, flags=()):
+        args = [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
+                f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{progress}'",
+                *flags, *(f"--gin_bindings={b}" for b in bindings)]
+        self.progress = progress
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+
+    def wait_for_step(self, step, timeout=120):
+        """Waits until the task has started `step`; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if last_step(self.progress) >= step:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.02)
+        raise TimeoutError(f"step {step} not reached in {timeout}s")
+
+    def finish(self, timeout=180):
+        _, stderr = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, stderr
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=60)
+
+
+def last_step(progress):
+    steps = read_steps(progress)
+    return steps[-1] if steps else 0
+
+
+def read_steps(progress):
+    if not os.path.exists(progress):
+        return []
+    with open(progress) as f:
+        return [int(line) for line in f.read().split("\n") if line.strip().isdigit()]
+
+
+def latest_step(model_dir):
+    path = tf.train.latest_checkpoint(model_dir)
+    return int(path.rsplit("-", 1)[1]) if path else 0
+
+
+def checkpoint_values(path):
+    """name -> array for every variable of a checkpoint, but the save counter."""
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))}
+
+
+def assert_bit_equal(path_a, path_b):
+    a, b = checkpoint_values(path_a), checkpoint_values(path_b)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def run_to_end(model_dir, progress, *bindings, flags=()):
+    trainer = Trainer(model_dir, progress, *bindings, flags=flags)
+    try:
+        returncode, stderr = trainer.finish()
+    finally:
+        trainer.kill()
+    assert returncode == 0, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("signum, while_loop, flags", [
+    (signal.SIGTERM, True, ()), (signal.SIGINT, False, ()), (signal.SIGTERM, True, MIRRORED),
+], ids=["SIGTERM-tf_while_loop", "SIGINT-host_loop", "SIGTERM-tf_while_loop-mirrored"])
+def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum, while_loop, flags):
+    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    # One loop of 100,000 steps: the signal must not wait for it to end.
+    long_run = ("ctl.Schedule.train_steps=1000000", "ctl.Schedule.steps_per_loop=100000",
+                "ctl.Schedule.checkpoint_interval=100000",
+                f"ctl.Trainer.use_tf_while_loop={while_loop}")
+    trainer = Trainer(model_dir, progress, *long_run, flags=flags)
+    try:
+        assert trainer.wait_for_step(300), trainer.finish()[1]
+        trainer.proc.send_signal(signum)
+        returncode, stderr = trainer.finish(timeout=120)
+    finally:
+        trainer.kill()
+    assert returncode == EXIT_PREEMPTED, stderr
+    lines = ctl_stderr_lines(stderr)
+    assert lines[-1].startswith("ctl.run: preempted: stopped by " + signal.Signals(signum).name), stderr
+    saved = latest_step(model_dir)
+    started = read_steps(progress)
+    # Every step that started was completed and is in the checkpoint; the loop was cut short.
+    assert started == list(range(1, saved + 1))
+    assert 300 <= saved < 100000
+    assert f"ckpt-{saved}" in lines[-1]
+
+    run_to_end(model_dir, progress, *long_run[1:], f"ctl.Schedule.train_steps={saved + 10}",
+               flags=flags)
+    assert latest_step(model_dir) == saved + 10
+    assert read_steps(progress) == list(range(1, saved + 11))  # Resumed at saved + 1.
+
+
+@pytest.mark.parametrize("flags", [(), MIRRORED], ids=["default", "mirrored"])
+def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
+    """Kills the trainer 3 times; the resumed run's weights equal an uninterrupted run's."""
+    target = 300
+    # Host loop: slower steps, so that kills land mid-run on a fast machine.
+    bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
+    reference = str(tmp_path / "reference")
+    straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
+    try:
+        chaos_run(tmp_path, target, bindings, flags)  # Meanwhile.
+        returncode, stderr = straight.finish()
+    finally:
+        straight.kill()
+    assert returncode == 0, stderr
+    # Model, optimizer, RNG state and step, bit for bit.
+    assert_bit_equal(tf.train.latest_checkpoint(reference),
+                     tf.train.latest_checkpoint(str(tmp_path / "chaos")))
+
+
+def chaos_run(tmp_path, target, bindings, flags):
+    """Trains to `target`, killed with SIGKILL 3 times at random steps."""
+    model_dir, progress = str(tmp_path / "chaos"), str(tmp_path / "chaos.progress")
+    rng = random.Random()
+    killed_mid_run = 0
+    for _ in range(3):
+        low, high = latest_step(model_dir) + 1, target - 30
+        if low > high:
+            break
+        # A step past the last checkpoint, so that each kill loses (and replays) work.
+        kill_at = rng.randint(low, high)
+        trainer = Trainer(model_dir, progress, *bindings, flags=flags)
+        try:
+            trainer.wait_for_step(kill_at)
+            time.sleep(rng.uniform(0, 0.05))  # Sometimes mid-step, sometimes mid-save.
+        finally:
+            trainer.kill()
+        killed_mid_run += trainer.proc.returncode == -signal.SIGKILL
+    assert killed_mid_run >= 1
+    run_to_end(model_dir, progress, *bindings, flags=flags)
+    assert latest_step(model_dir) == target
+
+
+def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
+    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    # Host loop: minutes before its first loop (and first checkpoint) ends.
+    first = Trainer(model_dir, progress, "ctl.Schedule.train_steps=1000000",
+                    "ctl.Schedule.steps_per_loop=100000", "ctl.Trainer.use_tf_while_loop=False")
+    try:
+        assert first.wait_for_step(10), first.finish()[1]
+        before = snapshot(model_dir)["config.gin"]
+        second = Trainer(model_dir, str(tmp_path / "progress2"), "ctl.Schedule.train_steps=5")
+        try:
+            returncode, stderr = second.finish()
+        finally:
+            second.kill()
+        assert returncode == 2, stderr
+        lines = ctl_stderr_lines(stderr)
+        assert len(lines) == 1, stderr
+        assert "is in use by another trainer" in lines[0] and f"pid {first.proc.pid}" in lines[0]
+        assert snapshot(model_dir)["config.gin"] == before  # Its config (train_steps=5) not saved.
+        assert not os.path.exists(tmp_path / "progress2")  # It never trained.
+    finally:
+        first.kill()  # SIGKILL: the lock file stays, the lock does not.
+    assert os.path.exists(os.path.join(model_dir, "trainer.lock"))
+    run_to_end(model_dir, progress, "ctl.Schedule.train_steps=20")
+    assert latest_step(model_dir) == 20
+
+
+def test_a_second_signal_exits_at_once():
+    script = (
+        "import os, signal, time\n"
+        "from ctl.preemption import SignalWatcher\n"
+        "with SignalWatcher() as watcher:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    while watcher.signum is None: time.sleep(0.01)\n"
+        "    print('first handled', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert "first handled" in result.stdout
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
