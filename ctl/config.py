@@ -4,8 +4,12 @@ Flags name the files and bindings; everything the experiment does is read from
 gin. `parse` turns every gin mistake into a one-line `UserError`.
 """
 
+import difflib
+import inspect
+import json
 import os
-from typing import Sequence
+import re
+from typing import Any, List, Sequence
 
 import gin
 import tensorflow as tf
@@ -14,6 +18,52 @@ from ctl.errors import UserError
 
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
+GIN_FLAG_PREFIX = "--gin."
+
+
+def expand_gin_flags(argv: Sequence[str]) -> List[str]:
+    """Turns each `--gin.NAME=VALUE` into `--gin_bindings=NAME=VALUE` (before absl parses)."""
+    expanded = []
+    for arg in argv:
+        if arg.startswith(GIN_FLAG_PREFIX):
+            name, equals, value = arg[len(GIN_FLAG_PREFIX):].partition("=")
+            if not name or not equals:
+                raise UserError(f"Received {arg!r}; write --gin.NAME=VALUE, e.g. "
+                                "--gin.ctl.Schedule.train_steps=500.")
+            arg = f"--gin_bindings={name}={value}"
+        expanded.append(arg)
+    return expanded
+
+
+def _suggest(message: str) -> str:
+    """' Did you mean ...?' for gin's unknown-configurable and unknown-parameter errors."""
+    unknown = re.match(r"No configurable matching (?:reference )?'@?([\w.]+)", message)
+    if unknown:
+        matches = difflib.get_close_matches(unknown.group(1), _registered_names(), n=3,
+                                            cutoff=0.6)
+        return f" Did you mean {', '.join(matches)}?" if matches else ""
+    parameter = re.match(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'",
+                         message)
+    if parameter:
+        try:
+            target = gin.get_configurable(parameter.group(1))
+            names = list(inspect.signature(target).parameters)
+        except (ValueError, TypeError):
+            return ""
+        matches = difflib.get_close_matches(parameter.group(2), names, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(matches)}? " if matches else ""
+        return f" ({hint}its parameters: {', '.join(names)})"
+    return ""
+
+
+def _registered_names() -> List[str]:
+    """Every registered configurable, by full and short name (gin has no public list)."""
+    registry = getattr(gin.config, "_REGISTRY", None)
+    names = set()
+    for selector in getattr(registry, "_selector_map", {}) or {}:
+        names.add(selector)
+        names.add(selector.rsplit(".", 1)[-1])
+    return sorted(names)
 
 
 def parse(
@@ -38,8 +88,11 @@ def parse(
     except SyntaxError as error:
         raise UserError(f"cannot parse gin config: {error}") from error
     except ValueError as error:
+        lines = [line.strip() for line in str(error).splitlines()]
+        where = f" ({lines[1]})" if len(lines) > 1 and lines[1].startswith("In ") else ""
         raise UserError(
-            f"bad gin config: {error}; fix the binding in --gin_file or --gin_bindings."
+            f"bad gin config: {lines[0]}{where}{_suggest(lines[0])} Fix the binding in "
+            "--gin_file or --gin_bindings."
         ) from error
 
 
@@ -61,6 +114,20 @@ def write_atomically(path: str, text: str) -> None:
     with tf.io.gfile.GFile(temp, "w") as f:
         f.write(text)
     tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON value stored at `path`, or `default` when there is no such file."""
+    if not tf.io.gfile.exists(path):
+        return default
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def write_json(path: str, value: Any) -> None:
+    """Stores `value` at `path` atomically (creating the directory)."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    write_atomically(path, json.dumps(value))
 
 
 def save_config(model_dir: str) -> None:

@@ -8,7 +8,7 @@ Everything here is plain data; `ctl.train_lib` acts on it.
 """
 
 import dataclasses
-from typing import Optional, Type
+from typing import Any, Optional, Sequence, Type
 
 import gin
 
@@ -72,12 +72,13 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, the trainer class that runs it, the schedule and the fault tolerance."""
+    """A task, its trainer class, the schedule, the fault tolerance and hooks (ctl.hooks)."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
     trainer_cls: Type[Trainer] = Trainer
     fault_tolerance: FaultTolerance = dataclasses.field(default_factory=FaultTolerance)
+    hooks: Sequence[Any] = ()
 
     def __post_init__(self):
         if not isinstance(self.task, Task):

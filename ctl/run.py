@@ -1,7 +1,9 @@
 """`python -m ctl.run`: flags, then gin, then the mode. Intentionally short.
 
     python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
-        --gin_file=configs/digits.gin --gin_bindings='ctl.Schedule.train_steps=500'
+        --gin_file=configs/digits.gin --gin.ctl.Schedule.train_steps=500
+
+`--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
 The same command runs on every task of a cluster; the role comes from
 TF_CONFIG (see `ctl.cluster`). A user mistake ends in one line on stderr and
@@ -15,19 +17,20 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import cluster, config, continuous_eval, distribute, train_lib
+from ctl import cluster, config, continuous_eval, distribute, smoke, train_lib
 from ctl.errors import EXIT_USER_ERROR, UserError
 from ctl.preemption import EXIT_PREEMPTED, Preempted
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", None, train_lib.MODES, "What to run.")
+flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),
+                  "What to run; `smoke` rehearses a run in seconds in a temporary dir.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin binding, applied after the files; repeatable.")
 flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
 flags.DEFINE_enum("strategy", "default", distribute.STRATEGIES, "tf.distribute strategy.")
 flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices (try mirrored on CPU).")
-flags.mark_flags_as_required(["mode", "model_dir"])
+flags.mark_flag_as_required("mode")
 
 
 def _fail(message: str) -> None:
@@ -37,9 +40,11 @@ def _fail(message: str) -> None:
 
 def _parse_flags(argv):
     try:
-        return FLAGS(argv)
+        return FLAGS(config.expand_gin_flags(argv))
     except flags.Error as error:
         _fail(f"{error}. See --helpfull.")
+    except UserError as error:
+        _fail(str(error))
 
 
 def _log_to_stdout() -> None:
@@ -60,6 +65,8 @@ class _NotOrbitController(std_logging.Filter):
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
+    if not FLAGS.model_dir and FLAGS.mode != smoke.MODE:
+        _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
     _log_to_stdout()
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
@@ -72,7 +79,10 @@ def main(argv):
             return
         strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
         config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+        if plan.mode == smoke.MODE:
+            smoke.run_smoke(strategy)
+        else:
+            train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
         print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
         sys.exit(EXIT_PREEMPTED)

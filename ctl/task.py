@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
+from ctl.exporting import default_serving_signatures
+
 Logs = Dict[str, Any]
 
 
@@ -22,7 +24,8 @@ class Task:
 
     Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
     Optional: `build_metrics`, `train_step`, `validation_step`,
-    `build_reducers`, `aggregate_logs`, `reduce_aggregated_logs`, `initialize`, `eval_datasets`.
+    `build_reducers`, `aggregate_logs`, `reduce_aggregated_logs`, `initialize`,
+    `eval_datasets`, `serving_signatures`.
 
     All `build_*` methods are called inside the distribution strategy's scope,
     so variables they create are placed correctly. Models may be Keras 3
@@ -140,6 +143,15 @@ class Task:
         `tf.train.Checkpoint(encoder=model.encoder).read(path)`.
         """
         del model
+
+    def serving_signatures(self, model) -> Dict[str, Any]:
+        """Returns `{name: tf.function with an input_signature}` for SavedModel exports.
+
+        The default serves `model(inputs, training=False)` as `serving_default`,
+        with the model's Keras `inputs` as the signature; override it for models
+        without Keras inputs or to serve preprocessing. Traced when exported.
+        """
+        return default_serving_signatures(model)
 
     @classmethod
     def aggregates_logs(cls) -> bool:

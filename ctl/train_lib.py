@@ -11,17 +11,19 @@ import tempfile
 from typing import Any, Dict, NamedTuple, Optional
 
 from absl import logging
-import orbit
 import tensorflow as tf
 
 from ctl import async_checkpoint, cluster, config, continuous_eval, resume
 from ctl.checkpointing import CheckpointManager
+from ctl.controller import Controller
 from ctl.distribute import is_chief
 from ctl.errors import UserError
 from ctl.experiment import Experiment
 from ctl.faults import FaultHandler
+from ctl.hooks import Hooks, Run
 from ctl.lock import ModelDirLock
 from ctl.preemption import SignalWatcher
+from ctl.progress import MetricsLog, ProgressLogger
 from ctl.summaries import SummaryManager
 from ctl.trainer import Trainer
 
@@ -95,18 +97,19 @@ class Built(NamedTuple):
     """What `build_controller` returns."""
 
     trainer: Trainer
-    controller: orbit.Controller
+    controller: Controller
     faults: Optional[FaultHandler]  # None unless training.
+    hooks: Hooks
 
 
 def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy,
                      experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
                      chief: bool = True, watcher: Optional[SignalWatcher] = None) -> Built:
-    """Builds the trainer, fault handler and `orbit.Controller` that `run_experiment` drives.
+    """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
 
-    Restores the latest checkpoint in `model_dir` (or calls the task's
-    `initialize`); writes nothing. Training needs a `watcher`. `bench/` drives
-    the returned controller directly, so that it measures ctl's real loop.
+    Restores the latest checkpoint in `model_dir` (or initializes); writes
+    nothing. Training needs a `watcher`. `bench/` drives the returned
+    controller directly, so that it measures ctl's real loop.
     """
     schedule = experiment.schedule
     train = mode != "eval"
@@ -118,6 +121,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     )
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
+    hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
     manager = CheckpointManager(
         trainer.checkpoint,
         checkpoint_dir or model_dir,
@@ -125,15 +129,16 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
         checkpoint_interval=schedule.checkpoint_interval,
-        init_fn=lambda: experiment.task.initialize(trainer.model),
+        init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
     faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
     train_actions = [faults] if train else []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
+    train_actions += hooks.actions("on_train_loop_end")
     if schedule.async_checkpointing:
         async_checkpoint.enable()
-    controller = orbit.Controller(
+    controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
         evaluator=trainer if evaluate else None,
@@ -150,15 +155,19 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
             eval_summary_dir if chief else None, trainer.global_step
         ),
         train_actions=train_actions,
+        eval_actions=hooks.actions("on_eval_end"),
+        stop=hooks.run.stop,
+        on_checkpoint_end=hooks.actions("on_checkpoint_end"),
+        on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
-    return Built(trainer, controller, faults)
+    return Built(trainer, controller, faults, hooks)
 
 
 def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
          ) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
-    trainer, controller, faults = build_controller(
+    trainer, controller, faults, hooks = build_controller(
         mode, model_dir, strategy, experiment,
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
@@ -170,13 +179,19 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         continuous_eval.clear_finished(model_dir)
         config.save_config(model_dir)
 
+    output = _run_mode(mode, controller, schedule)
+    if train and chief:
+        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
+    hooks.call("on_trial_close", output)
+    return output
+
+
+def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
     if mode == "train":
         controller.train(steps=schedule.train_steps)
-        if chief:
-            continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
         return {}
     output = controller.train_and_evaluate(
         train_steps=schedule.train_steps,
@@ -186,9 +201,18 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     if output is None:  # Resumed after the last step: still end with an evaluation.
         logging.info("training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
-    if chief:
-        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
     return output
+
+
+def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
+    """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
+    run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
+              global_step=trainer.global_step, task=experiment.task, strategy=strategy,
+              chief=chief)
+    builtin = [ProgressLogger(experiment.schedule.train_steps)]
+    if chief:
+        builtin.append(MetricsLog())
+    return Hooks(builtin + list(experiment.hooks), run)
 
 
 def ensure_writable(model_dir: str) -> None:

@@ -107,7 +107,8 @@ def test_two_workers_resume_train_and_eval_like_one_worker(tmp_path, one_worker)
     # Only the chief wrote to the model dir; worker 1 saved to a scratch dir it removed.
     assert sorted(os.listdir(model_dir)) == [
         "checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index", "ckpt-20.data-00000-of-00001",
-        "ckpt-20.index", "config.gin", FINISHED_FILE, "eval", "operative_config.gin", "train"]
+        "ckpt-20.index", "config.gin", FINISHED_FILE, "eval", "operative_config.gin", "train",
+        "trainer.lock"]
     events = glob.glob(os.path.join(model_dir, "*", "events.out.tfevents.*"))
     writers = {os.path.basename(path).split(".")[-3] for path in events}  # ...<host>.<pid>.<n>.v2
     assert {os.path.basename(os.path.dirname(p)) for p in events} == {"train", "eval"}

@@ -1,0 +1,126 @@
+"""The best checkpoint by an eval metric: tracked, persisted, never retired.
+
+    ctl.Experiment.hooks = [@ctl.BestCheckpoint()]
+    ctl.BestCheckpoint.metric = 'accuracy'
+    ctl.BestCheckpoint.higher_is_better = True
+
+After an evaluation that beats the best value so far, `BestCheckpoint` writes
+the evaluated state (`run.checkpoint`: model, optimizer, global step) to
+`<model_dir>/best/ckpt-<step>` and records it in `<model_dir>/best/best.json`:
+
+    {"metric": "accuracy", "higher_is_better": true, "value": 0.97, "step": 1500,
+     "path": ".../best/ckpt-1500"}
+
+Both writes are atomic (a temporary name, then a rename), in that order, so a
+crash leaves the previous record valid. The best checkpoint lives outside the
+files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention
+never deletes it; a restart reads `best.json` and only replaces the best with
+a better one. Restore it with `tf.train.Checkpoint(...).read(record["path"])`.
+
+Runs eagerly on the host, on the chief (or a sidecar evaluator).
+"""
+
+import os
+from typing import Any, Dict, Optional
+
+from absl import logging
+import gin
+import tensorflow as tf
+
+from ctl import config
+from ctl.hooks import Hook, Run, improved, metric_value
+
+BEST_DIR = "best"
+RECORD_FILE = "best.json"
+
+
+class BestMetric:
+    """The best value of `metric` so far, persisted atomically in a JSON file.
+
+    Like `orbit.actions.NewBestMetric`, but the record also holds the step and
+    the path of what was saved, and the file is written only when there is a
+    best to record (never at start, so a run that fails early leaves no trace).
+    """
+
+    def __init__(self, metric: str, higher_is_better: bool, filename: str,
+                 write: bool = True, owner: str = "ctl.BestCheckpoint"):
+        self.metric = metric
+        self.higher_is_better = higher_is_better
+        self.owner = owner
+        self.filename = filename
+        self.write = write
+        self._record = config.read_json(filename, {})
+        record = self._record
+        if record and (record.get("metric"), record.get("higher_is_better")) != (
+                metric, higher_is_better):
+            logging.warning("%s: %s tracks %s (higher_is_better=%s), not %s (%s); starting over.",
+                            owner, filename, record.get("metric"),
+                            record.get("higher_is_better"), metric, higher_is_better)
+            self._record = {}
+
+    @property
+    def record(self) -> Dict[str, Any]:
+        return dict(self._record)
+
+    @property
+    def value(self) -> Optional[float]:
+        return self.record.get("value")
+
+    def test(self, logs) -> bool:
+        """Whether `logs` beat the best value so far (records nothing)."""
+        return improved(metric_value(logs, self.metric, self.owner), self.value,
+                        self.higher_is_better)
+
+    def commit(self, logs, step: int, path: Optional[str] = None) -> None:
+        self._record = {"metric": self.metric, "higher_is_better": self.higher_is_better,
+                        "value": metric_value(logs, self.metric, self.owner),
+                        "step": step, "path": path}
+        if self.write:
+            config.write_json(self.filename, self._record)
+
+
+@gin.configurable(module="ctl")
+class BestCheckpoint(Hook):
+    """Keeps the checkpoint of the best evaluation by `metric` in `<model_dir>/best`."""
+
+    def __init__(self, metric: str = "loss", higher_is_better: bool = False):
+        self.metric = metric
+        self.higher_is_better = higher_is_better
+
+    def bind(self, run: Run) -> None:
+        super().bind(run)
+        self.directory = os.path.join(run.model_dir, BEST_DIR)
+        self.best = BestMetric(self.metric, self.higher_is_better,
+                               os.path.join(self.directory, RECORD_FILE), write=run.chief)
+
+    def on_eval_end(self, logs) -> None:
+        if not self.best.test(logs) or not self.run.chief:
+            return
+        step = self.run.step
+        path = self._write(step)
+        self.best.commit(logs, step=step, path=path)
+        self._remove_all_but(path)
+        logging.info("best | step: %6d | %s = %.6g, best so far: %s", step, self.metric,
+                     self.best.value, path)
+
+    def _write(self, step: int) -> str:
+        final = os.path.join(self.directory, f"ckpt-{step}")
+        temp = os.path.join(self.directory, f".tmp-ckpt-{step}-{os.getpid()}")
+        for stale in (temp, final):
+            if tf.io.gfile.exists(stale):
+                tf.io.gfile.rmtree(stale)
+        self.run.checkpoint.write(os.path.join(temp, "ckpt"))
+        tf.io.gfile.rename(temp, final)
+        return os.path.join(final, "ckpt")
+
+    def _remove_all_but(self, keep: str) -> None:
+        keep_dir = os.path.basename(os.path.dirname(keep))
+        for name in tf.io.gfile.listdir(self.directory):
+            name = name.rstrip("/")
+            if name.startswith(("ckpt-", ".tmp-ckpt-")) and name != keep_dir:
+                tf.io.gfile.rmtree(os.path.join(self.directory, name))
+
+
+def read_best(model_dir: str) -> Dict[str, Any]:
+    """The best checkpoint's record in `model_dir` (empty if none)."""
+    return config.read_json(os.path.join(model_dir, BEST_DIR, RECORD_FILE), {})

@@ -1,0 +1,183 @@
+"""SavedModel exporters: latest, best by an eval metric, and final; N kept each.
+
+As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter (and
+Determined's export of every checkpoint: CheckpointExporter), each an ordinary
+hook (ctl.hooks) acting on evaluation results or checkpoint saves:
+
+    ctl.Experiment.hooks = [@ctl.LatestExporter(), @ctl.BestExporter(), @ctl.FinalExporter()]
+    ctl.BestExporter.metric = 'accuracy'
+    ctl.BestExporter.higher_is_better = True
+
+Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
+temporary directory next to it and renamed into place, so a reader (or a
+restart) sees a whole SavedModel or none. A step already exported is not
+written again. The signatures are the task's `serving_signatures(model)`.
+
+All of this runs eagerly on the host, on the chief (or on a sidecar evaluator,
+which binds its own model and step; see docs/comforts.md).
+"""
+
+import os
+from typing import Callable, Dict, List, Optional
+
+from absl import logging
+import gin
+import tensorflow as tf
+
+from ctl.best import BestMetric
+from ctl.errors import UserError
+from ctl.hooks import Hook, Run
+
+EXPORT_DIR = "export"
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
+
+
+def default_serving_signatures(model) -> Dict[str, Callable]:
+    """One `serving_default` signature from the model's Keras inputs.
+
+    The signature takes the model's inputs as named tensors (the keys of a dict
+    input, else the Input names) and returns `{"outputs": model(inputs,
+    training=False)}` (or the model's own dict of outputs).
+    """
+    try:
+        structure = model.input  # The nested inputs of a functional model.
+    except (AttributeError, ValueError):
+        inputs = getattr(model, "inputs", None)  # Keras 3 Sequential has only these.
+        structure = (inputs[0] if len(inputs) == 1 else list(inputs)) if inputs else None
+    if structure is None:
+        raise UserError(
+            f"cannot tell the serving signature of {type(model).__name__}: it has no Keras "
+            "inputs; override Task.serving_signatures(model) to declare it."
+        )
+    flat = tf.nest.flatten(structure)
+    if isinstance(structure, dict) and len(flat) == len(structure):
+        names = sorted(structure)  # tf.nest flattens a dict in sorted key order.
+    else:
+        names = [_input_name(x, i) for i, x in enumerate(flat)]
+    specs = [tf.TensorSpec(tuple(x.shape), tf.as_dtype(x.dtype), name=name)
+             for x, name in zip(flat, names)]
+
+    def serve(*features):
+        outputs = model(tf.nest.pack_sequence_as(structure, list(features)), training=False)
+        return outputs if isinstance(outputs, dict) else {"outputs": outputs}
+
+    return {DEFAULT_SIGNATURE: tf.function(serve, input_signature=specs)}
+
+
+def _input_name(tensor, index: int) -> str:
+    name = str(getattr(tensor, "name", "") or "").split(":")[0]
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return name if name and not name.startswith("keras_tensor") else f"input_{index}"
+
+
+def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) -> Optional[str]:
+    """Writes `model` with `signatures` to `export_dir`, atomically; None if it exists."""
+    if tf.io.gfile.exists(export_dir):
+        return None
+    parent = os.path.dirname(export_dir)
+    tf.io.gfile.makedirs(parent)
+    temp = os.path.join(parent, f".tmp-{os.path.basename(export_dir)}-{os.getpid()}")
+    if tf.io.gfile.exists(temp):
+        tf.io.gfile.rmtree(temp)
+    module = tf.Module()
+    module.model = model  # Tracks the variables the signatures read.
+    tf.saved_model.save(module, temp, signatures=signatures)
+    tf.io.gfile.rename(temp, export_dir)
+    return export_dir
+
+
+def exported_steps(directory: str) -> List[int]:
+    """The steps exported under `directory`, oldest first."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    return sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
+                  if name.rstrip("/").isdigit())
+
+
+class Exporter(Hook):
+    """Exports the bound model to `<model_dir>/export/<name>/<step>`, keeping `max_to_keep`."""
+
+    def __init__(self, name: str, max_to_keep: int = 5):
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise UserError(f"{type(self).__name__}.max_to_keep ({max_to_keep!r}) must be a "
+                            "positive integer.")
+        self.name = name
+        self.max_to_keep = max_to_keep
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self.run.model_dir, EXPORT_DIR, self.name)
+
+    def export(self) -> Optional[str]:
+        if not self.run.chief:
+            return None
+        path = os.path.join(self.directory, str(self.run.step))
+        if getattr(self, "_signatures", None) is None:  # Traced once, reused by every export.
+            self._signatures = serving_signatures(self.run.task, self.run.model)
+        written = export_saved_model(self.run.model, self._signatures, path)
+        if written:
+            logging.info("export | step: %6d | %s SavedModel: %s", self.run.step, self.name, written)
+        for step in exported_steps(self.directory)[:-self.max_to_keep]:
+            tf.io.gfile.rmtree(os.path.join(self.directory, str(step)))
+        return written
+
+
+def serving_signatures(task, model) -> Dict[str, Callable]:
+    if task is not None and hasattr(task, "serving_signatures"):
+        return task.serving_signatures(model)
+    return default_serving_signatures(model)
+
+
+@gin.configurable(module="ctl")
+class LatestExporter(Exporter):
+    """Exports after every evaluation."""
+
+    def __init__(self, max_to_keep: int = 5, name: str = "latest"):
+        super().__init__(name, max_to_keep)
+
+    def on_eval_end(self, unused_logs) -> None:
+        self.export()
+
+
+@gin.configurable(module="ctl")
+class BestExporter(Exporter):
+    """Exports when an evaluation beats the best `metric` so far (kept across restarts)."""
+
+    def __init__(self, metric: str = "loss", higher_is_better: bool = False,
+                 max_to_keep: int = 1, name: str = "best"):
+        super().__init__(name, max_to_keep)
+        self.metric = metric
+        self.higher_is_better = higher_is_better
+
+    def bind(self, run: Run) -> None:
+        super().bind(run)
+        self.best = BestMetric(self.metric, self.higher_is_better,
+                               os.path.join(self.directory, "best.json"),
+                               write=run.chief, owner="ctl.BestExporter")
+
+    def on_eval_end(self, logs) -> None:
+        if self.best.test(logs):
+            path = self.export()
+            self.best.commit(logs, step=self.run.step, path=path)
+
+
+@gin.configurable(module="ctl")
+class CheckpointExporter(Exporter):
+    """Exports each checkpoint as it is saved (Determined's per-checkpoint SavedModels)."""
+
+    def __init__(self, max_to_keep: int = 5, name: str = "checkpoint"):
+        super().__init__(name, max_to_keep)
+
+    def on_checkpoint_end(self, unused_path) -> None:
+        self.export()
+
+
+@gin.configurable(module="ctl")
+class FinalExporter(Exporter):
+    """Exports once, when the run ends."""
+
+    def __init__(self, max_to_keep: int = 1, name: str = "final"):
+        super().__init__(name, max_to_keep)
+
+    def on_trial_close(self, unused_logs) -> None:
+        self.export()

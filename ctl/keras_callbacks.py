@@ -1,0 +1,54 @@
+"""Keras callbacks at ctl's seams: each evaluation ends an "epoch".
+
+    ctl.Experiment.hooks = [@ctl.KerasCallbacks()]
+    ctl.KerasCallbacks.callbacks = [@keras.callbacks.EarlyStopping()]   # gin.external_configurable
+
+Mapping (all eager, on the host):
+
+    bind                 set_model(model); on_train_begin()
+    each evaluation      on_epoch_end(epoch, {last train loop's results, val_<eval results>})
+    run end              on_train_end(last results)
+
+A callback that sets `model.stop_training = True` (Keras' `EarlyStopping`,
+`TerminateOnNaN`) makes a ctl stop request. Batch-level methods are not called:
+steps run inside `tf.function`. The callbacks must come from the same Keras as
+the model.
+"""
+
+from typing import Any, Dict, Sequence
+
+import gin
+
+from ctl.hooks import Hook, Run
+from ctl.progress import scalars
+
+
+@gin.configurable(module="ctl")
+class KerasCallbacks(Hook):
+    """Runs `callbacks` as Keras' `fit` would, one epoch per evaluation."""
+
+    def __init__(self, callbacks: Sequence[Any] = ()):
+        self.callbacks = list(callbacks)
+        self._train_logs: Dict[str, float] = {}
+        self._epoch = 0
+
+    def bind(self, run: Run) -> None:
+        super().bind(run)
+        for callback in self.callbacks:
+            callback.set_model(run.model)
+            callback.on_train_begin({})
+
+    def on_train_loop_end(self, logs) -> None:
+        self._train_logs = scalars(logs)
+
+    def on_eval_end(self, logs) -> None:
+        epoch_logs = {**self._train_logs, **{f"val_{k}": v for k, v in scalars(logs).items()}}
+        for callback in self.callbacks:
+            callback.on_epoch_end(self._epoch, epoch_logs)
+        self._epoch += 1
+        if getattr(self.run.model, "stop_training", False):
+            self.run.stop.request("a Keras callback set model.stop_training")
+
+    def on_trial_close(self, logs) -> None:
+        for callback in self.callbacks:
+            callback.on_train_end(scalars(logs))

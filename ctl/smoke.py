@@ -1,0 +1,129 @@
+"""`--mode=smoke`: a seconds-long rehearsal of a run, to catch config and shape errors.
+
+    python -m ctl.run --mode=smoke --gin_file=configs/digits.gin
+
+In a temporary directory (deleted afterwards; `--model_dir` is not touched),
+with the configured task and hooks but a tiny schedule, it runs in order:
+
+    train      SMOKE_STEPS train steps, one per loop, a checkpoint after each
+    eval       one eval batch (the experiment's hooks see its results)
+    restore    a fresh trainer restores the last checkpoint and must reproduce
+               the step and the eval results
+    export     the task's serving signatures are exported, loaded with
+               tf.saved_model.load, and must give the restored model's outputs
+
+and prints `smoke: PASS ...`, or names the stage that failed and the error in
+one line on stderr (exit status 2) after logging the traceback on stdout.
+Like Determined's `test=True` and Lightning's `fast_dev_run`.
+"""
+
+import dataclasses
+import os
+import re
+import tempfile
+import time
+import traceback
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from ctl import checkpointing, config, train_lib
+from ctl.errors import UserError
+from ctl.experiment import Experiment, Schedule
+from ctl.exporting import export_saved_model
+
+MODE = "smoke"
+SMOKE_STEPS = 2
+STAGES = ("train", "eval", "restore", "export")
+
+
+def run_smoke(strategy=None, experiment=None) -> float:
+    """Runs the smoke test; returns its duration in seconds or raises `UserError`."""
+    start = time.monotonic()
+    strategy = strategy or tf.distribute.get_strategy()
+    experiment = experiment or config.call_configured(Experiment)
+    experiment = dataclasses.replace(experiment, schedule=Schedule(
+        train_steps=SMOKE_STEPS, steps_per_loop=1, eval_steps=1, eval_interval=None,
+        checkpoint_interval=1, max_checkpoints=SMOKE_STEPS))
+    stage = "train"
+    with tempfile.TemporaryDirectory(prefix="ctl-smoke-") as model_dir:
+        try:
+            results = train_lib.run_experiment("train_and_eval", model_dir, strategy, experiment)
+            stage = "restore"
+            trainer = experiment.trainer_cls(experiment.task, strategy=strategy, train=False,
+                                             evaluate=True)
+            latest = tf.train.latest_checkpoint(model_dir)
+            with strategy.scope():
+                checkpointing.restore(trainer.checkpoint, latest, model_dir)
+            _check(int(trainer.global_step.numpy()) == SMOKE_STEPS,
+                   f"restored step {int(trainer.global_step.numpy())}, expected {SMOKE_STEPS}")
+            again = trainer.evaluate(tf.constant(1))
+            _check_close(again, results, "the restored model's eval results")
+            stage = "export"
+            _export_and_compare(experiment.task, trainer, model_dir)
+        except UserError as error:
+            raise UserError(f"smoke test failed at {stage}: {error}") from error
+        except Exception as error:  # noqa: BLE001 - any failure is the answer here.
+            logging.info("smoke test failed at %s:\n%s", stage, traceback.format_exc())
+            raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
+                            f"{describe(error)} (traceback on stdout)") from error
+    seconds = time.monotonic() - start
+    print(f"smoke: PASS in {seconds:.1f}s ({SMOKE_STEPS} train steps, eval, checkpoint, "
+          "restore, export)")
+    return seconds
+
+
+def describe(error: Exception, limit: int = 400) -> str:
+    """The telling part of an error's message, on one line.
+
+    An error raised inside `tf.function` starts with "in user code:" and a
+    stack; the cause is in the last "...Error: ..." line and the line after it.
+    """
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    if lines[0] == "in user code:":
+        causes = [i for i, line in enumerate(lines) if re.match(r"^\w*(Error|Exception)\b.*:", line)]
+        if causes:
+            lines = lines[causes[-1]:causes[-1] + 2]
+            lines[0] = lines[0].split(":", 1)[1].strip()
+    return " ".join(lines[:2])[:limit]
+
+
+def _export_and_compare(task, trainer, model_dir: str) -> None:
+    features, _ = next(iter(task.build_inputs(training=False)))
+    signatures = task.serving_signatures(trainer.model)
+    path = export_saved_model(trainer.model, signatures, os.path.join(model_dir, "smoke_export"))
+    loaded = tf.saved_model.load(path)
+    for name, function in signatures.items():
+        if name not in loaded.signatures:
+            raise AssertionError(f"signature {name!r} missing from the exported SavedModel")
+        arguments = _signature_arguments(function, features)
+        served = loaded.signatures[name](**arguments)
+        expected = function(*arguments.values())
+        for key, value in expected.items():
+            np.testing.assert_allclose(served[key].numpy(), np.asarray(value), rtol=1e-4,
+                                       atol=1e-5, err_msg=f"signature {name!r} output {key!r}")
+
+
+def _signature_arguments(function, features):
+    specs = function.input_signature
+    values = tf.nest.flatten(features)
+    if len(specs) != len(values):
+        raise AssertionError(f"the serving signature takes {len(specs)} inputs, the eval "
+                             f"features have {len(values)}")
+    return {spec.name: value for spec, value in zip(specs, values)}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+def _check_close(actual, expected, what: str) -> None:
+    for key, value in expected.items():
+        if key in actual:
+            np.testing.assert_allclose(np.asarray(actual[key]), np.asarray(value), rtol=1e-4,
+                                       atol=1e-6, err_msg=f"{what}: {key}")

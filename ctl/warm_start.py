@@ -1,0 +1,218 @@
+"""Warm start: initialize a new run from a pretrained checkpoint, all or in part.
+
+    ctl.Experiment.hooks = [@ctl.WarmStart()]
+    ctl.WarmStart.init_checkpoint = '/pretrained/ckpt-10000'   # a file prefix or a directory
+    ctl.WarmStart.include = ['encoder']                         # layer names or attributes
+
+It runs only when the model dir holds no checkpoint (a restart resumes from the
+run's own checkpoints instead). Variables are matched by their object path in
+the checkpoint's object graph, as `tf.train.Checkpoint.restore` matches them:
+under `model` in a ctl checkpoint (`checkpoint_prefix` names another root, e.g. for a checkpoint
+written as `tf.train.Checkpoint(encoder=...)`). Only model weights are read;
+the optimizer and the step start fresh.
+
+It logs what was restored and what was not. A checkpoint that provides none of
+the chosen variables, a shape mismatch, or an `include` that names nothing is a
+`UserError`. Runs eagerly on the host, before the first step.
+"""
+
+import collections
+from typing import Dict, Optional, Sequence
+
+from absl import logging
+import gin
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from ctl.errors import UserError
+from ctl.hooks import Hook
+
+
+
+def variable_paths(obj) -> Dict[str, object]:
+    """Maps object path (e.g. `layer_with_weights-0/kernel`) -> variable, under `obj`.
+
+    Walks the object graph breadth-first with `tf.train.TrackableView`, the
+    graph a checkpoint records, so each path also leads to the variable there.
+    """
+    root = tf.train.Checkpoint(root=obj)
+    view = tf.train.TrackableView(root)  # Holds a weak reference to `root`.
+    paths = {}
+    seen = {id(obj)}
+    queue = collections.deque([(obj, "")])
+    while queue:
+        node, path = queue.popleft()
+        for name, child in view.children(node).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{path}/{name}" if path else name
+            if _is_variable(child):
+                paths[child_path] = child
+            queue.append((child, child_path))
+    return paths
+
+
+class SavedGraph:
+    """The object graph stored in a checkpoint: follows paths to checkpoint keys."""
+
+    def __init__(self, reader):
+        self.proto = trackable_object_graph_pb2.TrackableObjectGraph()
+        self.proto.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+
+    def node(self, path: str, start: int = 0) -> Optional[int]:
+        node = start
+        for name in path.split("/"):
+            children = {c.local_name: c.node_id for c in self.proto.nodes[node].children}
+            if name not in children:
+                return None
+            node = children[name]
+        return node
+
+    def key(self, node: Optional[int]) -> Optional[str]:
+        if node is None:
+            return None
+        for attribute in self.proto.nodes[node].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                return attribute.checkpoint_key
+        return None
+
+    def variables_under(self, start: int) -> Dict[str, str]:
+        """Maps path (from `start`) -> checkpoint key for every variable below `start`."""
+        found, seen = {}, {start}
+        queue = collections.deque([(start, "")])
+        while queue:
+            node, path = queue.popleft()
+            for child in self.proto.nodes[node].children:
+                if child.node_id in seen:
+                    continue
+                seen.add(child.node_id)
+                child_path = f"{path}/{child.local_name}" if path else child.local_name
+                key = self.key(child.node_id)
+                if key:
+                    found[child_path] = key
+                queue.append((child.node_id, child_path))
+        return found
+
+
+def _is_variable(obj) -> bool:
+    return isinstance(obj, tf.Variable) or hasattr(obj, "assign") and hasattr(obj, "trainable")
+
+
+def select(model, include: Sequence[str]):
+    """The variables of the layers or attributes named in `include` (all if empty)."""
+    if not include:
+        return list(model.variables)
+    chosen = []
+    for name in include:
+        part = _find(model, name)
+        if part is None:
+            layers = ", ".join(layer.name for layer in getattr(model, "layers", []))
+            raise UserError(
+                f"ctl.WarmStart.include names {name!r}, which is neither a layer nor an "
+                f"attribute of {type(model).__name__} (its layers: {layers}); fix the name."
+            )
+        chosen.extend(part.variables if hasattr(part, "variables") else [part])
+    return chosen
+
+
+def _find(model, name: str):
+    try:
+        return model.get_layer(name)
+    except (ValueError, AttributeError):
+        pass
+    obj = model
+    for attribute in name.split("."):
+        obj = getattr(obj, attribute, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@gin.configurable(module="ctl")
+class WarmStart(Hook):
+    """Loads `include` (default: the whole model) from `init_checkpoint` on a fresh run."""
+
+    def __init__(self, init_checkpoint: str = gin.REQUIRED, include: Sequence[str] = (),
+                 checkpoint_prefix: str = "model"):
+        self.init_checkpoint = init_checkpoint
+        self.include = list(include)
+        self.checkpoint_prefix = checkpoint_prefix
+        self.report = None
+
+    def on_initialize(self) -> None:
+        self.report = warm_start(self.run.model, self.init_checkpoint, self.include,
+                                 self.checkpoint_prefix)
+
+
+def _resolve(path: str) -> str:
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise UserError(f"ctl.WarmStart.init_checkpoint={path!r} is a directory without a "
+                            "checkpoint; point it at a checkpoint prefix such as .../ckpt-1000.")
+        return latest
+    return path
+
+
+def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
+               checkpoint_prefix: str = "model") -> Dict[str, list]:
+    """Assigns the chosen variables of `model` from `init_checkpoint`.
+
+    Returns {"restored": [variable names], "not_in_checkpoint": [variable names],
+    "not_restored": [checkpoint paths under `checkpoint_prefix` left unread]}.
+    """
+    path_ = _resolve(init_checkpoint)
+    try:
+        reader = tf.train.load_checkpoint(path_)
+    except (tf.errors.OpError, ValueError) as error:
+        raise UserError(f"cannot read ctl.WarmStart.init_checkpoint={init_checkpoint!r} "
+                        f"({str(error).splitlines()[0][:160]}); check the path.") from error
+    available = reader.get_variable_to_shape_map()
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" not in available:
+        raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} is a name-based (TF1) "
+                        "checkpoint; warm start reads object-based (TF2) checkpoints.")
+    graph = SavedGraph(reader)
+    wanted_ids = {id(v) for v in select(model, include)}
+    chosen = {p: v for p, v in variable_paths(model).items() if id(v) in wanted_ids}
+    model_node = graph.node(checkpoint_prefix)
+    keys = {p: graph.key(graph.node(p, model_node)) if model_node is not None else None
+            for p in chosen}
+    restored = sorted(p for p in chosen if keys[p] in available)
+    missing = sorted(p for p in chosen if keys[p] not in available)
+    mismatched = [f"{p} {list(available[keys[p]])} vs {list(chosen[p].shape)}" for p in restored
+                  if list(available[keys[p]]) != list(chosen[p].shape)]
+    if mismatched:
+        raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} has other shapes for "
+                        f"{len(mismatched)} variable(s): {'; '.join(mismatched[:3])}; restore a "
+                        "subset with ctl.WarmStart.include or fix the model.")
+    if not restored:
+        top = ", ".join(c.local_name for c in graph.proto.nodes[0].children)
+        raise UserError(
+            f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} matches none of the "
+            f"{len(chosen)} chosen variables (looked under {checkpoint_prefix!r}; the checkpoint's "
+            f"top-level objects: {top}); check the path, ctl.WarmStart.include and "
+            "ctl.WarmStart.checkpoint_prefix."
+        )
+    for path in restored:
+        chosen[path].assign(reader.get_tensor(keys[path]))
+    used = {keys[p] for p in restored}
+    unused = sorted(f"{checkpoint_prefix}/{p}" for p, k in graph.variables_under(model_node).items()
+                    if k not in used)
+    report = {"restored": [_name(chosen[p]) for p in restored],
+              "not_in_checkpoint": [_name(chosen[p]) for p in missing],
+              "not_restored": unused}
+    logging.info("warm start from %s: restored %d of %d chosen variables%s: %s", path_,
+                 len(restored), len(chosen), f" (include={list(include)})" if include else "",
+                 ", ".join(report["restored"]))
+    if missing:
+        logging.info("warm start: not in the checkpoint, left as initialized: %s",
+                     ", ".join(report["not_in_checkpoint"]))
+    if unused:
+        logging.info("warm start: in the checkpoint but not restored: %s",
+                     ", ".join(report["not_restored"]))
+    return report
+
+
+def _name(variable) -> str:
+    return str(getattr(variable, "path", None) or variable.name).split(":")[0]

@@ -1,0 +1,332 @@
+"""Exporters, best checkpoint, hooks, early stopping, warm start, smoke mode, report, gin
+comforts: through the CLI on real runs, plus the hook protocol in-process."""
+
+import glob
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ctl
+from ctl import config
+from ctl.exporting import FinalExporter
+from ctl.hooks import Hook
+from ctl.progress import ProgressLogger, read_metrics
+from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
+from tests.comfort_tasks import EncoderTask
+from tests.conftest import mirrored
+from tests.tasks import RegressionTask, regression_data
+
+COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
+FEATURES, _ = regression_data(5, seed=3)
+
+
+def one_error_line(result, *messages):
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    for message in messages:
+        assert message in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """40 steps of train_and_eval with every exporter and the best checkpoint."""
+    model_dir = str(tmp_path_factory.mktemp("comforts"))
+    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
+                     f"--gin_file={COMFORTS_GIN}")
+    assert result.returncode == 0, result.stderr
+    return model_dir, result.stdout
+
+
+def model_at(path, task=None):
+    model = (task or RegressionTask()).build_model()
+    tf.train.Checkpoint(model=model).read(path).expect_partial()
+    return model
+
+
+def served(export_dir, features):
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    (name,) = signature.structured_input_signature[1]
+    return signature(**{name: tf.constant(features)})["outputs"].numpy()
+
+
+def exported(model_dir, name):
+    return sorted(int(s) for s in os.listdir(os.path.join(model_dir, "export", name))
+                  if s.isdigit())
+
+
+@pytest.mark.slow
+def test_exports_load_and_match_their_checkpoint(run_dir):
+    model_dir, stdout = run_dir
+    assert exported(model_dir, "latest") == [30, 40]  # max_to_keep=2 of 10, 20, 30, 40.
+    assert exported(model_dir, "final") == [40]
+    assert exported(model_dir, "best") == [40]  # Loss keeps falling; one kept.
+    assert exported(model_dir, "checkpoint") == [10, 20, 30, 40]  # One per checkpoint saved.
+    expected = model_at(os.path.join(model_dir, "ckpt-40"))(FEATURES).numpy()
+    for name in ("latest", "final", "best", "checkpoint"):
+        np.testing.assert_allclose(served(os.path.join(model_dir, "export", name, "40"), FEATURES),
+                                   expected, rtol=1e-6, err_msg=name)
+    assert not glob.glob(os.path.join(model_dir, "export", "*", ".tmp*"))  # Renamed into place.
+    assert "export | step:     40 | final SavedModel" in stdout
+
+
+@pytest.mark.slow
+def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
+    trained, _ = run_dir
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(trained, model_dir)
+    with open(os.path.join(model_dir, "best", "best.json")) as f:
+        best = json.load(f)
+    assert best["metric"] == "loss" and best["step"] == 40
+    before = snapshot(os.path.join(model_dir, "best"))
+    # Resume training toward zeros: every later evaluation is worse.
+    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
+                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
+                     "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
+    assert result.returncode == 0, result.stderr
+    evals = read_metrics(model_dir, "eval")
+    assert [e["step"] for e in evals][-2:] == [50, 60]
+    assert all(e["loss"] > best["value"] for e in evals[-2:])
+    assert not os.path.exists(os.path.join(model_dir, "ckpt-40.index"))  # Retention ran...
+    assert snapshot(os.path.join(model_dir, "best")) == before  # ...the best was kept as is.
+    best_model = model_at(best["path"])
+    np.testing.assert_allclose(best_model(FEATURES).numpy(),
+                               model_at(os.path.join(trained, "ckpt-40"))(FEATURES).numpy())
+
+
+@pytest.mark.slow
+def test_early_stopping_stops_cleanly(tmp_path):
+    # `examples` is 10 at every evaluation: never an improvement after the first.
+    result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
+                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
+                     "--gin.ctl.Experiment.hooks=[@ctl.EarlyStopping()]",
+                     "--gin.ctl.EarlyStopping.metric='examples'",
+                     "--gin.ctl.EarlyStopping.higher_is_better=True",
+                     "--gin.ctl.EarlyStopping.patience=2")
+    assert result.returncode == 0, result.stderr
+    assert "early stopping: examples has not improved" in result.stdout
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
+    assert [r["step"] for r in read_metrics(str(tmp_path), "train")] == [10, 20, 30]
+    # A restart remembers the stop: no more training.
+    again = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
+                    f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
+                    "--gin.ctl.Experiment.hooks=[@ctl.EarlyStopping()]",
+                    "--gin.ctl.EarlyStopping.metric='examples'",
+                    "--gin.ctl.EarlyStopping.patience=2")
+    assert again.returncode == 0, again.stderr
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
+
+
+@pytest.mark.slow
+def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
+    encoder_args = ["--gin.ctl.Experiment.task=@EncoderTask()", "--gin.ctl.Experiment.hooks=[]"]
+    pretrained = str(tmp_path / "pretrained")
+    result = run_ctl("--mode=train", f"--model_dir={pretrained}", f"--gin_file={COMFORTS_GIN}",
+                     "--gin.ctl.Schedule.train_steps=10", *encoder_args)
+    assert result.returncode == 0, result.stderr
+    warm = str(tmp_path / "warm")
+    warm_args = [f"--model_dir={warm}", f"--gin_file={COMFORTS_GIN}",
+                 "--gin.ctl.Experiment.task=@EncoderTask()",
+                 "--gin.ctl.Experiment.hooks=[@ctl.WarmStart()]",
+                 f"--gin.ctl.WarmStart.init_checkpoint='{pretrained}'",
+                 "--gin.ctl.WarmStart.include=['encoder']"]
+    result = run_ctl("--mode=train", "--gin.ctl.Schedule.train_steps=0", *warm_args)
+    assert result.returncode == 0, result.stderr
+    assert "restored 2 of 2 chosen variables (include=['encoder'])" in result.stdout
+    assert "in the checkpoint but not restored" in result.stdout  # The head.
+    source = model_at(os.path.join(pretrained, "ckpt-10"), EncoderTask())
+    started = model_at(os.path.join(warm, "ckpt-0"), EncoderTask())
+    for a, b in zip(source.get_layer("encoder").get_weights(),
+                    started.get_layer("encoder").get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert not started.get_layer("head").get_weights()[0].any()  # Zero-initialized, not copied.
+    assert source.get_layer("head").get_weights()[0].any()
+    # Resuming the warm run uses its own checkpoint, not the pretrained one.
+    result = run_ctl("--mode=train", "--gin.ctl.Schedule.train_steps=10", *warm_args)
+    assert result.returncode == 0, result.stderr
+    assert "warm start" not in result.stdout and "restored model from" in result.stdout
+    # A checkpoint that provides none of the chosen variables is an error; nothing is written.
+    fresh = tmp_path / "fresh"
+    result = run_ctl("--mode=train", f"--model_dir={fresh}", f"--gin_file={COMFORTS_GIN}",
+                     "--gin.ctl.Experiment.task=@EncoderTask()",
+                     "--gin.ctl.Experiment.hooks=[@ctl.WarmStart()]",
+                     f"--gin.ctl.WarmStart.init_checkpoint='{pretrained}'",
+                     "--gin.ctl.WarmStart.checkpoint_prefix='encoder'")
+    one_error_line(result, "matches none of the 4 chosen variables")
+    assert not glob.glob(str(fresh / "ckpt-*"))
+
+
+SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.gin")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gin_file", SHIPPED_CONFIGS, ids=os.path.basename)
+def test_smoke_mode_passes_on_every_shipped_experiment(gin_file):
+    result = run_ctl("--mode=smoke", f"--gin_file={gin_file}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "smoke: PASS" in result.stdout
+
+
+@pytest.mark.slow
+def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
+    result = run_ctl("--mode=smoke", f"--gin_file={COMFORTS_GIN}",
+                     "--gin.ctl.Experiment.task=@MisshapenTask()")
+    line = one_error_line(result, "smoke test failed at train")
+    assert "value 5" in line and "shape (8, 3)" in line  # The shapes that disagree.
+    assert "Traceback" in result.stdout
+
+
+@pytest.mark.slow
+def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
+    model_dir, _ = run_dir
+    output = tmp_path / "curves.png"
+    result = run_ctl_module("ctl.report", f"--model_dir={model_dir}", f"--output={output}")
+    assert result.returncode == 0, result.stderr
+    assert output.read_bytes().startswith(b"\x89PNG") and output.stat().st_size > 10_000
+    rows = {tuple(line.split()[:2]): line.split() for line in result.stdout.splitlines()}
+    assert rows[("eval", "loss")][-1] == "4"  # Four evaluations...
+    assert rows[("train", "loss")][-2] == "40"  # ...and the best train loss at the last step.
+    assert "steps: 40" in result.stdout
+    assert "best checkpoint: loss" in result.stdout
+
+
+def run_ctl_module(module, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@pytest.mark.slow
+def test_everyday_output(run_dir):
+    model_dir, stdout = run_dir
+    records = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
+    assert [(r["kind"], r["step"]) for r in records] == [
+        (kind, step) for step in (10, 20, 30, 40) for kind in ("train", "eval")]
+    assert "loss" in records[0] and "mae" in records[0] and records[-1]["examples"] == 10
+    assert "progress | step 40/40 (100%) | loss " in stdout and "ETA 0:00:00" in stdout
+
+
+@pytest.mark.slow
+def test_misspelled_gin_name_lists_close_matches(tmp_path):
+    result = run_ctl("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={COMFORTS_GIN}",
+                     "--gin.ctl.Schedule.train_stepz=3")
+    one_error_line(result, "train_stepz", "did you mean train_steps?")
+    assert os.listdir(tmp_path) == []
+
+
+def test_misspelled_configurable_lists_close_matches():
+    with pytest.raises(ctl.UserError, match="Did you mean RegressionTask"):
+        config.parse([COMFORTS_GIN], ["ctl.Experiment.task = @RegresionTask()"])
+
+
+class Recorder(Hook):
+    """Records every call; requests a stop after `stop_after` train loops."""
+
+    def __init__(self, stop_after=None):
+        self.calls = []
+        self.stop_after = stop_after
+
+    def on_initialize(self):
+        self.calls.append(("initialize",))
+
+    def on_checkpoint_load(self, path):
+        self.calls.append(("load", os.path.basename(path)))
+
+    def on_train_loop_end(self, logs):
+        self.calls.append(("train", self.run.step))
+        if self.stop_after and self.run.step >= self.stop_after:
+            self.run.stop.request("enough")
+
+    def on_eval_end(self, logs):
+        self.calls.append(("eval", self.run.step))
+
+    def on_checkpoint_end(self, path):
+        self.calls.append(("saved", os.path.basename(path)))
+
+    def on_trial_close(self, logs):
+        self.calls.append(("close", float(logs["examples"])))
+
+
+def experiment(hooks, train_steps=30, task=None):
+    return ctl.Experiment(task=task or RegressionTask(), hooks=hooks, schedule=ctl.Schedule(
+        train_steps=train_steps, steps_per_loop=10, eval_interval=20, checkpoint_interval=20))
+
+
+def test_hooks_are_called_in_order_and_a_stop_request_stops(tmp_path):
+    first = Recorder()
+    ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment([first]))
+    assert first.calls == [("initialize",), ("train", 10), ("train", 20), ("saved", "ckpt-20"),
+                           ("eval", 20), ("train", 30), ("eval", 30), ("saved", "ckpt-30"),
+                           ("close", 10.0)]
+    second = Recorder(stop_after=40)
+    ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment([second], 100))
+    assert second.calls == [("load", "ckpt-30"), ("train", 40), ("saved", "ckpt-40"),
+                            ("eval", 40), ("close", 10.0)]
+
+
+def test_export_under_mirrored_strategy_matches_the_model(tmp_path):
+    exporter = FinalExporter()
+    experiment_ = experiment([exporter], train_steps=20, task=RegressionTask("tf_keras"))
+    ctl.run_experiment("train", str(tmp_path), strategy=mirrored(), experiment=experiment_)
+    expected = model_at(os.path.join(tmp_path, "ckpt-20"), RegressionTask("tf_keras"))(FEATURES)
+    np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "final", "20"), FEATURES),
+                               expected.numpy(), rtol=1e-6)
+
+
+def test_a_hook_without_hook_methods_is_a_user_error(tmp_path):
+    with pytest.raises(ctl.UserError, match="none of the hook methods"):
+        ctl.run_experiment("train", str(tmp_path), experiment=experiment([object()]))
+
+
+def test_keras_early_stopping_callback_stops_the_run(tmp_path):
+    import keras
+
+    stopper = keras.callbacks.EarlyStopping(monitor="val_examples", mode="max", patience=1)
+    hooks = [ctl.KerasCallbacks([stopper]), Recorder()]
+    ctl.run_experiment("train_and_eval", str(tmp_path),
+                       experiment=experiment(hooks, train_steps=200))
+    evals = [call[1] for call in hooks[1].calls if call[0] == "eval"]
+    assert evals == [20, 40]  # `val_examples` never improves after the first evaluation.
+    assert stopper.stopped_epoch == 1
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_line_eta_and_terminal_bar():
+    now = [100.0]
+    terminal = Terminal()
+    logger = ProgressLogger(train_steps=100, stream=terminal, clock=lambda: now[0])
+    step = tf.Variable(0, dtype=tf.int64)
+    logger.bind(ctl.Run(model_dir="unused", model=None, checkpoint=None, global_step=step))
+    step.assign(20)
+    now[0] += 4.0  # 20 steps in 4 s: 5 steps/sec, 80 left: 16 s.
+    logger.on_train_loop_end({"loss": tf.constant(0.25)})
+    assert terminal.getvalue() == (
+        "\r[######........................] progress | step 20/100 (20%) | loss 0.25 | "
+        "5.0 steps/sec | ETA 0:00:16")
+    logger.on_eval_end({})
+    assert terminal.getvalue().endswith("\n")
+
+
+def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path):
+    """`--mode=eval` (as a sidecar does): hooks act on the restored checkpoint."""
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=20))
+    hooks = [ctl.LatestExporter(), ctl.BestCheckpoint()]
+    ctl.run_experiment("eval", str(tmp_path), experiment=experiment(hooks, train_steps=20))
+    expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
+    np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
+                               expected, rtol=1e-6)
+    record = ctl.best.read_best(str(tmp_path))
+    assert record["step"] == 20
+    np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
