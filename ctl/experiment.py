@@ -35,6 +35,10 @@ class Schedule:
       summary_interval: steps between `tf.summary` calls made inside the train
         step; a multiple of `steps_per_loop`. Loop results (loss, metrics,
         learning rate, steps/sec) are summarized every loop.
+      async_checkpointing: write checkpoints on a background thread: training
+        waits only for a copy of the variables. A checkpoint becomes visible
+        (in the `checkpoint` file, to restores and evaluators) once written;
+        `train` and `train_and_eval` wait for the last one before returning.
     """
 
     train_steps: int = gin.REQUIRED
@@ -44,6 +48,7 @@ class Schedule:
     checkpoint_interval: int = 1000
     max_checkpoints: int = 5
     summary_interval: Optional[int] = None
+    async_checkpointing: bool = False
 
     def __post_init__(self):
         _require_positive("train_steps", self.train_steps, allow_zero=True)
@@ -56,6 +61,11 @@ class Schedule:
             raise UserError(
                 f"ctl.Schedule.summary_interval ({self.summary_interval}) must be a multiple "
                 f"of ctl.Schedule.steps_per_loop ({self.steps_per_loop})."
+            )
+        if not isinstance(self.async_checkpointing, bool):
+            raise UserError(
+                f"ctl.Schedule.async_checkpointing ({self.async_checkpointing!r}) must be "
+                "True or False."
             )
 
 

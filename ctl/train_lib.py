@@ -8,12 +8,12 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 from absl import logging
 import tensorflow as tf
 
-from ctl import cluster, config, continuous_eval, resume
+from ctl import async_checkpoint, cluster, config, continuous_eval, resume
 from ctl.checkpointing import CheckpointManager
 from ctl.controller import Controller
 from ctl.distribute import is_chief
@@ -24,6 +24,8 @@ from ctl.hooks import Hooks, Run
 from ctl.lock import ModelDirLock
 from ctl.preemption import SignalWatcher
 from ctl.progress import MetricsLog, ProgressLogger
+from ctl.summaries import SummaryManager
+from ctl.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TRAIN_SUMMARY_DIR = "train"
@@ -91,8 +93,24 @@ def _checkpoint_directory(model_dir: str, chief: bool):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
-         ) -> Dict[str, Any]:
+class Built(NamedTuple):
+    """What `build_controller` returns."""
+
+    trainer: Trainer
+    controller: Controller
+    faults: Optional[FaultHandler]  # None unless training.
+    hooks: Hooks
+
+
+def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy,
+                     experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
+                     chief: bool = True, watcher: Optional[SignalWatcher] = None) -> Built:
+    """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
+
+    Restores the latest checkpoint in `model_dir` (or initializes); writes
+    nothing. Training needs a `watcher`. `bench/` drives the returned
+    controller directly, so that it measures ctl's real loop.
+    """
     schedule = experiment.schedule
     train = mode != "eval"
     evaluate = mode != "train"
@@ -102,10 +120,11 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
+    eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
     hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
     manager = CheckpointManager(
         trainer.checkpoint,
-        checkpoint_dir,
+        checkpoint_dir or model_dir,
         restore_directory=model_dir,
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
@@ -117,6 +136,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")
+    if schedule.async_checkpointing:
+        async_checkpoint.enable()
     controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
@@ -124,14 +145,31 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
         checkpoint_manager=manager,
+        enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
+        # orbit uses the dirs only to decide whether train and eval share a manager.
         summary_dir=summary_dir if chief else None,
-        eval_summary_dir=os.path.join(model_dir, EVAL_SUMMARY_DIR) if chief else None,
+        eval_summary_dir=eval_summary_dir if chief else None,
+        summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
+        eval_summary_manager=SummaryManager(
+            eval_summary_dir if chief else None, trainer.global_step
+        ),
         train_actions=train_actions,
         eval_actions=hooks.actions("on_eval_end"),
         stop=hooks.run.stop,
         on_checkpoint_end=hooks.actions("on_checkpoint_end"),
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
+    )
+    return Built(trainer, controller, faults, hooks)
+
+
+def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
+         ) -> Dict[str, Any]:
+    schedule = experiment.schedule
+    train = mode != "eval"
+    trainer, controller, faults, hooks = build_controller(
+        mode, model_dir, strategy, experiment,
+        checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
     if lock is not None:
         lock.acquire()  # Before anything is written; raises UserError if held.

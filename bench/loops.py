@@ -1,0 +1,171 @@
+"""The loops being compared, each built from the same `BenchTask`.
+
+Each builder returns a callable `run(num_steps)` (or `evaluate(num_steps)`)
+that trains (evaluates) that many steps in loops of `steps_per_loop`, and is
+warmed up (traced) once before it is returned.
+
+- raw:   what one writes by hand: a `tf.function` with a `tf.range` loop over
+         the task's train step, a loss mean and the metrics, read back once per
+         loop.
+- orbit: `orbit.StandardTrainer` driven by `orbit.Controller`, used directly
+         (no summaries, no checkpoints).
+- ctl:   ctl's `Trainer` and Controller as `ctl.run` builds them
+         (`train_lib.build_controller`): loop summaries to the model dir and
+         the operative-config action included; no checkpoint inside the
+         measured calls (figures 3 and 4 measure those).
+- keras: Keras 3 `compile(steps_per_execution=steps_per_loop)` + `fit`.
+"""
+
+import tempfile
+
+import keras
+import orbit
+import tensorflow as tf
+
+import ctl
+from ctl import train_lib
+from ctl.preemption import SignalWatcher
+from bench.workloads import BenchTask, dataset
+
+NEVER = 10**9
+
+
+def raw_train(task: BenchTask, steps_per_loop: int):
+    model, optimizer = task.build_model(), task.build_optimizer()
+    optimizer.build(model.trainable_variables)
+    loss_mean = keras.metrics.Mean("loss")
+    metrics = task.build_metrics(training=True)
+    iterator = iter(task.build_inputs(training=True))
+
+    @tf.function
+    def loop(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            logs = task.train_step(next(iterator), model, optimizer, metrics)
+            loss_mean.update_state(logs["loss"])
+
+    def run(num_steps):
+        for _ in range(num_steps // steps_per_loop):
+            for metric in [loss_mean, *metrics]:
+                metric.reset_state()
+            loop(iterator, tf.constant(steps_per_loop))
+            {m.name: m.result().numpy() for m in [loss_mean, *metrics]}
+
+    run(steps_per_loop)
+    return run
+
+
+def raw_eval(task: BenchTask):
+    model = task.build_model()
+    loss_mean = keras.metrics.Mean("loss")
+    metrics = task.build_metrics(training=False)
+    data = task.build_inputs(training=False)
+
+    @tf.function
+    def loop(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            features, labels = next(iterator)
+            outputs = model(features, training=False)
+            loss_mean.update_state(task.build_losses(labels, outputs))
+            for metric in metrics:
+                metric.update_state(labels, outputs)
+
+    def evaluate(num_steps):
+        for metric in [loss_mean, *metrics]:
+            metric.reset_state()
+        loop(iter(data), tf.constant(num_steps))
+        return {m.name: m.result().numpy() for m in [loss_mean, *metrics]}
+
+    evaluate(10)
+    return evaluate
+
+
+class _OrbitTrainer(orbit.StandardTrainer):
+    def __init__(self, task):
+        self.task = task
+        self.model, self.optimizer = task.build_model(), task.build_optimizer()
+        self.optimizer.build(self.model.trainable_variables)
+        self.global_step = orbit.utils.create_global_step()
+        self.loss = keras.metrics.Mean("loss")
+        self.metrics = task.build_metrics(training=True)
+        super().__init__(task.build_inputs(training=True))
+
+    def train_loop_begin(self):
+        for metric in [self.loss, *self.metrics]:
+            metric.reset_state()
+
+    def train_step(self, iterator):
+        logs = self.task.train_step(next(iterator), self.model, self.optimizer, self.metrics)
+        self.loss.update_state(logs["loss"])
+        self.global_step.assign_add(1)
+
+    def train_loop_end(self):
+        return {m.name: m.result() for m in [self.loss, *self.metrics]}
+
+
+def orbit_train(task: BenchTask, steps_per_loop: int):
+    trainer = _OrbitTrainer(task)
+    controller = orbit.Controller(
+        trainer=trainer, global_step=trainer.global_step, steps_per_loop=steps_per_loop)
+    return _driver(controller, steps_per_loop)
+
+
+def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None, **schedule):
+    """ctl's trainer and controller for `task`, as `ctl.run` builds them."""
+    schedule.setdefault("checkpoint_interval", NEVER)
+    experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule))
+    model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
+    built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
+                                       watcher=_watcher() if mode != "eval" else None)
+    return built.trainer, built.controller
+
+
+def _watcher():
+    """The SIGTERM/SIGINT watcher ctl trains under, installed once for the process."""
+    global _WATCHER
+    if _WATCHER is None:
+        _WATCHER = SignalWatcher().__enter__()
+    return _WATCHER
+
+
+_WATCHER = None
+
+
+def ctl_train(task: BenchTask, steps_per_loop: int):
+    _, controller = ctl_controller(task, steps_per_loop=steps_per_loop)
+    return _driver(controller, steps_per_loop)
+
+
+def ctl_eval(task: BenchTask):
+    _, controller = ctl_controller(task, mode="eval")
+
+    def evaluate(num_steps):
+        return controller.evaluate(steps=num_steps)
+
+    evaluate(10)
+    return evaluate
+
+
+def _driver(controller, steps_per_loop):
+    def run(num_steps):
+        target = int(controller.global_step.numpy()) + num_steps
+        controller.train(steps=target, checkpoint_at_completion=False)
+
+    run(steps_per_loop)
+    return run
+
+
+def keras_fit(task: BenchTask, steps_per_loop: int):
+    model = task.build_model()
+    model.compile(
+        optimizer=task.build_optimizer(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=task.build_metrics(training=True),
+        steps_per_execution=steps_per_loop,
+    )
+    data = dataset(task.workload, training=True, seed=task.seed)
+
+    def run(num_steps):
+        model.fit(data, epochs=1, steps_per_epoch=num_steps, verbose=0)
+
+    run(steps_per_loop)
+    return run

@@ -1,0 +1,82 @@
+"""Interleaved timing and one-JSON-line-per-figure output, shared by the figures.
+
+Each figure script runs its variants round-robin (the order rotates each
+round), so that load from other processes on the machine falls on all of them
+alike, and reports medians: a ratio or a difference is taken between the
+variants' median times, which a burst of load in one round does not move.
+
+orbit's Controller prints a line per loop on stdout; a figure calls
+`claim_stdout()` first, so that those lines go to stderr and stdout carries
+only the JSON lines of `emit`.
+"""
+
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List
+
+_out = sys.stdout
+
+
+def claim_stdout() -> None:
+    """Sends everything but `emit` to stderr."""
+    global _out
+    _out = sys.stdout
+    sys.stdout = sys.stderr
+
+
+def emit(figure: str, **fields) -> None:
+    """Prints one result as a JSON line on the real stdout."""
+    record = {"figure": figure, **{k: _round(v) for k, v in fields.items()}}
+    print(json.dumps(record), file=_out, flush=True)
+
+
+def _round(value):
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    return value
+
+
+def interleave(variants: Dict[str, Callable[[], None]], rounds: int,
+               cpu: Dict[str, List[float]] = None) -> Dict[str, List[float]]:
+    """Times each variant's callable once per round, rotating the order.
+
+    Returns the wall times in seconds, per variant, in round order; if `cpu`
+    is given, appends this process's CPU time (all threads) to `cpu[name]`.
+    CPU time is far less disturbed by other processes than wall time.
+    """
+    names = list(variants)
+    times = {name: [] for name in names}
+    for name in names if cpu is not None else ():
+        cpu.setdefault(name, [])
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu[name].append(time.process_time() - start_cpu)
+    return times
+
+
+def median(values: List[float]) -> float:
+    return float(statistics.median(values))
+
+
+def ratio(numerator: List[float], denominator: List[float]) -> float:
+    """median(numerator) / median(denominator)."""
+    return median(numerator) / median(denominator)
+
+
+def difference(minuend: List[float], subtrahend: List[float]) -> float:
+    """median(minuend) - median(subtrahend)."""
+    return median(minuend) - median(subtrahend)
+
+
+def quantile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))])

@@ -1,0 +1,110 @@
+"""Runs ctl's benchmark suite: `python -m bench.run [--quick] [--only FIGURE,...]`.
+
+Each figure runs in its own process (a fresh TensorFlow), one after the
+other; every result is printed as one JSON line and all of them are written to
+`bench/results/latest.json` together with the command, the time and the load
+average (the machine may be shared: compare ratios, not absolute rates). The
+figures' own logs go to `bench/results/<figure>.log`.
+
+The sidecar latency figure comes from `bench/sidecar_latency.py` when it is
+present; otherwise a JSON line says it was skipped.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+# figure -> (command after `python`, full arguments, --quick arguments)
+FIGURES = {
+    "train_throughput": (["-m", "bench.train_throughput"],
+                         ["--rounds", "15"], ["--rounds", "3", "--loops", "5"]),
+    "eval_throughput": (["-m", "bench.eval_throughput"],
+                        ["--rounds", "15"], ["--rounds", "3"]),
+    "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
+                        ["--rounds", "5"], ["--rounds", "2", "--train_steps", "2000",
+                                            "--interval", "1000"]),
+    "checkpoint_stall": (["-m", "bench.controller_cost", "--figures", "checkpoint_stall"],
+                         ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
+    "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
+    "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
+}
+# Targets of figures whose scripts report none themselves: figure -> (field, bound).
+TARGETS = {"sidecar_latency": ("median_s", 0.2)}
+TIMEOUT_S = 300
+
+
+def run_figure(name, quick):
+    command, full_args, quick_args = FIGURES[name]
+    if command[0].endswith(".py") and not os.path.exists(os.path.join(ROOT, command[0])):
+        return [{"figure": name, "skipped": f"{command[0]} is not in this checkout"}]
+    argv = [sys.executable, *command, *(quick_args if quick else full_args)]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    start = time.perf_counter()
+    with open(os.path.join(RESULTS, f"{name}.log"), "w") as log:
+        try:
+            result = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=log, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired as error:
+            stdout, returncode = error.stdout or "", f"timeout after {TIMEOUT_S} s"
+        else:
+            stdout, returncode = result.stdout, result.returncode
+    records = []
+    for line in stdout.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    if returncode != 0 or not records:
+        records.append({"figure": name, "error": f"exit {returncode}; see bench/results/{name}.log"})
+    for record in records:
+        record.setdefault("figure", name)
+        field, bound = TARGETS.get(name, (None, None))
+        if field in record and "target" not in record:
+            record.update(target=f"{field} <= {bound}", met=record[field] <= bound)
+        record.setdefault("seconds", round(time.perf_counter() - start, 1))
+    return records
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
+    parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated figures")
+    args = parser.parse_args()
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        parser.error(f"--only: unknown figure(s) {unknown}; expected some of {list(FIGURES)}")
+    os.makedirs(RESULTS, exist_ok=True)
+    report = {
+        "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+        "results": [],
+    }
+    start = time.perf_counter()
+    for name in names:
+        for record in run_figure(name, args.quick):
+            print(json.dumps(record), flush=True)
+            report["results"].append(record)
+    report["load_average_after"] = os.getloadavg()
+    report["total_seconds"] = round(time.perf_counter() - start, 1)
+    path = os.path.join(RESULTS, "latest.json")
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+    print(json.dumps({"written": os.path.relpath(path, ROOT),
+                      "total_seconds": report["total_seconds"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

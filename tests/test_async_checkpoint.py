@@ -1,0 +1,59 @@
+"""`ctl.Schedule.async_checkpointing`: the same checkpoints, written in the background."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ctl
+from ctl.errors import UserError
+from tests.tasks import RegressionTask
+
+
+def _train(model_dir, strategy, flavor, async_checkpointing, mode="train"):
+    schedule = ctl.Schedule(
+        train_steps=30, steps_per_loop=10, checkpoint_interval=10, eval_interval=20,
+        max_checkpoints=5, async_checkpointing=async_checkpointing,
+    )
+    experiment = ctl.Experiment(task=RegressionTask(flavor=flavor), schedule=schedule)
+    return ctl.run_experiment(mode, str(model_dir), strategy, experiment)
+
+
+def _values(path):
+    return {
+        name: tf.train.load_variable(path, name)
+        for name, _ in tf.train.list_variables(path)
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and "save_counter" not in name
+    }
+
+
+@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+def test_async_checkpoints_equal_synchronous_ones(tmp_path, strategy, flavor):
+    _train(tmp_path / "sync", strategy, flavor, async_checkpointing=False)
+    _train(tmp_path / "async", strategy, flavor, async_checkpointing=True)
+    state = tf.train.get_checkpoint_state(str(tmp_path / "async"))
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
+        "ckpt-10", "ckpt-20", "ckpt-30"]
+    for step in (10, 20, 30):
+        sync = _values(str(tmp_path / "sync" / f"ckpt-{step}"))
+        written = _values(str(tmp_path / "async" / f"ckpt-{step}"))
+        assert sync.keys() == written.keys()
+        assert len(sync) > 3
+        for name in sync:
+            np.testing.assert_array_equal(sync[name], written[name], err_msg=name)
+        assert written["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step
+
+
+def test_async_train_and_eval_resumes_from_its_checkpoint(tmp_path):
+    model_dir = tmp_path / "run"
+    first = _train(model_dir, None, "keras3", async_checkpointing=True, mode="train_and_eval")
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-30")
+    # A second run restores step 30 and only evaluates: same results.
+    again = _train(model_dir, None, "keras3", async_checkpointing=True, mode="train_and_eval")
+    assert float(again["loss"]) == pytest.approx(float(first["loss"]))
+
+
+def test_async_checkpointing_must_be_a_bool():
+    with pytest.raises(UserError, match=r"async_checkpointing \('yes'\) must be True or False"):
+        ctl.Schedule(train_steps=1, async_checkpointing="yes")

@@ -1,0 +1,64 @@
+"""The benchmark suite's plumbing: what it runs and reports, not how fast."""
+
+import subprocess
+import sys
+
+import numpy as np
+
+from bench import loops, measure, run
+from bench.workloads import BenchTask
+from tests.cli import ROOT
+
+
+def test_interleave_rotates_the_order_every_round():
+    calls = []
+    times = measure.interleave({n: (lambda n=n: calls.append(n)) for n in "abc"}, rounds=3)
+    assert calls == list("abc" "bca" "cab")
+    assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_ratios_and_differences_are_of_medians():
+    assert measure.ratio([1.0, 2.0, 90.0], [1.0, 1.0, 50.0]) == 2.0
+    assert measure.difference([3.0, 5.0, 4.0], [1.0, 1.0, 9.0]) == 3.0
+
+
+def test_every_loop_trains_the_steps_it_is_asked_for():
+    task = BenchTask("mlp")
+    trainer, controller = loops.ctl_controller(task, steps_per_loop=10)
+    before = [v.numpy().copy() for v in trainer.model.trainable_variables]
+    controller.train(20, checkpoint_at_completion=False)
+    assert int(trainer.optimizer.iterations.numpy()) == 20
+    assert any(not np.array_equal(a, b.numpy())
+               for a, b in zip(before, trainer.model.trainable_variables))
+    raw = loops.raw_train(task, steps_per_loop=10)  # Warm-up: one loop.
+    raw(20)
+    evaluate = loops.raw_eval(task)
+    assert set(evaluate(3)) == {"loss", "accuracy"}
+
+
+def test_runner_skips_a_missing_figure_script_with_a_note(monkeypatch, tmp_path):
+    monkeypatch.setitem(run.FIGURES, "sidecar_latency", (["bench/no_such_script.py"], [], []))
+    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    [record] = run.run_figure("sidecar_latency", quick=True)
+    assert record["figure"] == "sidecar_latency"
+    assert "not in this checkout" in record["skipped"]
+
+
+def test_runner_rejects_an_unknown_figure():
+    result = subprocess.run([sys.executable, "-m", "bench.run", "--only", "speed"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "unknown figure(s) ['speed']" in result.stderr
+    assert result.stdout == ""
+
+
+def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
+    script = tmp_path / "latency.py"
+    script.write_text('import json\nprint("log line")\nprint(json.dumps({"median_s": 0.5}))\n')
+    monkeypatch.setitem(run.FIGURES, "sidecar_latency", ([str(script)], [], []))
+    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    [record] = run.run_figure("sidecar_latency", quick=False)
+    assert record["figure"] == "sidecar_latency"
+    assert record["median_s"] == 0.5
+    assert record["target"] == "median_s <= 0.2" and record["met"] is False
