@@ -38,6 +38,7 @@ class CheckpointManager(tf.train.CheckpointManager):
         self._interval = checkpoint_interval
         self._initialize = init_fn
         self._saved_step = _step_of(self.latest_checkpoint)
+        self.last_saved_path: Optional[str] = None  # What this manager last saved.
 
     @property
     def checkpoint_interval(self) -> Optional[int]:
@@ -51,6 +52,7 @@ class CheckpointManager(tf.train.CheckpointManager):
             return None
         path = super().save(checkpoint_number=step, options=options)
         self._saved_step = step
+        self.last_saved_path = path
         return path
 
     def restore_or_initialize(self) -> Optional[str]:

@@ -74,8 +74,10 @@ class Controller(orbit.Controller):
 
     def _save(self, check_interval: bool) -> bool:
         saved = self._maybe_save_checkpoint(check_interval=check_interval)
-        if saved:
-            path = self.checkpoint_manager.latest_checkpoint
+        if saved and self._on_checkpoint_end:
+            # Hooks read the checkpoint's files: with async saving, wait for them.
+            self._sync_on_async_checkpointing()
+            path = self.checkpoint_manager.last_saved_path
             for action in self._on_checkpoint_end:
                 action(path)
         return saved

@@ -57,3 +57,18 @@ def test_async_train_and_eval_resumes_from_its_checkpoint(tmp_path):
 def test_async_checkpointing_must_be_a_bool():
     with pytest.raises(UserError, match=r"async_checkpointing \('yes'\) must be True or False"):
         ctl.Schedule(train_steps=1, async_checkpointing="yes")
+
+
+def test_checkpoint_hooks_see_the_checkpoint_just_saved_complete(tmp_path):
+    """With async saving, on_checkpoint_end gets the new path once its files are written."""
+    seen = []
+
+    class Recorder:
+        def on_checkpoint_end(self, path):
+            seen.append((os.path.basename(path), tf.train.list_variables(path) != []))
+
+    schedule = ctl.Schedule(train_steps=30, steps_per_loop=10, checkpoint_interval=10,
+                            eval_interval=None, async_checkpointing=True)
+    experiment = ctl.Experiment(task=RegressionTask(), schedule=schedule, hooks=[Recorder()])
+    ctl.run_experiment("train", str(tmp_path), None, experiment)
+    assert seen == [("ckpt-10", True), ("ckpt-20", True), ("ckpt-30", True)]
