@@ -130,6 +130,14 @@ def _watcher():
 _WATCHER = None
 
 
+def release_watcher() -> None:
+    """Gives SIGTERM/SIGINT their previous handlers back (for in-process users such as tests)."""
+    global _WATCHER
+    if _WATCHER is not None:
+        _WATCHER.__exit__(None, None, None)
+        _WATCHER = None
+
+
 def ctl_train(task: BenchTask, steps_per_loop: int):
     _, controller = ctl_controller(task, steps_per_loop=steps_per_loop)
     return _driver(controller, steps_per_loop)

@@ -4,10 +4,17 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from bench import loops, measure, run
 from bench.workloads import BenchTask
 from tests.cli import ROOT
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_signal_handlers():
+    yield
+    loops.release_watcher()  # The benchmarks install ctl's SIGTERM watcher for the process.
 
 
 def test_interleave_rotates_the_order_every_round():

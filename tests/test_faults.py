@@ -94,6 +94,7 @@ def test_lock_refuses_a_second_holder_and_is_released(tmp_path):
 
 def test_signal_stops_a_tf_while_loop_within_a_step():
     steps = tf.Variable(0, dtype=tf.int64)
+    before = signal.getsignal(signal.SIGTERM)
     with SignalWatcher() as watcher:
         guard = StepGuard(watcher.stop_requested)
         loop = guard.create_loop_fn(lambda _: steps.assign_add(1), True, True)
@@ -106,7 +107,7 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
             timer.cancel()
         assert watcher.signum == signal.SIGTERM
     assert 1 < int(steps.numpy()) < 2**31 - 1
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # Handlers restored.
+    assert signal.getsignal(signal.SIGTERM) == before  # Handlers restored.
 
 
 def test_a_pipeline_with_unsaveable_state_is_named_at_start():
