@@ -14,7 +14,7 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.cluster import ClusterConfig
-from ctl.errors import UserError
+from ctl.errors import UserError, require_choice
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 
@@ -22,8 +22,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "par
 def create_strategy(name: str = "default", cpu_replicas: int = 0,
                     cluster: Optional[ClusterConfig] = None) -> tf.distribute.Strategy:
     """Returns the strategy called `name` (one of `STRATEGIES`)."""
-    if name not in STRATEGIES:
-        raise UserError(f"Received strategy={name!r}. Expected one of: {', '.join(STRATEGIES)}.")
+    require_choice("strategy", name, STRATEGIES)
     if cpu_replicas < 0:
         raise UserError(f"--cpu_replicas ({cpu_replicas}) must be 0 or a positive integer.")
     if cpu_replicas:

@@ -14,3 +14,9 @@ class UserError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+def require_choice(name: str, value, choices) -> None:
+    """Raises `UserError` unless `value` is one of `choices` (the message lists them)."""
+    if value not in choices:
+        raise UserError(f"Received {name}={value!r}. Expected one of: {', '.join(choices)}.")

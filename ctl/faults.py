@@ -28,7 +28,7 @@ from absl import logging
 import gin
 
 from ctl import checkpointing, resume
-from ctl.errors import UserError
+from ctl.errors import UserError, require_choice
 from ctl.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.preemption import Preempted, SignalWatcher
 from ctl.step_guard import NO_BAD_STEP, StepGuard
@@ -57,11 +57,7 @@ class FaultTolerance:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if self.nan_policy not in NAN_POLICIES:
-            raise UserError(
-                f"Received ctl.FaultTolerance.nan_policy={self.nan_policy!r}. Expected one of: "
-                f"{', '.join(NAN_POLICIES)}."
-            )
+        require_choice("ctl.FaultTolerance.nan_policy", self.nan_policy, NAN_POLICIES)
         for name in ("max_recoveries", "healthy_interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import gin
 
-from ctl.errors import UserError
+from ctl.errors import UserError, require_choice
 
 POLICIES = ("all", "latest")
 
@@ -71,11 +71,7 @@ class ContinuousEval:
     callbacks: Sequence[Any] = ()
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise UserError(
-                f"Received ctl.ContinuousEval.policy={self.policy!r}. Expected one of: "
-                f"{', '.join(POLICIES)}."
-            )
+        require_choice("ctl.ContinuousEval.policy", self.policy, POLICIES)
         for name in ("timeout", "max_evaluations"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not value > 0):

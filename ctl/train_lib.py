@@ -17,7 +17,7 @@ from ctl import async_checkpoint, cluster, config, continuous_eval, resume
 from ctl.checkpointing import CheckpointManager
 from ctl.controller import Controller
 from ctl.distribute import is_chief
-from ctl.errors import UserError
+from ctl.errors import UserError, require_choice
 from ctl.experiment import Experiment
 from ctl.faults import FaultHandler
 from ctl.hooks import Hooks, Run
@@ -46,8 +46,7 @@ def run_experiment(
     and leaves evaluation to that sidecar. A chief that finishes `train` or
     `train_and_eval` marks the run finished in `model_dir`.
     """
-    if mode not in MODES:
-        raise UserError(f"Received mode={mode!r}. Expected one of: {', '.join(MODES)}.")
+    require_choice("mode", mode, MODES)
     strategy = strategy or tf.distribute.get_strategy()
     if mode == "continuous_eval":
         return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
