@@ -41,6 +41,7 @@ from ctl import config, sidecar
 from ctl.checkpointing import UnreadableCheckpointError, restore
 from ctl.errors import UserError
 from ctl.experiment import Experiment
+from ctl.hooks import Hooks, Run
 
 FINISHED_FILE = "ctl_run_finished.json"
 PROGRESS_FILE = "sidecar_progress.json"
@@ -268,6 +269,7 @@ def evaluate_continuously(
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), os.path.join(eval_dir, PROGRESS_FILE))
     evaluator = CheckpointEvaluator(experiment, strategy, eval_dir, settings.callbacks)
+    eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     scheduler = sidecar.Scheduler(settings, progress, clock=clock)
     last = {}
     waiting = False
@@ -291,7 +293,8 @@ def evaluate_continuously(
                 logging.info("skipping %s: a newer checkpoint is ready (policy=latest)",
                              os.path.basename(ready[number]))
                 progress.record(number, sidecar.SKIPPED)
-            outcome, output = _evaluate_one(evaluator, decision.number, ready[decision.number])
+            outcome, output = _evaluate_one(evaluator, decision.number, ready[decision.number],
+                                            eval_end_hooks)
             progress.record(decision.number, outcome)
             save_progress(eval_dir, progress)
             last = output or last
@@ -327,7 +330,23 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(eval_dir, progress)
 
 
-def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str):
+def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator, model_dir: str):
+    """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint.
+
+    Only the eval side runs here (exporters, best checkpoint): run-end hooks such
+    as `FinalExporter` stay with the trainer, so the two never race for a file.
+    """
+    hooks = [hook for hook in experiment.hooks if callable(getattr(hook, "on_eval_end", None))]
+    if not hooks:
+        return []
+    trainer = evaluator.trainer
+    run = Run(model_dir=model_dir, model=trainer.model, task=experiment.task,
+              checkpoint=tf.train.Checkpoint(model=trainer.model, global_step=trainer.global_step),
+              global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
+    return Hooks(hooks, run).actions("on_eval_end")
+
+
+def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str, eval_end_hooks=()):
     name = os.path.basename(path)
     started = time.time()
     logging.info("evaluating %s", name)
@@ -345,6 +364,8 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str):
               "started": started, "finished": time.time()}
     append_metrics(evaluator.eval_dir, record)
     logging.info("eval | step: %6d | %s", output["step"], _format(output["results"]))
+    for action in eval_end_hooks:
+        action(output["results"])
     return sidecar.EVALUATED, output
 
 

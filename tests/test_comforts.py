@@ -330,3 +330,19 @@ def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path
     record = ctl.best.read_best(str(tmp_path))
     assert record["step"] == 20
     np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
+
+
+def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
+    """continuous_eval exports and tracks the best of every checkpoint it evaluates."""
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=40))
+    hooks = [ctl.LatestExporter(), ctl.BestCheckpoint(), FinalExporter()]
+    from ctl import continuous_eval
+    continuous_eval.evaluate_continuously(
+        str(tmp_path), experiment=experiment(hooks, train_steps=40),
+        settings=ctl.ContinuousEval(timeout=60))
+    assert exported(str(tmp_path), "latest") == [20, 40]
+    assert not os.path.exists(os.path.join(tmp_path, "export", "final"))  # The trainer's job.
+    expected = model_at(os.path.join(tmp_path, "ckpt-40"))(FEATURES).numpy()
+    np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "40"), FEATURES),
+                               expected, rtol=1e-6)
+    assert ctl.best.read_best(str(tmp_path))["step"] in (20, 40)
