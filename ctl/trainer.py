@@ -85,6 +85,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.strategy = strategy or tf.distribute.get_strategy()
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
+        self._reset_train_metrics = None  # Built on first use: one call per train loop.
+        self._read_train_results = None
         # Set by ctl.faults: ends a train loop early on a signal or a NaN loss.
         self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
@@ -184,8 +186,10 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         )
 
     def train_loop_begin(self):
-        for metric in [self.train_loss, *self.train_metrics]:
-            metric.reset_state()
+        if self._reset_train_metrics is None:
+            self._reset_train_metrics = self._maybe_tf_function(
+                lambda: [m.reset_state() for m in [self.train_loss, *self.train_metrics]])
+        self._reset_train_metrics()
 
     def next_train_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
@@ -209,9 +213,17 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     def train_loop_end(self) -> Logs:
         self.join()
+        if self._read_train_results is None:  # One call reads every result (host overhead).
+            self._read_train_results = self._maybe_tf_function(self._train_results)
+        return self._read_train_results()
+
+    def _train_results(self) -> Logs:
         logs = _results([self.train_loss, *self.train_metrics])
         logs["learning_rate"] = current_learning_rate(self.optimizer)
         return logs
+
+    def _maybe_tf_function(self, fn):
+        return tf.function(fn) if self._use_tf_function and self._coordinator is None else fn
 
     # Evaluation hooks.
 
