@@ -2,7 +2,7 @@
 
 One training loop of `num_steps` steps, as `orbit.Controller` calls it:
 
-    train_loop_begin()                      # eager: reset train metrics
+    train_loop_begin()                      # eager; resets the metrics in one tf.function
     for _ in range(num_steps):              # tf.while_loop or a host loop
       if step_guard.should_stop(): break    # in-loop; only with a step_guard (ctl.faults)
       train_step(iterator)                  # tf.function
@@ -10,7 +10,7 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
         loss = strategy.run(task.train_step, inputs)
         global_step += 1
         step_guard.check_loss(loss)         # records a NaN/Inf loss's step
-    return train_loop_end()                 # eager: {loss, metrics, learning_rate}
+    return train_loop_end()                 # eager; reads them in one tf.function
 
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
 each step is one closure that `coordinator_for_async().schedule()` sends to a
