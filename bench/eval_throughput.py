@@ -35,18 +35,9 @@ def main():
         cpu = {}
         times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu)
         steps = evals * args.eval_steps
-        for name in runs:
-            ratio = measure.ratio(times["raw"], times[name])
-            fields = dict(workload=workload, variant=name,
-                          steps_per_sec=steps / measure.median(times[name]),
-                          ratio_to_raw=ratio,
-                          cpu_ratio_to_raw=measure.ratio(cpu["raw"], cpu[name]),
-                          eval_steps=args.eval_steps,
-                          evals_per_round=evals, rounds=args.rounds)
-            if name == "ctl":
-                fields.update(target=f">= {TARGET}", met=ratio >= TARGET,
-                              met_in_cpu_time=fields["cpu_ratio_to_raw"] >= TARGET)
-            measure.emit("eval_throughput", **fields)
+        measure.emit_throughput("eval_throughput", times, cpu, steps, TARGET, workload=workload,
+                                eval_steps=args.eval_steps, evals_per_round=evals,
+                                rounds=args.rounds)
 
 
 if __name__ == "__main__":

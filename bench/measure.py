@@ -80,3 +80,16 @@ def difference(minuend: List[float], subtrahend: List[float]) -> float:
 def quantile(values: List[float], q: float) -> float:
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))])
+
+
+def emit_throughput(figure: str, times, cpu, steps: int, target: float, **fields) -> None:
+    """One line per variant: steps/s and its ratio to "raw" (wall and CPU); ctl gets the target."""
+    for name in times:
+        ratio_to_raw = ratio(times["raw"], times[name])
+        line = dict(variant=name, steps_per_sec=steps / median(times[name]),
+                    ratio_to_raw=ratio_to_raw, cpu_ratio_to_raw=ratio(cpu["raw"], cpu[name]),
+                    **fields)
+        if name == "ctl":
+            line.update(target=f">= {target}", met=ratio_to_raw >= target,
+                        met_in_cpu_time=line["cpu_ratio_to_raw"] >= target)
+        emit(figure, **line)

@@ -39,18 +39,9 @@ def main():
         cpu = {}
         times = measure.interleave({n: (lambda r=r: r(steps)) for n, r in runs.items()},
                                    args.rounds, cpu=cpu)
-        for name in BUILDERS:
-            ratio = measure.ratio(times["raw"], times[name])
-            fields = dict(workload=workload, variant=name,
-                          steps_per_sec=steps / measure.median(times[name]),
-                          ratio_to_raw=ratio,
-                          cpu_ratio_to_raw=measure.ratio(cpu["raw"], cpu[name]),
-                          steps_per_loop=args.steps_per_loop,
-                          steps_per_round=steps, rounds=args.rounds)
-            if name == "ctl":
-                fields.update(target=f">= {TARGET}", met=ratio >= TARGET,
-                              met_in_cpu_time=fields["cpu_ratio_to_raw"] >= TARGET)
-            measure.emit("train_throughput", **fields)
+        measure.emit_throughput("train_throughput", times, cpu, steps, TARGET, workload=workload,
+                                steps_per_loop=args.steps_per_loop, steps_per_round=steps,
+                                rounds=args.rounds)
 
 
 if __name__ == "__main__":
