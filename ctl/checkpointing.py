@@ -44,6 +44,10 @@ class CheckpointManager(tf.train.CheckpointManager):
     def checkpoint_interval(self) -> Optional[int]:
         return self._interval
 
+    def due(self, step: int) -> bool:
+        """Whether `save()` at `step` would write a checkpoint (no TensorFlow op)."""
+        return step != self._saved_step and interval_crossed(self._interval, self._saved_step, step)
+
     def save(self, checkpoint_number=None, check_interval=True, options=None):
         step = int(self._step.numpy())
         if step == self._saved_step:

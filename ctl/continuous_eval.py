@@ -9,9 +9,8 @@ The loop (eager, on the host; `ctl.sidecar.Scheduler` makes each decision):
       present = checkpoints in DIR (NAME-N.index)     # every poll_interval
       ready = those committed; seen earlier, now gone, unhandled -> `deleted`
       decision = scheduler.decide(ready, final checkpoint if finished, present)
-      EVALUATE: restore the model (validated), then for each eval set:
-                  trainer.eval_begin(); eval_step (tf.function) per batch;
-                  trainer.eval_end()  -- the Trainer's own evaluation path
+      EVALUATE: restore the model (validated), then for each eval set
+                  trainer.evaluate(eval_steps)  -- the Trainer's own evaluation
                 write summaries at the checkpoint's global step, one JSON line
                 to eval/metrics.jsonl, then eval/sidecar_progress.json (atomic)
       WAIT: sleep; FINISHED / MAX_EVALUATIONS: return; TIMEOUT: UserError
@@ -166,7 +165,6 @@ class CheckpointEvaluator:
         for callback in self.callbacks:
             if hasattr(callback, "set_model"):
                 callback.set_model(self.model)
-        self._step_fn = None
         self._summaries = None
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
@@ -208,28 +206,10 @@ class CheckpointEvaluator:
         trainer.eval_dataset = dataset
         if not self.callbacks:
             return trainer.evaluate(self.eval_steps)
-        # Keras batch hooks need a host loop: the same hooks, one step per call.
-        if self._step_fn is None:
-            self._step_fn = (tf.function(trainer.eval_step)
-                             if getattr(trainer, "_use_tf_function", True) else trainer.eval_step)
+        # Keras batch hooks need a host loop: the same steps, one per call.
         for callback in self.callbacks:
             callback.on_test_begin()
-        state = trainer.eval_begin()
-        iterator = iter(dataset)
-        batch = 0
-        while self.eval_steps < 0 or batch < self.eval_steps:
-            for callback in self.callbacks:
-                callback.on_test_batch_begin(batch)
-            try:
-                outputs = self._step_fn(iterator)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                break
-            if state is not None:
-                state = trainer.eval_reduce(state, outputs)
-            for callback in self.callbacks:
-                callback.on_test_batch_end(batch)
-            batch += 1
-        logs = trainer.eval_end(state) if state is not None else trainer.eval_end()
+        logs = trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
         for callback in self.callbacks:
             callback.on_test_end(_to_python(logs))
         return logs

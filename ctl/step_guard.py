@@ -53,29 +53,27 @@ class StepGuard:
         """Forgets a recorded bad step (eager)."""
         self.bad_step.assign(NO_BAD_STEP)
 
-    def create_loop_fn(self, step_fn, use_tf_function: bool, use_tf_while_loop: bool):
-        """Returns `loop_fn(iterator, num_steps)` running `step_fn` until told to stop."""
-        if use_tf_while_loop:
-            def graph_loop(iterator, num_steps):
-                def cond(i):
-                    return tf.logical_and(i < num_steps, tf.logical_not(self.should_stop()))
+    def graph_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)`: a `tf.while_loop` over `step_fn`; call it in `tf.function`."""
+        def loop_fn(iterator, num_steps):
+            def cond(i):
+                return tf.logical_and(i < num_steps, tf.logical_not(self.should_stop()))
 
-                def body(i):
-                    with tf.name_scope(""):
-                        step_fn(iterator)
-                    return (i + 1,)
+            def body(i):
+                with tf.name_scope(""):
+                    step_fn(iterator)
+                return (i + 1,)
 
-                tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
+            tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
 
-            return tf.function(graph_loop)
-        if use_tf_function:
-            step_fn = tf.function(step_fn)
+        return loop_fn
 
-        def host_loop(iterator, num_steps):
+    def host_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step."""
+        def loop_fn(iterator, num_steps):
             for _ in range(int(num_steps)):
                 if bool(self.should_stop()):
                     break
                 step_fn(iterator)
 
-        return host_loop
-
+        return loop_fn

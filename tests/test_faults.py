@@ -97,7 +97,7 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
     before = signal.getsignal(signal.SIGTERM)
     with SignalWatcher() as watcher:
         guard = StepGuard(watcher.stop_requested)
-        loop = guard.create_loop_fn(lambda _: steps.assign_add(1), True, True)
+        loop = tf.function(guard.graph_loop(lambda _: steps.assign_add(1)))
         loop(None, tf.constant(1))  # Traced before the clock starts.
         timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
         timer.start()

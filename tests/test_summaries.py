@@ -49,15 +49,30 @@ def test_writes_the_same_summaries_as_orbit(tmp_path):
     assert len(written) == 5 + 5 + 2
 
 
-def test_obeys_record_if_and_a_disabled_dir(tmp_path):
+def test_keeps_summaries_until_a_flush_is_due(tmp_path):
+    now = [0.0]
     step = tf.Variable(5, dtype=tf.int64)
-    manager = SummaryManager(str(tmp_path), step)
-    with tf.summary.record_if(False):
-        manager.write_summaries({"loss": 1.0})
-    manager.write_summaries({"loss": 2.0})
-    manager.flush()
-    assert [e[1:4] for e in _events(str(tmp_path))] == [("loss", 5, 2.0)]
+    manager = SummaryManager(str(tmp_path), step, clock=lambda: now[0])
+    manager.write_summaries({"loss": 1.0})
+    manager.write_summaries({"loss": 2.0}, step=6)
+    now[0] += SummaryManager.FLUSH_SECONDS / 2
+    manager.flush_if_due()
+    assert _events(str(tmp_path)) == []  # Nothing on disk yet.
+    now[0] += SummaryManager.FLUSH_SECONDS
+    manager.flush_if_due()
+    assert [e[1:4] for e in _events(str(tmp_path))] == [("loss", 5, 1.0), ("loss", 6, 2.0)]
     SummaryManager(None, step).write_summaries({"loss": 1.0})  # No dir: writes nothing.
+
+
+def test_a_nested_dict_is_written_after_what_was_kept(tmp_path):
+    step = tf.Variable(1, dtype=tf.int64)
+    manager = SummaryManager(str(tmp_path), step)
+    manager.write_summaries({"loss": 1.0})
+    step.assign(2)
+    manager.write_summaries({"by_set": {"a": 3.0}})  # orbit's path: flushes first.
+    manager.flush()
+    assert [e[:4] for e in _events(str(tmp_path))] == [(".", "loss", 1, 1.0),
+                                                         ("by_set", "a", 2, 3.0)]
 
 
 def test_rejects_a_non_scalar_like_orbit(tmp_path):
