@@ -27,6 +27,7 @@ def main():
     for workload in args.workloads.split(","):
         evals = args.evals if workload == "mlp" else max(1, args.evals // 5)
         runs = {"raw": loops.raw_eval(BenchTask(workload)),
+                "raw_fused": loops.raw_eval(BenchTask(workload), fused=True),
                 "ctl": loops.ctl_eval(BenchTask(workload))}
 
         def repeat(evaluate):

@@ -5,8 +5,12 @@ that trains (evaluates) that many steps in loops of `steps_per_loop`, and is
 warmed up (traced) once before it is returned.
 
 - raw:   what one writes by hand: a `tf.function` with a `tf.range` loop over
-         the task's train step, a loss mean and the metrics, read back once per
-         loop.
+         the task's train step, a loss mean and the metrics, reset before and
+         read back after each loop call (eagerly, as tutorials do). The
+         issue's targets are ratios to this loop.
+- raw_fused: the same, written for speed: the resets and reads inside the
+         loop's `tf.function`, one call per loop (what ctl's Trainer does);
+         a reference for what is left of ctl's own overhead.
 - orbit: `orbit.StandardTrainer` driven by `orbit.Controller`, used directly
          (no summaries, no checkpoints).
 - ctl:   ctl's `Trainer` and Controller as `ctl.run` builds them
@@ -30,53 +34,77 @@ from bench.workloads import BenchTask, dataset
 NEVER = 10**9
 
 
-def raw_train(task: BenchTask, steps_per_loop: int):
+def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
+    """The hand-written loop; `fused`: metric resets and reads inside its `tf.function` too."""
     model, optimizer = task.build_model(), task.build_optimizer()
     optimizer.build(model.trainable_variables)
     loss_mean = keras.metrics.Mean("loss")
-    metrics = task.build_metrics(training=True)
+    metrics = [loss_mean, *task.build_metrics(training=True)]
     iterator = iter(task.build_inputs(training=True))
 
     @tf.function
     def loop(iterator, num_steps):
+        if fused:
+            _reset(metrics)
         for _ in tf.range(num_steps):
-            logs = task.train_step(next(iterator), model, optimizer, metrics)
+            logs = task.train_step(next(iterator), model, optimizer, metrics[1:])
             loss_mean.update_state(logs["loss"])
+        return _results(metrics) if fused else None
 
     def run(num_steps):
         for _ in range(num_steps // steps_per_loop):
-            for metric in [loss_mean, *metrics]:
-                metric.reset_state()
-            loop(iterator, tf.constant(steps_per_loop))
-            {m.name: m.result().numpy() for m in [loss_mean, *metrics]}
+            if fused:
+                _numpy(loop(iterator, tf.constant(steps_per_loop)))
+            else:
+                _reset(metrics)
+                loop(iterator, tf.constant(steps_per_loop))
+                _numpy(_results(metrics))
 
     run(steps_per_loop)
     return run
 
 
-def raw_eval(task: BenchTask):
+def raw_eval(task: BenchTask, fused: bool = False):
+    """The hand-written eval loop; `fused` as in `raw_train`."""
     model = task.build_model()
     loss_mean = keras.metrics.Mean("loss")
-    metrics = task.build_metrics(training=False)
+    metrics = [loss_mean, *task.build_metrics(training=False)]
     data = task.build_inputs(training=False)
 
     @tf.function
     def loop(iterator, num_steps):
+        if fused:
+            _reset(metrics)
         for _ in tf.range(num_steps):
             features, labels = next(iterator)
             outputs = model(features, training=False)
             loss_mean.update_state(task.build_losses(labels, outputs))
-            for metric in metrics:
+            for metric in metrics[1:]:
                 metric.update_state(labels, outputs)
+        return _results(metrics) if fused else None
 
     def evaluate(num_steps):
-        for metric in [loss_mean, *metrics]:
-            metric.reset_state()
+        if fused:
+            return _numpy(loop(iter(data), tf.constant(num_steps)))
+        _reset(metrics)
         loop(iter(data), tf.constant(num_steps))
-        return {m.name: m.result().numpy() for m in [loss_mean, *metrics]}
+        return _numpy(_results(metrics))
 
     evaluate(10)
     return evaluate
+
+
+def _reset(metrics):
+    for metric in metrics:
+        metric.reset_state()
+
+
+def _results(metrics):
+    return {metric.name: metric.result() for metric in metrics}
+
+
+def _numpy(results):
+    return {name: value.numpy() for name, value in results.items()}
 
 
 class _OrbitTrainer(orbit.StandardTrainer):

@@ -10,12 +10,14 @@ disturbs far less.
 """
 
 import argparse
+import functools
 
 from bench import loops, measure
 from bench.workloads import BenchTask
 
 BUILDERS = {
     "raw": loops.raw_train,
+    "raw_fused": functools.partial(loops.raw_train, fused=True),
     "ctl": loops.ctl_train,
     "orbit": loops.orbit_train,
     "keras_fit": loops.keras_fit,

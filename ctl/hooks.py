@@ -12,7 +12,8 @@ all eagerly, on the host, in the order the hooks are listed:
     on_trial_close(logs)          the run ended normally; `logs` are the last
                                   evaluation's (or train loop's) results
 
-`logs` map names to scalars (tensors or NumPy values; `float()` them). Each of
+`logs` map names to scalars (NumPy values from ctl's controller, tensors from
+other callers; `float()` them). Each of
 these bound methods is an orbit `Action` (`Callable[[Output], None]`), so the
 same hook objects serve ctl's trainer and a sidecar evaluator (docs/comforts.md).
 

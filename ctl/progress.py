@@ -36,6 +36,10 @@ def scalars(logs) -> Dict[str, float]:
     """The scalar entries of `logs` as Python floats (others are left out)."""
     values = {}
     for name, value in (logs or {}).items():
+        if isinstance(value, (float, int, np.number)) and not isinstance(value, bool):
+            # The fast path: a loop's results, as NumPy scalars.
+            values[name] = float(value)
+            continue
         value = np.asarray(orbit.utils.get_value(value))
         if value.size == 1 and np.issubdtype(value.dtype, np.number):
             values[name] = float(value.reshape(()))

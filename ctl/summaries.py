@@ -11,7 +11,7 @@ ctl's `SummaryManager` keeps orbit's interface and what lands on disk (the same
 tags, steps, float32 values and scalar plugin metadata that
 `tf.summary.scalar` writes). `write_summaries` builds one `Summary` proto for a
 flat dict of scalars on the host and keeps it with its step; `flush` hands
-every kept proto to the writer and flushes it, in one `tf.function` call.
+the kept protos to the writer (one `write_raw_pb` op each) and flushes it.
 The controller flushes after each evaluation, before each checkpoint, at the
 end of training, and otherwise at most once a second (`flush_if_due`), so a
 checkpoint's steps always have their summaries on disk. Anything else (nested
@@ -42,7 +42,6 @@ class SummaryManager(orbit.utils.SummaryManager):
         self._clock = clock
         self._pending: List[Tuple[int, bytes]] = []  # (step, serialized Summary)
         self._last_flush = clock()
-        self._write_pending = None  # A tf.function, built on the first flush.
 
     def write_summaries(self, summary_dict: Dict[str, Any], step: Optional[int] = None) -> None:
         """Keeps `summary_dict` for the next flush, at `step` (default: the global step's value)."""
@@ -65,28 +64,15 @@ class SummaryManager(orbit.utils.SummaryManager):
         if not self._pending:
             super().flush()
             return
-        if self._write_pending is None:
-            self._write_pending = _pending_writer(self.summary_writer())
-        steps, protos = zip(*self._pending)
-        self._pending = []
-        self._write_pending(tf.constant(steps, tf.int64), tf.constant(protos))
+        pending, self._pending = self._pending, []
+        with self.summary_writer().as_default(), tf.summary.record_if(True):  # Flushes on exit.
+            for step, proto in pending:
+                tf.summary.experimental.write_raw_pb(proto, step=step)
 
     def flush_if_due(self) -> None:
         """Flushes if the last flush is `FLUSH_SECONDS` old."""
         if self._pending and self._clock() - self._last_flush >= self.FLUSH_SECONDS:
             self.flush()
-
-
-def _pending_writer(writer):
-    """A `tf.function(steps, protos)` writing each proto at its step to `writer`, then flushing."""
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                  tf.TensorSpec([None], tf.string)])
-    def write(steps, protos):
-        with writer.as_default(), tf.summary.record_if(True):  # Flushes on exit.
-            for i in tf.range(tf.size(steps)):
-                tf.summary.experimental.write_raw_pb(protos[i], step=steps[i])
-
-    return write
 
 
 def scalars_proto(values: Dict[str, Any]) -> Optional[summary_pb2.Summary]:

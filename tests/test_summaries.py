@@ -8,7 +8,9 @@ import orbit
 import pytest
 import tensorflow as tf
 
+import ctl
 from ctl.summaries import SummaryManager
+from tests.tasks import RegressionTask
 
 
 def _events(directory):
@@ -19,6 +21,8 @@ def _events(directory):
         sub = os.path.relpath(os.path.dirname(path), directory)
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "text":  # The operative config.
+                    continue
                 found.append((sub, value.tag, event.step, float(tf.make_ndarray(value.tensor)),
                               value.metadata.plugin_data.plugin_name, value.tensor.dtype))
     return sorted(found)
@@ -79,3 +83,45 @@ def test_rejects_a_non_scalar_like_orbit(tmp_path):
     manager = SummaryManager(str(tmp_path), tf.Variable(0, dtype=tf.int64))
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
         manager.write_summaries({"loss": np.zeros(3, np.float32)})
+
+
+class _SummarizingTask(RegressionTask):
+    """Writes a summary from inside the train step (orbit's in-graph summaries)."""
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        tf.summary.scalar("in_step_loss", logs["loss"], step=optimizer.iterations)
+        return logs
+
+
+class _SummariesAtCheckpoint(ctl.Hook):
+    """Records, at each checkpoint, the steps whose loop summaries are on disk."""
+
+    def __init__(self, train_dir):
+        self.train_dir = train_dir
+        self.seen = {}
+
+    def on_checkpoint_end(self, path):
+        steps = {step for _, tag, step, *_ in _events(self.train_dir) if tag == "loss"}
+        self.seen[self.run.step] = steps
+
+
+def test_loop_summaries_are_on_disk_before_each_checkpoint(tmp_path):
+    hook = _SummariesAtCheckpoint(str(tmp_path / "train"))
+    experiment = ctl.Experiment(task=RegressionTask(), hooks=[hook], schedule=ctl.Schedule(
+        train_steps=40, steps_per_loop=5, checkpoint_interval=10, eval_interval=None))
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment)
+    assert sorted(hook.seen) == [10, 20, 30, 40]
+    for step, steps in hook.seen.items():
+        assert set(range(5, step + 1, 5)) <= steps
+
+
+def test_summaries_inside_the_train_step_follow_summary_interval(tmp_path):
+    experiment = ctl.Experiment(task=_SummarizingTask(), schedule=ctl.Schedule(
+        train_steps=20, steps_per_loop=5, summary_interval=10, eval_interval=None))
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment)
+    written = _events(str(tmp_path / "train"))
+    # Recorded in the steps that start at a global step that is a multiple of 10
+    # (0 and 10), at the optimizer's count after them.
+    assert sorted(step for _, tag, step, *_ in written if tag == "in_step_loss") == [1, 11]
+    assert sorted(step for _, tag, step, *_ in written if tag == "loss") == [5, 10, 15, 20]
