@@ -1,8 +1,11 @@
 """Everyday output: a progress line per train loop, a terminal bar, JSON lines.
 
-`ProgressLogger` logs one line per train loop with step, loss, steps/sec and
-the time left (ETA), and draws a progress bar on stderr when stderr is a
-terminal. `MetricsLog` appends one JSON object per train loop and one per
+`ProgressLogger` logs a line with step, loss, steps/sec and the time left
+(ETA) after a train loop, at most one a second and always for the last loop,
+and draws a progress bar on stderr when stderr is a terminal. (A line per loop
+cost 0.15 ms of host time here, 1% of a 100-step loop of a small model;
+orbit's own line, which ctl's Controller prints per loop, has the loop's
+results.) `MetricsLog` appends one JSON object per train loop and one per
 evaluation to `<model_dir>/metrics.jsonl`, for scripts:
 
     {"kind": "train", "step": 200, "time": 1700000000.0, "loss": 0.31, "accuracy": 0.9, ...}
@@ -55,14 +58,19 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressLogger(Hook):
-    """One log line per train loop: step, loss, steps/sec and ETA; a bar on a TTY."""
+    """A log line per train loop, at most one every `every_seconds`: step, loss, steps/sec, ETA.
+
+    The last loop (the step reaches `train_steps`) always gets its line; a
+    bar is drawn on a TTY.
+    """
 
     def __init__(self, train_steps: int, stream: Optional[TextIO] = None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, every_seconds: float = 1.0):
         self.train_steps = train_steps
         self.stream = stream or sys.stderr
         self.clock = clock
-        self._last = None  # (time, step) at the end of the previous loop.
+        self.every_seconds = every_seconds
+        self._last = None  # (time, step) of the last line.
         self._bar_open = False  # A bar is drawn and its line not yet ended.
 
     def bind(self, run: Run) -> None:
@@ -83,6 +91,8 @@ class ProgressLogger(Hook):
 
     def on_train_loop_end(self, logs) -> None:
         now, step = self.clock(), self.run.step
+        if now - self._last[0] < self.every_seconds and step < self.train_steps:
+            return
         text = self.line(step, scalars(logs).get("loss"), now)
         self._last = (now, step)
         logging.info("%s", text)

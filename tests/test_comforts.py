@@ -4,6 +4,7 @@ comforts: through the CLI on real runs, plus the hook protocol in-process."""
 import glob
 import io
 import json
+import logging
 import os
 import shutil
 
@@ -317,6 +318,27 @@ def test_progress_line_eta_and_terminal_bar():
         "5.0 steps/sec | ETA 0:00:16")
     logger.on_eval_end({})
     assert terminal.getvalue().endswith("\n")
+
+
+def test_progress_lines_come_at_most_once_a_second_and_for_the_last_loop(caplog):
+    now = [0.0]
+    logger = ProgressLogger(train_steps=30, stream=io.StringIO(), clock=lambda: now[0])
+    step = tf.Variable(0, dtype=tf.int64)
+    logger.bind(ctl.Run(model_dir="unused", model=None, checkpoint=None, global_step=step))
+    with caplog.at_level(logging.INFO):
+        for seconds in (0.4, 0.4, 0.4):  # Loops ending at 0.4 s, 0.8 s, 1.2 s.
+            step.assign_add(10)
+            now[0] += seconds
+            logger.on_train_loop_end({"loss": 0.5})
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
+    # The loop at 1.2 s is due and the last; the rate covers all 30 steps since the start.
+    assert lines == ["progress | step 30/30 (100%) | loss 0.5 | 25.0 steps/sec | ETA 0:00:00"]
+    step.assign(40)
+    now[0] += 1.0
+    logger.train_steps = 100
+    with caplog.at_level(logging.INFO):
+        logger.on_train_loop_end({"loss": 0.25})
+    assert caplog.records[-1].getMessage().startswith("progress | step 40/100 (40%)")
 
 
 def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path):
