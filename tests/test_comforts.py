@@ -325,7 +325,7 @@ def test_progress_lines_come_at_most_once_a_second_and_for_the_last_loop(caplog)
     logger = ProgressLogger(train_steps=30, stream=io.StringIO(), clock=lambda: now[0])
     step = tf.Variable(0, dtype=tf.int64)
     logger.bind(ctl.Run(model_dir="unused", model=None, checkpoint=None, global_step=step))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         for seconds in (0.4, 0.4, 0.4):  # Loops ending at 0.4 s, 0.8 s, 1.2 s.
             step.assign_add(10)
             now[0] += seconds
@@ -336,7 +336,7 @@ def test_progress_lines_come_at_most_once_a_second_and_for_the_last_loop(caplog)
     step.assign(40)
     now[0] += 1.0
     logger.train_steps = 100
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         logger.on_train_loop_end({"loss": 0.25})
     assert caplog.records[-1].getMessage().startswith("progress | step 40/100 (40%)")
 
