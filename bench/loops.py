@@ -64,6 +64,26 @@ def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
     return run
 
 
+def raw_pieces(task: BenchTask, steps_per_loop: int):
+    """The unfused raw loop's three host steps, as (name, callable) for `bench.host_overhead`."""
+    model, optimizer = task.build_model(), task.build_optimizer()
+    optimizer.build(model.trainable_variables)
+    metrics = [keras.metrics.Mean("loss"), *task.build_metrics(training=True)]
+    iterator = iter(task.build_inputs(training=True))
+
+    @tf.function
+    def loop(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            logs = task.train_step(next(iterator), model, optimizer, metrics[1:])
+            metrics[0].update_state(logs["loss"])
+
+    num_steps = tf.constant(steps_per_loop)
+    loop(iterator, num_steps)
+    return [("eager metric reset", lambda: _reset(metrics)),
+            ("the loop", lambda: loop(iterator, num_steps)),
+            ("eager metric read", lambda: _numpy(_results(metrics)))]
+
+
 def raw_eval(task: BenchTask, fused: bool = False):
     """The hand-written eval loop; `fused` as in `raw_train`."""
     model = task.build_model()

@@ -37,10 +37,13 @@ def test_every_loop_trains_the_steps_it_is_asked_for():
     assert int(trainer.optimizer.iterations.numpy()) == 20
     assert any(not np.array_equal(a, b.numpy())
                for a, b in zip(before, trainer.model.trainable_variables))
-    raw = loops.raw_train(task, steps_per_loop=10)  # Warm-up: one loop.
-    raw(20)
-    evaluate = loops.raw_eval(task)
-    assert set(evaluate(3)) == {"loss", "accuracy"}
+    for fused in (False, True):
+        raw = loops.raw_train(task, steps_per_loop=10, fused=fused)  # Warm-up: one loop.
+        raw(20)
+        evaluate = loops.raw_eval(task, fused=fused)
+        results = evaluate(3)
+        assert set(results) == {"loss", "accuracy"}
+        assert np.isfinite(results["loss"]) and 0 <= results["accuracy"] <= 1
 
 
 def test_runner_skips_a_missing_figure_script_with_a_note(monkeypatch, tmp_path):

@@ -1,0 +1,65 @@
+"""Diagnostic: where ctl's host time goes after a train loop, piece by piece.
+
+    python -m bench.host_overhead [--loops 200]
+
+Not one of the issue's figures (`bench.run` does not run it): it times, right
+after each 100-step MLP loop, each host step of `Controller._train_n_steps`
+(reading the output, the global step, each train action, the log line, the
+summaries) and, for comparison, the raw loop's eager metric reset and read.
+Prints one JSON line per piece with its median in milliseconds. Every piece
+runs where it runs in a real loop, while TensorFlow's thread pools are still
+busy, which is why they cost more here than timed alone.
+"""
+
+import argparse
+import time
+
+import tensorflow as tf
+
+from bench import loops, measure
+from bench.workloads import BenchTask
+from ctl.controller import _format, to_numpy
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loops", type=int, default=200)
+    args = parser.parse_args()
+    measure.claim_stdout()
+    trainer, controller = loops.ctl_controller(BenchTask("mlp"), steps_per_loop=100)
+    raw = loops.raw_pieces(BenchTask("mlp"), steps_per_loop=100)
+    num_steps = tf.constant(100, tf.int32)
+    trainer.train(num_steps)
+    times = {}
+
+    def lap(name, start):
+        now = time.perf_counter()
+        times.setdefault(name, []).append(now - start)
+        return now
+
+    for _ in range(args.loops):
+        t = time.perf_counter()
+        for name, piece in raw:
+            piece()
+            t = lap(f"raw: {name}", t)
+        output = trainer.train(num_steps)
+        t = lap("ctl: trainer.train (the loop, one call)", t)
+        output = to_numpy(output)
+        t = lap("ctl: output to NumPy", t)
+        step = int(controller.global_step.numpy())
+        t = lap("ctl: global step read (first eager op)", t)
+        for action in controller.train_actions:
+            action(output)
+            name = type(getattr(action, "__self__", action)).__name__
+            t = lap(f"ctl: train action {name}", t)
+        print(f"train | step: {step: 6d} | steps/sec: {0.0: 6.1f} | output: {_format(output)}")
+        t = lap("ctl: log line", t)
+        controller.summary_manager.write_summaries(output, step=step)
+        controller.summary_manager.flush_if_due()
+        t = lap("ctl: summaries (kept; flushed once a second)", t)
+    for name, values in times.items():
+        measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values))
+
+
+if __name__ == "__main__":
+    main()
