@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from bench import loops, measure
 from bench.workloads import BenchTask
-from ctl.controller import _format, to_numpy
+from ctl.core.controller import _format, to_numpy
 
 
 def main():

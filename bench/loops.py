@@ -27,8 +27,8 @@ import orbit
 import tensorflow as tf
 
 import ctl
-from ctl import train_lib
-from ctl.preemption import SignalWatcher
+from ctl.core import train_lib
+from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9

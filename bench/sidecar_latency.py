@@ -4,7 +4,7 @@
 
 Starts `python -m ctl.run --mode=continuous_eval` at default settings on an
 empty model dir, waits until it watches, then writes checkpoints as ctl's
-trainer does (`ctl.checkpointing.CheckpointManager` over global step, model
+trainer does (`ctl.core.checkpointing.CheckpointManager` over global step, model
 and optimizer of the regression task in tests/tasks.py), one every
 `interval` seconds. A checkpoint is committed when the `checkpoint` state
 file names it, just after its index file is written; the latency is timed
@@ -31,8 +31,8 @@ sys.path.insert(0, ROOT)
 
 import tensorflow as tf  # noqa: E402
 
-from ctl import continuous_eval  # noqa: E402
-from ctl.checkpointing import CheckpointManager  # noqa: E402
+from ctl.core.checkpointing import CheckpointManager  # noqa: E402
+from ctl.sidecar import continuous_eval  # noqa: E402
 from tests.tasks import RegressionTask  # noqa: E402
 
 GIN = os.path.join(ROOT, "tests", "regression.gin")

@@ -10,19 +10,19 @@ import os
 # loop's own log; keep warnings and errors. A value the user set wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from ctl.best import BestCheckpoint  # noqa: E402
-from ctl.errors import UserError
-from ctl.experiment import Experiment, Schedule
-from ctl.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
-from ctl.hooks import EarlyStopping, Hook, Run, StopRequest
-from ctl.keras_callbacks import KerasCallbacks
-from ctl.faults import FaultTolerance
-from ctl.reducers import Reducer
-from ctl.sidecar import ContinuousEval
-from ctl.task import Task
-from ctl.train_lib import MODES, run_experiment
-from ctl.trainer import Trainer
-from ctl.warm_start import WarmStart
+from ctl.comforts.best import BestCheckpoint  # noqa: E402
+from ctl.core.errors import UserError
+from ctl.core.experiment import Experiment, Schedule
+from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
+from ctl.comforts.hooks import EarlyStopping, Hook, Run, StopRequest
+from ctl.comforts.keras_callbacks import KerasCallbacks
+from ctl.faults.handler import FaultTolerance
+from ctl.cluster.reducers import Reducer
+from ctl.sidecar.scheduler import ContinuousEval
+from ctl.core.task import Task
+from ctl.core.train_lib import MODES, run_experiment
+from ctl.core.trainer import Trainer
+from ctl.comforts.warm_start import WarmStart
 
 __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",

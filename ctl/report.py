@@ -5,7 +5,7 @@ TensorBoard event files (tensorboard's `EventAccumulator`), prints one row per
 metric (last value, best value and its step, number of points), the last
 step and the wall time the events span, and writes the training and eval
 curves to `<model_dir>/report.png` (or `--output`). The best checkpoint's record
-(ctl.best) is printed when there is one.
+(ctl.comforts.best) is printed when there is one.
 
 "Best" is the minimum for metrics named like a loss or an error (loss, error,
 mae, mse, perplexity), else the maximum.
@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 
 from absl import app, flags, logging
 
-from ctl.errors import EXIT_USER_ERROR, UserError
+from ctl.core.errors import EXIT_USER_ERROR, UserError
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -82,7 +82,7 @@ def table(model_dir: str, train: Dict[str, Curve], evals: Dict[str, Curve]) -> s
     for kind, curves in (("train", train), ("eval", evals)):
         for tag, last, best, step, count in summarize(curves):
             lines.append(f"{kind:6} {tag:24} {last:12.6g} {best:12.6g} {step:8d} {count:7d}")
-    from ctl.best import read_best
+    from ctl.comforts.best import read_best
 
     record = read_best(model_dir)
     if record:

@@ -6,9 +6,9 @@
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
 The same command runs on every task of a cluster; the role comes from
-TF_CONFIG (see `ctl.cluster`). A user mistake ends in one line on stderr and
+TF_CONFIG (see `ctl.cluster.tf_config`). A user mistake ends in one line on stderr and
 exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
-and exits with status 75 (`ctl.preemption.EXIT_PREEMPTED`): run the same
+and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
 command again to resume.
 """
 
@@ -17,9 +17,12 @@ import sys
 
 from absl import app, flags, logging
 
-from ctl import cluster, config, continuous_eval, distribute, smoke, train_lib
-from ctl.errors import EXIT_USER_ERROR, UserError
-from ctl.preemption import EXIT_PREEMPTED, Preempted
+from ctl.cluster import distribute, tf_config as cluster
+from ctl.comforts import smoke
+from ctl.core import config, train_lib
+from ctl.core.errors import EXIT_USER_ERROR, UserError
+from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
+from ctl.sidecar import continuous_eval
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),

@@ -4,7 +4,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from ctl import reducers
+from ctl.cluster import reducers
 from tests.tasks import RegressionTask
 
 

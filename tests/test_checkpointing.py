@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.checkpointing import CheckpointManager, interval_crossed
+from ctl.core.checkpointing import CheckpointManager, interval_crossed
 
 
 @pytest.mark.parametrize("last, step, expected", [

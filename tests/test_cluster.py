@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from ctl import cluster, launch
-from ctl.errors import UserError
+from ctl import launch
+from ctl.cluster import tf_config as cluster
+from ctl.core.errors import UserError
 from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
 
 WITH_EVAL = ("train", "eval", "train_and_eval", "continuous_eval")

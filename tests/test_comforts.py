@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl import config
-from ctl.exporting import FinalExporter
-from ctl.hooks import Hook
-from ctl.progress import ProgressLogger, read_metrics
+from ctl.comforts.exporting import FinalExporter
+from ctl.comforts.hooks import Hook
+from ctl.comforts.progress import ProgressLogger, read_metrics
+from ctl.core import config
 from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
 from tests.comfort_tasks import EncoderTask
 from tests.conftest import mirrored
@@ -349,7 +349,7 @@ def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path
     expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
                                expected, rtol=1e-6)
-    record = ctl.best.read_best(str(tmp_path))
+    record = ctl.comforts.best.read_best(str(tmp_path))
     assert record["step"] == 20
     np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
 
@@ -358,7 +358,7 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     """continuous_eval exports and tracks the best of every checkpoint it evaluates."""
     ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=40))
     hooks = [ctl.LatestExporter(), ctl.BestCheckpoint(), FinalExporter()]
-    from ctl import continuous_eval
+    from ctl.sidecar import continuous_eval
     continuous_eval.evaluate_continuously(
         str(tmp_path), experiment=experiment(hooks, train_steps=40),
         settings=ctl.ContinuousEval(timeout=60))
@@ -367,4 +367,4 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     expected = model_at(os.path.join(tmp_path, "ckpt-40"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "40"), FEATURES),
                                expected, rtol=1e-6)
-    assert ctl.best.read_best(str(tmp_path))["step"] in (20, 40)
+    assert ctl.comforts.best.read_best(str(tmp_path))["step"] in (20, 40)

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
-from ctl import continuous_eval
+from ctl.sidecar import continuous_eval
 from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
 from tests.tasks import RegressionTask, regression_data

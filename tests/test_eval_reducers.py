@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl import reducers
-from ctl.trainer import Trainer
+from ctl.cluster import reducers
+from ctl.core.trainer import Trainer
 from tests.cluster_tasks import ScoredTask
 from tests.conftest import mirrored
 from tests.tasks import regression_data

@@ -10,12 +10,12 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl import config
-from ctl.faults import FaultTolerance
-from ctl.lock import ModelDirLock
-from ctl.nan_guard import NonFiniteLoss, RecoveryBudget
-from ctl.preemption import SignalWatcher
-from ctl.step_guard import StepGuard
+from ctl.core import config
+from ctl.faults.handler import FaultTolerance
+from ctl.faults.lock import ModelDirLock
+from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
+from ctl.faults.preemption import SignalWatcher
+from ctl.faults.step_guard import StepGuard
 from tests.cli import ROOT
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -111,7 +111,7 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
 
 
 def test_a_pipeline_with_unsaveable_state_is_named_at_start():
-    from ctl import resume
+    from ctl.faults import resume
     from tests.fault_tasks import ProbeTask
 
     class Noisy(ProbeTask):

@@ -16,7 +16,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from ctl.preemption import EXIT_PREEMPTED
+from ctl.faults.preemption import EXIT_PREEMPTED
 from tests.cli import ROOT, ctl_stderr_lines, snapshot
 
 pytestmark = pytest.mark.slow
@@ -202,7 +202,7 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
 def test_a_second_signal_exits_at_once():
     script = (
         "import os, signal, time\n"
-        "from ctl.preemption import SignalWatcher\n"
+        "from ctl.faults.preemption import SignalWatcher\n"
         "with SignalWatcher() as watcher:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    while watcher.signum is None: time.sleep(0.01)\n"

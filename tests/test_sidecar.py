@@ -2,9 +2,9 @@
 
 import pytest
 
-from ctl.cluster import has_evaluator
-from ctl.errors import UserError
-from ctl.sidecar import (DELETED, EVALUATE, EVALUATED, FAILED, FINISHED, MAX_EVALUATIONS,
+from ctl.cluster.tf_config import has_evaluator
+from ctl.core.errors import UserError
+from ctl.sidecar.scheduler import (DELETED, EVALUATE, EVALUATED, FAILED, FINISHED, MAX_EVALUATIONS,
                          SKIPPED, TIMEOUT, WAIT, ContinuousEval, Progress, Scheduler)
 
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.summaries import SummaryManager
+from ctl.core.summaries import SummaryManager
 from tests.tasks import RegressionTask
 
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.trainer import Trainer
+from ctl.core.trainer import Trainer
 from tests.conftest import mirrored
 from tests.tasks import FLAVORS, TRUE_WEIGHTS, PredictionsTask, RegressionTask, regression_data
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from ctl.errors import UserError
+from ctl.core.errors import UserError
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:

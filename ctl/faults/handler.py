@@ -7,14 +7,14 @@
 
 `run_experiment` wires the pieces around one train run:
 
-    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.lock, ctl.preemption
-      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.step_guard
-      (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.resume
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
+      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
+      (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
-      skip the batches consumed up to global_step                   # ctl.resume
+      skip the batches consumed up to global_step                   # ctl.faults.resume
       after each train loop (eager), FaultHandler:
-        bad step?  stop (NonFiniteLoss) or restore + replay         # ctl.nan_guard
-        signal?    save a checkpoint, raise Preempted               # ctl.preemption
+        bad step?  stop (NonFiniteLoss) or restore + replay         # ctl.faults.nan_guard
+        signal?    save a checkpoint, raise Preempted               # ctl.faults.preemption
 
 A checkpoint is complete once the manager's `checkpoint` state file names it
 (TensorFlow writes the files first and that file last, atomically), so a run
@@ -27,11 +27,12 @@ from typing import Optional
 from absl import logging
 import gin
 
-from ctl import checkpointing, resume
-from ctl.errors import UserError, require_choice
-from ctl.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
-from ctl.preemption import Preempted, SignalWatcher
-from ctl.step_guard import NO_BAD_STEP, StepGuard
+from ctl.core import checkpointing
+from ctl.core.errors import UserError, require_choice
+from ctl.faults import resume
+from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
+from ctl.faults.preemption import Preempted, SignalWatcher
+from ctl.faults.step_guard import NO_BAD_STEP, StepGuard
 
 
 @gin.configurable(module="ctl")

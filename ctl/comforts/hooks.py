@@ -35,8 +35,8 @@ import gin
 import orbit
 import tensorflow as tf
 
-from ctl import config
-from ctl.errors import UserError
+from ctl.core import config
+from ctl.core.errors import UserError
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")

@@ -14,7 +14,7 @@ from typing import Any, List, Sequence
 import gin
 import tensorflow as tf
 
-from ctl.errors import UserError
+from ctl.core.errors import UserError
 
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"

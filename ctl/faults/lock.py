@@ -23,7 +23,7 @@ from typing import Optional
 
 from absl import logging
 
-from ctl.errors import UserError
+from ctl.core.errors import UserError
 
 LOCK_FILE = "trainer.lock"
 

@@ -6,7 +6,7 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
     loop(iterator, num_steps):              # one tf.function call (tf.while_loop)
       reset loss and metrics
       for _ in range(num_steps):
-        if step_guard.should_stop(): break  # only with a step_guard (ctl.faults)
+        if step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
         train_step(iterator)
           inputs = next_train_inputs(iterator)
           loss = strategy.run(task.train_step, inputs)
@@ -55,11 +55,11 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl import reducers
-from ctl.errors import UserError
-from ctl.resume import track_rng_state
-from ctl.step_guard import StepGuard
-from ctl.task import Task
+from ctl.cluster import reducers
+from ctl.core.errors import UserError
+from ctl.core.task import Task
+from ctl.faults.resume import track_rng_state
+from ctl.faults.step_guard import StepGuard
 
 Logs = Dict[str, Any]
 
@@ -71,7 +71,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
     tools can read it, and `rng`: the Keras 3 RNG states of the model, if any
-    (`ctl.resume`). Subclass and override a hook to change one part of the
+    (`ctl.faults.resume`). Subclass and override a hook to change one part of the
     loop; point gin's `ctl.Experiment.trainer_cls` at the subclass.
     """
 
@@ -97,7 +97,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self._eval_logs = None  # The last evaluation's metric results, for eval_end.
         self._graph_eval_loop = None  # Built on first use.
         self._host_eval_parts = None
-        # Set by ctl.faults: ends a train loop early on a signal or a NaN loss.
+        # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
         self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
             self.model = task.build_model()

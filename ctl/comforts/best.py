@@ -27,8 +27,8 @@ from absl import logging
 import gin
 import tensorflow as tf
 
-from ctl import config
-from ctl.hooks import Hook, Run, improved, metric_value
+from ctl.comforts.hooks import Hook, Run, improved, metric_value
+from ctl.core import config
 
 BEST_DIR = "best"
 RECORD_FILE = "best.json"

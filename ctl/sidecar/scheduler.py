@@ -1,6 +1,6 @@
 """What a sidecar evaluator does next: its settings, progress and policy.
 
-Pure Python, no TensorFlow: the TensorFlow side (`ctl.continuous_eval`) lists
+Pure Python, no TensorFlow: the TensorFlow side (`ctl.sidecar.continuous_eval`) lists
 the checkpoints it sees and asks `Scheduler.decide` what to do:
 
     progress = Progress.from_json(...)        # what earlier runs already did
@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import gin
 
-from ctl.errors import UserError, require_choice
+from ctl.core.errors import UserError, require_choice
 
 POLICIES = ("all", "latest")
 

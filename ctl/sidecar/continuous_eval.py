@@ -3,7 +3,7 @@
     python -m ctl.run --mode=continuous_eval --model_dir=DIR \\
         --gin_bindings="ctl.ContinuousEval.policy='latest'"
 
-The loop (eager, on the host; `ctl.sidecar.Scheduler` makes each decision):
+The loop (eager, on the host; `ctl.sidecar.scheduler.Scheduler` makes each decision):
 
     while True:
       present = checkpoints in DIR (NAME-N.index)     # every poll_interval
@@ -36,16 +36,17 @@ import orbit
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl import config, sidecar
-from ctl.checkpointing import UnreadableCheckpointError, restore
-from ctl.errors import UserError
-from ctl.experiment import Experiment
-from ctl.hooks import Hooks, Run
+from ctl.comforts.hooks import Hooks, Run
+from ctl.core import config
+from ctl.core.checkpointing import UnreadableCheckpointError, restore
+from ctl.core.errors import UserError
+from ctl.core.experiment import Experiment
+from ctl.sidecar import scheduler as sidecar
 
 FINISHED_FILE = "ctl_run_finished.json"
 PROGRESS_FILE = "sidecar_progress.json"
 METRICS_FILE = "metrics.jsonl"
-EVAL_DIR = "eval"  # As ctl.train_lib.EVAL_SUMMARY_DIR.
+EVAL_DIR = "eval"  # As ctl.core.train_lib.EVAL_SUMMARY_DIR.
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
 _STEP_KEYS = (
     "global_step/.ATTRIBUTES/VARIABLE_VALUE",

@@ -26,7 +26,7 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from ctl.errors import UserError
+from ctl.core.errors import UserError
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 LOCAL_STRATEGIES = ("default", "one_device", "mirrored")
@@ -134,11 +134,11 @@ def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig],
          modes=None) -> Plan:
     """Decides what this process runs for `--mode` and `--strategy` in `cluster`.
 
-    `modes` are the modes this ctl offers (default `ctl.train_lib.MODES`); an
+    `modes` are the modes this ctl offers (default `ctl.core.train_lib.MODES`); an
     evaluator needs `continuous_eval` among them.
     """
     if modes is None:
-        from ctl.train_lib import MODES as modes  # noqa: N811 (kept lazy: no TF import here)
+        from ctl.core.train_lib import MODES as modes  # noqa: N811 (kept lazy: no TF import here)
     if cluster is None:
         if strategy == "parameter_server":
             raise UserError(

@@ -13,19 +13,22 @@ from typing import Any, Dict, NamedTuple, Optional
 from absl import logging
 import tensorflow as tf
 
-from ctl import async_checkpoint, cluster, config, continuous_eval, resume
-from ctl.checkpointing import CheckpointManager
-from ctl.controller import Controller
-from ctl.distribute import is_chief
-from ctl.errors import UserError, require_choice
-from ctl.experiment import Experiment
-from ctl.faults import FaultHandler
-from ctl.hooks import Hooks, Run
-from ctl.lock import ModelDirLock
-from ctl.preemption import SignalWatcher
-from ctl.progress import MetricsLog, ProgressLogger
-from ctl.summaries import SummaryManager
-from ctl.trainer import Trainer
+from ctl.cluster import tf_config as cluster
+from ctl.cluster.distribute import is_chief
+from ctl.comforts.hooks import Hooks, Run
+from ctl.comforts.progress import MetricsLog, ProgressLogger
+from ctl.core import async_checkpoint, config
+from ctl.core.checkpointing import CheckpointManager
+from ctl.core.controller import Controller
+from ctl.core.errors import UserError, require_choice
+from ctl.core.experiment import Experiment
+from ctl.core.summaries import SummaryManager
+from ctl.core.trainer import Trainer
+from ctl.faults import resume
+from ctl.faults.handler import FaultHandler
+from ctl.faults.lock import ModelDirLock
+from ctl.faults.preemption import SignalWatcher
+from ctl.sidecar import continuous_eval
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TRAIN_SUMMARY_DIR = "train"
@@ -41,7 +44,7 @@ def run_experiment(
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
     Returns the last evaluation's results (for `train`, the last loop's).
-    `continuous_eval` runs `ctl.continuous_eval.evaluate_continuously`. When
+    `continuous_eval` runs `ctl.sidecar.continuous_eval.evaluate_continuously`. When
     TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
     and leaves evaluation to that sidecar. A chief that finishes `train` or
     `train_and_eval` marks the run finished in `model_dir`.

@@ -1,6 +1,6 @@
 """What to do when a step's loss is NaN or Inf: the policy, without TensorFlow.
 
-The per-step check runs in the train loop (`ctl.step_guard`); this module
+The per-step check runs in the train loop (`ctl.faults.step_guard`); this module
 decides, after the loop has stopped on a bad step, whether to stop the run or
 to recover from the last checkpoint, and keeps count of recoveries.
 
@@ -13,7 +13,7 @@ to recover from the last checkpoint, and keeps count of recoveries.
 
 from typing import Optional
 
-from ctl.errors import UserError
+from ctl.core.errors import UserError
 
 NAN_POLICIES = ("stop", "recover")
 

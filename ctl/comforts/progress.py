@@ -13,7 +13,7 @@ evaluation to `<model_dir>/metrics.jsonl`, for scripts:
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 
-Both are hooks (ctl.hooks) and run eagerly on the host; ctl adds them to
+Both are hooks (ctl.comforts.hooks) and run eagerly on the host; ctl adds them to
 every run (MetricsLog on the chief only).
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.hooks import Hook, Run
+from ctl.comforts.hooks import Hook, Run
 
 BAR_WIDTH = 30
 METRICS_FILE = "metrics.jsonl"

@@ -2,7 +2,7 @@
 
 As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter (and
 Determined's export of every checkpoint: CheckpointExporter), each an ordinary
-hook (ctl.hooks) acting on evaluation results or checkpoint saves:
+hook (ctl.comforts.hooks) acting on evaluation results or checkpoint saves:
 
     ctl.Experiment.hooks = [@ctl.LatestExporter(), @ctl.BestExporter(), @ctl.FinalExporter()]
     ctl.BestExporter.metric = 'accuracy'
@@ -24,9 +24,9 @@ from absl import logging
 import gin
 import tensorflow as tf
 
-from ctl.best import BestMetric
-from ctl.errors import UserError
-from ctl.hooks import Hook, Run
+from ctl.comforts.best import BestMetric
+from ctl.comforts.hooks import Hook, Run
+from ctl.core.errors import UserError
 
 EXPORT_DIR = "export"
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"

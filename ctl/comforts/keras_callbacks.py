@@ -19,8 +19,8 @@ from typing import Any, Dict, Sequence
 
 import gin
 
-from ctl.hooks import Hook, Run
-from ctl.progress import scalars
+from ctl.comforts.hooks import Hook, Run
+from ctl.comforts.progress import scalars
 
 
 @gin.configurable(module="ctl")

@@ -4,7 +4,7 @@
     ctl.Schedule.train_steps = 2000
     ctl.Schedule.eval_interval = 500
 
-Everything here is plain data; `ctl.train_lib` acts on it.
+Everything here is plain data; `ctl.core.train_lib` acts on it.
 """
 
 import dataclasses
@@ -12,10 +12,10 @@ from typing import Any, Optional, Sequence, Type
 
 import gin
 
-from ctl.errors import UserError
-from ctl.faults import FaultTolerance
-from ctl.task import Task
-from ctl.trainer import Trainer
+from ctl.core.errors import UserError
+from ctl.core.task import Task
+from ctl.core.trainer import Trainer
+from ctl.faults.handler import FaultTolerance
 
 
 @gin.configurable(module="ctl")
@@ -72,7 +72,7 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, its trainer class, the schedule, the fault tolerance and hooks (ctl.hooks)."""
+    """A task, its trainer class, the schedule, the fault tolerance and hooks (ctl.comforts.hooks)."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)

@@ -6,15 +6,15 @@ accelerators. It must run before TensorFlow initializes its devices, as must
 the creation of a multi-worker strategy: `ctl.run` creates the strategy first.
 
 Multi-process strategies take the cluster from a validated TF_CONFIG
-(`ctl.cluster.ClusterConfig`); the evaluator is never part of their cluster.
+(`ctl.cluster.tf_config.ClusterConfig`); the evaluator is never part of their cluster.
 """
 
 from typing import Optional
 
 import tensorflow as tf
 
-from ctl.cluster import ClusterConfig
-from ctl.errors import UserError, require_choice
+from ctl.cluster.tf_config import ClusterConfig
+from ctl.core.errors import UserError, require_choice
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 

@@ -3,7 +3,7 @@
 orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
 Trainer a loop that also ends early, at a step boundary, when
 
-  * a stop was requested (`ctl.preemption.SignalWatcher` sets a variable), or
+  * a stop was requested (`ctl.faults.preemption.SignalWatcher` sets a variable), or
   * the last step's loss was NaN or Inf (`check_loss`, called by the Trainer
     after each step, records that step in `bad_step`).
 
@@ -15,7 +15,7 @@ read per step and works the same in a host loop and in one `tf.while_loop`:
       train_step(iterator)        # ends with check_loss(loss, global_step)
       i += 1
 
-What to do after such a loop (save, restore, raise) is `ctl.faults`' job.
+What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job.
 """
 
 import tensorflow as tf

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from ctl.exporting import default_serving_signatures
+from ctl.comforts.exporting import default_serving_signatures
 
 Logs = Dict[str, Any]
 
@@ -112,10 +112,10 @@ class Task:
         return {"loss": loss}
 
     def build_reducers(self) -> List[Any]:
-        """Returns `ctl.reducers.Reducer`s over the extra entries of `validation_step`.
+        """Returns `ctl.cluster.reducers.Reducer`s over the extra entries of `validation_step`.
 
         Each sees every replica's batch (of every worker) and adds its results
-        to the eval logs, e.g. `[ctl.reducers.AUC(scores="scores", labels="labels")]`.
+        to the eval logs, e.g. `[ctl.cluster.reducers.AUC(scores="scores", labels="labels")]`.
         """
         return []
 

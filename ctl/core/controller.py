@@ -9,7 +9,7 @@ What happens after each train loop is ctl's own (`_train_n_steps`): orbit's
 spends about 2 ms of host time there (global-step reads, two summary-writer
 flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
 small model; ctl's reads the loop's results and the global step once, keeps
-the summaries for a flush at most once a second (`ctl.summaries`) and prints
+the summaries for a flush at most once a second (`ctl.core.summaries`) and prints
 the same line. Measured with `python -m bench.run --only train_throughput`.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
@@ -26,7 +26,7 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl.hooks import StopRequest
+from ctl.comforts.hooks import StopRequest
 
 
 class Controller(orbit.Controller):
@@ -86,7 +86,7 @@ class Controller(orbit.Controller):
         for action in self.train_actions:
             action(output)
         steps_per_second = (step - last_step) / max(now - last_time, 1e-9)
-        # orbit's line, on stdout; ctl.progress logs its own line with the ETA.
+        # orbit's line, on stdout; ctl.comforts.progress logs its own line with the ETA.
         print(f"train | step: {step: 6d} | steps/sec: {steps_per_second: 6.1f} | "
               f"output: {_format(output)}")
         self.summary_manager.write_summaries(

@@ -5,10 +5,10 @@ interpreter, which a `tf.while_loop` of thousands of steps does not do. So
 `SignalWatcher` also hands the signal to a thread through
 `signal.set_wakeup_fd`: CPython's C-level handler writes the signal number to
 a pipe, the thread wakes and sets a `tf.Variable` that the train loop reads
-before every step (`ctl.step_guard`). The loop therefore ends within one step
+before every step (`ctl.faults.step_guard`). The loop therefore ends within one step
 of the signal, whether it runs on the host or as one `tf.while_loop`.
 
-After the loop, `ctl.faults` saves a checkpoint and raises `Preempted`;
+After the loop, `ctl.faults.handler` saves a checkpoint and raises `Preempted`;
 `python -m ctl.run` exits with `EXIT_PREEMPTED` (75, `EX_TEMPFAIL` in
 `sysexits.h`: "temporary failure, retry"), which a scheduler can tell from a
 failure (1) and from a user error (2). A second signal while the first is being

@@ -1,0 +1,8 @@
+"""Beyond one machine: clusters, distribution strategies and cross-replica results.
+
+`tf_config` validates TF_CONFIG and plans what each role runs, `distribute`
+creates the `tf.distribute` strategy (mirrored, multi-worker, parameter
+servers, TPU) and serves non-training tasks, and `reducers` combine eval results
+that Keras metrics cannot hold over replicas and workers. Nothing is
+re-exported here: the public API is `ctl`.
+"""

@@ -1,0 +1,8 @@
+"""Sidecar evaluation: a process that evaluates every checkpoint a trainer writes.
+
+`scheduler` holds the `ContinuousEval` settings, the progress record and the
+pure-Python policy that decides what to evaluate next; `continuous_eval` is the
+TensorFlow side that watches a model dir, restores each checkpoint, evaluates it
+and appends to metrics.jsonl (`--mode=continuous_eval`). Nothing is re-exported
+here: the public API is `ctl`.
+"""
