@@ -1,6 +1,6 @@
 """Figure 2: eval throughput of ctl's evaluator vs a raw `tf.function` eval loop.
 
-    python -m bench.eval_throughput [--rounds 11] [--evals 5]
+    python -m bench.eval_throughput [--rounds 25] [--evals 5]
 
 Each round runs `evals` evaluations of `eval_steps` batches per variant, each
 from a fresh iterator (as every evaluation does). ctl's goes through
@@ -18,7 +18,7 @@ TARGET = 0.98
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--evals", type=int, default=5, help="evaluations per round (mlp); cnn: a fifth")
     parser.add_argument("--eval_steps", type=int, default=100)
     parser.add_argument("--workloads", default="mlp,cnn")

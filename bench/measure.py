@@ -82,12 +82,13 @@ def quantile(values: List[float], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))])
 
 
-def emit_throughput(figure: str, times, cpu, steps: int, target: float, **fields) -> None:
+def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(), **fields) -> None:
     """One line per variant: steps/s and its ratio to "raw" (wall and CPU); ctl gets the target.
 
     With a "raw_fused" variant, ctl's line also has its ratio to that one.
+    Variants in `skip` are measured but get no line.
     """
-    for name in times:
+    for name in (n for n in times if n not in skip):
         ratio_to_raw = ratio(times["raw"], times[name])
         line = dict(variant=name, steps_per_sec=steps / median(times[name]),
                     ratio_to_raw=ratio_to_raw, cpu_ratio_to_raw=ratio(cpu["raw"], cpu[name]),

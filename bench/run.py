@@ -23,9 +23,9 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # figure -> (command after `python`, full arguments, --quick arguments)
 FIGURES = {
     "train_throughput": (["-m", "bench.train_throughput"],
-                         ["--rounds", "15"], ["--rounds", "3", "--loops", "5"]),
+                         ["--rounds", "30"], ["--rounds", "3"]),
     "eval_throughput": (["-m", "bench.eval_throughput"],
-                        ["--rounds", "15"], ["--rounds", "3"]),
+                        ["--rounds", "25"], ["--rounds", "3"]),
     "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
                         ["--rounds", "5"], ["--rounds", "2", "--train_steps", "2000",
                                             "--interval", "1000"]),
