@@ -4,8 +4,8 @@
 
 Not one of the issue's figures (`bench.run` does not run it): it times, right
 after each 100-step MLP loop, each host step of `Controller._train_n_steps`
-(reading the output, the global step, each train action, the log line, the
-summaries) and, for comparison, the raw loop's eager metric reset and read.
+(the output and global step the loop handed back, each train action, the log
+line, the summaries) and, for comparison, the raw loop's eager metric reset and read.
 Prints one JSON line per piece with its median in milliseconds. Every piece
 runs where it runs in a real loop, while TensorFlow's thread pools are still
 busy, which is why they cost more here than timed alone.
@@ -46,8 +46,8 @@ def main():
         t = lap("ctl: trainer.train (the loop, one call)", t)
         output = to_numpy(output)
         t = lap("ctl: output to NumPy", t)
-        step = int(controller.global_step.numpy())
-        t = lap("ctl: global step read (first eager op)", t)
+        step = controller._current_step()
+        t = lap("ctl: global step (from the loop's output)", t)
         for action in controller.train_actions:
             action(output)
             name = type(getattr(action, "__self__", action)).__name__

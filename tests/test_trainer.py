@@ -23,6 +23,9 @@ def test_training_learns_and_counts_steps(strategy, flavor, use_tf_while_loop):
     task = RegressionTask(flavor)
     trainer, logs, weights = train_weights(strategy, task, use_tf_while_loop=use_tf_while_loop)
     assert int(trainer.global_step.numpy()) == 20
+    # A tf.while_loop hands back the global step it ended at; a host loop does not.
+    assert {k: int(v) for k, v in trainer.loop_end.items()} == (
+        {"global_step": 20} if use_tf_while_loop else {})
     np.testing.assert_allclose(weights, TRUE_WEIGHTS, atol=0.15)
     assert set(logs) == {"loss", "mae", "learning_rate"}
     assert float(logs["learning_rate"]) == pytest.approx(0.1)

@@ -28,7 +28,7 @@ Hooks are listed in gin:
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from absl import logging
 import gin
@@ -74,9 +74,14 @@ class Run:
     strategy: Optional[tf.distribute.Strategy] = None
     chief: bool = True
     stop: StopRequest = dataclasses.field(default_factory=StopRequest)
+    # The trainer's `loop_end`: the global step as its last train loop read it.
+    loop_end: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def step(self) -> int:
+        """The global step; right after a train loop, without reading the variable."""
+        if "global_step" in self.loop_end:
+            return int(self.loop_end["global_step"])
         return int(self.global_step.numpy())
 
 

@@ -8,9 +8,9 @@ the next boundary, with a final checkpoint. Everything runs eagerly on the host.
 What happens after each train loop is ctl's own (`_train_n_steps`): orbit's
 spends about 2 ms of host time there (global-step reads, two summary-writer
 flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
-small model; ctl's reads the loop's results and the global step once, keeps
-the summaries for a flush at most once a second (`ctl.core.summaries`) and prints
-the same line. Measured with `python -m bench.run --only train_throughput`.
+small model. ctl's takes the loop's results and the global step from the
+loop's own `tf.function` call (`Trainer.loop_end`), keeps the summaries for a
+flush at most once a second (`ctl.core.summaries`) and prints the same line. Measured with `python -m bench.run --only train_throughput`.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
       while step < train_steps and not stop.should_stop:
@@ -42,6 +42,7 @@ class Controller(orbit.Controller):
 
     def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
         path = super().restore_checkpoint(checkpoint_path)
+        getattr(self.trainer, "loop_end", {}).clear()  # The global step changed.
         if path:
             for action in self._on_checkpoint_load:
                 action(path)
@@ -66,8 +67,8 @@ class Controller(orbit.Controller):
     def _train_n_steps(self, num_steps: int) -> int:
         """Runs one train loop, hands its output to the train actions, logs it; returns the step.
 
-        orbit's does the same; this one runs no eager TensorFlow op besides
-        reading the output and the global step (see the module docstring).
+        orbit's does the same; this one runs no eager TensorFlow op: the loop
+        hands back its results and the global step (see the module docstring).
         """
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
@@ -76,7 +77,7 @@ class Controller(orbit.Controller):
         else:
             output = self.trainer.train(tf.constant(num_steps, tf.int32))
         output = to_numpy(output or {})
-        step = int(self.global_step.numpy())
+        step = self._current_step()
         last_time, last_step = self._last_loop_end
         if step != last_step + num_steps and not self.stop.should_stop:
             logging.warning("trainer.train(%d) moved the global step from %d to %d.",
@@ -121,7 +122,7 @@ class Controller(orbit.Controller):
         self._require("evaluator", for_method="evaluate")
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
-        step = int(self.global_step.numpy())
+        step = self._current_step()
         what = f"running {steps} steps of evaluation..." if steps > 0 else "running complete evaluation..."
         print(f" eval | step: {step: 6d} | {what}")
         start = time.perf_counter()
@@ -140,6 +141,11 @@ class Controller(orbit.Controller):
         self.eval_summary_manager.write_summaries(output, step=step)
         self.eval_summary_manager.flush()
         return output
+
+    def _current_step(self) -> int:
+        """The global step, as the last train loop read it if it did (no eager op)."""
+        end = getattr(self.trainer, "loop_end", {})
+        return int(end["global_step"] if "global_step" in end else self.global_step.numpy())
 
     def save_checkpoint(self):
         self._require("checkpoint_manager", for_method="save_checkpoint")

@@ -92,7 +92,8 @@ class FaultHandler:
         resume.skip_consumed_batches(self.trainer, int(self.trainer.global_step.numpy()))
 
     def __call__(self, unused_output) -> None:
-        bad_step = int(self.guard.bad_step.numpy())
+        end = self.trainer.loop_end
+        bad_step = int(end["bad_step"] if "bad_step" in end else self.guard.bad_step.numpy())
         if bad_step != NO_BAD_STEP:
             self._on_bad_loss(bad_step)
         if self.watcher.signum is not None:
@@ -111,6 +112,7 @@ class FaultHandler:
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
                 f"limit set by ctl.FaultTolerance.max_recoveries")
         checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
+        self.trainer.loop_end.clear()  # The global step changed.
         step = int(self.trainer.global_step.numpy())
         logging.warning("loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
