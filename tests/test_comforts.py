@@ -368,3 +368,17 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "40"), FEATURES),
                                expected, rtol=1e-6)
     assert ctl.comforts.best.read_best(str(tmp_path))["step"] in (20, 40)
+
+
+def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
+    from ctl.comforts.hooks import metric_value
+    from ctl.comforts.progress import scalars
+
+    logs = {"clean": {"loss": np.float32(0.5), "accuracy": np.float32(0.75)},
+            "noisy": {"loss": tf.constant(1.5), "accuracy": 0.25}, "steps_per_second": 10.0}
+    assert metric_value(logs, "noisy/accuracy", "ctl.BestCheckpoint") == 0.25
+    assert scalars(logs) == {"clean/loss": 0.5, "clean/accuracy": 0.75, "noisy/loss": 1.5,
+                             "noisy/accuracy": 0.25, "steps_per_second": 10.0}
+    with pytest.raises(ctl.UserError, match=r"'accuracy' is not among the evaluation results "
+                       r"\(clean/accuracy, clean/loss, noisy/accuracy, noisy/loss, steps_per"):
+        metric_value(logs, "accuracy", "ctl.BestCheckpoint")

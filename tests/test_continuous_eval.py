@@ -1,5 +1,6 @@
 """The sidecar evaluator (`--mode=continuous_eval`) beside real trainers, on real checkpoints."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
+from ctl.comforts.best import read_best
 from ctl.sidecar import continuous_eval
 from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
@@ -218,9 +220,15 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     ctl.run_experiment("train", model_dir, experiment=experiment(task, train_steps=20))
     recorder = RecordingCallback()
     settings = ctl.ContinuousEval(callbacks=[recorder])
-    continuous_eval.evaluate_continuously(model_dir, experiment=experiment(task), settings=settings)
+    sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
+        experiment(task), hooks=[ctl.BestCheckpoint(metric="far/loss")])
+    continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
+                                          settings=settings)
     records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
     assert [r["step"] for r in records] == [10, 20]
+    far_losses = {r["step"]: r["results"]["far"]["loss"] for r in records}
+    best = read_best(model_dir)
+    assert best["metric"] == "far/loss" and best["step"] == min(far_losses, key=far_losses.get)
     assert records[1]["results"]["near"]["examples"] == 6.0
     assert records[1]["results"]["far"]["examples"] == 10.0
     for name in ("near", "far"):

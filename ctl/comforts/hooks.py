@@ -121,14 +121,31 @@ class Hooks:
         self.call("on_initialize")
 
 
+def flat_logs(logs, prefix: str = "") -> Dict[str, Any]:
+    """`logs` with nested dicts (named eval sets) flattened to "set/name" keys.
+
+    The same names TensorBoard shows: orbit writes a nested dict's values to a
+    subdirectory per set.
+    """
+    flat = {}
+    for name, value in (logs or {}).items():
+        if isinstance(value, dict):
+            flat.update(flat_logs(value, f"{prefix}{name}/"))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
 def metric_value(logs, metric: str, hook: str) -> float:
-    """`logs[metric]` as a float, or a `UserError` naming the metrics there are."""
-    if metric not in logs:
+    """`logs[metric]` as a float ("set/name" for a named eval set), or a `UserError`
+    naming the metrics there are."""
+    flat = flat_logs(logs)
+    if metric not in flat:
         raise UserError(
             f"{hook}.metric={metric!r} is not among the evaluation results "
-            f"({', '.join(sorted(logs))}); bind {hook}.metric to one of them."
+            f"({', '.join(sorted(flat))}); bind {hook}.metric to one of them."
         )
-    return float(orbit.utils.get_value(logs[metric]))
+    return float(orbit.utils.get_value(flat[metric]))
 
 
 def improved(value: float, best: Optional[float], higher_is_better: bool,

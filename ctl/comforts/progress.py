@@ -29,16 +29,16 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run
+from ctl.comforts.hooks import Hook, Run, flat_logs
 
 BAR_WIDTH = 30
 METRICS_FILE = "metrics.jsonl"
 
 
 def scalars(logs) -> Dict[str, float]:
-    """The scalar entries of `logs` as Python floats (others are left out)."""
+    """The scalar entries of `logs` as Python floats, named eval sets' as "set/name"."""
     values = {}
-    for name, value in (logs or {}).items():
+    for name, value in flat_logs(logs).items():
         if isinstance(value, (float, int, np.number)) and not isinstance(value, bool):
             # The fast path: a loop's results, as NumPy scalars.
             values[name] = float(value)
