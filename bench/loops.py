@@ -34,13 +34,12 @@ from bench.workloads import BenchTask, dataset
 NEVER = 10**9
 
 
-def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
-    """The hand-written loop; `fused`: metric resets and reads inside its `tf.function` too."""
+def _raw_train_loop(task: BenchTask, fused: bool):
+    """The hand-written train loop over `task`: `(loop, iterator, metrics)`, the loss mean first."""
     model, optimizer = task.build_model(), task.build_optimizer()
     optimizer.build(model.trainable_variables)
     loss_mean = keras.metrics.Mean("loss")
     metrics = [loss_mean, *task.build_metrics(training=True)]
-    iterator = iter(task.build_inputs(training=True))
 
     @tf.function
     def loop(iterator, num_steps):
@@ -51,13 +50,21 @@ def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
             loss_mean.update_state(logs["loss"])
         return _results(metrics) if fused else None
 
-    def run(num_steps):
-        for _ in range(num_steps // steps_per_loop):
+    return loop, iter(task.build_inputs(training=True)), metrics
+
+
+def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
+    """The hand-written loop; `fused`: metric resets and reads inside its `tf.function` too."""
+    loop, iterator, metrics = _raw_train_loop(task, fused)
+    num_steps = tf.constant(steps_per_loop)
+
+    def run(steps):
+        for _ in range(steps // steps_per_loop):
             if fused:
-                _numpy(loop(iterator, tf.constant(steps_per_loop)))
+                _numpy(loop(iterator, num_steps))
             else:
                 _reset(metrics)
-                loop(iterator, tf.constant(steps_per_loop))
+                loop(iterator, num_steps)
                 _numpy(_results(metrics))
 
     run(steps_per_loop)
@@ -66,17 +73,7 @@ def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
 
 def raw_pieces(task: BenchTask, steps_per_loop: int):
     """The unfused raw loop's three host steps, as (name, callable) for `bench.host_overhead`."""
-    model, optimizer = task.build_model(), task.build_optimizer()
-    optimizer.build(model.trainable_variables)
-    metrics = [keras.metrics.Mean("loss"), *task.build_metrics(training=True)]
-    iterator = iter(task.build_inputs(training=True))
-
-    @tf.function
-    def loop(iterator, num_steps):
-        for _ in tf.range(num_steps):
-            logs = task.train_step(next(iterator), model, optimizer, metrics[1:])
-            metrics[0].update_state(logs["loss"])
-
+    loop, iterator, metrics = _raw_train_loop(task, fused=False)
     num_steps = tf.constant(steps_per_loop)
     loop(iterator, num_steps)
     return [("eager metric reset", lambda: _reset(metrics)),

@@ -50,9 +50,7 @@ class CheckpointManager(tf.train.CheckpointManager):
 
     def save(self, checkpoint_number=None, check_interval=True, options=None):
         step = int(self._step.numpy())
-        if step == self._saved_step:
-            return None
-        if check_interval and not interval_crossed(self._interval, self._saved_step, step):
+        if step == self._saved_step or (check_interval and not self.due(step)):
             return None
         path = super().save(checkpoint_number=step, options=options)
         self._saved_step = step

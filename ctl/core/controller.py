@@ -10,7 +10,8 @@ spends about 2 ms of host time there (global-step reads, two summary-writer
 flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
 small model. ctl's takes the loop's results and the global step from the
 loop's own `tf.function` call (`Trainer.loop_end`), keeps the summaries for a
-flush at most once a second (`ctl.core.summaries`) and prints the same line. Measured with `python -m bench.run --only train_throughput`.
+flush at most once a second (`ctl.core.summaries`) and prints the same line.
+Measured with `python -m bench.run --only train_throughput`.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
       while step < train_steps and not stop.should_stop:
@@ -50,7 +51,7 @@ class Controller(orbit.Controller):
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
         self._require("trainer", for_method="train")
-        current_step = int(self.global_step.numpy())
+        current_step = self._current_step()
         logging.info("train | step: %6d | training until step %d...", current_step, steps)
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
@@ -100,13 +101,13 @@ class Controller(orbit.Controller):
         self._require("trainer", for_method="train_and_evaluate")
         self._require("evaluator", for_method="train_and_evaluate")
         output = None
-        current_step = int(self.global_step.numpy())
+        current_step = self._current_step()
         eval_interval = eval_interval or (train_steps - current_step)
         while current_step < train_steps and not self.stop.should_stop:
             target = min(train_steps, current_step + eval_interval)
             self.train(steps=target, checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
-            current_step = int(self.global_step.numpy())
+            current_step = self._current_step()
         if self.stop.should_stop:
             logging.info("train | step: %6d | stopped: %s", current_step, self.stop.reason)
         self._save(check_interval=False)
