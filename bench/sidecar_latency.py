@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 from ctl.core.checkpointing import CheckpointManager  # noqa: E402
+from ctl.core.model_dir import ModelDir  # noqa: E402
 from ctl.sidecar import continuous_eval  # noqa: E402
 from tests.tasks import RegressionTask  # noqa: E402
 
@@ -64,7 +65,7 @@ def write_checkpoints(model_dir, count, interval):
         # state file names it: timing from it slightly overstates the latency.
         committed[number] = os.stat(path + ".index").st_mtime_ns / 1e9
         time.sleep(interval)
-    continuous_eval.mark_finished(model_dir, count)
+    ModelDir(model_dir).mark_finished(count, manager.latest_checkpoint)
     return committed
 
 
@@ -96,7 +97,7 @@ def main():
         if evaluator.returncode != 0:
             log.seek(0)
             raise SystemExit(f"sidecar_latency: evaluator failed:\n{log.read()[-3000:]}")
-        records = continuous_eval.read_metrics(os.path.join(model_dir, continuous_eval.EVAL_DIR))
+        records = continuous_eval.read_metrics(model_dir)
     latency = {r["number"]: r["started"] - committed[r["number"]] for r in records}
     values = sorted(latency.values())
     print(json.dumps({

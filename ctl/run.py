@@ -23,6 +23,7 @@ from ctl.core import config, train_lib
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
 from ctl.sidecar import continuous_eval
+from ctl.sidecar.scheduler import ContinuousEval
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),
@@ -75,7 +76,8 @@ def main(argv):
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         gin_files = FLAGS.gin_file
         if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
-            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir)]
+            settings = config.call_with_bindings_only(FLAGS.gin_bindings, ContinuousEval)
+            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir, settings.timeout)]
         if plan.action == "serve":
             config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.

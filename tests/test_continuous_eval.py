@@ -17,6 +17,7 @@ import tf_keras
 
 import ctl
 from ctl.comforts.best import read_best
+from ctl.core.model_dir import ModelDir
 from ctl.sidecar import continuous_eval
 from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
@@ -27,12 +28,12 @@ WAIT_S = 240  # Bound on every wait; the 2-core host is shared.
 
 
 def progress(model_dir):
-    with open(os.path.join(model_dir, "eval", continuous_eval.PROGRESS_FILE)) as f:
+    with open(ModelDir(model_dir).sidecar_progress_file) as f:
         return {int(k): v for k, v in json.load(f)["checkpoints"].items()}
 
 
 def evaluated_numbers(model_dir):
-    return [r["number"] for r in continuous_eval.read_metrics(os.path.join(model_dir, "eval"))]
+    return [r["number"] for r in continuous_eval.read_metrics(model_dir)]
 
 
 def experiment(task=None, **schedule):
@@ -180,7 +181,7 @@ def test_checkpoint_of_a_different_model_is_an_error(run_dir):
 
 
 def test_idle_timeout_ends_with_a_clear_message(run_dir):
-    os.remove(os.path.join(run_dir, continuous_eval.FINISHED_FILE))  # A trainer that vanished.
+    os.remove(ModelDir(run_dir).finished_file)  # A trainer that vanished.
     result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
                      "--gin_bindings=ctl.ContinuousEval.timeout = 2")
     assert result.returncode == 2, result.stderr[-3000:]
@@ -224,7 +225,7 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
         experiment(task), hooks=[ctl.BestCheckpoint(metric="far/loss")])
     continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
                                           settings=settings)
-    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    records = continuous_eval.read_metrics(model_dir)
     assert [r["step"] for r in records] == [10, 20]
     far_losses = {r["step"]: r["results"]["far"]["loss"] for r in records}
     best = read_best(model_dir)
@@ -257,7 +258,7 @@ def test_tf_keras_model_checkpoint_files_evaluate(tmp_path):
     settings = ctl.ContinuousEval(max_evaluations=3, callbacks=[recorder])
     continuous_eval.evaluate_continuously(
         model_dir, experiment=experiment(RegressionTask(flavor="tf_keras")), settings=settings)
-    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    records = continuous_eval.read_metrics(model_dir)
     # In order, although only the newest is named in the state file; at the optimizer's step.
     assert [(r["number"], r["step"]) for r in records] == [(1, 4), (2, 8), (3, 12)]
     assert records[2]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
@@ -279,7 +280,7 @@ def test_checkpoint_manager_over_model_and_optimizer_evaluates(tmp_path):
         manager.save()
     settings = ctl.ContinuousEval(max_evaluations=2)
     continuous_eval.evaluate_continuously(model_dir, experiment=experiment(), settings=settings)
-    records = continuous_eval.read_metrics(os.path.join(model_dir, "eval"))
+    records = continuous_eval.read_metrics(model_dir)
     assert [(r["number"], r["step"]) for r in records] == [(1, 1), (2, 2)]  # optimizer.iterations
     assert records[1]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
 

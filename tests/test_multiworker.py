@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core import config
-from ctl.sidecar.continuous_eval import FINISHED_FILE
+from ctl.core.model_dir import FINISHED_FILE
 from tests.cli import ROOT, scalars
 
 pytestmark = pytest.mark.slow

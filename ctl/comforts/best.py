@@ -28,10 +28,7 @@ import gin
 import tensorflow as tf
 
 from ctl.comforts.hooks import Hook, Run, improved, metric_value
-from ctl.core import config
-
-BEST_DIR = "best"
-RECORD_FILE = "best.json"
+from ctl.core.model_dir import ModelDir, read_json, write_json
 
 
 class BestMetric:
@@ -49,7 +46,8 @@ class BestMetric:
         self.owner = owner
         self.filename = filename
         self.write = write
-        self._record = config.read_json(filename, {})
+        record = read_json(filename, {})
+        self._record = record if isinstance(record, dict) else {}
         record = self._record
         if record and (record.get("metric"), record.get("higher_is_better")) != (
                 metric, higher_is_better):
@@ -76,7 +74,7 @@ class BestMetric:
                         "value": metric_value(logs, self.metric, self.owner),
                         "step": step, "path": path}
         if self.write:
-            config.write_json(self.filename, self._record)
+            write_json(self.filename, self._record)
 
 
 @gin.configurable(module="ctl")
@@ -89,9 +87,9 @@ class BestCheckpoint(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.directory = os.path.join(run.model_dir, BEST_DIR)
+        self.directory = ModelDir(run.model_dir).best_dir
         self.best = BestMetric(self.metric, self.higher_is_better,
-                               os.path.join(self.directory, RECORD_FILE), write=run.chief)
+                               ModelDir(run.model_dir).best_record_file, write=run.chief)
 
     def on_eval_end(self, logs) -> None:
         if not self.best.test(logs) or not self.run.chief:
@@ -123,4 +121,4 @@ class BestCheckpoint(Hook):
 
 def read_best(model_dir: str) -> Dict[str, Any]:
     """The best checkpoint's record in `model_dir` (empty if none)."""
-    return config.read_json(os.path.join(model_dir, BEST_DIR, RECORD_FILE), {})
+    return read_json(ModelDir(model_dir).best_record_file, {})

@@ -27,8 +27,7 @@ import tensorflow as tf
 from ctl.comforts.best import BestMetric
 from ctl.comforts.hooks import Hook, Run
 from ctl.core.errors import UserError
-
-EXPORT_DIR = "export"
+from ctl.core.model_dir import ModelDir
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
 
 
@@ -106,7 +105,7 @@ class Exporter(Hook):
 
     @property
     def directory(self) -> str:
-        return os.path.join(self.run.model_dir, EXPORT_DIR, self.name)
+        return ModelDir(self.run.model_dir).export_dir(self.name)
 
     def export(self) -> Optional[str]:
         if not self.run.chief:

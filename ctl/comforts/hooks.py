@@ -35,8 +35,8 @@ import gin
 import orbit
 import tensorflow as tf
 
-from ctl.core import config
 from ctl.core.errors import UserError
+from ctl.core.model_dir import ModelDir, read_json, write_json
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")
@@ -97,10 +97,15 @@ class Hook:
 
 
 class Hooks:
-    """Binds a list of hooks to a run and hands out their methods as actions."""
+    """Binds a list of hooks to a run and hands out their methods as actions.
 
-    def __init__(self, hooks: Iterable[Any], run: Run):
-        self.hooks: List[Any] = list(hooks)
+    `builtin` hooks (ctl's progress line and metrics file) come first and
+    are told apart from the experiment's (`actions(..., builtin=False)`).
+    """
+
+    def __init__(self, hooks: Iterable[Any], run: Run, builtin: Iterable[Any] = ()):
+        self.builtin: List[Any] = list(builtin)
+        self.hooks: List[Any] = self.builtin + list(hooks)
         self.run = run
         for hook in self.hooks:
             if not any(callable(getattr(hook, name, None)) for name in HOOK_METHODS):
@@ -111,9 +116,13 @@ class Hooks:
             if callable(getattr(hook, "bind", None)):
                 hook.bind(run)
 
-    def actions(self, method: str) -> List[Callable[[Any], None]]:
-        """The bound `method` of every hook that has it, in order."""
-        return [getattr(h, method) for h in self.hooks if callable(getattr(h, method, None))]
+    def actions(self, method: str, builtin: Optional[bool] = None) -> List[Callable[[Any], None]]:
+        """The bound `method` of every hook that has it, in order (only ctl's own hooks
+        with `builtin=True`, only the experiment's with False)."""
+        hooks = self.hooks
+        if builtin is not None:
+            hooks = [h for h in hooks if (any(h is b for b in self.builtin)) == builtin]
+        return [getattr(h, method) for h in hooks if callable(getattr(h, method, None))]
 
     def call(self, method: str, *args) -> None:
         for action in self.actions(method):
@@ -121,6 +130,45 @@ class Hooks:
 
     def initialize(self) -> None:
         self.call("on_initialize")
+
+
+class OwnedActions:
+    """The experiment's eval-side actions (`on_eval_end`), run only by the process that owns them.
+
+    Both a trainer evaluating in-line and a sidecar evaluator may evaluate one
+    model dir; the side effects of evaluations there (the best checkpoint,
+    exports, early stopping, a user hook's files) belong to exactly one of
+    them. Before its first evaluation with such hooks a process tries to take
+    `claim` (`ctl.core.model_dir.claim_eval_hooks`: an `flock` on
+    `<model_dir>/eval_hooks.lock`); the one that gets it runs them for as long
+    as it lives, the other never does and says so once, in a WARNING naming
+    the owner. The claim dies with its holder; the next process to start may
+    take it. (docs/comforts.md, "Who owns the side effects".)
+    """
+
+    def __init__(self, actions: Iterable[Callable[[Any], None]], claim):
+        self.actions = list(actions)
+        self.claim = claim
+        self.owned: Optional[bool] = None  # Decided at the first evaluation.
+
+    def __call__(self, logs) -> None:
+        if not self.actions:
+            return
+        if self.owned is None:
+            self.owned = self.claim.try_acquire()
+            if not self.owned:
+                names = ", ".join(sorted({type(getattr(a, "__self__", a)).__name__
+                                          for a in self.actions}))
+                logging.warning(
+                    "the eval-side hooks (%s) do not run in this process: the %s (%s) owns "
+                    "them (%s); each side effect of a model dir has one owner (docs/comforts.md).",
+                    names, self.claim.holder_role(), self.claim.holder(), self.claim.path)
+        if self.owned:
+            for action in self.actions:
+                action(logs)
+
+    def release(self) -> None:
+        self.claim.release()
 
 
 def flat_logs(logs, prefix: str = "") -> Dict[str, Any]:
@@ -179,7 +227,7 @@ class EarlyStopping(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = f"{run.model_dir}/early_stopping.json"
+        self.path = ModelDir(run.model_dir).early_stopping_file
         state = self._read()
         if state["evaluations_without_improvement"] >= self.patience:  # Stopped before a restart.
             run.stop.request(f"early stopping (recorded in {self.path})")
@@ -187,8 +235,8 @@ class EarlyStopping(Hook):
     def _read(self):
         initial = {"metric": self.metric, "best": None, "evaluations_without_improvement": 0,
                    "step": None}
-        state = config.read_json(self.path, initial)
-        return state if state.get("metric") == self.metric else initial
+        state = read_json(self.path, initial)
+        return state if isinstance(state, dict) and state.get("metric") == self.metric else initial
 
     def on_eval_end(self, logs) -> None:
         value = metric_value(logs, self.metric, "ctl.EarlyStopping")
@@ -201,7 +249,7 @@ class EarlyStopping(Hook):
             state["evaluations_without_improvement"] += 1
         state["step"] = self.run.step
         if self.run.chief:
-            config.write_json(self.path, state)
+            write_json(self.path, state)
         if state["evaluations_without_improvement"] >= self.patience:
             self.run.stop.request(
                 f"early stopping: {self.metric} has not improved on {state['best']:.6g} for "

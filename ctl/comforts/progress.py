@@ -19,7 +19,6 @@ every run (MetricsLog on the chief only).
 
 import json
 import math
-import os
 import sys
 import time
 from typing import Any, Dict, Optional, TextIO
@@ -30,9 +29,9 @@ import orbit
 import tensorflow as tf
 
 from ctl.comforts.hooks import Hook, Run, flat_logs
+from ctl.core.model_dir import ModelDir, read_json_lines
 
 BAR_WIDTH = 30
-METRICS_FILE = "metrics.jsonl"
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -126,7 +125,7 @@ class MetricsLog(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = os.path.join(run.model_dir, METRICS_FILE)
+        self.path = ModelDir(run.model_dir).metrics_file
         self._file = None
 
     def on_train_loop_end(self, logs) -> None:
@@ -153,14 +152,5 @@ def read_metrics(model_dir: str, kind: Optional[str] = None):
 
     A last line cut short by a kill is skipped.
     """
-    path = os.path.join(model_dir, METRICS_FILE)
-    if not tf.io.gfile.exists(path):
-        return []
-    records = []
-    with tf.io.gfile.GFile(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    records = read_json_lines(ModelDir(model_dir).metrics_file)
     return [r for r in records if kind is None or r.get("kind") == kind]

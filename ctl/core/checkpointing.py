@@ -1,5 +1,8 @@
 """Checkpoint saving on aligned steps, and restores that refuse a different model.
 
+Which checkpoint a restore picks when the model dir is damaged (the corruption
+policy) is `ctl.core.model_dir.ModelDir.restore_newest`'s decision.
+
 `tf.train.CheckpointManager` counts its interval from the first save (steps
 100, 600, 1100 for an interval of 500) and restores whatever matches, silently
 leaving the rest at its initial value. ctl's manager saves when the step
@@ -15,6 +18,7 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.core.errors import UserError
+from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
@@ -25,24 +29,46 @@ def interval_crossed(interval: Optional[int], last_step: Optional[int], step: in
     return step // interval > last // interval
 
 
-class CheckpointManager(tf.train.CheckpointManager):
-    """A `tf.train.CheckpointManager` with aligned intervals and validated restores."""
+class CheckpointManager:
+    """Saves on aligned steps and restores by the model dir's corruption policy.
 
-    def __init__(self, checkpoint, directory, *, step_counter, checkpoint_interval=None,
-                 init_fn=None, restore_directory=None, **kwargs):
+    Wraps a `tf.train.CheckpointManager` (retention, the state file), built
+    at the first save: TensorFlow's reads the `checkpoint` state file when it
+    is built and fails on a damaged one, and a restore must write nothing (a
+    run refused later leaves the model dir as it was). When the restore had to
+    skip something (`ctl.core.model_dir.ModelDir.restore_newest`), the state
+    file is rewritten to name the restored checkpoint just before that first
+    save. The interface is the subset of `tf.train.CheckpointManager`'s that
+    orbit's Controller and ctl use.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, step_counter,
+                 checkpoint_interval: Optional[int] = None, init_fn=None,
+                 restore_directory: Optional[str] = None, max_to_keep: Optional[int] = 5,
+                 **kwargs):
         """`restore_directory` (default: `directory`) is where restores read from:
-        a multi-worker non-chief saves to a scratch directory, restores the chief's."""
-        super().__init__(checkpoint, directory, step_counter=step_counter, **kwargs)
+        a multi-worker non-chief saves to a scratch directory, restores the chief's.
+        Other keyword arguments go to `tf.train.CheckpointManager`."""
+        self.checkpoint = checkpoint
+        self.directory = directory
         self._restore_directory = restore_directory or directory
         self._step = step_counter
         self._interval = checkpoint_interval
         self._initialize = init_fn
-        self._saved_step = _step_of(self.latest_checkpoint)
+        self._manager_kwargs = dict(kwargs, max_to_keep=max_to_keep, step_counter=step_counter)
+        self._manager: Optional[tf.train.CheckpointManager] = None
+        self._repair: Optional[Restored] = None  # A state file to rewrite first.
+        self.latest_checkpoint: Optional[str] = None  # Restored, or saved since.
+        self._saved_step = _step_of(ModelDir(directory).checkpoint_state().latest)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
 
     @property
     def checkpoint_interval(self) -> Optional[int]:
         return self._interval
+
+    @property
+    def checkpoints(self):
+        return self._manager.checkpoints if self._manager is not None else []
 
     def due(self, step: int) -> bool:
         """Whether `save()` at `step` would write a checkpoint (no TensorFlow op)."""
@@ -52,27 +78,38 @@ class CheckpointManager(tf.train.CheckpointManager):
         step = int(self._step.numpy())
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
-        path = super().save(checkpoint_number=step, options=options)
+        path = self._tf_manager().save(checkpoint_number=step, options=options)
         self._saved_step = step
-        self.last_saved_path = path
+        self.latest_checkpoint = self.last_saved_path = path
         return path
 
+    def sync(self) -> None:
+        """Waits for an asynchronous save to finish."""
+        if self._manager is not None:
+            self._manager.sync()
+
+    def _tf_manager(self) -> tf.train.CheckpointManager:
+        if self._manager is None:
+            if self._repair is not None:
+                ModelDir(self.directory).write_checkpoint_state(self._repair)
+                self._repair = None
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint, self.directory, **self._manager_kwargs)
+        return self._manager
+
     def restore_or_initialize(self) -> Optional[str]:
-        path = tf.train.latest_checkpoint(self._restore_directory)
-        if path is None:
+        """Restores the newest checkpoint that restores (reads only), or initializes."""
+        restored = ModelDir(self._restore_directory).restore_newest(
+            lambda path: restore(self.checkpoint, path, self._restore_directory))
+        if restored.path is None:
             if self._initialize is not None:
                 self._initialize()
             return None
-        restore(self.checkpoint, path, self._restore_directory)
-        return path
-
-
-class UnreadableCheckpointError(UserError):
-    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
-
-    def __init__(self, message: str, deleted: bool):
-        super().__init__(message)
-        self.deleted = deleted
+        if restored.state_is_stale and self._restore_directory == self.directory:
+            self._repair = restored
+        self.latest_checkpoint = restored.path
+        self._saved_step = _step_of(restored.path)
+        return restored.path
 
 
 def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
@@ -95,8 +132,7 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
         ) from error
     except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
         raise UnreadableCheckpointError(
-            f"cannot read checkpoint {path} ({_first_line(error)}); remove it or use a new "
-            "--model_dir.",
+            f"cannot read checkpoint {path}: {_first_line(error)}",
             deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
     return status

@@ -4,20 +4,19 @@ Flags name the files and bindings; everything the experiment does is read from
 gin. `parse` turns every gin mistake into a one-line `UserError`.
 """
 
+import contextlib
 import difflib
 import inspect
-import json
 import os
 import re
-from typing import Any, List, Sequence
+from typing import List, Optional, Sequence
 
 import gin
 import tensorflow as tf
 
 from ctl.core.errors import UserError
+from ctl.core.model_dir import ModelDir, write_atomically
 
-CONFIG_FILE = "config.gin"
-OPERATIVE_CONFIG_FILE = "operative_config.gin"
 GIN_FLAG_PREFIX = "--gin."
 
 
@@ -69,16 +68,108 @@ def _registered_names() -> List[str]:
 def parse(
     gin_files: Sequence[str], gin_bindings: Sequence[str], search_paths: Sequence[str] = ()
 ) -> None:
-    """Parses files (in order), then bindings; unknown names are errors."""
+    """Parses files (in order), then bindings; unknown names are errors.
+
+    A file is checked before gin reads it (gin's own reader fails with a
+    TypeError on some missing paths), and a macro bound in `gin_bindings` that
+    no config refers to is an error: it would be silently ignored.
+    """
     for path in search_paths:
         gin.add_config_file_search_path(path)
-    try:
+    for path in gin_files:
+        check_gin_file(path, search_paths)
+    with _gin_errors():
         gin.parse_config_files_and_bindings(
-            list(gin_files), list(gin_bindings), skip_unknown=False, finalize_config=True
+            list(gin_files), list(gin_bindings), skip_unknown=False, finalize_config=False
         )
+        _check_command_line_macros(gin_bindings)
+        gin.finalize()
+
+
+def call_with_bindings_only(gin_bindings: Sequence[str], fn):
+    """Calls the configurable `fn` with only `gin_bindings` parsed, then forgets them.
+
+    For settings needed before the config files can be read (the sidecar's
+    wait for the trainer's config.gin): bindings of configurables not yet
+    imported are skipped, but a binding of an unknown `ctl.` name is an error.
+    """
+    gin.clear_config()
+    try:
+        with _gin_errors():
+            gin.parse_config_files_and_bindings(
+                [], list(gin_bindings), skip_unknown=True, finalize_config=False)
+        for binding in gin_bindings:
+            selector = binding.split("=", 1)[0].strip().lstrip("@")
+            if selector.startswith("ctl.") and "." in selector[4:]:
+                name = selector.rsplit(".", 1)[0]
+                try:
+                    gin.get_configurable(name)
+                except ValueError:
+                    raise UserError(
+                        f"bad gin config: No configurable matching '{name}' (in --gin_bindings "
+                        f"{binding!r}).{_suggest(f'No configurable matching {name!r}')} Fix "
+                        "the binding in --gin_bindings.") from None
+        return call_configured(fn)
+    finally:
+        gin.clear_config()
+
+
+def check_gin_file(path: str, search_paths: Sequence[str], what: Optional[str] = None,
+                   seen: Sequence[str] = ()) -> None:
+    """Raises `UserError` unless `path`, and every file it `include`s, is a readable file.
+
+    Looked up as gin does: as given, then under each search path. Checked
+    before gin parses anything, because gin's package-resource reader fails
+    with a TypeError on some missing paths.
+    """
+    what = what or f"--gin_file={path}"
+    candidates = [path] + [os.path.join(d, path) for d in search_paths if not os.path.isabs(path)]
+    found = next((c for c in candidates if tf.io.gfile.exists(c)), None)
+    if found is None:
+        where = f" (searched: {', '.join(search_paths)})" if search_paths else ""
+        raise UserError(f"cannot read gin file: {what} does not exist{where}; check "
+                        "--gin_file, the `include` lines of the files and --gin_search_paths.")
+    if tf.io.gfile.isdir(found):
+        raise UserError(f"{what} is a directory; name a .gin file in it.")
+    if found in seen:
+        raise UserError(f"gin file {found} includes itself ({' -> '.join([*seen, found])}); "
+                        "remove the `include` line that closes the circle.")
+    try:
+        with tf.io.gfile.GFile(found, "rb") as f:
+            text = f.read().decode("utf-8")
+    except (tf.errors.OpError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read gin file {found} ({_first_line(error)}); pass a "
+                        "UTF-8 text file.") from error
+    for number, line in enumerate(text.splitlines(), 1):
+        match = re.match(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$", line)
+        if match:
+            check_gin_file(match.group(2), search_paths,
+                           f"{match.group(2)} (`include` at {found}:{number})", [*seen, found])
+
+
+def _check_command_line_macros(gin_bindings: Sequence[str]) -> None:
+    """Raises `UserError` for a macro bound on the command line that no config refers to."""
+    referenced = set(re.findall(r"%([A-Za-z_][\w./]*)", gin.config_str()))
+    for binding in gin_bindings:
+        match = re.match(r"\s*([A-Za-z_]\w*)\s*=", binding)
+        if match and match.group(1) not in referenced:
+            name = match.group(1)
+            matches = difflib.get_close_matches(name, sorted(referenced), n=3, cutoff=0.6)
+            hint = (f"did you mean {', '.join(matches)}?" if matches else
+                    f"the macros in use: {', '.join(sorted(referenced)) or 'none'}.")
+            raise UserError(f"--gin_bindings binds the macro {name}, which no config refers "
+                            f"to (as %{name}); {hint}")
+
+
+@contextlib.contextmanager
+def _gin_errors():
+    """Turns gin's exceptions for a bad config into one-line `UserError`s."""
+    try:
+        yield
     except (IOError, OSError) as error:
         raise UserError(
-            f"cannot read gin file: {error}; check --gin_file and --gin_search_paths."
+            f"cannot read gin file: {_first_line(error)}; check --gin_file, the `include` "
+            "lines of the files and --gin_search_paths."
         ) from error
     except ImportError as error:
         raise UserError(
@@ -96,6 +187,11 @@ def parse(
         ) from error
 
 
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def call_configured(fn):
     """Calls a gin configurable, turning a missing REQUIRED binding into a UserError."""
     try:
@@ -108,37 +204,15 @@ def call_configured(fn):
         ) from error
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Writes `text` to `path` so that readers see the old or the new file, never half."""
-    temp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(temp, "w") as f:
-        f.write(text)
-    tf.io.gfile.rename(temp, path, overwrite=True)
-
-
-def read_json(path: str, default: Any = None) -> Any:
-    """The JSON value stored at `path`, or `default` when there is no such file."""
-    if not tf.io.gfile.exists(path):
-        return default
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
-
-
-def write_json(path: str, value: Any) -> None:
-    """Stores `value` at `path` atomically (creating the directory)."""
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    write_atomically(path, json.dumps(value))
-
-
 def save_config(model_dir: str) -> None:
     """Saves the parsed config (files and bindings) as `<model_dir>/config.gin`."""
-    write_atomically(os.path.join(model_dir, CONFIG_FILE), gin.config_str())
+    write_atomically(ModelDir(model_dir).config_file, gin.config_str())
 
 
 def save_operative_config(model_dir: str, summary_dir: str) -> None:
     """Saves the values actually used, as a file and a TensorBoard text summary."""
     text = gin.operative_config_str()
-    write_atomically(os.path.join(model_dir, OPERATIVE_CONFIG_FILE), text)
+    write_atomically(ModelDir(model_dir).operative_config_file, text)
     writer = tf.summary.create_file_writer(summary_dir)
     with writer.as_default():
         tf.summary.text("operative_config", gin.markdown(text), step=0)

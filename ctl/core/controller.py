@@ -68,7 +68,16 @@ class Controller(orbit.Controller):
         return self._step
 
     def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
-        path = super().restore_checkpoint(checkpoint_path)
+        """Restores `checkpoint_path`, or by the manager's policy the newest checkpoint
+        that restores (else initializes); returns the path restored, if any."""
+        with self.strategy.scope():
+            if checkpoint_path is not None:
+                self.checkpoint_manager.checkpoint.restore(checkpoint_path)
+                path = checkpoint_path
+            else:
+                path = self.checkpoint_manager.restore_or_initialize()
+        if path is not None:
+            logging.info("restored model from %s.", path)
         self._step = int(self.global_step.numpy())  # Restored, or initialized.
         if path:
             self._loaded(path)

@@ -15,13 +15,14 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.comforts.hooks import Hooks, Run
+from ctl.comforts.hooks import Hooks, OwnedActions, Run
 from ctl.comforts.progress import MetricsLog, ProgressLogger
 from ctl.core import async_checkpoint, config
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
 from ctl.core.experiment import Experiment
+from ctl.core.model_dir import ModelDir, claim_eval_hooks
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import Trainer
 from ctl.faults import resume
@@ -31,8 +32,6 @@ from ctl.faults.preemption import SignalWatcher
 from ctl.sidecar import continuous_eval
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-TRAIN_SUMMARY_DIR = "train"
-EVAL_SUMMARY_DIR = "eval"
 
 
 def run_experiment(
@@ -56,7 +55,7 @@ def run_experiment(
     if mode == "train_and_eval" and cluster.has_evaluator():
         logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
         mode = "train"
-    if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
+    if mode == "eval" and not ModelDir(model_dir).checkpoints():
         raise UserError(
             f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
@@ -74,7 +73,8 @@ def run_experiment(
             stack.callback(lock.release)
         watcher = stack.enter_context(SignalWatcher()) if train else None
         checkpoint_dir = stack.enter_context(_checkpoint_directory(model_dir, chief))
-        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher)
+        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher,
+                    stack)
 
 
 @contextlib.contextmanager
@@ -102,6 +102,7 @@ class Built(NamedTuple):
     controller: Controller
     faults: Optional[FaultHandler]  # None unless training.
     hooks: Hooks
+    eval_side: Optional[OwnedActions] = None  # Release its claim when the run ends.
 
 
 def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy,
@@ -121,8 +122,8 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate
     )
-    summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
-    eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
+    summary_dir = ModelDir(model_dir).train_dir
+    eval_summary_dir = ModelDir(model_dir).eval_dir
     hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
     manager = CheckpointManager(
         trainer.checkpoint,
@@ -138,6 +139,12 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")
+    eval_actions = hooks.actions("on_eval_end")
+    eval_side = None
+    if evaluate and chief:  # One process runs the eval-side hooks of a model dir.
+        eval_side = OwnedActions(hooks.actions("on_eval_end", builtin=False),
+                                 claim_eval_hooks(model_dir, "trainer"))
+        eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     if schedule.async_checkpointing:
         async_checkpoint.enable()
     controller = Controller(
@@ -157,35 +164,38 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
             eval_summary_dir if chief else None, trainer.global_step
         ),
         train_actions=train_actions,
-        eval_actions=hooks.actions("on_eval_end"),
+        eval_actions=eval_actions,
         stop=hooks.run.stop,
         after_train_loop=[faults] if faults else [],
         on_checkpoint_end=hooks.actions("on_checkpoint_end"),
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
     hooks.run.step_fn = lambda: controller.step  # The controller owns the current step.
-    return Built(trainer, controller, faults, hooks)
+    return Built(trainer, controller, faults, hooks, eval_side)
 
 
-def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher
-         ) -> Dict[str, Any]:
+def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher,
+         stack: contextlib.ExitStack) -> Dict[str, Any]:
     schedule = experiment.schedule
     train = mode != "eval"
-    trainer, controller, faults, hooks = build_controller(
+    trainer, controller, faults, hooks, eval_side = build_controller(
         mode, model_dir, strategy, experiment,
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
+    if eval_side is not None:
+        stack.callback(eval_side.release)
     if lock is not None:
         lock.acquire()  # Before anything is written; raises UserError if held.
     if train:
         faults.resume_inputs()
     if train and chief:
-        continuous_eval.clear_finished(model_dir)
+        ModelDir(model_dir).clear_finished()
         config.save_config(model_dir)
 
     output = _run_mode(mode, controller, schedule)
     if train and chief:
-        continuous_eval.mark_finished(model_dir, int(trainer.global_step.numpy()))
+        ModelDir(model_dir).mark_finished(controller.step,
+                                          controller.checkpoint_manager.latest_checkpoint)
     hooks.call("on_trial_close", output)
     return output
 
@@ -216,7 +226,7 @@ def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
         builtin.append(MetricsLog())
-    return Hooks(builtin + list(experiment.hooks), run)
+    return Hooks(experiment.hooks, run, builtin=builtin)
 
 
 def ensure_writable(model_dir: str) -> None:

@@ -13,19 +13,8 @@ stores (`gs://`, `s3://`) there is nothing to lock and `ModelDirLock` warns and
 lets the run go on unguarded.
 """
 
-import datetime
-import errno
-import fcntl
-import json
-import os
-import socket
-from typing import Optional
-
-from absl import logging
-
 from ctl.core.errors import UserError
-
-LOCK_FILE = "trainer.lock"
+from ctl.core.model_dir import Claim, ModelDir
 
 
 class ModelDirLock:
@@ -39,37 +28,19 @@ class ModelDirLock:
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self.path = os.path.join(model_dir, LOCK_FILE)
-        self._fd: Optional[int] = None
+        self._claim = Claim(ModelDir(model_dir).trainer_lock_file, "trainer")
+        self.path = self._claim.path
 
     def acquire(self) -> None:
-        if "://" in self.model_dir:
-            logging.warning("cannot lock %s (not a local path): make sure one trainer runs "
-                            "on it at a time.", self.model_dir)
-            return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        if not self._claim.try_acquire():
             raise UserError(
                 f"--model_dir={self.model_dir} is in use by another trainer "
-                f"({describe_holder(self.path)}); wait for it to end or stop it, or use "
+                f"({self._claim.holder()}); wait for it to end or stop it, or use "
                 "another --model_dir."
-            ) from None
-        holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-        self._fd = fd
+            )
 
     def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._claim.release()
 
     def __enter__(self) -> "ModelDirLock":
         self.acquire()
@@ -77,13 +48,3 @@ class ModelDirLock:
 
     def __exit__(self, *exc_info) -> None:
         self.release()
-
-
-def describe_holder(path: str) -> str:
-    """`pid 4242 on host worker-3 since ...`, from the lock file (best effort)."""
-    try:
-        with open(path) as f:
-            holder = json.loads(f.read() or "{}")
-        return f"pid {holder['pid']} on host {holder['host']} since {holder['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"holder unknown, see {path}"

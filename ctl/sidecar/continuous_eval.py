@@ -36,18 +36,14 @@ import orbit
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hooks, Run
-from ctl.core import config
+from ctl.comforts.hooks import Hooks, OwnedActions, Run
+from ctl.core import config, model_dir as files
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
 from ctl.core.experiment import Experiment
+from ctl.core.model_dir import ModelDir, claim_eval_hooks
 from ctl.sidecar import scheduler as sidecar
 
-FINISHED_FILE = "ctl_run_finished.json"
-PROGRESS_FILE = "sidecar_progress.json"
-METRICS_FILE = "metrics.jsonl"
-EVAL_DIR = "eval"  # As ctl.core.train_lib.EVAL_SUMMARY_DIR.
-_INDEX = re.compile(r"^(.+)-(\d+)\.index$")
 _STEP_KEYS = (
     "global_step/.ATTRIBUTES/VARIABLE_VALUE",
     "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",  # tf_keras optimizers.
@@ -56,89 +52,27 @@ _STEP_KEYS = (
 )
 
 
-# The trainer's side: "this run is finished".
+def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float = 0.5) -> str:
+    """Waits for the trainer's `<model_dir>/config.gin` and returns its path.
 
-
-def mark_finished(model_dir: str, step: int) -> None:
-    """Records (atomically) that training ended, and its final checkpoint."""
-    latest = tf.train.latest_checkpoint(model_dir)
-    text = json.dumps({"final_step": step, "final_checkpoint": latest and os.path.basename(latest)})
-    config.write_atomically(os.path.join(model_dir, FINISHED_FILE), text + "\n")
-
-
-def clear_finished(model_dir: str) -> None:
-    """Called when training (re)starts: the run is no longer finished."""
-    path = os.path.join(model_dir, FINISHED_FILE)
-    if tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
-
-
-def final_checkpoint_number(model_dir: str) -> Optional[int]:
-    """The number of the trainer's final checkpoint, once it marked the run finished."""
-    try:
-        with tf.io.gfile.GFile(os.path.join(model_dir, FINISHED_FILE)) as f:
-            data = json.loads(f.read())
-    except (tf.errors.NotFoundError, json.JSONDecodeError):
-        return None
-    match = _INDEX.match(f"{data.get('final_checkpoint')}.index")
-    return int(match.group(2)) if match else int(data["final_step"])
-
-
-# Watching the model dir.
-
-
-def list_checkpoints(model_dir: str) -> Dict[int, str]:
-    """Maps the number of every checkpoint in `model_dir` (`NAME-N.index`) to its path."""
-    try:
-        names = tf.io.gfile.listdir(model_dir)
-    except tf.errors.NotFoundError:
-        return {}
-    found = {}
-    for name in sorted(names):
-        match = _INDEX.match(name)
-        if match and not match.group(1).endswith("_temp"):
-            found.setdefault(int(match.group(2)), os.path.join(model_dir, match.group(0)[:-6]))
-    return found
-
-
-def ready_checkpoints(model_dir: str, settle_seconds: float,
-                      found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
-    """The checkpoints (of `found`) that are committed: named in the state file, or settled."""
-    found = list_checkpoints(model_dir) if found is None else found
-    if not found:
-        return found
-    named = set()
-    try:
-        state = tf.train.get_checkpoint_state(model_dir)
-    except (tf.errors.OpError, ValueError):  # Being replaced; look again next poll.
-        state = None
-    if state is not None:
-        paths = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
-        named = {os.path.basename(p) for p in paths}
-    ready = {}
-    now = time.time()
-    for number, path in found.items():
-        if os.path.basename(path) in named:
-            ready[number] = path
-            continue
-        try:
-            mtime = tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9
-        except tf.errors.NotFoundError:
-            continue
-        if now - mtime >= settle_seconds:
-            ready[number] = path
-    return ready
-
-
-def wait_for_config(model_dir: str, poll_interval: float = 0.5) -> str:
-    """Waits for the trainer's `<model_dir>/config.gin` and returns its path."""
-    path = os.path.join(model_dir, config.CONFIG_FILE)
-    next_log = 0.0
+    Raises `UserError` when `model_dir` is not a directory or after `timeout`
+    seconds (None: no limit) without the file.
+    """
+    path = ModelDir(model_dir).config_file
+    start = next_log = time.monotonic()
     while not tf.io.gfile.exists(path):
-        if time.monotonic() >= next_log:
+        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+            raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at "
+                            "the trainer's model dir.")
+        now = time.monotonic()
+        if timeout is not None and now - start >= timeout:
+            raise UserError(
+                f"no {path} after {timeout:g} s (ctl.ContinuousEval.timeout): the trainer "
+                "writes it when it starts; start the trainer, or pass its --gin_file.")
+        if now >= next_log:
             logging.info("waiting for %s (the trainer writes it when it starts; or pass "
                          "--gin_file)", path)
-            next_log = time.monotonic() + 60
+            next_log = now + 60
         time.sleep(poll_interval)
     return path
 
@@ -150,12 +84,13 @@ class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
 
     def __init__(self, experiment: Experiment, strategy: tf.distribute.Strategy,
-                 eval_dir: str, callbacks=()):
+                 directory: ModelDir, callbacks=()):
         task = experiment.task
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
         self.model = self.trainer.model
         self.eval_steps = experiment.schedule.eval_steps or -1
-        self.eval_dir = eval_dir
+        self.eval_dir = directory.eval_dir
+        self.metrics_file = directory.sidecar_metrics_file
         names = tuple(task.eval_datasets())
         self.datasets = {
             name: self.trainer.distribute_dataset(
@@ -243,23 +178,35 @@ def evaluate_continuously(
     settings = settings or config.call_configured(sidecar.ContinuousEval)
     experiment = experiment or config.call_configured(Experiment)
     strategy = strategy or tf.distribute.get_strategy()
-    eval_dir = os.path.join(model_dir, EVAL_DIR)
-    progress = load_progress(eval_dir)
+    directory = ModelDir(model_dir)
+    if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+        raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at the "
+                        "trainer's model dir.")
+    progress = load_progress(directory)
     logging.info(
         "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
-        settings.max_evaluations, len(progress.outcomes), os.path.join(eval_dir, PROGRESS_FILE))
-    evaluator = CheckpointEvaluator(experiment, strategy, eval_dir, settings.callbacks)
+        settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
+    evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
+    try:
+        return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock)
+    finally:
+        eval_end_hooks.release()
+
+
+def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
+           progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock) -> Dict[str, Any]:
+    model_dir = directory.path
     scheduler = sidecar.Scheduler(settings, progress, clock=clock)
     last = {}
     waiting = False
     seen = {}
     while True:
-        present = list_checkpoints(model_dir)
-        ready = ready_checkpoints(model_dir, settings.settle_seconds, present)
-        final = final_checkpoint_number(model_dir)
-        _record_vanished(seen, present, progress, eval_dir)
+        present = directory.checkpoints()
+        ready = directory.committed_checkpoints(settings.settle_seconds, present)
+        final = directory.final_checkpoint_number()
+        _record_vanished(seen, present, progress, directory)
         seen = dict(ready)
         decision = scheduler.decide(ready, final, present)
         if decision.kind == sidecar.WAIT:
@@ -277,14 +224,14 @@ def evaluate_continuously(
             outcome, output = _evaluate_one(evaluator, decision.number, ready[decision.number],
                                             eval_end_hooks)
             progress.record(decision.number, outcome)
-            save_progress(eval_dir, progress)
+            save_progress(directory, progress)
             last = output or last
             continue
         if decision.kind == sidecar.TIMEOUT:
             raise UserError(
                 f"no new checkpoint in --model_dir={model_dir} for {settings.timeout:g} s "
                 f"(ctl.ContinuousEval.timeout) and the trainer has not marked the run finished "
-                f"({FINISHED_FILE}); check the trainer, or raise the timeout."
+                f"({files.FINISHED_FILE}); check the trainer, or raise the timeout."
             )
         if decision.kind == sidecar.MAX_EVALUATIONS:
             logging.info("stopping: %d evaluations reached ctl.ContinuousEval.max_evaluations",
@@ -301,33 +248,38 @@ def evaluate_continuously(
 
 
 def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
-                     progress: sidecar.Progress, eval_dir: str) -> None:
+                     progress: sidecar.Progress, directory: ModelDir) -> None:
     """Checkpoints seen ready, now gone before their evaluation, are recorded `deleted`."""
     for number in sorted(set(seen) - set(present)):
         if not progress.handled(number):
             logging.warning("skipping %s: deleted before its evaluation (e.g. by "
                             "max_checkpoints)", os.path.basename(seen[number]))
             progress.record(number, sidecar.DELETED)
-            save_progress(eval_dir, progress)
+            save_progress(directory, progress)
 
 
-def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator, model_dir: str):
-    """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint.
+def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator,
+                     model_dir: str) -> OwnedActions:
+    """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint,
+    run only if this process owns them (`ctl.comforts.hooks.OwnedActions`).
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
     as `FinalExporter` stay with the trainer, so the two never race for a file.
     """
     hooks = [hook for hook in experiment.hooks if callable(getattr(hook, "on_eval_end", None))]
-    if not hooks:
-        return []
-    trainer = evaluator.trainer
-    run = Run(model_dir=model_dir, model=trainer.model, task=experiment.task,
-              checkpoint=tf.train.Checkpoint(model=trainer.model, global_step=trainer.global_step),
-              global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
-    return Hooks(hooks, run).actions("on_eval_end")
+    actions = []
+    if hooks:
+        trainer = evaluator.trainer
+        run = Run(model_dir=model_dir, model=trainer.model, task=experiment.task,
+                  checkpoint=tf.train.Checkpoint(model=trainer.model,
+                                                 global_step=trainer.global_step),
+                  global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
+        actions = Hooks(hooks, run).actions("on_eval_end")
+    return OwnedActions(actions, claim_eval_hooks(model_dir, "sidecar evaluator"))
 
 
-def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str, eval_end_hooks=()):
+def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
+                  eval_end_hooks: Optional[OwnedActions] = None):
     name = os.path.basename(path)
     started = time.time()
     logging.info("evaluating %s", name)
@@ -343,63 +295,36 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str, eval_e
     evaluator.write_summaries(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
-    append_metrics(evaluator.eval_dir, record)
+    files.append_json_line(evaluator.metrics_file, record)
     logging.info("eval | step: %6d | %s", output["step"], _format(output["results"]))
-    for action in eval_end_hooks:
-        action(output["results"])
+    if eval_end_hooks is not None:
+        eval_end_hooks(output["results"])
     return sidecar.EVALUATED, output
 
 
-# Progress and metrics files in the eval dir.
+# The progress record and the metrics of the eval dir.
 
 
-def load_progress(eval_dir: str) -> sidecar.Progress:
-    """The progress file, plus every evaluation the metrics file records."""
-    path = os.path.join(eval_dir, PROGRESS_FILE)
-    text = None
-    if tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as f:
-            text = f.read()
-    progress = sidecar.Progress.from_json(text)
-    for record in read_metrics(eval_dir):
+def load_progress(directory: ModelDir) -> sidecar.Progress:
+    """The progress record, plus every evaluation `eval/metrics.jsonl` records.
+
+    A progress record that cannot be read is ignored (one WARNING): the
+    metrics file still says which checkpoints were evaluated.
+    """
+    progress = sidecar.Progress.from_record(files.read_json(directory.sidecar_progress_file))
+    for record in read_metrics(directory.path):
         progress.record(int(record["number"]), sidecar.EVALUATED)
     return progress
 
 
-def save_progress(eval_dir: str, progress: sidecar.Progress) -> None:
-    tf.io.gfile.makedirs(eval_dir)
-    config.write_atomically(os.path.join(eval_dir, PROGRESS_FILE), progress.to_json())
+def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
+    files.write_json(directory.sidecar_progress_file, progress.to_record())
 
 
-def read_metrics(eval_dir: str):
-    """The records of `eval/metrics.jsonl`, one dict per evaluation."""
-    path = os.path.join(eval_dir, METRICS_FILE)
-    if not tf.io.gfile.exists(path):
-        return []
-    records = []
-    with tf.io.gfile.GFile(path) as f:
-        for line in f.read().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # A line cut short by a kill.
-                continue
-    return records
-
-
-def append_metrics(eval_dir: str, record: Dict[str, Any]) -> None:
-    tf.io.gfile.makedirs(eval_dir)
-    path = os.path.join(eval_dir, METRICS_FILE)
-    prefix = ""
-    if tf.io.gfile.exists(path):
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell():
-                f.seek(-1, os.SEEK_END)
-                prefix = "" if f.read(1) == b"\n" else "\n"
-    with open(path, "a") as f:
-        f.write(prefix + json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def read_metrics(model_dir: str):
+    """The sidecar's records in `<model_dir>/eval/metrics.jsonl`, one dict per evaluation."""
+    return [r for r in files.read_json_lines(ModelDir(model_dir).sidecar_metrics_file)
+            if isinstance(r.get("number"), int)]
 
 
 class _PartialRestoreNotice(std_logging.Filter):

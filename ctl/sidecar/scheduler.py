@@ -32,6 +32,7 @@ EVALUATED = "evaluated"
 FAILED = "failed"  # Corrupt or truncated: could not be read.
 DELETED = "deleted"  # Gone before it could be read (e.g. `max_to_keep`).
 SKIPPED = "skipped"  # Passed over by the `latest` policy.
+OUTCOMES = (EVALUATED, FAILED, DELETED, SKIPPED)
 
 # What to do next.
 EVALUATE = "evaluate"
@@ -104,16 +105,26 @@ class Progress:
     def record(self, number: int, outcome: str) -> None:
         self.outcomes[number] = outcome
 
+    def to_record(self) -> Dict[str, Any]:
+        return {"version": 1,
+                "checkpoints": {str(n): self.outcomes[n] for n in sorted(self.outcomes)}}
+
+    @classmethod
+    def from_record(cls, record: Any) -> "Progress":
+        """The progress a `to_record()` value holds; empty for anything else (e.g. a
+        damaged file: the metrics file still says what was evaluated)."""
+        checkpoints = record.get("checkpoints") if isinstance(record, dict) else None
+        if not isinstance(checkpoints, dict):
+            return cls()
+        return cls({int(n): outcome for n, outcome in checkpoints.items()
+                    if str(n).isdigit() and outcome in OUTCOMES})
+
     def to_json(self) -> str:
-        outcomes = {str(n): self.outcomes[n] for n in sorted(self.outcomes)}
-        return json.dumps({"version": 1, "checkpoints": outcomes}, indent=1) + "\n"
+        return json.dumps(self.to_record(), indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: Optional[str]) -> "Progress":
-        if not text:
-            return cls()
-        data = json.loads(text)
-        return cls({int(n): outcome for n, outcome in data["checkpoints"].items()})
+        return cls.from_record(json.loads(text) if text else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,496 @@
+"""A model dir: every file ctl keeps in it, how each is written and how each is read.
+
+    <model_dir>/
+      checkpoint                    TensorFlow's checkpoint state file: names the latest checkpoint
+      ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
+      config.gin                    the parsed config (the trainer, at start)
+      operative_config.gin          the values actually used (the trainer, after its first loop)
+      trainer.lock                  one trainer at a time (`ctl.faults.lock`)
+      eval_hooks.lock               which process runs the eval-side hooks (`claim_eval_hooks`)
+      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint"}
+      metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
+      early_stopping.json           `ctl.EarlyStopping`'s count
+      train/, eval/                 TensorBoard summaries
+      eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
+      eval/sidecar_progress.json    what the sidecar did with each checkpoint
+      best/best.json, best/ckpt-N/  `ctl.BestCheckpoint`
+      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter)
+
+Writes are atomic (a temporary name, then a rename: readers see the old file
+or the new one, never half) except the JSON-lines files, which are appended
+one whole line per write. Reads are defensive: a record that cannot be read
+(0 bytes, garbage, not UTF-8) is reported in one WARNING and treated as absent;
+a JSON-lines file skips a line cut short by a kill.
+
+The corruption policy for checkpoints (train, eval and the sidecar alike;
+docs/faults.md, "Damaged model dir"): `restore_newest` restores the checkpoint
+the state file names; if that file is unreadable, names a checkpoint that is
+gone, or names one that does not restore, it scans the `*.index` files and
+restores the newest checkpoint that does, with one WARNING naming what was
+skipped and why. It never starts from step 0 while a checkpoint is there: if
+none restores, the run stops with an error naming them.
+"""
+
+import dataclasses
+import datetime
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from ctl.core.errors import UserError
+
+CHECKPOINT_STATE_FILE = "checkpoint"
+CONFIG_FILE = "config.gin"
+OPERATIVE_CONFIG_FILE = "operative_config.gin"
+TRAINER_LOCK_FILE = "trainer.lock"
+EVAL_HOOKS_LOCK_FILE = "eval_hooks.lock"
+FINISHED_FILE = "ctl_run_finished.json"
+METRICS_FILE = "metrics.jsonl"
+EARLY_STOPPING_FILE = "early_stopping.json"
+TRAIN_DIR = "train"
+EVAL_DIR = "eval"
+SIDECAR_METRICS_FILE = "metrics.jsonl"  # In EVAL_DIR.
+SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In EVAL_DIR.
+BEST_DIR = "best"
+BEST_RECORD_FILE = "best.json"
+EXPORT_DIR = "export"
+
+_INDEX = re.compile(r"^(.+)-(\d+)\.index$")
+
+
+# Reading and writing one file.
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Writes `text` to `path` so that readers see the old or the new file, never half."""
+    temp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(temp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+def read_text(path: str) -> Optional[str]:
+    """The text at `path`; None if there is no such file. Raises `ValueError`
+    (with what is wrong) when it cannot be read as UTF-8 text."""
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data = f.read()
+    except tf.errors.OpError as error:
+        raise ValueError(f"cannot read it: {_first_line(error)}") from error
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 text ({error.reason} at byte {error.start})") from error
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON value at `path`; `default` when there is none or it cannot be read
+    (then with one WARNING: the record is treated as absent)."""
+    try:
+        text = read_text(path)
+        if text is None:
+            return default
+        if not text.strip():
+            raise ValueError("the file is empty")
+        return json.loads(text)
+    except ValueError as error:  # json.JSONDecodeError is one.
+        logging.warning("ignoring %s: %s", path, error)
+        return default
+
+
+def write_json(path: str, value: Any) -> None:
+    """Stores `value` at `path` atomically (creating the directory)."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    write_atomically(path, json.dumps(value))
+
+
+def append_json_line(path: str, record: Dict[str, Any]) -> None:
+    """Appends `record` as one line, flushed to disk; mends a last line cut short by a kill."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    prefix = ""
+    if tf.io.gfile.exists(path):
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                prefix = "" if f.read(1) == b"\n" else "\n"
+    with open(path, "a") as f:
+        f.write(prefix + json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json_lines(path: str) -> List[Dict[str, Any]]:
+    """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+    records = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError:  # Cut short by a kill, or damaged.
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# Checkpoints.
+
+
+class UnreadableCheckpointError(UserError):
+    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
+
+    def __init__(self, message: str, deleted: bool):
+        super().__init__(message)
+        self.deleted = deleted
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointState:
+    """What the `checkpoint` state file says, read defensively."""
+
+    latest: Optional[str] = None  # The path it names as the latest.
+    all: Sequence[str] = ()  # Every path it names.
+    problem: Optional[str] = None  # Why it cannot be used, if it cannot.
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What `restore_newest` restored, and what the state file should say from now on."""
+
+    path: Optional[str]  # None: the model dir holds no checkpoint; nothing restored.
+    state_is_stale: bool = False  # The state file does not name `path` as the latest.
+    keep: Sequence[str] = ()  # Checkpoints up to `path` to name in a rewritten state file.
+
+
+class ModelDir:
+    """The files of one model dir (a local path or a `gs://`-style URL)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def file(self, *names: str) -> str:
+        return os.path.join(self.path, *names)
+
+    # What lives where.
+
+    @property
+    def config_file(self) -> str:
+        return self.file(CONFIG_FILE)
+
+    @property
+    def operative_config_file(self) -> str:
+        return self.file(OPERATIVE_CONFIG_FILE)
+
+    @property
+    def trainer_lock_file(self) -> str:
+        return self.file(TRAINER_LOCK_FILE)
+
+    @property
+    def eval_hooks_lock_file(self) -> str:
+        return self.file(EVAL_HOOKS_LOCK_FILE)
+
+    @property
+    def finished_file(self) -> str:
+        return self.file(FINISHED_FILE)
+
+    @property
+    def metrics_file(self) -> str:
+        return self.file(METRICS_FILE)
+
+    @property
+    def early_stopping_file(self) -> str:
+        return self.file(EARLY_STOPPING_FILE)
+
+    @property
+    def train_dir(self) -> str:
+        return self.file(TRAIN_DIR)
+
+    @property
+    def eval_dir(self) -> str:
+        return self.file(EVAL_DIR)
+
+    @property
+    def sidecar_metrics_file(self) -> str:
+        return self.file(EVAL_DIR, SIDECAR_METRICS_FILE)
+
+    @property
+    def sidecar_progress_file(self) -> str:
+        return self.file(EVAL_DIR, SIDECAR_PROGRESS_FILE)
+
+    @property
+    def best_dir(self) -> str:
+        return self.file(BEST_DIR)
+
+    @property
+    def best_record_file(self) -> str:
+        return self.file(BEST_DIR, BEST_RECORD_FILE)
+
+    def export_dir(self, name: str) -> str:
+        return self.file(EXPORT_DIR, name)
+
+    # The run-finished marker.
+
+    def mark_finished(self, step: int, final_checkpoint: Optional[str]) -> None:
+        """Records (atomically) that training ended, and its final checkpoint."""
+        text = json.dumps({"final_step": step, "final_checkpoint":
+                           final_checkpoint and os.path.basename(final_checkpoint)})
+        write_atomically(self.finished_file, text + "\n")
+
+    def clear_finished(self) -> None:
+        """Called when training (re)starts: the run is no longer finished."""
+        if tf.io.gfile.exists(self.finished_file):
+            tf.io.gfile.remove(self.finished_file)
+
+    def final_checkpoint_number(self) -> Optional[int]:
+        """The number of the trainer's final checkpoint, once it marked the run finished."""
+        data = read_json(self.finished_file)
+        if not isinstance(data, dict):
+            return None
+        match = _INDEX.match(f"{data.get('final_checkpoint')}.index")
+        if match:
+            return int(match.group(2))
+        step = data.get("final_step")
+        return step if isinstance(step, int) else None
+
+    # Checkpoints.
+
+    def checkpoints(self) -> Dict[int, str]:
+        """Maps the number of every checkpoint (`NAME-N.index`) to its path, whatever the state file says."""
+        try:
+            names = tf.io.gfile.listdir(self.path)
+        except tf.errors.OpError:  # Not there (yet), or not a directory.
+            return {}
+        found = {}
+        for name in sorted(names):
+            match = _INDEX.match(name)
+            if match and not match.group(1).endswith("_temp"):
+                found.setdefault(int(match.group(2)), self.file(match.group(0)[:-len(".index")]))
+        return found
+
+    def checkpoint_state(self) -> CheckpointState:
+        """The `checkpoint` state file, read defensively (never raises)."""
+        path = self.file(CHECKPOINT_STATE_FILE)
+        try:
+            text = read_text(path)
+            if text is None:
+                return CheckpointState()
+            fields = _parse_checkpoint_state(text)
+        except ValueError as error:
+            return CheckpointState(problem=f"{path} is unreadable ({_first_line(error)})")
+        latest = fields.get("model_checkpoint_path")
+        if not latest:
+            return CheckpointState(problem=f"{path} names no checkpoint")
+        return CheckpointState(self._absolute(latest[-1]),
+                               [self._absolute(p) for p in fields.get("all_model_checkpoint_paths", [])])
+
+    def _absolute(self, path: str) -> str:
+        return path if os.path.isabs(path) or "://" in path else self.file(path)
+
+    def committed_checkpoints(self, settle_seconds: float,
+                              found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
+        """The checkpoints (of `found`) that are complete: named in the state file, or
+        with an index file `settle_seconds` old (a state file that cannot be read names none)."""
+        found = self.checkpoints() if found is None else found
+        if not found:
+            return found
+        state = self.checkpoint_state()
+        named = {os.path.basename(p) for p in (state.latest, *state.all) if p}
+        ready = {}
+        now = time.time()
+        for number, path in found.items():
+            if os.path.basename(path) in named:
+                ready[number] = path
+                continue
+            try:
+                mtime = tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9
+            except tf.errors.NotFoundError:
+                continue
+            if now - mtime >= settle_seconds:
+                ready[number] = path
+        return ready
+
+    def restore_newest(self, restore: Callable[[str], Any]) -> Restored:
+        """Restores the latest checkpoint with `restore(path)`, by the corruption policy.
+
+        `restore` raises `UnreadableCheckpointError` for a checkpoint that is
+        gone or damaged (the next one is tried) and `UserError` for one of a
+        different model (raised on). Reads only; writes nothing.
+        """
+        state = self.checkpoint_state()
+        found = self.checkpoints()
+        by_name = {os.path.basename(p): n for n, p in found.items()}
+        newest_first = [found[n] for n in sorted(found, reverse=True)]
+        problem = state.problem
+        if state.latest is not None:
+            named = os.path.basename(state.latest)
+            if named in by_name:  # The committed latest first, as TensorFlow would.
+                newest_first.remove(found[by_name[named]])
+                newest_first.insert(0, found[by_name[named]])
+            else:
+                problem = f"{self.file(CHECKPOINT_STATE_FILE)} names {named}, which is not there"
+        if not newest_first:
+            if problem and state.latest is None:
+                logging.warning("%s; the model dir holds no checkpoint (*.index): starting "
+                                "from scratch.", problem)
+            return Restored(None)
+        skipped = []  # (name, why)
+        for path in newest_first:
+            try:
+                restore(path)
+            except UnreadableCheckpointError as error:
+                skipped.append((os.path.basename(path), str(error)))
+                continue
+            stale = bool(problem or skipped)
+            if stale:
+                why = [problem] if problem else []
+                why += [f"skipped {name} ({reason})" for name, reason in skipped]
+                logging.warning("%s; restored %s, the newest checkpoint that restores.",
+                                "; ".join(why), os.path.basename(path))
+            number = by_name[os.path.basename(path)]
+            failed = {name for name, _ in skipped}
+            keep = [found[n] for n in sorted(found)
+                    if n <= number and os.path.basename(found[n]) not in failed]
+            return Restored(path, stale, keep)
+        names = ", ".join(f"{name}.*" for name, _ in skipped)
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped)
+        raise UserError(
+            f"no checkpoint in --model_dir={self.path} can be restored ({reasons}); delete "
+            f"the damaged files ({names}) to train from scratch, or use a new --model_dir."
+        )
+
+    def write_checkpoint_state(self, restored: Restored) -> None:
+        """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
+        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
+        stamps = []
+        for path in restored.keep:
+            try:
+                stamps.append(tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
+            except tf.errors.NotFoundError:
+                stamps.append(time.time())
+        lines = [f"model_checkpoint_path: {json.dumps(os.path.basename(restored.path))}"]
+        lines += [f"all_model_checkpoint_paths: {json.dumps(os.path.basename(p))}"
+                  for p in restored.keep]
+        lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
+        lines.append(f"last_preserved_timestamp: {min(stamps, default=time.time()) - 1!r}")
+        write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
+        logging.info("rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
+                     os.path.basename(restored.path))
+
+
+# Locks: one process holds each, for as long as it lives.
+
+
+class Claim:
+    """An exclusive `flock` on a file of the model dir, with its holder recorded in it.
+
+    The kernel drops it when the holding process ends, however it ends, so a
+    stale claim never blocks a restart. `try_acquire` returns False when
+    another live process holds it; `holder()` then names that process. On
+    object stores (`gs://`) there is nothing to lock: `try_acquire` warns and
+    returns True.
+    """
+
+    def __init__(self, path: str, role: str):
+        self.path = path
+        self.role = role
+        self._fd: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        if "://" in self.path:
+            logging.warning("cannot lock %s (not a local path): make sure one process uses "
+                            "it at a time.", self.path)
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return False
+        holder = {"role": self.role, "pid": os.getpid(), "host": socket.gethostname(),
+                  "since": datetime.datetime.now(datetime.timezone.utc).strftime(
+                      "%Y-%m-%dT%H:%M:%SZ")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def holder(self) -> str:
+        """`pid 4242 on host worker-3 since ...`, from the file (best effort)."""
+        record = self._holder_record()
+        try:
+            return f"pid {record['pid']} on host {record['host']} since {record['since']}"
+        except (KeyError, TypeError):
+            return f"holder unknown, see {self.path}"
+
+    def holder_role(self) -> str:
+        """The role the holder recorded (e.g. `sidecar evaluator`), best effort."""
+        record = self._holder_record()
+        role = record.get("role") if isinstance(record, dict) else None
+        return role if isinstance(role, str) else "another process"
+
+    def _holder_record(self):
+        try:
+            with open(self.path) as f:
+                return json.loads(f.read() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+
+def claim_eval_hooks(model_dir: str, role: str) -> Claim:
+    """The claim on the eval-side hooks of `model_dir` (best checkpoint, exports, early
+    stopping): whichever process takes it first runs them, the other none (docs/comforts.md)."""
+    return Claim(ModelDir(model_dir).eval_hooks_lock_file, role)
+
+
+_STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'
+                         r'|^(all_model_checkpoint_timestamps|last_preserved_timestamp): [-+.\deE]+$')
+
+
+def _parse_checkpoint_state(text: str) -> Dict[str, List[str]]:
+    """The path fields of a `CheckpointState` text proto; `ValueError` on anything else."""
+    if not text.strip():
+        raise ValueError("the file is empty")
+    fields: Dict[str, List[str]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        match = _STATE_LINE.match(line)
+        if not match:
+            raise ValueError(f"line {number} is not a checkpoint state field: {line[:40]!r}")
+        if match.group(1):
+            fields.setdefault(match.group(1), []).append(json.loads(match.group(2)))
+    return fields
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:160] if text else type(error).__name__
