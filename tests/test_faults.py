@@ -16,7 +16,7 @@ from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import SignalWatcher
 from ctl.faults.step_guard import StepGuard
-from tests.cli import ROOT
+from tests.cli import ROOT, checkpoint_values
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 # In-process: no global seed, so that op determinism is not switched on for the
@@ -30,9 +30,7 @@ def train(model_dir, *bindings):
 
 
 def weights(model_dir):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "save_counter" not in name and "OBJECT_GRAPH" not in name}
+    return checkpoint_values(tf.train.latest_checkpoint(str(model_dir)))
 
 
 @pytest.mark.parametrize("while_loop", [True, False])
@@ -42,7 +40,7 @@ def test_nan_stop_names_the_step_not_the_loop(tmp_path, while_loop):
               f"ctl.Trainer.use_tf_while_loop = {while_loop}")
     # The loop of steps 11-20 stopped at 13; nothing after the last good checkpoint was saved.
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
-    assert all(np.isfinite(v).all() for v in weights(tmp_path).values())
+    assert all(np.isfinite(v).all() for v in weights(tmp_path).values() if v is not None)
 
 
 def test_nan_recover_replays_the_same_data(tmp_path):
@@ -56,7 +54,8 @@ def test_nan_recover_replays_the_same_data(tmp_path):
     clean, recovered = weights(tmp_path / "clean"), weights(tmp_path / "glitch")
     assert sorted(clean) == sorted(recovered)
     for name in clean:
-        assert clean[name].tobytes() == recovered[name].tobytes(), name
+        if clean[name] is not None:  # Not the input position.
+            assert clean[name].tobytes() == recovered[name].tobytes(), name
 
 
 def test_nan_recover_gives_up_after_max_recoveries(tmp_path):

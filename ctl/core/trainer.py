@@ -94,6 +94,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
         self._train_logs = None  # The last loop's results, for train_loop_end.
+        self._train_loop = None  # Built on first use.
+        self._train_iterator = None  # (dataset, its iterator), made on first use.
         # What the last train loop read at its end besides its results, so that
         # the host reads no variable right after a loop (an eager op there
         # costs 0.3 ms): "global_step", and "bad_step" with a step guard. Empty
@@ -184,6 +186,23 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             self._coordinator.join()
 
     # Training.
+
+    def train(self, num_steps: tf.Tensor):
+        """orbit's `StandardTrainer.train`, reading from `train_iterator`."""
+        self.train_loop_begin()
+        if self._train_loop is None:
+            self._train_loop = self.create_train_loop_fn()
+        self._train_loop(self.train_iterator, num_steps)
+        return self.train_loop_end()
+
+    @property
+    def train_iterator(self):
+        """The iterator train loops read from: made from `train_dataset` on first use, and
+        again whenever `train_dataset` is replaced (so a checkpoint can hold it)."""
+        dataset = self.train_dataset
+        if self._train_iterator is None or self._train_iterator[0] is not dataset:
+            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
+        return self._train_iterator[1]
 
     def create_train_loop_fn(self):
         """The loop orbit's `train` calls: resets the metrics, runs the steps, reads the metrics.
