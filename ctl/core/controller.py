@@ -27,7 +27,7 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import StopRequest
+from ctl.core.hooks import StopRequest
 
 
 class Controller(orbit.Controller):
