@@ -144,7 +144,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
     faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
-    train_actions = [faults] if train else []
+    train_actions = []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")
@@ -169,9 +169,11 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         train_actions=train_actions,
         eval_actions=hooks.actions("on_eval_end"),
         stop=hooks.run.stop,
+        after_train_loop=[faults] if faults else [],
         on_checkpoint_end=hooks.actions("on_checkpoint_end"),
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
+    hooks.run.step_fn = lambda: controller.step  # The controller owns the current step.
     return Built(trainer, controller, faults, hooks)
 
 
@@ -220,7 +222,7 @@ def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
     run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
               global_step=trainer.global_step, task=experiment.task, strategy=strategy,
-              chief=chief, loop_end=trainer.loop_end)
+              chief=chief)
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
         builtin.append(MetricsLog())

@@ -70,14 +70,16 @@ class Run:
     strategy: Optional[tf.distribute.Strategy] = None
     chief: bool = True
     stop: StopRequest = dataclasses.field(default_factory=StopRequest)
-    # The trainer's `loop_end`: the global step as its last train loop read it.
-    loop_end: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Where the current step comes from once a controller runs (its `step`,
+    # taken from each loop's end and each restore: no variable read after a
+    # loop); before that, and on a sidecar evaluator, the variable.
+    step_fn: Optional[Callable[[], int]] = None
 
     @property
     def step(self) -> int:
-        """The global step; right after a train loop, without reading the variable."""
-        if "global_step" in self.loop_end:
-            return int(self.loop_end["global_step"])
+        """The global step."""
+        if self.step_fn is not None:
+            return int(self.step_fn())
         return int(self.global_step.numpy())
 
 
