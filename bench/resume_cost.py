@@ -29,8 +29,9 @@ import tensorflow as tf
 
 from bench import measure
 from bench.startup import time_to_line
-from ctl.core import config, train_lib
-from ctl.core.experiment import Experiment
+from ctl import train_lib
+from ctl.core import config
+from ctl.experiment import Experiment
 from ctl.faults.preemption import SignalWatcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

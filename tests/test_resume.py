@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import train_lib
+from ctl import train_lib
 from ctl.faults.preemption import SignalWatcher
 from tests.cli import checkpoint_values
 from tests.fault_tasks import ProbeTask
