@@ -27,7 +27,8 @@ from absl import logging
 import gin
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run, improved, metric_value
+from ctl.comforts.hooks import improved, metric_value
+from ctl.core.hooks import Hook, Run
 from ctl.core.model_dir import ModelDir, read_json, write_json
 
 

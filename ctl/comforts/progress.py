@@ -28,7 +28,8 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run, flat_logs
+from ctl.comforts.hooks import flat_logs
+from ctl.core.hooks import Hook, Run
 from ctl.core.model_dir import ModelDir, read_json_lines
 
 BAR_WIDTH = 30

@@ -61,6 +61,7 @@ class CheckpointManager:
         self.latest_checkpoint: Optional[str] = None  # Restored, or saved since.
         self._saved_step = _step_of(ModelDir(directory).checkpoint_state().latest)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
+        self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
 
     @property
     def checkpoint_interval(self) -> Optional[int]:
@@ -107,7 +108,7 @@ class CheckpointManager:
             return None
         if restored.state_is_stale and self._restore_directory == self.directory:
             self._repair = restored
-        self.latest_checkpoint = restored.path
+        self.latest_checkpoint = self.restored_path = restored.path
         self._saved_step = _step_of(restored.path)
         return restored.path
 

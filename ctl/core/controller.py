@@ -37,7 +37,7 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import StopRequest
+from ctl.core.hooks import StopRequest
 from ctl.core.trainer import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]

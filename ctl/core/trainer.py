@@ -49,20 +49,38 @@ tasks that aggregate logs on the host, always use the host loop.
 """
 
 import itertools
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Protocol
 
 import gin
 import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.cluster import reducers
+from ctl.core import aggregation, checkpoint_contents
 from ctl.core.errors import UserError
 from ctl.core.task import Task
-from ctl.faults.resume import track_rng_state
-from ctl.faults.step_guard import NO_BAD_STEP, StepGuard
 
 Logs = Dict[str, Any]
+NO_BAD_STEP = -1  # A StepGuard's `bad_step` when every loss was finite.
+
+
+class StepGuard(Protocol):
+    """The extension point that may end a train loop early, at a step boundary.
+
+    A Trainer's `step_guard` is None (orbit's loops) or an object like this one;
+    `ctl.faults.step_guard.StepGuard` (signals, NaN losses) is ctl's.
+    """
+
+    bad_step: tf.Variable  # The step whose loss was not finite, or NO_BAD_STEP.
+
+    def graph_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`."""
+
+    def host_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
+
+    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
+        """Called after each step, in cross-replica context, with the step's loss."""
 
 
 class TrainLoopEnd(NamedTuple):
@@ -143,10 +161,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 "ParameterServerStrategy trains only; evaluate with the sidecar evaluator "
                 "(--mode=continuous_eval, the \"evaluator\" task of TF_CONFIG)."
             )
-        self.checkpoint = tf.train.Checkpoint(
-            global_step=self.global_step, model=self.model, optimizer=self.optimizer
-        )
-        track_rng_state(self.checkpoint, self.model)  # Keras 3 Dropout etc., as `rng`.
+        self.checkpoint = checkpoint_contents.build_checkpoint(
+            self.global_step, self.model, self.optimizer)
         orbit.StandardTrainer.__init__(
             self,
             self.distribute_dataset(task.build_inputs, training=True) if train else None,
@@ -208,16 +224,22 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.train_loop_begin()
         if self._train_loop is None:
             self._train_loop = self.create_train_loop_fn()
-        dataset = self.train_dataset
-        if self._train_iterator is None or self._train_iterator[0] is not dataset:
-            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
-        end = self._train_loop(self._train_iterator[1], num_steps)
+        end = self._train_loop(self.train_iterator, num_steps)
         logs = self.train_loop_end()
         if end is None:  # A host or parameter-server loop (or an orbit-style loop_fn).
             end = self._loop_end_values()
         bad_step = int(end["bad_step"]) if "bad_step" in end else NO_BAD_STEP
         return TrainLoopEnd(logs, int(end["global_step"]),
                             None if bad_step == NO_BAD_STEP else bad_step)
+
+    @property
+    def train_iterator(self):
+        """The iterator train loops read from: made from `train_dataset` on first use, and
+        again whenever `train_dataset` is replaced (so a checkpoint can hold it)."""
+        dataset = self.train_dataset
+        if self._train_iterator is None or self._train_iterator[0] is not dataset:
+            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
+        return self._train_iterator[1]
 
     def _loop_end_values(self) -> Dict[str, tf.Tensor]:
         end = {"global_step": self.global_step.read_value()}
@@ -363,7 +385,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if not self._aggregates:
             return None
         # A non-None state makes the loop call eval_reduce after each step.
-        return {"task": None, "reducers": reducers.start(self.eval_reducers)}
+        return {"task": None, "reducers": aggregation.start(self.eval_reducers)}
 
     def next_eval_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
@@ -406,7 +428,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             step_logs[name] = per_replica
         if self.task.aggregates_logs():
             state["task"] = self.task.aggregate_logs(state["task"], step_logs)
-        state["reducers"] = reducers.accumulate(self.eval_reducers, state["reducers"], step_logs)
+        state["reducers"] = aggregation.accumulate(self.eval_reducers, state["reducers"], step_logs)
         return state
 
     def eval_end(self, aggregated_logs=None) -> Logs:
@@ -417,7 +439,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 step = int(self.global_step.numpy())
                 logs.update(
                     self.task.reduce_aggregated_logs(aggregated_logs["task"], global_step=step))
-            logs.update(reducers.results(self.eval_reducers, aggregated_logs["reducers"]))
+            logs.update(aggregation.results(self.eval_reducers, aggregated_logs["reducers"]))
         return logs
 
 

@@ -23,10 +23,8 @@ model=..., optimizer=...)` (a `model` object at the root), and tf_keras'
 optimizer's values stay unread.
 """
 
-import json
 import logging as std_logging
 import os
-import re
 import time
 from typing import Any, Dict, Optional
 
@@ -36,11 +34,10 @@ import orbit
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hooks, OwnedActions, Run
 from ctl.core import config, model_dir as files
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
-from ctl.core.experiment import Experiment
+from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.model_dir import ModelDir, claim_eval_hooks
 from ctl.sidecar import scheduler as sidecar
 
@@ -83,7 +80,7 @@ def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: flo
 class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
 
-    def __init__(self, experiment: Experiment, strategy: tf.distribute.Strategy,
+    def __init__(self, experiment, strategy: tf.distribute.Strategy,
                  directory: ModelDir, callbacks=()):
         task = experiment.task
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
@@ -165,18 +162,21 @@ class CheckpointEvaluator:
 def evaluate_continuously(
     model_dir: str,
     strategy: Optional[tf.distribute.Strategy] = None,
-    experiment: Optional[Experiment] = None,
+    *,
+    experiment,
     settings: Optional[sidecar.ContinuousEval] = None,
     clock=time.monotonic,
 ) -> Dict[str, Any]:
     """Evaluates the checkpoints of `model_dir` until the trainer's last one.
+
+    `experiment` is the run's `ctl.Experiment` (its task, trainer class,
+    schedule and hooks).
 
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
     could not be read.
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
-    experiment = experiment or config.call_configured(Experiment)
     strategy = strategy or tf.distribute.get_strategy()
     directory = ModelDir(model_dir)
     if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
@@ -258,10 +258,10 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(directory, progress)
 
 
-def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator,
+def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
                      model_dir: str) -> OwnedActions:
     """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint,
-    run only if this process owns them (`ctl.comforts.hooks.OwnedActions`).
+    run only if this process owns them (`ctl.core.hooks.OwnedActions`).
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
     as `FinalExporter` stay with the trainer, so the two never race for a file.

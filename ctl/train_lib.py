@@ -1,4 +1,13 @@
-"""The modes of a run: train, eval, train_and_eval on orbit's Controller, and continuous_eval.
+"""The composition root: the modes of a run, wired from every subsystem.
+
+train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
+sidecar. This is the one module that names them all: the core's Trainer,
+Controller and checkpoint manager, the fault handler, lock and signal watcher
+(`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
+into an extension point that core defines: hooks and train/eval actions
+(`ctl.core.hooks`), the Trainer's `step_guard`, the checkpoint's contents
+(`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly.
@@ -15,16 +24,16 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.comforts.hooks import Hooks, OwnedActions, Run
 from ctl.comforts.progress import MetricsLog, ProgressLogger
 from ctl.core import async_checkpoint, config
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
-from ctl.core.experiment import Experiment
+from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.model_dir import ModelDir, claim_eval_hooks
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import Trainer
+from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
@@ -51,7 +60,8 @@ def run_experiment(
     require_choice("mode", mode, MODES)
     strategy = strategy or tf.distribute.get_strategy()
     if mode == "continuous_eval":
-        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
+        experiment = experiment or config.call_configured(Experiment)
+        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment=experiment)
     if mode == "train_and_eval" and cluster.has_evaluator():
         logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
         mode = "train"
