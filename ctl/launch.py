@@ -82,6 +82,8 @@ class Cluster:
         # Under parameter servers, workers and ps serve until stopped.
         self._servers = {"ps", "worker"} if ps else set()
         self.processes: Dict[str, subprocess.Popen] = {}
+        self.errors: Dict[str, str] = {}  # Each task's last `ctl.run: ...` line.
+        self._readers: Dict[str, threading.Thread] = {}
         self._threads = []
         for name, tf_config in tf_configs(self.spec).items():
             env = {**os.environ, "TF_CONFIG": tf_config, "PYTHONUNBUFFERED": "1"}
@@ -93,9 +95,12 @@ class Cluster:
             thread = threading.Thread(target=self._stream, args=(name, process), daemon=True)
             thread.start()
             self._threads.append(thread)
+            self._readers[name] = thread
 
     def _stream(self, name: str, process: subprocess.Popen) -> None:
         for line in process.stdout:
+            if line.startswith("ctl.run: "):
+                self.errors[name] = line.strip()
             with self._lock:
                 self._out.write(f"[{name}] {line}")
                 self._out.flush()
@@ -114,6 +119,10 @@ class Cluster:
                 if failed:
                     self._say(f"{failed[0]} exited with status {codes[failed[0]]}; stopping all tasks.")
                     status = codes[failed[0]]
+                    self._readers[failed[0]].join(timeout=10)  # Its last lines, read.
+                    why = self.errors.get(failed[0], "see its lines above")
+                    print(f"ctl.launch: error: {failed[0]} exited with status {status}: {why}",
+                          file=sys.stderr, flush=True)
                     break
                 if all(codes[name] == 0 for name in codes if self._finishes(name)):
                     break
@@ -154,8 +163,15 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a mistake said in one line (`ctl.launch: error: ...`), exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"ctl.launch: error: {message.rstrip('.')}; see --help.\n")
+
+
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="python -m ctl.launch",
         usage="python -m ctl.launch --workers=N [--ps=M] [--evaluator] -- <ctl.run flags>",
         description="Starts a local cluster of ctl.run processes on 127.0.0.1.",

@@ -18,6 +18,7 @@ from typing import Dict, List, Tuple
 from absl import app, flags, logging
 
 from ctl.core.errors import EXIT_USER_ERROR, UserError
+from ctl.core.model_dir import ModelDir
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -123,13 +124,26 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 
 def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
-    train = read_scalars(os.path.join(model_dir, "train"))
-    evals = read_scalars(os.path.join(model_dir, "eval"))
+    directory = ModelDir(model_dir)
+    if not os.path.isdir(model_dir):
+        raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
+                        "directory.")
+    output = output or os.path.join(model_dir, "report.png")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent) or os.path.isdir(output):
+        raise UserError(f"cannot write --output={output} ({parent} is not a directory"
+                        f"{'' if not os.path.isdir(output) else '; it names a directory'}); "
+                        "name a .png file in an existing directory.")
+    train = read_scalars(directory.train_dir)
+    evals = read_scalars(directory.eval_dir)
     if not train and not evals:
         raise UserError(f"--model_dir={model_dir} holds no TensorBoard scalars in train/ or "
                         "eval/; point it at a ctl run's directory.")
-    output = output or os.path.join(model_dir, "report.png")
-    plot(train, evals, output)
+    try:
+        plot(train, evals, output)
+    except OSError as error:
+        raise UserError(f"cannot write --output={output} ({error.strerror or error}); name a "
+                        "file you can write.") from error
     return table(model_dir, train, evals), output
 
 
@@ -150,8 +164,15 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_USER_ERROR)
 
 
+def _parse_flags(argv):
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        _fail(f"{error}. See --helpfull.")
+
+
 if __name__ == "__main__":
     flags.DEFINE_string("model_dir", None, "The run's directory.")
     flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png).")
     flags.mark_flag_as_required("model_dir")
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

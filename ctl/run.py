@@ -74,10 +74,15 @@ def main(argv):
     _log_to_stdout()
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
+        if plan.mode != FLAGS.mode:
+            logging.warning("TF_CONFIG names this task the %s: running --mode=%s, not "
+                            "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)
         gin_files = FLAGS.gin_file
         if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
-            settings = config.call_with_bindings_only(FLAGS.gin_bindings, ContinuousEval)
-            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir, settings.timeout)]
+            timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
+                                                 ContinuousEval.timeout)
+            ContinuousEval(timeout=timeout)  # Checks it.
+            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir, timeout)]
         if plan.action == "serve":
             config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.

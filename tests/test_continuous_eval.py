@@ -135,6 +135,46 @@ def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path,
     assert "training without in-line eval" in trainer_log and "eval | step" not in trainer_log
 
 
+def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path, processes):
+    """A sidecar beside a trainer that also evaluates in-line (no TF_CONFIG): the sidecar,
+    first to evaluate, owns the best checkpoint and the exports; the trainer runs none of
+    its eval-side hooks, says so once, and keeps its run-end ones (FinalExporter)."""
+    from ctl.core import config
+    model_dir = str(tmp_path / "run")
+    comforts_gin = os.path.join(ROOT, "tests", "comforts.gin")
+    keep = "ctl.Schedule.max_checkpoints = 5"  # Every checkpoint stays for the sidecar.
+    config.parse([comforts_gin], ["ctl.Schedule.train_steps = 20", keep])
+    ctl.run_experiment("train", model_dir)  # ckpt-10, ckpt-20 and config.gin; no evaluation.
+    os.remove(ModelDir(model_dir).finished_file)  # Still training, as far as the sidecar knows.
+    claim = ModelDir(model_dir).eval_hooks_lock_file
+    sidecar = processes.start("sidecar", "--mode=continuous_eval", f"--model_dir={model_dir}",
+                              "--gin_bindings=ctl.ContinuousEval.timeout=240")
+    wait_until(lambda: evaluated_numbers(model_dir) == [10, 20] and os.path.exists(claim)
+               and "sidecar evaluator" in open(claim).read(), "the sidecar's claim")
+    trainer = processes.start("trainer", "--mode=train_and_eval", f"--model_dir={model_dir}",
+                              f"--gin_file={comforts_gin}", f"--gin_bindings={keep}")
+    for process in (trainer, sidecar):
+        process.wait(timeout=WAIT_S)
+    trainer_log, sidecar_log = trainer.log.read_text(), sidecar.log.read_text()
+    assert trainer.returncode == 0 and sidecar.returncode == 0, trainer_log[-3000:] + sidecar_log[-3000:]
+    assert evaluated_numbers(model_dir) == [10, 20, 30, 40]
+    assert "eval | step:     30" in trainer_log  # The trainer did evaluate in-line...
+    assert trainer_log.count("do not run in this process: the sidecar evaluator "
+                             f"(pid {sidecar.pid} on host") == 1, trainer_log[-3000:]
+    assert "best | step:" not in trainer_log  # ... but wrote no eval-side file.
+    assert not [line for line in trainer_log.splitlines()
+                if "export | step:" in line and "final" not in line and "checkpoint" not in line]
+    for step in (10, 20, 30, 40):
+        assert f"export | step: {step:6d} | latest SavedModel" in sidecar_log, step
+    assert sorted(os.listdir(os.path.join(model_dir, "export", "latest"))) == ["30", "40"]
+    assert os.listdir(os.path.join(model_dir, "export", "final")) == ["40"]  # The trainer's.
+    best = read_best(model_dir)
+    # The sidecar's best checkpoint holds what it restored: the model and step, no optimizer.
+    names = {name for name, _ in tf.train.list_variables(best["path"])}
+    assert any(n.startswith("model/") for n in names) and not any(
+        n.startswith("optimizer/") for n in names), names
+
+
 def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, processes):
     model_dir = str(tmp_path / "run")
     trainer = processes.start(

@@ -17,14 +17,19 @@ from ctl.cluster.tf_config import ClusterConfig
 from ctl.core.errors import UserError, require_choice
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
+# More logical CPU devices than this only rehearse replica logic more slowly: with
+# --cpu_replicas=100000 TensorFlow spends minutes setting the devices up.
+MAX_CPU_REPLICAS = 64
 
 
 def create_strategy(name: str = "default", cpu_replicas: int = 0,
                     cluster: Optional[ClusterConfig] = None) -> tf.distribute.Strategy:
     """Returns the strategy called `name` (one of `STRATEGIES`)."""
     require_choice("strategy", name, STRATEGIES)
-    if cpu_replicas < 0:
-        raise UserError(f"--cpu_replicas ({cpu_replicas}) must be 0 or a positive integer.")
+    if not 0 <= cpu_replicas <= MAX_CPU_REPLICAS:
+        raise UserError(f"--cpu_replicas ({cpu_replicas}) must be between 0 and "
+                        f"{MAX_CPU_REPLICAS}: it splits this machine's CPU into that many "
+                        "logical devices (try 2).")
     if cpu_replicas:
         _split_cpu(cpu_replicas)
     if name == "default":

@@ -9,7 +9,7 @@ import difflib
 import inspect
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import gin
 import tensorflow as tf
@@ -86,12 +86,14 @@ def parse(
         gin.finalize()
 
 
-def call_with_bindings_only(gin_bindings: Sequence[str], fn):
-    """Calls the configurable `fn` with only `gin_bindings` parsed, then forgets them.
+def query_bindings_only(gin_bindings: Sequence[str], parameter: str, default: Any) -> Any:
+    """The value `gin_bindings` alone give `parameter` (e.g. 'ctl.ContinuousEval.timeout'),
+    or `default`; the bindings are forgotten again.
 
-    For settings needed before the config files can be read (the sidecar's
+    For a setting needed before the config files can be read (the sidecar's
     wait for the trainer's config.gin): bindings of configurables not yet
-    imported are skipped, but a binding of an unknown `ctl.` name is an error.
+    imported are skipped, but a binding of an unknown `ctl.` name, or of an
+    unknown parameter of a `ctl.` configurable, is an error at once.
     """
     gin.clear_config()
     try:
@@ -99,7 +101,7 @@ def call_with_bindings_only(gin_bindings: Sequence[str], fn):
             gin.parse_config_files_and_bindings(
                 [], list(gin_bindings), skip_unknown=True, finalize_config=False)
         for binding in gin_bindings:
-            selector = binding.split("=", 1)[0].strip().lstrip("@")
+            selector = binding.split("=", 1)[0].strip()
             if selector.startswith("ctl.") and "." in selector[4:]:
                 name = selector.rsplit(".", 1)[0]
                 try:
@@ -109,7 +111,10 @@ def call_with_bindings_only(gin_bindings: Sequence[str], fn):
                         f"bad gin config: No configurable matching '{name}' (in --gin_bindings "
                         f"{binding!r}).{_suggest(f'No configurable matching {name!r}')} Fix "
                         "the binding in --gin_bindings.") from None
-        return call_configured(fn)
+        try:
+            return gin.query_parameter(parameter)
+        except ValueError:  # Not bound.
+            return default
     finally:
         gin.clear_config()
 

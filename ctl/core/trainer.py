@@ -187,9 +187,18 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             per_worker_fn = tf.function(lambda: orbit.utils.make_distributed_dataset(
                 self.strategy, dataset_or_fn, *args, **kwargs))
             return self._coordinator.create_per_worker_dataset(per_worker_fn)
-        return orbit.utils.make_distributed_dataset(
-            self.strategy, dataset_or_fn, *args, **kwargs
-        )
+        try:
+            return orbit.utils.make_distributed_dataset(
+                self.strategy, dataset_or_fn, *args, **kwargs
+            )
+        except (tf.errors.InvalidArgumentError, ValueError) as error:
+            # A value the task was configured with that tf.data or the strategy
+            # refuses (a batch size of 0, one the replicas cannot split).
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UserError(
+                f"{type(self.task).__name__} cannot build its input pipeline ({text}); check "
+                "the task's settings in the gin config (e.g. its batch size)."
+            ) from error
 
     # Parameter-server training (the names Model Garden's trainer uses).
 

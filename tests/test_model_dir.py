@@ -1,0 +1,142 @@
+"""The model dir's corruption policy in-process: train, eval and the sidecar on damaged model dirs.
+
+A 20-step run leaves ckpt-10 and ckpt-20; each case damages a copy and runs
+again. Whatever the damage, the run restores the newest checkpoint that
+restores and goes on to `train_steps`; it never starts from step 0 while a
+checkpoint is there. (The same cases through `python -m ctl.run`, with their
+one-line errors and file hashes: tests/test_bad_inputs.py.)
+"""
+
+import os
+import shutil
+
+import pytest
+
+import ctl
+from ctl.comforts.progress import read_metrics
+from ctl.core import config
+from ctl.core.model_dir import ModelDir, read_json, write_atomically
+from ctl.sidecar import continuous_eval
+from ctl.sidecar.scheduler import ContinuousEval
+from tests.cli import TEST_GIN, scalars, snapshot
+
+
+def experiment(*bindings):
+    config.parse([TEST_GIN], list(bindings))
+    return config.call_configured(ctl.Experiment)
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("trained"))
+    ctl.run_experiment("train", model_dir, experiment=experiment())
+    config.gin.clear_config()
+    assert sorted(ModelDir(model_dir).checkpoints()) == [10, 20]
+    return model_dir
+
+
+@pytest.fixture
+def run_dir(trained_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(trained_dir, model_dir)
+    return model_dir
+
+
+def _state(text: bytes):
+    def damage(model_dir):
+        with open(os.path.join(model_dir, "checkpoint"), "wb") as f:
+            f.write(text)
+    return damage
+
+
+def _delete(number, *suffixes):
+    def damage(model_dir):
+        for name in os.listdir(model_dir):
+            if name.startswith(f"ckpt-{number}.") and name.endswith(suffixes or ("",)):
+                os.remove(os.path.join(model_dir, name))
+    return damage
+
+
+def _truncate(number, suffix):
+    def damage(model_dir):
+        for name in os.listdir(model_dir):
+            if name.startswith(f"ckpt-{number}.") and suffix in name:
+                path = os.path.join(model_dir, name)
+                os.truncate(path, os.path.getsize(path) // 2)
+    return damage
+
+
+# damage -> the checkpoint the next run must restore.
+DAMAGE = {
+    "state file: text garbage": (_state(b"hello, this is not a checkpoint state\n"), 20),
+    "state file: 0 bytes": (_state(b""), 20),
+    "state file: not UTF-8": (_state(b"\xff\xfe\x00\x81model_checkpoint_path"), 20),
+    "state file: missing": (lambda d: os.remove(os.path.join(d, "checkpoint")), 20),
+    "state file names a deleted checkpoint": (_delete(20), 10),
+    "newest checkpoint's data truncated": (_truncate(20, ".data-"), 10),
+    "newest checkpoint's index truncated": (_truncate(20, ".index"), 10),
+    "newest index gone, data left": (_delete(20, ".index"), 10),
+    "garbage state and newest truncated": (lambda d: (_state(b"\x00\x00")(d), _truncate(20, ".data-")(d)), 10),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_train_restores_the_newest_checkpoint_that_restores(run_dir, case):
+    damage, restored = DAMAGE[case]
+    damage(run_dir)
+    ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
+    # metrics.jsonl: the first run's loops, then this run's from the restored step on.
+    steps = [r["step"] for r in read_metrics(run_dir, "train")]
+    assert steps == [10, 20] + list(range(restored + 10, 31, 10)), steps
+    assert read_json(ModelDir(run_dir).finished_file)["final_step"] == 30
+    # The state file is whole again and names the new checkpoint.
+    state = ModelDir(run_dir).checkpoint_state()
+    assert state.problem is None and state.latest.endswith("ckpt-30"), state
+
+
+@pytest.mark.parametrize("case", ["state file: 0 bytes", "state file: not UTF-8",
+                                  "state file names a deleted checkpoint",
+                                  "newest checkpoint's data truncated"])
+def test_eval_evaluates_the_newest_checkpoint_that_restores_and_writes_no_state(run_dir, case):
+    damage, restored = DAMAGE[case]
+    damage(run_dir)
+    state_file = os.path.join(run_dir, "checkpoint")
+    before = {k: v for k, v in snapshot(run_dir).items() if k != "metrics.jsonl"}
+    ctl.run_experiment("eval", run_dir, experiment=experiment())
+    after = snapshot(run_dir)
+    # Eval adds summaries and a metrics line; the checkpoints and the (damaged) state file
+    # are untouched.
+    assert {k: v for k, v in after.items()
+            if not k.startswith("eval") and k != "metrics.jsonl"} == before
+    assert list(scalars(os.path.join(run_dir, "eval"))["examples"]) == [restored], case
+    assert os.path.exists(state_file) == os.path.exists(os.path.join(run_dir, "ckpt-10.index"))
+
+
+def test_no_checkpoint_restores_is_an_error_not_a_fresh_start(run_dir):
+    _truncate(20, ".data-")(run_dir)
+    _truncate(10, ".index")(run_dir)
+    before = snapshot(run_dir)
+    with pytest.raises(ctl.UserError, match=r"no checkpoint in --model_dir=.* can be restored "
+                       r"\(ckpt-20: .*; ckpt-10: .*\); delete the damaged files \(ckpt-20\.\*, "
+                       r"ckpt-10\.\*\) to train from scratch"):
+        ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
+    assert snapshot(run_dir) == before  # Refused before anything was written.
+    # The fix the error suggests works: with the damaged files gone, training starts over.
+    config.gin.clear_config()
+    for name in os.listdir(run_dir):
+        if name.startswith(("ckpt-", "checkpoint")):
+            os.remove(os.path.join(run_dir, name))
+    ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
+    assert sorted(ModelDir(run_dir).checkpoints()) == [10, 20, 30]
+
+
+def test_sidecar_evaluates_every_checkpoint_despite_a_garbage_state_file(run_dir):
+    write_atomically(os.path.join(run_dir, "checkpoint"), "garbage\n")
+    _truncate(20, ".data-")(run_dir)
+    settings = ContinuousEval(timeout=120, settle_seconds=0.0)
+    # The trainer's final checkpoint (ckpt-20) is damaged: the sidecar says so, after ckpt-10.
+    with pytest.raises(ctl.UserError, match=r"final checkpoint \(number 20\).*could not be "
+                       r"evaluated \(failed\)"):
+        continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    records = continuous_eval.read_metrics(run_dir)
+    assert [r["number"] for r in records] == [10]
