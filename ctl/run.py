@@ -52,11 +52,16 @@ def _parse_flags(argv):
 
 
 def _log_to_stdout() -> None:
-    """INFO logs go to stdout, so that stderr holds only problems."""
+    """INFO logs go to stdout (TensorFlow's too), so that stderr holds only ctl's one line."""
     logging.set_verbosity(logging.INFO)
     handler = logging.get_absl_handler().python_handler
     handler.stream = sys.stdout
     handler.addFilter(_NotOrbitController())
+    # TensorFlow's Python logger writes to stderr with a handler of its own;
+    # without it, its lines reach the absl handler above, on stdout.
+    tf_logger = std_logging.getLogger("tensorflow")
+    for tf_handler in list(tf_logger.handlers):
+        tf_logger.removeHandler(tf_handler)
 
 
 class _NotOrbitController(std_logging.Filter):

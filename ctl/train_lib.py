@@ -14,7 +14,6 @@ parsed; tests and notebooks call it directly.
 """
 
 import contextlib
-import os
 import shutil
 import tempfile
 from typing import Any, Dict, NamedTuple, Optional
@@ -71,9 +70,9 @@ def run_experiment(
             "(--mode=train) or point --model_dir at a trained run."
         )
     chief = is_chief(strategy)
-    if chief:  # Other workers only read the model dir.
-        ensure_writable(model_dir)
     experiment = experiment or config.call_configured(Experiment)
+    if chief:  # Other workers only read the model dir.
+        ModelDir(model_dir).check_writable()  # Writes nothing yet: a refused run leaves no trace.
     train = mode != "eval"
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
@@ -194,8 +193,10 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     )
     if eval_side is not None:
         stack.callback(eval_side.release)
+    if chief:
+        ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:
-        lock.acquire()  # Before anything is written; raises UserError if held.
+        lock.acquire()  # Before anything else is written; raises UserError if held.
     if train:
         faults.resume_inputs()
     if train and chief:
@@ -237,21 +238,6 @@ def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     if chief:
         builtin.append(MetricsLog())
     return Hooks(experiment.hooks, run, builtin=builtin)
-
-
-def ensure_writable(model_dir: str) -> None:
-    """Creates `model_dir` if needed; raises `UserError` if it cannot be written."""
-    probe = os.path.join(model_dir, f".ctl-write-probe-{os.getpid()}")
-    try:
-        tf.io.gfile.makedirs(model_dir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as error:
-        raise UserError(
-            f"cannot write to --model_dir={model_dir} ({error}); choose a directory you "
-            "can write to."
-        ) from error
 
 
 class _OnceAfterFirstLoop:

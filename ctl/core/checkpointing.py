@@ -113,10 +113,12 @@ class CheckpointManager:
         return restored.path
 
 
-def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
+def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
+            fix: Optional[str] = None):
     """Restores `path` into `checkpoint` and returns the restore status.
 
-    Raises `UserError` when the checkpoint holds a different model, and its
+    Raises `UserError` when the checkpoint holds a different model (ending in
+    `fix`, by default: a new model dir or the config that wrote it), and its
     subclass `UnreadableCheckpointError` when the files are gone or damaged.
     """
     status = None
@@ -128,8 +130,8 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str):
             status.expect_partial()  # We report the mismatch; TensorFlow need not warn again.
         raise UserError(
             f"--model_dir={model_dir} holds a checkpoint of a different model "
-            f"({os.path.basename(path)}: {_first_line(error)}); use a new --model_dir, or the config that "
-            f"wrote it ({model_dir}/config.gin)."
+            f"({os.path.basename(path)}: {_first_line(error)}); "
+            f"{fix or f'use a new --model_dir, or the config that wrote it ({model_dir}/config.gin)'}."
         ) from error
     except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
         raise UnreadableCheckpointError(

@@ -185,6 +185,36 @@ class ModelDir:
     def file(self, *names: str) -> str:
         return os.path.join(self.path, *names)
 
+    def check_writable(self) -> None:
+        """Raises `UserError` if the model dir cannot be created or written; writes nothing.
+
+        (On `gs://`-style paths nothing can be checked without writing: the
+        first write tells.)
+        """
+        if "://" in self.path:
+            return
+        path = os.path.abspath(self.path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UserError(f"--model_dir={self.path} is a file, not a directory; choose a "
+                            "directory.")
+        existing = path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise UserError(f"cannot write to --model_dir={self.path} ({existing} is a file); "
+                            "choose a directory you can write to.")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write to --model_dir={self.path} ({existing} is not "
+                            "writable); choose a directory you can write to.")
+
+    def create(self) -> None:
+        """Creates the model dir (and its parents) if needed."""
+        try:
+            tf.io.gfile.makedirs(self.path)
+        except (tf.errors.OpError, OSError) as error:
+            raise UserError(f"cannot write to --model_dir={self.path} ({_first_line(error)}); "
+                            "choose a directory you can write to.") from error
+
     # What lives where.
 
     @property
