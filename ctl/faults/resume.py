@@ -80,7 +80,7 @@ def skip_consumed_batches(trainer, steps: int) -> None:
     """Rebuilds `trainer.train_dataset` so that its next batch is the one of step `steps`.
 
     Runs eagerly, before the next train loop; the iterator is made anew by
-    orbit's `StandardTrainer.train` (setting `train_dataset` drops the old one).
+    the Trainer's next `train` (setting `train_dataset` drops the old one).
     """
     build_inputs = trainer.task.build_inputs
 
