@@ -211,16 +211,22 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         self.train_loop_begin()
         if self._train_loop is None:
             self._train_loop = self.create_train_loop_fn()
-        dataset = self.train_dataset
-        if self._train_iterator is None or self._train_iterator[0] is not dataset:
-            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
-        end = self._train_loop(self._train_iterator[1], num_steps)
+        end = self._train_loop(self.train_iterator, num_steps)
         logs = self.train_loop_end()
         if end is None:  # A host or parameter-server loop (or an orbit-style loop_fn).
             end = self._loop_end_values()
         bad_step = int(end["bad_step"]) if "bad_step" in end else NO_BAD_STEP
         return TrainLoopEnd(logs, int(end["global_step"]),
                             None if bad_step == NO_BAD_STEP else bad_step)
+
+    @property
+    def train_iterator(self):
+        """The iterator train loops read from: made from `train_dataset` on first use, and
+        again whenever `train_dataset` is replaced (so a checkpoint can hold it)."""
+        dataset = self.train_dataset
+        if self._train_iterator is None or self._train_iterator[0] is not dataset:
+            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
+        return self._train_iterator[1]
 
     def _loop_end_values(self) -> Dict[str, tf.Tensor]:
         end = {"global_step": self.global_step.read_value()}
