@@ -56,19 +56,11 @@ def _log_to_stdout() -> None:
     logging.set_verbosity(logging.INFO)
     handler = logging.get_absl_handler().python_handler
     handler.stream = sys.stdout
-    handler.addFilter(_NotOrbitController())
     # TensorFlow's Python logger writes to stderr with a handler of its own;
     # without it, its lines reach the absl handler above, on stdout.
     tf_logger = std_logging.getLogger("tensorflow")
     for tf_handler in list(tf_logger.handlers):
         tf_logger.removeHandler(tf_handler)
-
-
-class _NotOrbitController(std_logging.Filter):
-    """orbit's Controller prints each of its log lines as well; keep one copy."""
-
-    def filter(self, record):
-        return not record.pathname.endswith("orbit/controller.py")
 
 
 def main(argv):
