@@ -40,6 +40,7 @@ def test_every_loop_trains_the_steps_it_is_asked_for():
     for fused in (False, True):
         raw = loops.raw_train(task, steps_per_loop=10, fused=fused)  # Warm-up: one loop.
         raw(20)
+        assert int(raw.optimizer.iterations.numpy()) == 30, fused
         evaluate = loops.raw_eval(task, fused=fused)
         results = evaluate(3)
         assert set(results) == {"loss", "accuracy"}

@@ -97,6 +97,11 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
     assert all(e["loss"] > best["value"] for e in evals[-2:])
     assert not os.path.exists(os.path.join(model_dir, "ckpt-40.index"))  # Retention ran...
     assert snapshot(os.path.join(model_dir, "best")) == before  # ...the best was kept as is.
+    # BestExporter too: the latest exports moved on to the worse steps, the best stayed at 40.
+    assert exported(model_dir, "latest") == [50, 60]
+    assert exported(model_dir, "best") == [40]
+    with open(os.path.join(model_dir, "export", "best", "best.json")) as f:
+        assert json.load(f)["step"] == 40
     best_model = model_at(best["path"])
     np.testing.assert_allclose(best_model(FEATURES).numpy(),
                                model_at(os.path.join(trained, "ckpt-40"))(FEATURES).numpy())
@@ -368,7 +373,12 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     expected = model_at(os.path.join(tmp_path, "ckpt-40"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "40"), FEATURES),
                                expected, rtol=1e-6)
-    assert ctl.comforts.best.read_best(str(tmp_path))["step"] in (20, 40)
+    records = continuous_eval.read_metrics(str(tmp_path))
+    assert [r["number"] for r in records] == [20, 40]
+    best = min(records, key=lambda r: r["results"]["loss"])
+    assert best["step"] == 40  # The loss falls: the later checkpoint is the better one.
+    record = ctl.comforts.best.read_best(str(tmp_path))
+    assert (record["step"], record["value"]) == (40, pytest.approx(best["results"]["loss"]))
 
 
 def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():

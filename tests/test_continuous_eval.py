@@ -176,22 +176,28 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path
 
 
 def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, processes):
+    """A trainer keeping 2 checkpoints, one every 0.5 s, beside an evaluator taking over 1 s
+    per evaluation, started (and waiting) before the trainer: some checkpoints are deleted
+    before their evaluation, by construction."""
     model_dir = str(tmp_path / "run")
+    evaluator = processes.start(
+        "evaluator", "--mode=continuous_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+        "--gin_bindings=import tests.sidecar_tasks",
+        "--gin_bindings=ctl.ContinuousEval.callbacks = [@SlowEvalCallback()]",
+        "--gin_bindings=SlowEvalCallback.seconds = 1.0")
+    wait_until(lambda: "waiting for a new checkpoint" in evaluator.log.read_text(),
+               "the evaluator to wait for checkpoints")
     trainer = processes.start(
         "trainer", "--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
         "--gin_bindings=ctl.Experiment.task = @SlowRegressionTask()",
         "--gin_bindings=ctl.Schedule.train_steps = 80", "--gin_bindings=ctl.Schedule.max_checkpoints = 2")
-    evaluator = processes.start(
-        "evaluator", "--mode=continuous_eval", f"--model_dir={model_dir}",
-        "--gin_bindings=ctl.ContinuousEval.callbacks = [@SlowEvalCallback()]",
-        "--gin_bindings=SlowEvalCallback.seconds = 1.0")
     assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
     assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
     outcomes = progress(model_dir)
     numbers = evaluated_numbers(model_dir)
     assert len(numbers) == len(set(numbers)) and 80 in numbers
-    assert set(outcomes.values()) <= {"evaluated", "deleted"}
+    assert set(outcomes.values()) == {"evaluated", "deleted"}, outcomes  # Both happened.
     assert [n for n, o in outcomes.items() if o == "evaluated"] == sorted(numbers)
     for number, outcome in outcomes.items():
         if outcome == "deleted":

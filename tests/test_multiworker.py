@@ -27,11 +27,6 @@ TIMEOUT_S = 420
 # Two workers add the same per-example gradients in a different order (an
 # all-reduce), so their weights, and the eval results, agree up to float rounding.
 RELATIVE_TOLERANCE = 1e-4
-needs_sidecar = pytest.mark.skipif(
-    "continuous_eval" not in ctl.train_lib.MODES,
-    reason="the evaluator task runs --mode=continuous_eval, which this ctl does not have yet "
-           "(branch `sidecar`)",
-)
 
 
 def launch(tmp_path, launch_args, run_args):
@@ -131,7 +126,6 @@ def test_parameter_servers_train_to_the_target_step(tmp_path):
     assert set(train["loss"]) == {10, 20, 30} and train["loss"][30] < train["loss"][10]
 
 
-@needs_sidecar
 def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker):
     model_dir = str(tmp_path / "model")
     status, output, _ = launch(
@@ -143,7 +137,6 @@ def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker
     assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker["evals"], steps=[20])
 
 
-@needs_sidecar
 def test_parameter_servers_with_a_sidecar_evaluator(tmp_path):
     model_dir = str(tmp_path / "model")
     status, output, _ = launch(
