@@ -25,14 +25,18 @@ class ProbeTask(RegressionTask):
       transient: if True each of `nan_at_steps` is poisoned only the first time it
         runs in a process (a glitch); if False every time (bad data).
       dropout: rate of a Keras 3 Dropout on the features (0 for none).
+      nan_replica: if set, only this replica's loss is poisoned (its id in the
+        sync group: under multi-worker, worker 1's first replica is 1 with one
+        replica per worker).
     """
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
-                 train_examples=120, **kwargs):
+                 train_examples=120, nan_replica=None, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
         self.progress_file = progress_file
         self.dropout = dropout
         self.transient = transient
+        self.nan_replica = nan_replica
         self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
         # Not in any checkpoint: a restored run remembers which glitches fired.
         self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.bool), trainable=False)
@@ -63,7 +67,9 @@ class ProbeTask(RegressionTask):
         features, labels = inputs
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
-            loss = self.build_losses(labels, outputs) * self._poison(step)
+            loss = self.build_losses(labels, outputs)
+            if self.nan_replica is None or replica == self.nan_replica:
+                loss *= self._poison(step)
             scaled_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))

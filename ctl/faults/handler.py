@@ -8,7 +8,7 @@
 `run_experiment` wires the pieces around one train run:
 
     with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
-      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
+      trainer.step_guard = StepGuard.for_strategy(...)               # ctl.faults.step_guard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       skip the batches consumed up to global_step                   # ctl.faults.resume
@@ -82,7 +82,7 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard(watcher.stop_requested)
+        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
@@ -96,7 +96,8 @@ class FaultHandler:
         bad_step = int(end["bad_step"] if "bad_step" in end else self.guard.bad_step.numpy())
         if bad_step != NO_BAD_STEP:
             self._on_bad_loss(bad_step)
-        if self.watcher.signum is not None:
+        # Cluster-wide, only the agreed request counts: every worker stops at the same step.
+        if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
             step = int(self.trainer.global_step.numpy())
             raise Preempted(self.watcher.signum, step, path)

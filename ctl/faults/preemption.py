@@ -36,11 +36,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class Preempted(Exception):
     """Training stopped on a signal after saving a checkpoint at `step`."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Optional[str]):
+    def __init__(self, signum: Optional[int], step: int, checkpoint: Optional[str]):
+        """`signum` None: another worker of the cluster received the signal."""
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
-        name = signal.Signals(signum).name
+        name = signal.Signals(signum).name if signum else "a signal to another worker"
         super().__init__(
             f"stopped by {name} at step {step}; checkpoint {checkpoint or '(none written)'} "
             "holds every completed step. Run the same command again to resume."
