@@ -37,7 +37,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 _STOP_GRACE_S = 10.0
-# How long the rest of a multi-worker group may take to notice a lost worker and exit.
+# How long the tasks restarted with a lost one may take to notice the loss and exit.
 _GROUP_EXIT_S = 60.0
 # The exit statuses of ctl.run that a restart resolves: preempted after a
 # checkpoint, and a multi-worker peer lost (`ctl.faults.preemption`, `ctl.cluster.peers`).
@@ -178,11 +178,13 @@ class Cluster:
         self.restarts_left -= 1
         self._say(f"{name} exited with status {code}; restarting {', '.join(group)} "
                   f"({self.restarts_left} restart(s) left).")
-        # The others of a multi-worker group end by themselves (75 or 69) within
-        # TensorFlow's peer-loss bound; whatever still runs after it is stopped.
+        # The others that finish by themselves (multi-worker workers, a PS chief)
+        # notice the loss and exit (75 or 69) within TensorFlow's bound; servers,
+        # and whatever still runs after that bound, are stopped.
         others = [self.processes[n] for n in group if n != name]
-        deadline = time.monotonic() + (_GROUP_EXIT_S if not self._parameter_servers else 0)
-        while any(p.poll() is None for p in others) and time.monotonic() < deadline:
+        finishing = [self.processes[n] for n in group if n != name and self._finishes(n)]
+        deadline = time.monotonic() + _GROUP_EXIT_S
+        while any(p.poll() is None for p in finishing) and time.monotonic() < deadline:
             time.sleep(0.2)
         self._terminate([p for p in others if p.poll() is None])
         for other in group:
@@ -248,7 +250,8 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # Stopped by a supervisor: stop the tasks too.
     cluster = Cluster(run_args, args.workers, args.ps, args.evaluator, restarts=args.restarts)
     print(f"[launch] cluster: {json.dumps(cluster.spec)}", flush=True)
-    return cluster.wait(args.timeout_s)
+    status = cluster.wait(args.timeout_s)
+    return status if status >= 0 else 128 - status  # Killed by signal N: 128 + N, as a shell says.
 
 
 if __name__ == "__main__":

@@ -273,3 +273,66 @@ def test_multi_worker_nan_on_one_replica_stops_or_recovers_every_worker_alike(tm
     assert {os.path.basename(path).split(".")[-3] for path in events} == {str(recovering.pid("worker 0"))}
     assert re.search(r"^\[worker 1\] .*saved checkpoint to .*ctl-worker-checkpoints-", output, re.M)
     assert not re.search(r"^\[worker 1\] .*saved checkpoint to " + re.escape(model_dir), output, re.M)
+
+
+PARAMETER_SERVERS = ("--mode=train", "--strategy=parameter_server")
+# One loop of 100,000 scheduled steps: a stop must not wait for it to end.
+PS_RUN = ("ctl.Schedule.train_steps=1000000", "ctl.Schedule.steps_per_loop=100000",
+          "ctl.Schedule.checkpoint_interval=100000", "ProbeTask.print_steps=True")
+
+
+def checkpoint_step(path):
+    return int(tf.train.load_variable(path, "global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
+    """Items 6, 7 and 8 on one cluster (chief + 2 workers + 1 ps), restarted by the launcher."""
+    cluster = Launched(tmp_path, "ps", ["--workers=2", "--ps=1", "--restarts=2"], *PS_RUN,
+                       run_args=PARAMETER_SERVERS)
+    try:
+        # 6. A worker is killed: the coordinator goes on with the other, the restarted one rejoins.
+        cluster.wait_for_step(30)
+        os.kill(cluster.pid("worker 1"), signal.SIGKILL)
+        restarted, _, _ = cluster.wait_for(r"^\[launch\] worker 1 exited with status -9; restarting worker 1 ")
+        cluster.wait_for(r"^\[worker 1\] probe step \d+", after=restarted)  # It runs steps again.
+        cluster.wait_for(r"^\[worker 0\] probe step \d+", after=restarted)
+        assert len(re.findall(r"^\[launch\] started chief", cluster.output, re.M)) == 1
+
+        # 7. SIGTERM to the coordinator in the middle of its 100,000-step loop: checkpoint, exit 75.
+        os.kill(cluster.pid("chief"), signal.SIGTERM)
+        signalled = time.monotonic()
+        _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: preempted: stopped by SIGTERM at step "
+                                        r"(\d+); checkpoint (\S+) ", timeout=EXIT_BOUND_S)
+        assert at - signalled < EXIT_BOUND_S
+        stop_step, path = int(match.group(1)), match.group(2)
+        assert checkpoint_step(path) == stop_step and path == tf.train.latest_checkpoint(cluster.model_dir)
+        preempted, _, _ = cluster.wait_for(
+            rf"^\[launch\] chief exited with status {EXIT_PREEMPTED}; restarting chief, worker 0, worker 1, ps 0")
+        cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}", after=preempted)
+        # Steps print the optimizer's iterations + 1, which lag the global step under parameter
+        # servers (docs/faults.md): the first steps after the restart continue from the checkpoint's.
+        iterations = int(tf.train.load_variable(path, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
+        resumed = cluster.wait_for(r"^\[worker \d\] probe step (\d+)", after=preempted)[2]
+        assert iterations < int(resumed.group(1)) <= iterations + 2
+
+        # 8. The ps is killed: the coordinator says so in one line and exits 69; no restarts left.
+        cluster.wait_for_step(stop_step + 30)
+        os.kill(cluster.pid("ps 0"), signal.SIGKILL)
+        killed = time.monotonic()
+        _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: peer lost: (.*)", timeout=EXIT_BOUND_S,
+                                        after=preempted)
+        assert at - killed < EXIT_BOUND_S
+        assert match.group(1).startswith("lost ps 0 (127.0.0.1:") and "worker" not in match.group(1).split(" (TensorFlow")[0]
+        assert cluster.finish() == EXIT_PEER_LOST or "-9" in cluster.output
+    finally:
+        cluster.kill()
+    # Restarting the whole cluster resumes from the last checkpoint and reaches train_steps.
+    target = stop_step + 20
+    again = Launched(tmp_path, "ps", ["--workers=2", "--ps=1"], *PS_RUN[1:],
+                     f"ctl.Schedule.train_steps={target}", run_args=PARAMETER_SERVERS)
+    try:
+        assert again.finish() == 0, again.output[-6000:]
+    finally:
+        again.kill()
+    assert f"[chief] I" in again.output and f"restored model from {path}" in again.output
+    assert checkpoint_step(tf.train.latest_checkpoint(again.model_dir)) == target

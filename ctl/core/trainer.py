@@ -18,7 +18,8 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
 each step is one closure that `coordinator_for_async().schedule()` sends to a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
-reads the metrics.
+reads the metrics. With a step guard the host stops scheduling, and each
+scheduled step does nothing, once the guard says stop (`StepGuard.skip_if_stopped`).
 
 One evaluation (`evaluate`), from the start of the eval set:
 
@@ -193,18 +194,22 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         as `loop_end`: a separate reset or read cost 0.4-0.7 ms right after a
         loop here, 2-4% of a 100-step loop of a small model (bench/, figure 1).
         """
+        guard = self.step_guard
         if self._coordinator is not None:  # Parameter servers: one closure per step.
-            step_fn = tf.function(self.train_step)
+            # Scheduled steps run later, on whichever worker is free: each one
+            # checks the guard first and does nothing once the loop must stop.
+            step_fn = tf.function(guard.skip_if_stopped(self.train_step) if guard else self.train_step)
 
             def schedule_steps(iterator, num_steps):
                 self._reset_train_metrics()
                 for _ in range(int(num_steps)):
+                    if guard is not None and bool(guard.should_stop()):
+                        break  # Those already scheduled see it too.
                     self._coordinator.schedule(step_fn, args=(iterator,))
                 self._train_logs = None  # Read in train_loop_end, after join().
                 self.loop_end.clear()
 
             return schedule_steps
-        guard = self.step_guard
         if self._use_tf_while_loop:
             loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(
                 self.train_step)

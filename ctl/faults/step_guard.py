@@ -26,6 +26,13 @@ all-reduce, at most one step after it arrived. A NaN or Inf loss on any replica
 of any worker makes the reduced sum non-finite on every worker alike, so all
 record the same `bad_step`.
 
+Under `ParameterServerStrategy` the coordinator schedules the steps of a loop
+ahead of time and workers run them later; the host stops scheduling once the
+guard says stop and each scheduled step checks the guard before it runs
+(`skip_if_stopped`; the variables live on the coordinator and workers read
+them). The loop therefore ends once the steps already running when the signal
+or the bad loss came are done: at most one step per worker.
+
 What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job.
 """
 
@@ -102,6 +109,22 @@ class StepGuard:
             tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
 
         return loop_fn
+
+    def skip_if_stopped(self, step_fn):
+        """`step_fn(iterator)` that runs only if the loop need not stop; returns whether it ran.
+
+        For steps scheduled ahead of time (parameter servers): a step that
+        starts after a signal or a bad loss does nothing, so the loop ends
+        once the steps already running on workers are done.
+        """
+        def step(iterator):
+            def run():
+                step_fn(iterator)
+                return tf.constant(True)
+
+            return tf.cond(self.should_stop(), lambda: tf.constant(False), run)
+
+        return step
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step."""
