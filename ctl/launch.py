@@ -42,6 +42,7 @@ _GROUP_EXIT_S = 60.0
 # The exit statuses of ctl.run that a restart resolves: preempted after a
 # checkpoint, and a multi-worker peer lost (`ctl.faults.preemption`, `ctl.cluster.peers`).
 RESTARTABLE = (75, 69)
+_KILLED = (signal.SIGKILL, signal.SIGTERM)
 
 
 def free_ports(count: int) -> List[int]:
@@ -215,8 +216,12 @@ class Cluster:
 
 
 def restartable(status: int) -> bool:
-    """Whether a task that exited with `status` may be restarted: preempted, lost a peer, or killed."""
-    return status in RESTARTABLE or status < 0 or 128 < status < 160
+    """Whether a task that exited with `status` may be restarted: preempted, lost a peer, or killed.
+
+    Killed: by SIGKILL (`kill -9`, the OOM killer) or SIGTERM (a second one
+    ends ctl.run at once), as Popen reports it (-N) or a shell does (128 + N).
+    """
+    return status in RESTARTABLE or -status in _KILLED or status - 128 in _KILLED
 
 
 def _interrupt(signum, frame):

@@ -287,7 +287,7 @@ def checkpoint_step(path):
 
 def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
     """Items 6, 7 and 8 on one cluster (chief + 2 workers + 1 ps), restarted by the launcher."""
-    cluster = Launched(tmp_path, "ps", ["--workers=2", "--ps=1", "--restarts=2"], *PS_RUN,
+    cluster = Launched(tmp_path, "ps", ["--workers=2", "--ps=1", "--restarts=3"], *PS_RUN,
                        run_args=PARAMETER_SERVERS)
     try:
         # 6. A worker is killed: the coordinator goes on with the other, the restarted one rejoins.
@@ -308,6 +308,11 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         assert checkpoint_step(path) == stop_step and path == tf.train.latest_checkpoint(cluster.model_dir)
         preempted, _, _ = cluster.wait_for(
             rf"^\[launch\] chief exited with status {EXIT_PREEMPTED}; restarting chief, worker 0, worker 1, ps 0")
+        # At least once: every step the workers started (each prints once) is in the global step,
+        # but the one cut off by the kill, run again elsewhere, counts once or twice; the steps
+        # scheduled after the signal did not run.
+        started = sum(1 for _, line in cluster.lines[:preempted] if re.match(r"\[worker \d\] probe step", line))
+        assert stop_step <= started <= stop_step + 1, (started, stop_step)
         cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}", after=preempted)
         # Steps print the optimizer's iterations + 1, which lag the global step under parameter
         # servers (docs/faults.md): the first steps after the restart continue from the checkpoint's.
@@ -315,15 +320,20 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         resumed = cluster.wait_for(r"^\[worker \d\] probe step (\d+)", after=preempted)[2]
         assert iterations < int(resumed.group(1)) <= iterations + 2
 
-        # 8. The ps is killed: the coordinator says so in one line and exits 69; no restarts left.
-        cluster.wait_for_step(stop_step + 30)
+        # 8. The ps is killed: the coordinator says so in one line and exits 69 by itself; the
+        # launcher then restarts the whole cluster, which resumes from the last checkpoint.
+        cluster.wait_for_step(iterations + 30)
         os.kill(cluster.pid("ps 0"), signal.SIGKILL)
         killed = time.monotonic()
         _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: peer lost: (.*)", timeout=EXIT_BOUND_S,
                                         after=preempted)
         assert at - killed < EXIT_BOUND_S
-        assert match.group(1).startswith("lost ps 0 (127.0.0.1:") and "worker" not in match.group(1).split(" (TensorFlow")[0]
-        assert cluster.finish() == EXIT_PEER_LOST or "-9" in cluster.output
+        assert match.group(1).startswith("lost ps 0 (127.0.0.1:"), match.group(0)
+        assert "worker" not in match.group(1).split(" (TensorFlow")[0], match.group(0)
+        lost, _, _ = cluster.wait_for(
+            rf"^\[launch\] (ps 0 exited with status -9|chief exited with status {EXIT_PEER_LOST}); "
+            "restarting chief, worker 0, worker 1, ps 0", after=preempted)
+        cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}", after=lost)
     finally:
         cluster.kill()
     # Restarting the whole cluster resumes from the last checkpoint and reaches train_steps.
@@ -334,5 +344,5 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         assert again.finish() == 0, again.output[-6000:]
     finally:
         again.kill()
-    assert f"[chief] I" in again.output and f"restored model from {path}" in again.output
+    assert f"restored model from {path}" in again.output
     assert checkpoint_step(tf.train.latest_checkpoint(again.model_dir)) == target

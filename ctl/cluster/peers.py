@@ -17,9 +17,10 @@ into `PeerLost`, whose message names the lost task(s), and `python -m ctl.run`
 exits with `EXIT_PEER_LOST` (69, `EX_UNAVAILABLE` in `sysexits.h`): restart
 the cluster, which resumes from the last checkpoint.
 
-A task is named lost if the error names it (`/job:worker/replica:0/task:1`) or
-if its address refuses connections now. An error that names no other task,
-with every peer still listening, is not a peer loss and keeps its traceback.
+A task is named lost if its address refuses connections now or, when none
+does, if the error names it (`/job:worker/replica:0/task:1`). An error that
+names no other task, with every peer still listening, is not a peer loss and
+keeps its traceback.
 """
 
 import contextlib
@@ -52,16 +53,22 @@ class PeerLost(Exception):
 
 
 def lost_tasks(cluster: ClusterConfig, message: str) -> List[str]:
-    """The other training tasks that `message` names or that refuse connections, as "worker 1 (host:port)"."""
+    """The other training tasks that are gone, as "worker 1 (host:port)".
+
+    Those that refuse connections now; if none does (a frozen process, a
+    machine that vanished without closing its connections), those that
+    `message` names (the coordination service names the tasks whose heartbeats
+    stopped). A refusing task comes first because TensorFlow's messages also
+    name the task that reported the failure, e.g. a worker that could not reach
+    the lost ps.
+    """
+    peers = [(job, index, address) for job, addresses in cluster.training_cluster().items()
+             for index, address in enumerate(addresses)
+             if (job, index) != (cluster.task_type, cluster.task_id)]
+    refusing = [(job, index, address) for job, index, address in peers if not _listening(address)]
     named = {(job, int(index)) for job, index in _TASK.findall(message)}
-    lost = []
-    for job, addresses in cluster.training_cluster().items():
-        for index, address in enumerate(addresses):
-            if (job, index) == (cluster.task_type, cluster.task_id):
-                continue
-            if (job, index) in named or not _listening(address):
-                lost.append(f"{job} {index} ({address})")
-    return lost
+    lost = refusing or [(job, index, address) for job, index, address in peers if (job, index) in named]
+    return [f"{job} {index} ({address})" for job, index, address in lost]
 
 
 def _listening(address: str) -> bool:
