@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import numpy as np
 
 from ctl import launch
 from ctl.cluster.peers import EXIT_PEER_LOST
+from ctl.faults import run_size
 from ctl.faults.preemption import EXIT_PREEMPTED
 from tests.cli import ROOT, ctl_stderr_lines
 from tests.fault_tasks import ProbeTask
@@ -346,3 +348,25 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         again.kill()
     assert f"restored model from {path}" in again.output
     assert checkpoint_step(tf.train.latest_checkpoint(again.model_dir)) == target
+
+
+def test_multi_worker_restart_at_a_new_size_two_workers_one_then_two(tmp_path, reference):
+    """Item 'restart at a new size': the same global step, the examples consumed carried over, one WARNING."""
+    model_dir = tmp_path / "resized"
+    shutil.copytree(os.path.dirname(reference()), model_dir)  # 400 steps by 2 workers: [0, 0, 2, 2, 4].
+    record = run_size.TRAIN_EXAMPLES + "/.ATTRIBUTES/VARIABLE_VALUE"
+    for workers, target, expected in [(1, 420, [3200, 400, 1, 1, 8]), (2, 440, [3360, 420, 2, 2, 4])]:
+        run = Launched(tmp_path, "resized", [f"--workers={workers}"], *LONG_RUN[1:],
+                       f"ctl.Schedule.train_steps={target}")
+        try:
+            assert run.finish() == 0, run.output[-6000:]
+        finally:
+            run.kill()
+        for task in range(workers):  # Each worker says it once.
+            warnings = re.findall(rf"^\[worker {task}\] .*at a new size: it was written by a run of "
+                                  r"(\d) input pipeline\(s\).* this one has (\d) input pipeline", run.output, re.M)
+            assert warnings == [(str(3 - workers), str(workers))], run.output[-6000:]
+            assert re.search(rf"^\[worker {task}\] .*restored model from .*ckpt-{target - 20}", run.output, re.M)
+        path = tf.train.latest_checkpoint(str(model_dir))
+        assert checkpoint_step(path) == target
+        assert list(tf.train.load_variable(path, record)) == expected

@@ -19,8 +19,9 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
 each step is one closure that `coordinator_for_async().schedule()` sends to a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
-reads the metrics. With a step guard the host stops scheduling, and each
-scheduled step does nothing, once the guard says stop (`StepGuard.skip_if_stopped`).
+reads the metrics. With a step guard the host schedules at most 4 steps per
+worker ahead, stops scheduling once the guard says stop, and each scheduled
+step that starts after that does nothing (`StepGuard.skip_if_stopped`).
 
 One evaluation (`evaluate`), from the start of the eval set:
 
@@ -49,6 +50,7 @@ is its own `tf.function` call. Evaluations over the whole eval set, and of
 tasks that aggregate logs on the host, always use the host loop.
 """
 
+import collections
 import itertools
 from typing import Any, Dict, NamedTuple, Optional, Protocol
 
@@ -270,12 +272,19 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             # checks the guard first and does nothing once the loop must stop.
             step_fn = tf.function(guard.skip_if_stopped(self.train_step) if guard else self.train_step)
 
+            # With a guard, at most this many steps are scheduled ahead: a stop waits
+            # for the steps running and for these, which do nothing.
+            ahead = 4 * len(self.strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [1]))
+
             def schedule_steps(iterator, num_steps):
                 self._reset_train_metrics()
+                scheduled = collections.deque()
                 for _ in range(int(num_steps)):
                     if guard is not None and bool(guard.should_stop()):
                         break  # Those already scheduled see it too.
-                    self._coordinator.schedule(step_fn, args=(iterator,))
+                    scheduled.append(self._coordinator.schedule(step_fn, args=(iterator,)))
+                    if guard is not None and len(scheduled) > ahead:
+                        scheduled.popleft().fetch()  # Waits for the oldest.
                 self._train_logs = None  # Read in train_loop_end, after join().
 
             return schedule_steps
