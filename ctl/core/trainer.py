@@ -274,7 +274,9 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
             # With a guard, at most this many steps are scheduled ahead: a stop waits
             # for the steps running and for these, which do nothing.
-            ahead = 4 * len(self.strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [1]))
+            workers = {device.name.split("/device:")[0] for device in tf.config.list_logical_devices()
+                       if device.name.startswith("/job:worker/")}  # The coordinator sees their devices.
+            ahead = 4 * max(1, len(workers))
 
             def schedule_steps(iterator, num_steps):
                 self._reset_train_metrics()
