@@ -13,7 +13,6 @@ command again to resume. In a multi-worker cluster, a worker that loses a peer
 exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
 """
 
-import logging as std_logging
 import sys
 
 from absl import app, flags, logging
@@ -56,14 +55,6 @@ def _log_to_stdout() -> None:
     logging.set_verbosity(logging.INFO)
     handler = logging.get_absl_handler().python_handler
     handler.stream = sys.stdout
-    handler.addFilter(_NotOrbitController())
-
-
-class _NotOrbitController(std_logging.Filter):
-    """orbit's Controller prints each of its log lines as well; keep one copy."""
-
-    def filter(self, record):
-        return not record.pathname.endswith("orbit/controller.py")
 
 
 def main(argv):
