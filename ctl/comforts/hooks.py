@@ -30,12 +30,11 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from absl import logging
 import gin
 import orbit
 import tensorflow as tf
 
-from ctl.core import config
+from ctl.core import config, console
 from ctl.core.errors import UserError
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
@@ -55,7 +54,7 @@ class StopRequest:
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            logging.info("stop requested: %s", reason)
+            console.info("stop", "stop requested: %s", reason)
 
 
 @dataclasses.dataclass

@@ -24,12 +24,11 @@ import tempfile
 import time
 import traceback
 
-from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from ctl.comforts.exporting import export_saved_model
-from ctl.core import checkpointing, config, train_lib
+from ctl.core import checkpointing, config, console, train_lib
 from ctl.core.errors import UserError
 from ctl.core.experiment import Experiment, Schedule
 
@@ -65,12 +64,12 @@ def run_smoke(strategy=None, experiment=None) -> float:
         except UserError as error:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
         except Exception as error:  # noqa: BLE001 - any failure is the answer here.
-            logging.info("smoke test failed at %s:\n%s", stage, traceback.format_exc())
+            console.info("smoke", "failed at %s:\n%s", stage, traceback.format_exc())
             raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
                             f"{describe(error)} (traceback on stdout)") from error
     seconds = time.monotonic() - start
-    print(f"smoke: PASS in {seconds:.1f}s ({SMOKE_STEPS} train steps, eval, checkpoint, "
-          "restore, export)")
+    console.info("smoke", "PASS in %.1fs (%d train steps, eval, checkpoint, restore, export)",
+                 seconds, SMOKE_STEPS)
     return seconds
 
 

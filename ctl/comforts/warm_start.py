@@ -19,12 +19,12 @@ the chosen variables, a shape mismatch, or an `include` that names nothing is a
 import collections
 from typing import Dict, Optional, Sequence
 
-from absl import logging
 import gin
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from ctl.comforts.hooks import Hook
+from ctl.core import console
 from ctl.core.errors import UserError
 
 
@@ -202,14 +202,14 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
     report = {"restored": [_name(chosen[p]) for p in restored],
               "not_in_checkpoint": [_name(chosen[p]) for p in missing],
               "not_restored": unused}
-    logging.info("warm start from %s: restored %d of %d chosen variables%s: %s", path_,
+    console.info("warm", "warm start from %s: restored %d of %d chosen variables%s: %s", path_,
                  len(restored), len(chosen), f" (include={list(include)})" if include else "",
                  ", ".join(report["restored"]))
     if missing:
-        logging.info("warm start: not in the checkpoint, left as initialized: %s",
+        console.info("warm", "warm start: not in the checkpoint, left as initialized: %s",
                      ", ".join(report["not_in_checkpoint"]))
     if unused:
-        logging.info("warm start: in the checkpoint but not restored: %s",
+        console.info("warm", "warm start: in the checkpoint but not restored: %s",
                      ", ".join(report["not_restored"]))
     return report
 

@@ -10,7 +10,8 @@ spends about 2 ms of host time there (global-step reads, two summary-writer
 flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
 small model. ctl's takes the loop's results and the global step from the
 loop's own `tf.function` call (`Trainer.loop_end`), keeps the summaries for a
-flush at most once a second (`ctl.core.summaries`) and prints the same line.
+flush at most once a second (`ctl.core.summaries`) and logs its line through
+`ctl.core.console` (orbit prints its own lines; ctl has one format).
 Measured with `python -m bench.run --only train_throughput`.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
@@ -23,11 +24,11 @@ Measured with `python -m bench.run --only train_throughput`.
 import time
 from typing import Callable, Iterable, Optional
 
-from absl import logging
 import orbit
 import tensorflow as tf
 
 from ctl.comforts.hooks import StopRequest
+from ctl.core import console
 
 
 class Controller(orbit.Controller):
@@ -39,24 +40,46 @@ class Controller(orbit.Controller):
         self.stop = stop or StopRequest()
         self._on_checkpoint_end = tuple(on_checkpoint_end)
         self._on_checkpoint_load = tuple(on_checkpoint_load)
-        super().__init__(*args, **kwargs)  # Restores the latest checkpoint.
+        self._train_lines = console.TrainLines()  # Rate and ETA from steady-state loops.
+        self._final_step = None  # What train_and_evaluate trains to, for the ETA.
+        self._save_options = tf.train.CheckpointOptions(
+            enable_async=kwargs.get("enable_async_checkpointing", False))
+        # orbit's __init__ would restore and print its own line; ctl restores below.
+        manager = kwargs.pop("checkpoint_manager", None)
+        super().__init__(*args, checkpoint_manager=None, **kwargs)
+        self.checkpoint_manager = manager
+        if manager is not None:
+            self.restore_checkpoint()
 
     def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
-        path = super().restore_checkpoint(checkpoint_path)
+        """orbit's, with ctl's console line and the `on_checkpoint_load` hooks."""
+        if self.checkpoint_manager is None:
+            raise ValueError("restore_checkpoint needs a checkpoint_manager.")
+        with self.strategy.scope():
+            if checkpoint_path is not None:
+                self.checkpoint_manager.checkpoint.restore(checkpoint_path)
+            else:
+                checkpoint_path = self.checkpoint_manager.restore_or_initialize()
         getattr(self.trainer, "loop_end", {}).clear()  # The global step changed.
-        if path:
+        self._train_lines.restart()
+        step = int(self.global_step.numpy())
+        if checkpoint_path:
+            console.info("ckpt", "restored model from %s", checkpoint_path, step=step)
             for action in self._on_checkpoint_load:
-                action(path)
-        return path
+                action(checkpoint_path)
+        else:
+            console.info("ckpt", "no checkpoint in %s: initialized the model",
+                         self.checkpoint_manager.directory, step=step)
+        return checkpoint_path
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
         self._require("trainer", for_method="train")
         current_step = self._current_step()
-        logging.info("train | step: %6d | training until step %d...", current_step, steps)
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
             while current_step < steps and not self.stop.should_stop:
-                current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop))
+                current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop),
+                                                   stretch_end=steps)
                 if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
                     self._save(check_interval=True)
         finally:
@@ -65,12 +88,13 @@ class Controller(orbit.Controller):
             self._save(check_interval=False)
         self._sync_on_async_checkpointing()
 
-    def _train_n_steps(self, num_steps: int) -> int:
+    def _train_n_steps(self, num_steps: int, stretch_end: Optional[int] = None) -> int:
         """Runs one train loop, hands its output to the train actions, logs it; returns the step.
 
         orbit's does the same; this one runs no eager TensorFlow op: the loop
         hands back its results and the global step (see the module docstring).
         """
+        started = time.perf_counter()
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
                     lambda: self.global_step % self.summary_interval == 0):
@@ -81,16 +105,18 @@ class Controller(orbit.Controller):
         step = self._current_step()
         last_time, last_step = self._last_loop_end
         if step != last_step + num_steps and not self.stop.should_stop:
-            logging.warning("trainer.train(%d) moved the global step from %d to %d.",
-                            num_steps, last_step, step)
+            console.warning("train", "trainer.train(%d) moved the global step from %d to %d.",
+                            num_steps, last_step, step, step=step)
         now = time.perf_counter()
         self._last_loop_end = (now, step)
+        loop_seconds = now - started
         for action in self.train_actions:
             action(output)
         steps_per_second = (step - last_step) / max(now - last_time, 1e-9)
-        # orbit's line, on stdout; ctl.comforts.progress logs its own line with the ETA.
-        print(f"train | step: {step: 6d} | steps/sec: {steps_per_second: 6.1f} | "
-              f"output: {_format(output)}")
+        stretch_end = stretch_end or step
+        self._train_lines.loop_end(step, max(self._final_step or 0, stretch_end), output,
+                                   num_steps, loop_seconds,
+                                   last=step >= stretch_end or self.stop.should_stop)
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=step)
         self.summary_manager.flush_if_due()
@@ -103,13 +129,14 @@ class Controller(orbit.Controller):
         output = None
         current_step = self._current_step()
         eval_interval = eval_interval or (train_steps - current_step)
+        self._final_step = train_steps
         while current_step < train_steps and not self.stop.should_stop:
             target = min(train_steps, current_step + eval_interval)
             self.train(steps=target, checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
             current_step = self._current_step()
         if self.stop.should_stop:
-            logging.info("train | step: %6d | stopped: %s", current_step, self.stop.reason)
+            console.info("train", "stopped: %s", self.stop.reason, step=current_step)
         self._save(check_interval=False)
         self._sync_on_async_checkpointing()
         return output
@@ -124,8 +151,6 @@ class Controller(orbit.Controller):
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self._current_step()
-        what = f"running {steps} steps of evaluation..." if steps > 0 else "running complete evaluation..."
-        print(f" eval | step: {step: 6d} | {what}")
         start = time.perf_counter()
         with self.eval_summary_manager.summary_writer().as_default():  # For tf.summary calls.
             output = self.evaluator.evaluate(tf.constant(steps, tf.int32))
@@ -136,9 +161,9 @@ class Controller(orbit.Controller):
         rate = ""
         if steps > 0:
             output["steps_per_second"] = steps / elapsed
-            rate = f"steps/sec: {steps / elapsed: 6.1f} | "
-        print(f" eval | step: {step: 6d} | {rate}eval time: {elapsed: 6.1f} sec | "
-              f"output: {_format(output)}")
+            rate = f" ({steps / elapsed:.1f} steps/sec)"
+        console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed, rate,
+                     step=step)
         self.eval_summary_manager.write_summaries(output, step=step)
         self.eval_summary_manager.flush()
         return output
@@ -155,14 +180,19 @@ class Controller(orbit.Controller):
     def _save(self, check_interval: bool) -> bool:
         if self.summary_manager is not None:  # A checkpoint's steps have their summaries on disk.
             self.summary_manager.flush()
-        saved = self._maybe_save_checkpoint(check_interval=check_interval)
-        if saved and self._on_checkpoint_end:
+        if self.checkpoint_manager is None:
+            return False
+        path = self.checkpoint_manager.save(check_interval=check_interval,
+                                            options=self._save_options)
+        if path is None:
+            return False
+        console.info("ckpt", "saved %s", path, step=self._current_step())
+        if self._on_checkpoint_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
             self._sync_on_async_checkpointing()
-            path = self.checkpoint_manager.last_saved_path
             for action in self._on_checkpoint_end:
                 action(path)
-        return saved
+        return True
 
 
 def to_numpy(logs):
@@ -171,12 +201,3 @@ def to_numpy(logs):
         return {name: to_numpy(value) for name, value in logs.items()}
     return logs.numpy() if tf.is_tensor(logs) else logs
 
-
-def _format(output) -> str:
-    """`{name: value, ...}` on one line, scalars with 5 significant digits."""
-    if not isinstance(output, dict):
-        try:
-            return f"{float(output):.5g}"
-        except (TypeError, ValueError):
-            return repr(output)
-    return "{" + ", ".join(f"{name}: {_format(value)}" for name, value in output.items()) + "}"

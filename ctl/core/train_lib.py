@@ -10,14 +10,13 @@ import shutil
 import tempfile
 from typing import Any, Dict, NamedTuple, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
 from ctl.comforts.hooks import Hooks, Run
-from ctl.comforts.progress import MetricsLog, ProgressLogger
-from ctl.core import async_checkpoint, config
+from ctl.comforts.progress import MetricsLog
+from ctl.core import async_checkpoint, config, console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -54,7 +53,7 @@ def run_experiment(
     if mode == "continuous_eval":
         return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
     if mode == "train_and_eval" and cluster.has_evaluator():
-        logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
+        console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
         mode = "train"
     if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
         raise UserError(
@@ -201,19 +200,17 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
         eval_interval=schedule.eval_interval,
     )
     if output is None:  # Resumed after the last step: still end with an evaluation.
-        logging.info("training already reached step %d", schedule.train_steps)
+        console.info("train", "training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
     return output
 
 
 def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
-    """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
+    """The experiment's hooks, after ctl's JSON metrics (chief only)."""
     run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
               global_step=trainer.global_step, task=experiment.task, strategy=strategy,
               chief=chief, loop_end=trainer.loop_end)
-    builtin = [ProgressLogger(experiment.schedule.train_steps)]
-    if chief:
-        builtin.append(MetricsLog())
+    builtin = [MetricsLog()] if chief else []
     return Hooks(builtin + list(experiment.hooks), run)
 
 

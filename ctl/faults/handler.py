@@ -24,10 +24,9 @@ killed at any moment restarts from the latest complete checkpoint.
 import dataclasses
 from typing import Optional
 
-from absl import logging
 import gin
 
-from ctl.core import checkpointing
+from ctl.core import checkpointing, console
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
@@ -114,7 +113,7 @@ class FaultHandler:
         checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
         self.trainer.loop_end.clear()  # The global step changed.
         step = int(self.trainer.global_step.numpy())
-        logging.warning("loss is NaN or Inf at step %d: restored %s, replaying from step %d "
+        console.warning("nan", "loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)

@@ -27,10 +27,11 @@ import random
 import tempfile
 from typing import List, Optional
 
-from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
+
+from ctl.core import console
 
 
 def seed_everything(seed: int) -> None:
@@ -84,8 +85,8 @@ def warn_if_not_replayable(task, seeded: bool) -> None:
     reason = stateful_input_op(task)
     if reason is None:
         return
-    logging.warning(
-        "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
+    console.warning(
+        "input", "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
         "rebuilds it and skips the batches already consumed; it sees the same data as an "
         "uninterrupted run only if those random ops draw the same numbers in a new process%s.",
         type(task).__name__, reason,
@@ -108,5 +109,5 @@ def skip_consumed_batches(trainer, steps: int) -> None:
         return dataset.skip(steps * per_step)
 
     if steps > 0:
-        logging.info("train input resumes at step %d: skipping the batches already consumed", steps)
+        console.info("input", "train input resumes at step %d: skipping the batches already consumed", steps)
     trainer.train_dataset = trainer.distribute_dataset(dataset_fn, training=True)
