@@ -20,9 +20,9 @@ import sys
 
 from absl import app, flags, logging
 
+from ctl import smoke, train_lib
 from ctl.cluster import distribute, tf_config as cluster
-from ctl.comforts import smoke
-from ctl.core import config, console, train_lib
+from ctl.core import config, console
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
 from ctl.sidecar import continuous_eval

@@ -17,7 +17,8 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run, flat_logs
+from ctl.comforts.hooks import flat_logs
+from ctl.core.hooks import Hook, Run
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -23,9 +23,9 @@ import gin
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hook
 from ctl.core import console
 from ctl.core.errors import UserError
+from ctl.core.hooks import Hook
 
 
 

@@ -15,7 +15,7 @@ both serialize to the same `VARIABLE_VALUE` tensor, so `enable()` makes the
 Keras variable reuse that twin. The checkpoints hold the same values as
 synchronous ones (tested in `tests/test_async_checkpoint.py`).
 
-`enable()` is called by `ctl.core.train_lib` when async checkpointing is on; it
+`enable()` is called by `ctl.train_lib` when async checkpointing is on; it
 changes nothing for synchronous saves, and nothing if Keras fixes the bug
 upstream in a different way (it only replaces the method it knows).
 """

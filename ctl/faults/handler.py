@@ -12,8 +12,10 @@
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       skip the batches consumed up to global_step                   # ctl.faults.resume
-      after each train loop (eager), FaultHandler:
-        bad step?  stop (NonFiniteLoss) or restore + replay         # ctl.faults.nan_guard
+      after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
+        bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
+                   returns the end at the restored step, so the
+                   controller replays up to train_steps
         signal?    save a checkpoint, raise Preempted               # ctl.faults.preemption
 
 A checkpoint is complete once the manager's `checkpoint` state file names it
@@ -27,11 +29,12 @@ from typing import Optional
 import gin
 
 from ctl.core import checkpointing, console
+from ctl.core.trainer import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import Preempted, SignalWatcher
-from ctl.faults.step_guard import NO_BAD_STEP, StepGuard
+from ctl.faults.step_guard import StepGuard
 
 
 @gin.configurable(module="ctl")
@@ -69,7 +72,10 @@ class FaultTolerance:
 
 
 class FaultHandler:
-    """Train action (eager, after every train loop): handles bad losses and signals.
+    """Runs after every train loop (eager; the controller's `after_train_loop`).
+
+    Takes the loop's `TrainLoopEnd` and returns the one to go on from: the
+    same, or after a NaN recovery the restored checkpoint's step.
 
     Also installs the per-step guard in `trainer`, and says at start whether
     the train input can be replayed exactly.
@@ -90,28 +96,27 @@ class FaultHandler:
         """Positions the train input after the restored step (call once, after restore)."""
         resume.skip_consumed_batches(self.trainer, int(self.trainer.global_step.numpy()))
 
-    def __call__(self, unused_output) -> None:
-        end = self.trainer.loop_end
-        bad_step = int(end["bad_step"] if "bad_step" in end else self.guard.bad_step.numpy())
-        if bad_step != NO_BAD_STEP:
-            self._on_bad_loss(bad_step)
+    def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
+        if end.bad_step is not None:
+            end = self._on_bad_loss(end.bad_step, end)
         if self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
-            step = int(self.trainer.global_step.numpy())
-            raise Preempted(self.watcher.signum, step, path)
+            raise Preempted(self.watcher.signum, end.step, path)
+        return end
 
-    def _on_bad_loss(self, bad_step: int) -> None:
-        if self.settings.nan_policy == "stop":
-            raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'")
+    def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
         path = self.manager.latest_checkpoint
+        if self.settings.nan_policy == "stop":
+            raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'",
+                                recoverable=path is not None)
         if path is None:
-            raise NonFiniteLoss(bad_step, "no checkpoint to recover from yet")
+            raise NonFiniteLoss(bad_step, "nan_policy='recover', but no checkpoint was saved "
+                                "before it", recoverable=False)
         if not self.budget.spend(bad_step):
             raise NonFiniteLoss(
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
-                f"limit set by ctl.FaultTolerance.max_recoveries")
+                f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False)
         checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
-        self.trainer.loop_end.clear()  # The global step changed.
         step = int(self.trainer.global_step.numpy())
         console.warning("nan", "loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
@@ -119,3 +124,4 @@ class FaultHandler:
         self.budget.resumed_at(step)
         self.guard.clear()
         resume.skip_consumed_batches(self.trainer, step)
+        return end._replace(step=step, bad_step=None, restored=path)

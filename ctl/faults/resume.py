@@ -14,9 +14,10 @@ things decide what a resumed run computes:
   expensive `map` takes time. It assumes each train step calls
   `next_train_inputs` once (the default Trainer does).
 * RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
-  in a variable that `tf.train.Checkpoint(model=...)` does not save; ctl adds
-  them to the checkpoint as `rng`. Stateful random ops (`tf.random.uniform`
-  without a generator, tf_keras' legacy Dropout) have no state to save.
+  in a variable that `tf.train.Checkpoint(model=...)` does not save; the
+  Trainer's checkpoint holds them as `rng` (`ctl.core.checkpoint_contents`).
+  Stateful random ops (`tf.random.uniform` without a generator, tf_keras'
+  legacy Dropout) have no state to save.
 
 `seed_everything` makes the computation itself repeatable: one seed for
 Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
@@ -25,7 +26,7 @@ Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
 import os
 import random
 import tempfile
-from typing import List, Optional
+from typing import Optional
 
 import keras
 import numpy as np
@@ -41,23 +42,6 @@ def seed_everything(seed: int) -> None:
     tf.random.set_seed(seed)
     keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()
-
-
-def rng_state_variables(model) -> List:
-    """The Keras 3 `SeedGenerator` state variables of `model`, in a stable order."""
-    return [v for v in getattr(model, "variables", []) if "seed_generator_state" in getattr(v, "path", "")]
-
-
-def track_rng_state(checkpoint: tf.train.Checkpoint, model) -> int:
-    """Adds the model's RNG state variables to `checkpoint` as `rng`; returns how many.
-
-    Call before the checkpoint is restored. A checkpoint written without them
-    (an older ctl) no longer matches a model that has them.
-    """
-    states = rng_state_variables(model)
-    if states:
-        checkpoint.rng = states
-    return len(states)
 
 
 def stateful_input_op(task) -> Optional[str]:

@@ -35,17 +35,16 @@ import orbit
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hooks, Run
 from ctl.core import config, console
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
-from ctl.core.experiment import Experiment
+from ctl.core.hooks import Hooks, Run
 from ctl.sidecar import scheduler as sidecar
 
 FINISHED_FILE = "ctl_run_finished.json"
 PROGRESS_FILE = "sidecar_progress.json"
 METRICS_FILE = "metrics.jsonl"
-EVAL_DIR = "eval"  # As ctl.core.train_lib.EVAL_SUMMARY_DIR.
+EVAL_DIR = "eval"  # As ctl.train_lib.EVAL_SUMMARY_DIR.
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
 _STEP_KEYS = (
     "global_step/.ATTRIBUTES/VARIABLE_VALUE",
@@ -148,7 +147,7 @@ def wait_for_config(model_dir: str, poll_interval: float = 0.5) -> str:
 class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
 
-    def __init__(self, experiment: Experiment, strategy: tf.distribute.Strategy,
+    def __init__(self, experiment, strategy: tf.distribute.Strategy,
                  eval_dir: str, callbacks=()):
         task = experiment.task
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
@@ -229,18 +228,21 @@ class CheckpointEvaluator:
 def evaluate_continuously(
     model_dir: str,
     strategy: Optional[tf.distribute.Strategy] = None,
-    experiment: Optional[Experiment] = None,
+    *,
+    experiment,
     settings: Optional[sidecar.ContinuousEval] = None,
     clock=time.monotonic,
 ) -> Dict[str, Any]:
     """Evaluates the checkpoints of `model_dir` until the trainer's last one.
+
+    `experiment` is the run's `ctl.Experiment` (its task, trainer class,
+    schedule and hooks).
 
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
     could not be read.
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
-    experiment = experiment or config.call_configured(Experiment)
     strategy = strategy or tf.distribute.get_strategy()
     eval_dir = os.path.join(model_dir, EVAL_DIR)
     progress = load_progress(eval_dir)
@@ -310,7 +312,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(eval_dir, progress)
 
 
-def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator, model_dir: str):
+def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator, model_dir: str):
     """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
