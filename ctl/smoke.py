@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
+from ctl.comforts.hooks import flat_logs
 from ctl.core import checkpointing, config, console
 from ctl.core.errors import UserError
 from ctl.experiment import Experiment, Schedule
@@ -123,6 +124,8 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _check_close(actual, expected, what: str) -> None:
+    """Every result in `expected` (nested for named eval sets) matches `actual`'s."""
+    actual, expected = flat_logs(actual), flat_logs(expected)
     for key, value in expected.items():
         if key in actual:
             np.testing.assert_allclose(np.asarray(actual[key]), np.asarray(value), rtol=1e-4,

@@ -60,11 +60,13 @@ class Task:
     def eval_datasets(self) -> Sequence[str]:
         """Names of several eval sets; `()` (the default) for the one unnamed set.
 
-        With names, the sidecar evaluator (`--mode=continuous_eval`) calls
-        `build_inputs(training=False, input_context=..., name=NAME)` once per
-        name and writes each set's summaries to `<model_dir>/eval/NAME`.
-        In-line evaluation (`eval`, `train_and_eval`) calls `build_inputs`
-        without a name, so give `name` a default.
+        With names, every evaluation (in-line in `eval` and `train_and_eval`,
+        and on the sidecar evaluator) calls `build_inputs(training=False,
+        input_context=..., name=NAME)` once per name, evaluates each set with
+        the task's loss and metrics, and returns `{NAME: results}`: each
+        set's summaries go to `<model_dir>/eval/NAME`, and hooks name a
+        set's metric `"NAME/metric"` (e.g. `ctl.BestCheckpoint.metric =
+        'far/loss'`).
         """
         return ()
 

@@ -170,12 +170,27 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 use_tf_function=use_tf_function, use_tf_while_loop=use_tf_while_loop
             ),
         )
+        # Every eval set of the task, distributed: {None: dataset} for the one
+        # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
+        self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
         orbit.StandardEvaluator.__init__(
             self,
-            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None,
+            next(iter(self.eval_sets.values()), None),
             # ctl's evaluate() chooses the loop per call.
             options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
         )
+
+    def build_eval_sets(self) -> Dict[Optional[str], Any]:
+        """The task's eval datasets, distributed, by name (`None`: the one unnamed set).
+
+        With names (`Task.eval_datasets()`), `build_inputs(training=False,
+        input_context, name=NAME)` is called once per name.
+        """
+        names = tuple(self.task.eval_datasets())
+        if not names:
+            return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
+        return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
+                for name in names}
 
     def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
         """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
@@ -331,15 +346,35 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     # Evaluation.
 
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
-        """One evaluation of `num_steps` batches (-1: the whole eval set), from its start.
+        """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
-        Replaces `orbit.StandardEvaluator.evaluate`, so that a fixed number of
-        steps runs as one `tf.function` call that also resets and reads the
-        metrics (measured in bench/, figure 2). `batch_callbacks` (Keras
-        callbacks) see `on_test_batch_begin/end` around each step of a host loop.
+        Returns the logs of the one unnamed set, or `{name: logs}` for the
+        named sets of `Task.eval_datasets()`, each evaluated in turn from its
+        start (in-line and on the sidecar alike). Replaces
+        `orbit.StandardEvaluator.evaluate`, so that a fixed number of steps
+        runs as one `tf.function` call that also resets and reads the metrics
+        (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
+        see `on_test_begin`/`on_test_end` around each set and
+        `on_test_batch_begin/end` around each step of a host loop.
         """
-        if self.eval_dataset is None:
+        if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
+        if list(self.eval_sets) == [None]:
+            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
+        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
+                for name, dataset in self.eval_sets.items()}
+
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
+        self.eval_dataset = dataset
+        for callback in batch_callbacks:
+            callback.on_test_begin()
+        logs = self._evaluate_dataset(num_steps, batch_callbacks)
+        for callback in batch_callbacks:
+            callback.on_test_end(_python_logs(logs))
+        return logs
+
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
@@ -435,6 +470,15 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                     self.task.reduce_aggregated_logs(aggregated_logs["task"], global_step=step))
             logs.update(aggregation.results(self.eval_reducers, aggregated_logs["reducers"]))
         return logs
+
+
+def _python_logs(logs) -> Logs:
+    """`logs` as Keras callbacks take them: Python numbers (lists for non-scalars)."""
+    values = {}
+    for name, value in logs.items():
+        array = np.asarray(value)
+        values[name] = array.item() if array.ndim == 0 else array.tolist()
+    return values
 
 
 def _with_batch_callbacks(step_fn, callbacks):

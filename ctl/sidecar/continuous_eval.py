@@ -150,16 +150,11 @@ class CheckpointEvaluator:
     def __init__(self, experiment, strategy: tf.distribute.Strategy,
                  eval_dir: str, callbacks=()):
         task = experiment.task
-        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
+        # The trainer's own evaluation: every eval set, as in-line (Trainer.evaluate).
+        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True)
         self.model = self.trainer.model
         self.eval_steps = experiment.schedule.eval_steps or -1
         self.eval_dir = eval_dir
-        names = tuple(task.eval_datasets())
-        self.datasets = {
-            name: self.trainer.distribute_dataset(
-                task.build_inputs, training=False, **({"name": name} if name else {}))
-            for name in (names or (None,))
-        }
         self.callbacks = list(callbacks)
         for callback in self.callbacks:
             if hasattr(callback, "set_model"):
@@ -170,14 +165,8 @@ class CheckpointEvaluator:
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
         """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
         step = self._restore(number, path)
-        results = {}
-        for name, dataset in self.datasets.items():
-            output = _to_python(self._evaluate_dataset(dataset))
-            if name is None:
-                results = output
-            else:
-                results[name] = output
-        return {"step": step, "results": results}
+        results = self.trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
+        return {"step": step, "results": _to_python(results)}
 
     def _restore(self, number: int, path: str) -> int:
         try:
@@ -199,19 +188,6 @@ class CheckpointEvaluator:
         status.expect_partial()  # The optimizer's values are not needed here.
         self.trainer.global_step.assign(step)
         return step
-
-    def _evaluate_dataset(self, dataset):
-        trainer = self.trainer
-        trainer.eval_dataset = dataset
-        if not self.callbacks:
-            return trainer.evaluate(self.eval_steps)
-        # Keras batch hooks need a host loop: the same steps, one per call.
-        for callback in self.callbacks:
-            callback.on_test_begin()
-        logs = trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
-        for callback in self.callbacks:
-            callback.on_test_end(_to_python(logs))
-        return logs
 
     def write_summaries(self, results: Dict[str, Any]) -> None:
         """Summaries at the restored global step; one subdirectory per named eval set."""
