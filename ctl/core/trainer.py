@@ -1,4 +1,9 @@
-"""`Trainer`: the train and eval loops of a `Task`, on orbit's standard runners.
+"""`Trainer`: the train and eval loops of a `Task`, on orbit's runner protocol.
+
+The Trainer is an `orbit.AbstractTrainer` and `orbit.AbstractEvaluator`
+(`train(num_steps)`, `evaluate(num_steps)`) with its own loops, built from
+orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
+`make_distributed_dataset`); no orbit runner class to keep in step with.
 
 One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 
@@ -17,7 +22,7 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
     return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
 
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
-each step is one closure that `coordinator_for_async().schedule()` sends to a
+each step is one closure that the `ClusterCoordinator` schedules on a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
 reads the metrics.
 
@@ -100,7 +105,7 @@ class TrainLoopEnd(NamedTuple):
 
 
 @gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate"])
-class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
@@ -163,22 +168,13 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             )
         self.checkpoint = checkpoint_contents.build_checkpoint(
             self.global_step, self.model, self.optimizer)
-        orbit.StandardTrainer.__init__(
-            self,
-            self.distribute_dataset(task.build_inputs, training=True) if train else None,
-            options=orbit.StandardTrainerOptions(
-                use_tf_function=use_tf_function, use_tf_while_loop=use_tf_while_loop
-            ),
-        )
+        # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
+        self.train_dataset = (
+            self.distribute_dataset(task.build_inputs, training=True) if train else None)
         # Every eval set of the task, distributed: {None: dataset} for the one
         # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
         self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
-        orbit.StandardEvaluator.__init__(
-            self,
-            next(iter(self.eval_sets.values()), None),
-            # ctl's evaluate() chooses the loop per call.
-            options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
-        )
+        self.eval_dataset = next(iter(self.eval_sets.values()), None)  # The one being evaluated.
 
     def build_eval_sets(self) -> Dict[Optional[str], Any]:
         """The task's eval datasets, distributed, by name (`None`: the one unnamed set).
@@ -214,15 +210,6 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
             self._coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
 
-    def coordinator_for_async(self) -> tf.distribute.coordinator.ClusterCoordinator:
-        """The coordinator that schedules steps on workers; parameter servers only."""
-        if self._coordinator is None:
-            raise ValueError(
-                f"no ClusterCoordinator: the strategy is {type(self.strategy).__name__}, "
-                "not ParameterServerStrategy."
-            )
-        return self._coordinator
-
     def join(self) -> None:
         """Waits for every scheduled step (eager); a no-op without parameter servers."""
         if self._coordinator is not None:
@@ -233,22 +220,27 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def train(self, num_steps: tf.Tensor) -> TrainLoopEnd:
         """Runs one train loop of `num_steps` steps; returns its results and end step.
 
-        Replaces `orbit.StandardTrainer.train` so that the loop's end state is
-        returned as a value rather than kept on the trainer.
+        The loop's end state is returned as a value rather than kept on the trainer.
         """
         self.train_loop_begin()
         if self._train_loop is None:
             self._train_loop = self.create_train_loop_fn()
-        dataset = self.train_dataset
-        if self._train_iterator is None or self._train_iterator[0] is not dataset:
-            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
-        end = self._train_loop(self._train_iterator[1], num_steps)
+        end = self._train_loop(self.train_iterator, num_steps)
         logs = self.train_loop_end()
         if end is None:  # A host or parameter-server loop (or an orbit-style loop_fn).
             end = self._loop_end_values()
         bad_step = int(end["bad_step"]) if "bad_step" in end else NO_BAD_STEP
         return TrainLoopEnd(logs, int(end["global_step"]),
                             None if bad_step == NO_BAD_STEP else bad_step)
+
+    @property
+    def train_iterator(self):
+        """The iterator train loops read from: made from `train_dataset` on first use, and
+        again whenever `train_dataset` is replaced (so a checkpoint can hold it)."""
+        dataset = self.train_dataset
+        if self._train_iterator is None or self._train_iterator[0] is not dataset:
+            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
+        return self._train_iterator[1]
 
     def _loop_end_values(self) -> Dict[str, tf.Tensor]:
         end = {"global_step": self.global_step.read_value()}
@@ -324,6 +316,9 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if self.step_guard is not None:
             self.step_guard.check_loss(self.strategy, loss, self.global_step)
 
+    def train_loop_begin(self) -> None:
+        """Called eagerly before each train loop; does nothing by default."""
+
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""
         self.join()
@@ -350,8 +345,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
         Returns the logs of the one unnamed set, or `{name: logs}` for the
         named sets of `Task.eval_datasets()`, each evaluated in turn from its
-        start (in-line and on the sidecar alike). Replaces
-        `orbit.StandardEvaluator.evaluate`, so that a fixed number of steps
+        start (in-line and on the sidecar alike). A fixed number of steps
         runs as one `tf.function` call that also resets and reads the metrics
         (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
         see `on_test_begin`/`on_test_end` around each set and

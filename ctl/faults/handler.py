@@ -11,7 +11,7 @@
       trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
-      skip the batches consumed up to global_step                   # ctl.faults.resume
+      position the train input: read from the checkpoint, or skip   # ctl.faults.resume
       after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
         bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
                    returns the end at the restored step, so the
@@ -90,11 +90,18 @@ class FaultHandler:
         self.guard = StepGuard(watcher.stop_requested)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
-        resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
+        probe = resume.probe_pipeline(trainer.task)
+        resume.warn_if_not_replayable(trainer.task, settings.seed is not None, probe)
+        # Before the restore: it may set options on the train dataset.
+        self.input_position = resume.InputPosition(trainer, probe)
 
-    def resume_inputs(self) -> None:
-        """Positions the train input after the restored step (call once, after restore)."""
-        resume.skip_consumed_batches(self.trainer, int(self.trainer.global_step.numpy()))
+    def resume_inputs(self) -> str:
+        """Positions the train input after the restored step (call once, after restore).
+
+        Returns how: "checkpoint" (read back), "skip" or "start".
+        """
+        return self.input_position.resume(self.manager.restored_path,
+                                          int(self.trainer.global_step.numpy()))
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         if end.bad_step is not None:
@@ -116,12 +123,13 @@ class FaultHandler:
             raise NonFiniteLoss(
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
                 f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False)
-        checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
+        with self.input_position.detached() as checkpoint:
+            checkpointing.restore(checkpoint, path, self.manager.directory)
         step = int(self.trainer.global_step.numpy())
         console.warning("nan", "loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)
         self.guard.clear()
-        resume.skip_consumed_batches(self.trainer, step)
+        self.input_position.resume(path, step)
         return end._replace(step=step, bad_step=None, restored=path)
