@@ -15,6 +15,7 @@ from ctl.comforts.best import BestCheckpoint
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.comforts.hooks import EarlyStopping
 from ctl.comforts.keras_callbacks import KerasCallbacks
+from ctl.comforts.profile import Profile
 from ctl.comforts.warm_start import WarmStart
 from ctl.core.aggregation import Reducer
 from ctl.core.errors import UserError
@@ -29,6 +30,6 @@ from ctl.train_lib import MODES, run_experiment
 __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
-    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "Reducer", "Run", "Schedule",
+    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "Profile", "Reducer", "Run", "Schedule",
     "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
 ]

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
+from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
 from ctl.core import config, console
 from ctl.core.checkpointing import CheckpointManager
@@ -132,7 +133,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     )
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
-    hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
+    hooks = _hooks(experiment, trainer, model_dir, strategy, chief, train)
     manager = CheckpointManager(
         trainer.checkpoint,
         checkpoint_dir or model_dir,
@@ -212,12 +213,12 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
     return output
 
 
-def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
-    """The experiment's hooks, after ctl's JSON metrics (chief only)."""
+def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:
+    """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
     run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
               global_step=trainer.global_step, task=experiment.task, strategy=strategy,
               chief=chief)
-    builtin = [MetricsLog()] if chief else []
+    builtin = ([MetricsLog()] + ([HParamsSummary()] if train else [])) if chief else []
     return Hooks(builtin + list(experiment.hooks), run)
 
 
