@@ -98,27 +98,33 @@ def table(model_dir: str, train: Dict[str, Curve], evals: Dict[str, Curve]) -> s
 
 
 def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
-    """One panel per metric, train and eval curves together; written with Agg."""
+    """One panel per metric, train and eval curves together."""
+    tags = sorted((set(train) | set(evals)) - set(SKIPPED_TAGS))
+    plot_panels([(tag, [(kind, curves[tag], style) for kind, curves, style in
+                        (("train", train, "-"), ("eval", evals, "o-")) if tag in curves])
+                 for tag in tags], path)
+
+
+def plot_panels(panels, path: str) -> None:
+    """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tags = sorted((set(train) | set(evals)) - set(SKIPPED_TAGS))
-    columns = min(3, max(len(tags), 1))
-    rows = max(1, -(-len(tags) // columns))
+    columns = min(3, max(len(panels), 1))
+    rows = max(1, -(-len(panels) // columns))
     figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows),
                                 squeeze=False)
-    for axis, tag in zip(axes.flat, tags):
-        for kind, curves, style in (("train", train, "-"), ("eval", evals, "o-")):
-            if tag in curves:
-                steps = [p[0] for p in curves[tag]]
-                axis.plot(steps, [p[2] for p in curves[tag]], style, label=kind, markersize=3)
-        axis.set_title(tag)
+    for axis, (title, lines) in zip(axes.flat, panels):
+        for label, points, style in lines:
+            axis.plot([p[0] for p in points], [p[2] for p in points], style, label=label,
+                      markersize=3)
+        axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
-        axis.legend()
-    for axis in list(axes.flat)[len(tags):]:
+        axis.legend(fontsize="small")
+    for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
     temp = f"{path}.tmp-{os.getpid()}.png"
@@ -179,34 +185,12 @@ def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
 
 
 def plot_runs(runs, path: str) -> None:
-    """One panel per eval metric (and train loss), every run's curve overlaid; Agg."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """One panel per eval metric and one for the train loss, every run's curve overlaid."""
     panels = [("eval", tag) for tag in sorted({t for _, c in runs for t in c["eval"]})
-              if tag not in SKIPPED_TAGS]
-    panels.append(("train", "loss"))
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-    for axis, (kind, tag) in zip(axes.flat, panels):
-        for name, curves in runs:
-            points = curves[kind].get(tag, [])
-            axis.plot([p[0] for p in points], [p[2] for p in points], "o-" if kind == "eval"
-                      else "-", label=name, markersize=3)
-        axis.set_title(f"{kind}/{tag}")
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
-    for axis in list(axes.flat)[len(panels):]:
-        axis.axis("off")
-    figure.tight_layout()
-    temp = f"{path}.tmp-{os.getpid()}.png"
-    figure.savefig(temp, dpi=100)
-    plt.close(figure)
-    os.replace(temp, path)
+              if tag not in SKIPPED_TAGS] + [("train", "loss")]
+    plot_panels([(f"{kind}/{tag}", [(name, curves[kind].get(tag, []),
+                                     "o-" if kind == "eval" else "-") for name, curves in runs])
+                 for kind, tag in panels], path)
 
 
 def main(argv):

@@ -31,7 +31,7 @@ import gin
 import tensorflow as tf
 
 from ctl.core.errors import UserError
-from ctl.core.task import Task
+from ctl.core.task import Task, shard_for_pipeline
 
 
 @gin.configurable(module="ctl")
@@ -123,12 +123,8 @@ class KerasModelTask(Task):
         if source is None:
             raise UserError("ctl.KerasModelTask.eval_data is not set; bind it to a function "
                             "returning the validation (x, y) to evaluate.")
-        dataset = self._dataset(source, name)
-        batch_size = self.batch_size
-        if input_context is not None:
-            dataset = dataset.shard(input_context.num_input_pipelines,
-                                    input_context.input_pipeline_id)
-            batch_size = input_context.get_per_replica_batch_size(batch_size)
+        dataset, batch_size = shard_for_pipeline(self._dataset(source, name), self.batch_size,
+                                                 input_context)
         if training:
             if self.shuffle_buffer:
                 dataset = dataset.shuffle(self.shuffle_buffer, seed=self.seed)

@@ -163,3 +163,16 @@ class Task:
     def aggregates_logs(cls) -> bool:
         """Whether this task collects eval outputs beyond its Keras metrics."""
         return cls.aggregate_logs is not Task.aggregate_logs
+
+
+def shard_for_pipeline(dataset: tf.data.Dataset, global_batch_size: int,
+                       input_context: Optional[tf.distribute.InputContext] = None):
+    """This input pipeline's share of `dataset` and its per-replica batch size.
+
+    Returns `(dataset, batch_size)`: without an `input_context`, `dataset`
+    itself and `global_batch_size`.
+    """
+    if input_context is None:
+        return dataset, global_batch_size
+    return (dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id),
+            input_context.get_per_replica_batch_size(global_batch_size))
