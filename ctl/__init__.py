@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from ctl.adapters.keras_model import KerasModelTask  # noqa: E402
+from ctl.adapters.model_garden import ModelGardenTask
 from ctl.comforts.best import BestCheckpoint
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.comforts.hooks import EarlyStopping
@@ -30,6 +31,6 @@ from ctl.train_lib import MODES, run_experiment
 __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
-    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "Profile", "Reducer", "Run", "Schedule",
-    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
+    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "ModelGardenTask", "Profile",
+    "Reducer", "Run", "Schedule", "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
 ]

@@ -150,6 +150,16 @@ class Task:
         """
         del model
 
+    def features(self, inputs):
+        """The model's features in one element of a `build_inputs` dataset.
+
+        The first of the `(features, labels)` pair; a task whose elements have
+        another structure overrides it (`--mode=smoke` serves these features
+        through the exported signatures).
+        """
+        features, _ = inputs
+        return features
+
     def serving_signatures(self, model) -> Dict[str, Any]:
         """Returns `{name: tf.function with an input_signature}` for SavedModel exports.
 

@@ -150,8 +150,11 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 )
             self.optimizer = task.build_optimizer()
             # Keras 3 optimizers must own their slots before a strategy traces
-            # apply_gradients; tf_keras ones accept it as well.
-            self.optimizer.build(self.model.trainable_variables)
+            # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
+            # optimizers (Model Garden's) have no `build`: they make slots as they go.
+            build = getattr(self.optimizer, "build", None)
+            if callable(build):
+                build(self.model.trainable_variables)
             self.global_step = orbit.utils.create_global_step()
             self.train_metrics = list(task.build_metrics(training=True))
             self.eval_metrics = list(task.build_metrics(training=False))
