@@ -474,7 +474,7 @@ def test_damaged_model_dirs_restore_the_newest_intact_checkpoint_and_complete(tr
         problems = []
         if code != 0 or "Traceback" in stderr or ctl_stderr_lines(stderr):
             problems.append(f"exit status {code}; stderr: {stderr.strip()[-600:]}")
-        if f"restored model from {os.path.join(model_dir, f'ckpt-{restored}')}." not in stdout:
+        if f"restored model from {os.path.join(model_dir, f'ckpt-{restored}')}\n" not in stdout:
             problems.append(f"ckpt-{restored} not restored")
         if mode == "train":
             marker = read_json(ModelDir(model_dir).finished_file) or {}

@@ -44,7 +44,7 @@ def test_named_eval_sets_in_line(tmp_path, strategy):
     continuous_eval.evaluate_continuously(
         model_dir, strategy, experiment=dataclasses.replace(experiment(), hooks=()))
     sidecar = {r["step"]: r["results"] for r in
-               continuous_eval.read_metrics(os.path.join(model_dir, "eval"))}
+               continuous_eval.read_metrics(model_dir)}
     assert sorted(sidecar) == [10, 20]
     for record in evals:
         for name in ("near", "far"):

@@ -156,8 +156,8 @@ class OwnedActions:
             if not self.owned:
                 names = ", ".join(sorted({type(getattr(a, "__self__", a)).__name__
                                           for a in self.actions}))
-                logging.warning(
-                    "the eval-side hooks (%s) do not run in this process: the %s (%s) owns "
+                console.warning(
+                    "hooks", "the eval-side hooks (%s) do not run in this process: the %s (%s) owns "
                     "them (%s); each side effect of a model dir has one owner (docs/comforts.md).",
                     names, self.claim.holder_role(), self.claim.holder(), self.claim.path)
         if self.owned:

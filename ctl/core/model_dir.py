@@ -42,9 +42,9 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from absl import logging
 import tensorflow as tf
 
+from ctl.core import console
 from ctl.core.errors import UserError
 
 CHECKPOINT_STATE_FILE = "checkpoint"
@@ -104,7 +104,7 @@ def read_json(path: str, default: Any = None) -> Any:
             raise ValueError("the file is empty")
         return json.loads(text)
     except ValueError as error:  # json.JSONDecodeError is one.
-        logging.warning("ignoring %s: %s", path, error)
+        console.warning("files", "ignoring %s: %s", path, error)
         return default
 
 
@@ -374,7 +374,7 @@ class ModelDir:
                 problem = f"{self.file(CHECKPOINT_STATE_FILE)} names {named}, which is not there"
         if not newest_first:
             if problem and state.latest is None:
-                logging.warning("%s; the model dir holds no checkpoint (*.index): starting "
+                console.warning("ckpt", "%s; the model dir holds no checkpoint (*.index): starting "
                                 "from scratch.", problem)
             return Restored(None)
         skipped = []  # (name, why)
@@ -388,7 +388,7 @@ class ModelDir:
             if stale:
                 why = [problem] if problem else []
                 why += [f"skipped {name} ({reason})" for name, reason in skipped]
-                logging.warning("%s; restored %s, the newest checkpoint that restores.",
+                console.warning("ckpt", "%s; restored %s, the newest checkpoint that restores.",
                                 "; ".join(why), os.path.basename(path))
             number = by_name[os.path.basename(path)]
             failed = {name for name, _ in skipped}
@@ -417,7 +417,7 @@ class ModelDir:
         lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
         lines.append(f"last_preserved_timestamp: {min(stamps, default=time.time()) - 1!r}")
         write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
-        logging.info("rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
+        console.info("ckpt", "rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
                      os.path.basename(restored.path))
 
 
@@ -447,7 +447,7 @@ class Claim:
         if self._fd is not None:
             return True
         if "://" in self.path:
-            logging.warning("cannot lock %s (not a local path): make sure one process uses "
+            console.warning("lock", "cannot lock %s (not a local path): make sure one process uses "
                             "it at a time.", self.path)
             return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
