@@ -134,20 +134,24 @@ def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
     reference = str(tmp_path / "reference")
     straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
     try:
-        chaos_run(tmp_path, target, bindings, flags)  # Meanwhile.
+        seed = chaos_run(tmp_path, target, bindings, flags)  # Meanwhile.
         returncode, stderr = straight.finish()
     finally:
         straight.kill()
     assert returncode == 0, stderr
     # Model, optimizer, RNG state and step, bit for bit.
+    print(f"chaos seed: {seed}")
     assert_bit_equal(tf.train.latest_checkpoint(reference),
                      tf.train.latest_checkpoint(str(tmp_path / "chaos")))
 
 
 def chaos_run(tmp_path, target, bindings, flags):
-    """Trains to `target`, killed with SIGKILL 3 times at random steps."""
+    """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed."""
     model_dir, progress = str(tmp_path / "chaos"), str(tmp_path / "chaos.progress")
-    rng = random.Random()
+    # Seeded, and the seed reported: CTL_CHAOS_SEED=N replays a failing run's kill points.
+    seed = int(os.environ.get("CTL_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
+    print(f"chaos seed: {seed} (rerun with CTL_CHAOS_SEED={seed})")
+    rng = random.Random(seed)
     killed_mid_run = 0
     for _ in range(3):
         low, high = latest_step(model_dir) + 1, target - 30
@@ -162,9 +166,10 @@ def chaos_run(tmp_path, target, bindings, flags):
         finally:
             trainer.kill()
         killed_mid_run += trainer.proc.returncode == -signal.SIGKILL
-    assert killed_mid_run >= 1
+    assert killed_mid_run >= 1, f"no kill landed mid-run (chaos seed {seed})"
     run_to_end(model_dir, progress, *bindings, flags=flags)
-    assert latest_step(model_dir) == target
+    assert latest_step(model_dir) == target, f"chaos seed {seed}"
+    return seed
 
 
 def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
