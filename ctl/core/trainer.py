@@ -5,13 +5,15 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
     train_loop_begin()                      # eager hook; does nothing by default
     loop(iterator, num_steps):              # one tf.function call (tf.while_loop)
       reset loss and metrics
+      ok = True
       for _ in range(num_steps):
-        if step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
-        train_step(iterator)
+        if not ok or step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
+        ok = train_step(iterator)
           inputs = next_train_inputs(iterator)
           loss = strategy.run(task.train_step, inputs)
           global_step += 1
-          step_guard.check_loss(loss)       # records a NaN/Inf loss's step
+          return step_guard.check_loss(loss)  # the verdict: all losses finite
+      (the guard records the step it ended at if not ok: bad_step)
       read loss, metrics, learning rate, global step, bad step
     logs = train_loop_end()                 # eager; what the loop read
     return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
@@ -74,13 +76,21 @@ class StepGuard(Protocol):
     bad_step: tf.Variable  # The step whose loss was not finite, or NO_BAD_STEP.
 
     def graph_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`."""
+        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`.
+
+        `step_fn` (the Trainer's `train_step`) returns what `check_loss` returned.
+        """
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
 
-    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
-        """Called after each step, in cross-replica context, with the step's loss."""
+    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
+                   global_step) -> Optional[tf.Tensor]:
+        """Called after each step, in cross-replica context, with the step's loss.
+
+        May return a verdict (a bool tensor: may the loop go on) that `train_step`
+        hands back to the loop.
+        """
 
 
 class TrainLoopEnd(NamedTuple):
@@ -313,7 +323,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         loss = self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
         self.global_step.assign_add(1)
         if self.step_guard is not None:
-            self.step_guard.check_loss(self.strategy, loss, self.global_step)
+            return self.step_guard.check_loss(self.strategy, loss, self.global_step)
+        return None
 
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""

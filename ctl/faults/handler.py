@@ -8,7 +8,7 @@
 `run_experiment` wires the pieces around one train run:
 
     with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
-      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
+      trainer.step_guard = StepGuard(watcher.stop_requested, step) # ctl.faults.step_guard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
@@ -88,7 +88,7 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard(watcher.stop_requested)
+        self.guard = StepGuard(watcher.stop_requested, trainer.global_step)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         probe = resume.probe_pipeline(trainer.task)
