@@ -25,7 +25,7 @@ import tensorflow as tf
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
 from ctl.comforts.progress import MetricsLog, ProgressLogger
-from ctl.core import async_checkpoint, config
+from ctl.core import config
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -148,8 +148,6 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")
-    if schedule.async_checkpointing:
-        async_checkpoint.enable()
     controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
@@ -159,9 +157,6 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         checkpoint_manager=manager,
         enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
-        # orbit uses the dirs only to decide whether train and eval share a manager.
-        summary_dir=summary_dir if chief else None,
-        eval_summary_dir=eval_summary_dir if chief else None,
         summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
         eval_summary_manager=SummaryManager(
             eval_summary_dir if chief else None, trainer.global_step

@@ -1,18 +1,29 @@
-"""orbit's Controller, with a stop request, checkpoint hooks and a leaner train loop.
+"""ctl's Controller: train, evaluate and checkpoint, on orbit's runner protocol.
 
-`orbit.Controller.train` runs until the global step reaches its target. ctl's
-`Controller` also checks `stop.should_stop` after every train loop, and
-`train_and_evaluate` after every evaluation: a stop request ends training at
-the next boundary, with a final checkpoint. Everything runs eagerly on the host.
+ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
+`orbit.AbstractEvaluator` (ctl's `Trainer` is orbit's `StandardTrainer` and
+`StandardEvaluator`) and subclasses nothing of orbit's `Controller`, whose
+loop it would otherwise override method by method (BUILD.md, "orbit"). It
+keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
+`save_checkpoint`, `restore_checkpoint`, train and eval actions) and its log
+lines, and adds a stop request and checkpoint hooks: `train` also checks
+`stop.should_stop` after every train loop, and `train_and_evaluate` after every
+evaluation, so a stop request ends training at the next boundary, with a final
+checkpoint. Everything runs eagerly on the host.
 
-What happens after each train loop is ctl's own (`_train_n_steps`): orbit's
-spends about 2 ms of host time there (global-step reads, two summary-writer
-flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
-small model. ctl's takes the loop's results and the global step from the
-value the loop's own `tf.function` call returns (`ctl.core.trainer.TrainLoopEnd`),
-keeps the summaries for a flush at most once a second (`ctl.core.summaries`)
-and prints the same line. Measured with `python -m bench.run --only
-train_throughput`.
+What happens after each train loop (`_train_n_steps`) costs no eager
+TensorFlow op: orbit's spends about 2 ms of host time there (global-step
+reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
+of a 100-step loop of a small model. ctl's takes the loop's results and the
+global step from the value the loop's own `tf.function` call returns
+(`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
+once a second (`ctl.core.summaries`) and prints the same line. Measured with
+`python -m bench.run --only train_throughput`.
+
+Asynchronous checkpoints use TensorFlow's `tf.train.CheckpointOptions(
+enable_async=True)`; for Keras 3 variables, which break TensorFlow's second
+async save, `ctl.compat.share_keras_cpu_twins` is applied to the variables of
+this controller's checkpoint (nothing process-wide).
 
 The controller is the one owner of "the current step" on the host
 (`Controller.step`): it takes it from each loop's `TrainLoopEnd`, after the
@@ -34,31 +45,70 @@ import time
 from typing import Callable, Iterable, Optional
 
 from absl import logging
-import orbit
 import tensorflow as tf
 
+from ctl import compat
 from ctl.core.hooks import StopRequest
+from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
+Action = Callable[[dict], None]
 
 
-class Controller(orbit.Controller):
-    """An `orbit.Controller` that honours a `StopRequest` and reports checkpoints."""
+class Controller:
+    """Runs an orbit trainer and evaluator: loops, checkpoints, summaries, a stop request."""
 
-    def __init__(self, *args, stop: Optional[StopRequest] = None,
+    def __init__(self, *, global_step: tf.Variable, trainer=None, evaluator=None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 steps_per_loop: Optional[int] = None, checkpoint_manager=None,
+                 enable_async_checkpointing: bool = False,
+                 summary_interval: Optional[int] = None,
+                 summary_manager: Optional[SummaryManager] = None,
+                 eval_summary_manager: Optional[SummaryManager] = None,
+                 train_actions: Iterable[Action] = (), eval_actions: Iterable[Action] = (),
+                 stop: Optional[StopRequest] = None,
                  after_train_loop: Iterable[AfterTrainLoop] = (),
                  on_checkpoint_end: Iterable[Callable[[str], None]] = (),
-                 on_checkpoint_load: Iterable[Callable[[str], None]] = (), **kwargs):
-        """`after_train_loop`: functions from a loop's `TrainLoopEnd` to the end
+                 on_checkpoint_load: Iterable[Callable[[str], None]] = ()):
+        """Restores the latest checkpoint of `checkpoint_manager` (or initializes).
+
+        `after_train_loop`: functions from a loop's `TrainLoopEnd` to the end
         to go on from, run in order before the train actions (they may raise,
-        or restore a checkpoint and return `end._replace(step=..., restored=path)`)."""
+        or restore a checkpoint and return `end._replace(step=..., restored=path)`).
+        """
+        if trainer is None and evaluator is None:
+            raise ValueError("`trainer` and `evaluator` should not both be None.")
+        if trainer is not None and (isinstance(steps_per_loop, bool) or
+                                    not isinstance(steps_per_loop, int) or steps_per_loop < 1):
+            raise ValueError(f"`steps_per_loop` ({steps_per_loop}) must be a positive integer.")
+        if summary_interval is not None and (summary_interval < 1 or
+                                             summary_interval % (steps_per_loop or 1)):
+            raise ValueError(f"`summary_interval` ({summary_interval}) must be a positive "
+                             f"multiple of `steps_per_loop` ({steps_per_loop}).")
+        self.trainer = trainer
+        self.evaluator = evaluator
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.global_step = global_step
+        self.steps_per_loop = steps_per_loop
+        self.summary_interval = summary_interval
+        self.checkpoint_manager = checkpoint_manager
+        self._save_options = tf.train.CheckpointOptions(enable_async=enable_async_checkpointing)
+        if enable_async_checkpointing and checkpoint_manager is not None:
+            compat.share_keras_cpu_twins(
+                tf.train.TrackableView(checkpoint_manager.checkpoint).descendants())
+        self.summary_manager = summary_manager or SummaryManager(None, global_step)
+        self.eval_summary_manager = eval_summary_manager or SummaryManager(None, global_step)
+        self.train_actions = tuple(train_actions)
+        self.eval_actions = tuple(eval_actions)
         self.stop = stop or StopRequest()
         self.after_train_loop = tuple(after_train_loop)
         self._on_checkpoint_end = tuple(on_checkpoint_end)
         self._on_checkpoint_load = tuple(on_checkpoint_load)
         self._step: Optional[int] = None
-        super().__init__(*args, **kwargs)  # Restores the latest checkpoint.
+        tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
+        if checkpoint_manager is not None:
+            self.restore_checkpoint()
 
     @property
     def step(self) -> int:
@@ -67,8 +117,17 @@ class Controller(orbit.Controller):
             self._step = int(self.global_step.numpy())
         return self._step
 
-    def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
-        path = super().restore_checkpoint(checkpoint_path)
+    def restore_checkpoint(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
+        """Restores `checkpoint_path`, or the latest checkpoint (or initializes); returns the path."""
+        self._require("checkpoint_manager", "restore_checkpoint")
+        with self.strategy.scope():
+            if checkpoint_path is not None:
+                self.checkpoint_manager.checkpoint.restore(checkpoint_path)
+                path = checkpoint_path
+            else:
+                path = self.checkpoint_manager.restore_or_initialize()
+        if path:
+            print(f"restored model from {path}.")
         self._step = int(self.global_step.numpy())  # Restored, or initialized.
         if path:
             self._loaded(path)
@@ -79,7 +138,7 @@ class Controller(orbit.Controller):
             action(path)
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
-        self._require("trainer", for_method="train")
+        self._require("trainer", "train")
         current_step = self.step
         logging.info("train | step: %6d | training until step %d...", current_step, steps)
         self._last_loop_end = (time.perf_counter(), current_step)
@@ -92,7 +151,7 @@ class Controller(orbit.Controller):
             self.summary_manager.flush()
         if checkpoint_at_completion or self.stop.should_stop:
             self._save(check_interval=False)
-        self._sync_on_async_checkpointing()
+        self._wait_for_checkpoints()
 
     def _train_n_steps(self, num_steps: int) -> int:
         """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
@@ -133,8 +192,8 @@ class Controller(orbit.Controller):
 
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
                            eval_interval: Optional[int] = None):
-        self._require("trainer", for_method="train_and_evaluate")
-        self._require("evaluator", for_method="train_and_evaluate")
+        self._require("trainer", "train_and_evaluate")
+        self._require("evaluator", "train_and_evaluate")
         output = None
         current_step = self.step
         eval_interval = eval_interval or (train_steps - current_step)
@@ -146,7 +205,7 @@ class Controller(orbit.Controller):
         if self.stop.should_stop:
             logging.info("train | step: %6d | stopped: %s", current_step, self.stop.reason)
         self._save(check_interval=False)
-        self._sync_on_async_checkpointing()
+        self._wait_for_checkpoints()
         return output
 
     def evaluate(self, steps: int = -1):
@@ -155,7 +214,7 @@ class Controller(orbit.Controller):
         orbit's, with the same lines and summaries, and the host work after
         the loop cut as in `_train_n_steps`.
         """
-        self._require("evaluator", for_method="evaluate")
+        self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self.step
@@ -178,21 +237,38 @@ class Controller(orbit.Controller):
         self.eval_summary_manager.flush()
         return output
 
-    def save_checkpoint(self):
-        self._require("checkpoint_manager", for_method="save_checkpoint")
+    def save_checkpoint(self) -> None:
+        self._require("checkpoint_manager", "save_checkpoint")
         self._save(check_interval=False)
 
     def _save(self, check_interval: bool) -> bool:
-        if self.summary_manager is not None:  # A checkpoint's steps have their summaries on disk.
-            self.summary_manager.flush()
-        saved = self._maybe_save_checkpoint(check_interval=check_interval)
+        """Saves a checkpoint (if due, with `check_interval`); hooks see it once complete."""
+        if self.checkpoint_manager is None:
+            return False
+        self.summary_manager.flush()  # A checkpoint's steps have their summaries on disk.
+        path = self.checkpoint_manager.save(check_interval=check_interval,
+                                            options=self._save_options)
+        saved = path is not None
+        if saved:
+            print(f"saved checkpoint to {path}.")
         if saved and self._on_checkpoint_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
-            self._sync_on_async_checkpointing()
+            self._wait_for_checkpoints()
             path = self.checkpoint_manager.last_saved_path
             for action in self._on_checkpoint_end:
                 action(path)
         return saved
+
+
+    def _wait_for_checkpoints(self) -> None:
+        """Waits for an asynchronous save to be written (a no-op for synchronous ones)."""
+        if self.checkpoint_manager is not None:
+            self.checkpoint_manager.sync()
+
+    def _require(self, attribute: str, method: str) -> None:
+        if getattr(self, attribute) is None:
+            raise ValueError(f"`{attribute}` is not set; pass it to Controller() before "
+                             f"calling {method}().")
 
 
 def to_numpy(logs):

@@ -1,4 +1,9 @@
-"""`Trainer`: the train and eval loops of a `Task`, on orbit's standard runners.
+"""`Trainer`: the train and eval loops of a `Task`, on orbit's runner protocol.
+
+The Trainer is an `orbit.AbstractTrainer` and `orbit.AbstractEvaluator`
+(`train(num_steps)`, `evaluate(num_steps)`) with its own loops, built from
+orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
+`make_distributed_dataset`); no orbit runner class to keep in step with.
 
 One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 
@@ -19,7 +24,7 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
     return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
 
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
-each step is one closure that `coordinator_for_async().schedule()` sends to a
+each step is one closure that the `ClusterCoordinator` schedules on a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
 reads the metrics.
 
@@ -110,7 +115,7 @@ class TrainLoopEnd(NamedTuple):
 
 
 @gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate"])
-class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
@@ -173,19 +178,11 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             )
         self.checkpoint = checkpoint_contents.build_checkpoint(
             self.global_step, self.model, self.optimizer)
-        orbit.StandardTrainer.__init__(
-            self,
-            self.distribute_dataset(task.build_inputs, training=True) if train else None,
-            options=orbit.StandardTrainerOptions(
-                use_tf_function=use_tf_function, use_tf_while_loop=use_tf_while_loop
-            ),
-        )
-        orbit.StandardEvaluator.__init__(
-            self,
-            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None,
-            # ctl's evaluate() chooses the loop per call.
-            options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
-        )
+        # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
+        self.train_dataset = (
+            self.distribute_dataset(task.build_inputs, training=True) if train else None)
+        self.eval_dataset = (
+            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None)
 
     def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
         """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
@@ -209,15 +206,6 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
             self._coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
 
-    def coordinator_for_async(self) -> tf.distribute.coordinator.ClusterCoordinator:
-        """The coordinator that schedules steps on workers; parameter servers only."""
-        if self._coordinator is None:
-            raise ValueError(
-                f"no ClusterCoordinator: the strategy is {type(self.strategy).__name__}, "
-                "not ParameterServerStrategy."
-            )
-        return self._coordinator
-
     def join(self) -> None:
         """Waits for every scheduled step (eager); a no-op without parameter servers."""
         if self._coordinator is not None:
@@ -228,8 +216,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def train(self, num_steps: tf.Tensor) -> TrainLoopEnd:
         """Runs one train loop of `num_steps` steps; returns its results and end step.
 
-        Replaces `orbit.StandardTrainer.train` so that the loop's end state is
-        returned as a value rather than kept on the trainer.
+        The loop's end state is returned as a value rather than kept on the trainer.
         """
         self.train_loop_begin()
         if self._train_loop is None:
@@ -326,6 +313,9 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             return self.step_guard.check_loss(self.strategy, loss, self.global_step)
         return None
 
+    def train_loop_begin(self) -> None:
+        """Called eagerly before each train loop; does nothing by default."""
+
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""
         self.join()
@@ -350,8 +340,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set), from its start.
 
-        Replaces `orbit.StandardEvaluator.evaluate`, so that a fixed number of
-        steps runs as one `tf.function` call that also resets and reads the
+        A fixed number of steps runs as one `tf.function` call that also resets and reads the
         metrics (measured in bench/, figure 2). `batch_callbacks` (Keras
         callbacks) see `on_test_batch_begin/end` around each step of a host loop.
         """

@@ -34,9 +34,9 @@ from absl import logging
 import numpy as np
 import orbit
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from ctl.core import config
+from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hooks, Run
@@ -47,12 +47,6 @@ PROGRESS_FILE = "sidecar_progress.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_DIR = "eval"  # As ctl.train_lib.EVAL_SUMMARY_DIR.
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
-_STEP_KEYS = (
-    "global_step/.ATTRIBUTES/VARIABLE_VALUE",
-    "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",  # tf_keras optimizers.
-    "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE",
-    "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",  # Keras 3 optimizers.
-)
 
 
 # The trainer's side: "this run is finished".
@@ -183,16 +177,16 @@ class CheckpointEvaluator:
     def _restore(self, number: int, path: str) -> int:
         try:
             reader = tf.train.load_checkpoint(path)
-            keys = set(reader.get_variable_to_shape_map())
-            step_key = next((k for k in _STEP_KEYS if k in keys), None)
-            step = int(reader.get_tensor(step_key)) if step_key else number
-            children = _root_children(reader)
-        except (tf.errors.OpError, IndexError) as error:
+            graph = SavedGraph(reader)
+            step = saved_step(reader, graph, self.trainer.optimizer)
+        except (tf.errors.OpError, IndexError, ValueError) as error:
             raise UnreadableCheckpointError(
                 f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
-        if "model" in children:
+        if step is None:
+            step = number
+        if MODEL in graph.root_children():
             checkpoint = tf.train.Checkpoint(model=self.model)  # ctl, tf.train.CheckpointManager
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
@@ -425,13 +419,6 @@ class _ReadOnly:
 
     def restore(self, path: str):
         return self._checkpoint.read(path)
-
-
-def _root_children(reader) -> set:
-    """Names of the checkpoint's top-level objects (`model`, `optimizer`, ...)."""
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {child.local_name for child in graph.nodes[0].children}
 
 
 def _to_python(value):
