@@ -3,7 +3,7 @@
     python -m bench.controller_cost [--rounds 5]
 
 Figure 3 (`controller_cost`): ctl trains `train_steps` steps per round on the
-mlp workload (50,000: five checkpoints and evaluations a round, so that a
+mlp workload (30,000: three checkpoints and evaluations a round, so that a
 round's time is long against its noise), in loops of 100, three ways,
 interleaved:
   alone        `Controller.train`, no checkpoint, no evaluation;
@@ -165,7 +165,7 @@ def _time(fn, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train_steps", type=int, default=50000)
+    parser.add_argument("--train_steps", type=int, default=30000)
     parser.add_argument("--interval", type=int, default=10000)
     parser.add_argument("--eval_steps", type=int, default=20)
     parser.add_argument("--saves", type=int, default=4)

@@ -31,21 +31,22 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # figure -> (command after `python`, full arguments, --quick arguments)
 FIGURES = {
     "train_throughput": (["-m", "bench.train_throughput"],
-                         ["--rounds", "30"], ["--rounds", "3"]),
+                         ["--rounds", "15"], ["--rounds", "3"]),
     "eval_throughput": (["-m", "bench.eval_throughput"],
-                        ["--rounds", "25"], ["--rounds", "3"]),
+                        ["--rounds", "15"], ["--rounds", "3"]),
     "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
-                        ["--rounds", "5"], ["--rounds", "2", "--train_steps", "2000",
-                                            "--interval", "1000"]),
+                        ["--rounds", "3", "--train_steps", "30000"],
+                        ["--rounds", "2", "--train_steps", "2000", "--interval", "1000"]),
     "checkpoint_stall": (["-m", "bench.controller_cost", "--figures", "checkpoint_stall"],
                          ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
     "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
-    "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "3"],
+    "main_job": (["-m", "bench.main_job"], ["--rounds", "3"], ["--rounds", "1"]),
+    "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "2"],
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
 }
 # Figures whose every round is a new process already: run once under --repeat.
-SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost"}
+SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job"}
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}
 TIMEOUT_S = 300
@@ -126,6 +127,7 @@ def _numeric(value):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
+    parser.add_argument("--out", default="latest.json", help="file name under bench/results")
     parser.add_argument("--repeat", type=int, default=1,
                         help="processes per in-process figure; lines report medians and spread")
     parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated figures")
@@ -151,7 +153,7 @@ def main():
             report["results"].append(record)
     report["load_average_after"] = os.getloadavg()
     report["total_seconds"] = round(time.perf_counter() - start, 1)
-    path = os.path.join(RESULTS, "latest.json")
+    path = os.path.join(RESULTS, args.out)
     with open(f"{path}.tmp", "w") as f:
         json.dump(report, f, indent=1)
     os.replace(f"{path}.tmp", path)

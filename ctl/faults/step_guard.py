@@ -30,6 +30,9 @@ import tensorflow as tf
 
 from ctl.core.trainer import NO_BAD_STEP
 
+# No Python control flow on tensors here: autograph need not convert it (tracing time).
+_plain = tf.autograph.experimental.do_not_convert
+
 
 class StepGuard:
     """Per-step stop conditions of the train loop (variables live on the host).
@@ -44,10 +47,12 @@ class StepGuard:
             tf.constant(NO_BAD_STEP, tf.int64), trainable=False, name="ctl_bad_step"
         )
 
+    @_plain
     def should_stop(self) -> tf.Tensor:
         """Whether a stop was requested: the loop ends before its next step (graph or eager)."""
         return self.stop_requested.read_value()
 
+    @_plain
     def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
                    global_step) -> tf.Tensor:
         """The step's verdict: True if every replica's loss is finite.
@@ -66,6 +71,7 @@ class StepGuard:
         """Forgets a recorded bad step (eager)."""
         self.bad_step.assign(NO_BAD_STEP)
 
+    @_plain
     def _record(self, ok) -> None:
         """Records the current global step as the bad one unless `ok`."""
         step = tf.cast(self.global_step.read_value(), tf.int64)
