@@ -26,7 +26,9 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
 each step is one closure that the `ClusterCoordinator` schedules on a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
-reads the metrics.
+reads the metrics. With a step guard the host schedules at most 4 steps per
+worker ahead, stops scheduling once the guard says stop, and each scheduled
+step that starts after that does nothing (`StepGuard.skip_if_stopped`).
 
 One evaluation (`evaluate`), from the start of the eval set:
 
@@ -55,6 +57,7 @@ is its own `tf.function` call. Evaluations over the whole eval set, and of
 tasks that aggregate logs on the host, always use the host loop.
 """
 
+import collections
 import itertools
 from typing import Any, Dict, NamedTuple, Optional, Protocol
 
@@ -95,6 +98,12 @@ class StepGuard(Protocol):
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
+
+    def should_stop(self) -> tf.Tensor:
+        """Whether the loop must end before its next step (graph or eager)."""
+
+    def skip_if_stopped(self, step_fn):
+        """`step_fn` that does nothing once `should_stop()`: for steps scheduled ahead (parameter servers)."""
 
     def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
                    global_step) -> Optional[tf.Tensor]:
@@ -167,8 +176,11 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 )
             self.optimizer = task.build_optimizer()
             # Keras 3 optimizers must own their slots before a strategy traces
-            # apply_gradients; tf_keras ones accept it as well.
-            self.optimizer.build(self.model.trainable_variables)
+            # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
+            # optimizers (Model Garden's) have no `build`: they make slots as they go.
+            build = getattr(self.optimizer, "build", None)
+            if callable(build):
+                build(self.model.trainable_variables)
             self.global_step = orbit.utils.create_global_step()
             self.train_metrics = list(task.build_metrics(training=True))
             self.eval_metrics = list(task.build_metrics(training=False))
@@ -188,8 +200,22 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
             self.distribute_dataset(task.build_inputs, training=True) if train else None)
-        self.eval_dataset = (
-            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None)
+        # Every eval set of the task, distributed: {None: dataset} for the one
+        # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
+        self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
+        self.eval_dataset = next(iter(self.eval_sets.values()), None)  # The one being evaluated.
+
+    def build_eval_sets(self) -> Dict[Optional[str], Any]:
+        """The task's eval datasets, distributed, by name (`None`: the one unnamed set).
+
+        With names (`Task.eval_datasets()`), `build_inputs(training=False,
+        input_context, name=NAME)` is called once per name.
+        """
+        names = tuple(self.task.eval_datasets())
+        if not names:
+            return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
+        return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
+                for name in names}
 
     def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
         """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
@@ -262,17 +288,30 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         function may return None (as orbit's loops do): `train` then reads
         the end state itself.
         """
+        guard = self.step_guard
         if self._coordinator is not None:  # Parameter servers: one closure per step.
-            step_fn = tf.function(self.train_step)
+            # Scheduled steps run later, on whichever worker is free: each one
+            # checks the guard first and does nothing once the loop must stop.
+            step_fn = tf.function(guard.skip_if_stopped(self.train_step) if guard else self.train_step)
+
+            # With a guard, at most this many steps are scheduled ahead: a stop waits
+            # for the steps running and for these, which do nothing.
+            workers = {device.name.split("/device:")[0] for device in tf.config.list_logical_devices()
+                       if device.name.startswith("/job:worker/")}  # The coordinator sees their devices.
+            ahead = 4 * max(1, len(workers))
 
             def schedule_steps(iterator, num_steps):
                 self._reset_train_metrics()
+                scheduled = collections.deque()
                 for _ in range(int(num_steps)):
-                    self._coordinator.schedule(step_fn, args=(iterator,))
+                    if guard is not None and bool(guard.should_stop()):
+                        break  # Those already scheduled see it too.
+                    scheduled.append(self._coordinator.schedule(step_fn, args=(iterator,)))
+                    if guard is not None and len(scheduled) > ahead:
+                        scheduled.popleft().fetch()  # Waits for the oldest.
                 self._train_logs = None  # Read in train_loop_end, after join().
 
             return schedule_steps
-        guard = self.step_guard
         if self._use_tf_while_loop:
             loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(
                 self.train_step)
@@ -349,14 +388,34 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     # Evaluation.
 
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
-        """One evaluation of `num_steps` batches (-1: the whole eval set), from its start.
+        """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
-        A fixed number of steps runs as one `tf.function` call that also resets and reads the
-        metrics (measured in bench/, figure 2). `batch_callbacks` (Keras
-        callbacks) see `on_test_batch_begin/end` around each step of a host loop.
+        Returns the logs of the one unnamed set, or `{name: logs}` for the
+        named sets of `Task.eval_datasets()`, each evaluated in turn from its
+        start (in-line and on the sidecar alike). A fixed number of steps
+        runs as one `tf.function` call that also resets and reads the metrics
+        (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
+        see `on_test_begin`/`on_test_end` around each set and
+        `on_test_batch_begin/end` around each step of a host loop.
         """
-        if self.eval_dataset is None:
+        if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
+        if list(self.eval_sets) == [None]:
+            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
+        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
+                for name, dataset in self.eval_sets.items()}
+
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
+        self.eval_dataset = dataset
+        for callback in batch_callbacks:
+            callback.on_test_begin()
+        logs = self._evaluate_dataset(num_steps, batch_callbacks)
+        for callback in batch_callbacks:
+            callback.on_test_end(_python_logs(logs))
+        return logs
+
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
@@ -450,6 +509,15 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             for each, state in zip(self.aggregations, aggregated_logs):
                 logs.update(each.results(state, step))
         return logs
+
+
+def _python_logs(logs) -> Logs:
+    """`logs` as Keras callbacks take them: Python numbers (lists for non-scalars)."""
+    values = {}
+    for name, value in logs.items():
+        array = np.asarray(value)
+        values[name] = array.item() if array.ndim == 0 else array.tolist()
+    return values
 
 
 def _with_batch_callbacks(step_fn, callbacks):

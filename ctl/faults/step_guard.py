@@ -18,12 +18,32 @@ In one `tf.while_loop` (`graph_loop`):
     if not ok: bad_step = global_step                     # once per loop
 
 The verdict is a loop variable rather than a variable written each step and
-read back by the condition: the guard adds about 7 scalar ops to a step
+read back by the condition: the guard adds about 8 scalar ops to a step
 instead of about 20 (a variable read, a select and an assign in the step; two
 reads and four logical ops in the condition), which is most of its cost on a
 small model (docs/bench.md, figure 1). `host_loop` does the same with one
-`tf.function` call per step. What to do after such a loop (save, restore,
-raise) is `ctl.faults.handler`'s job.
+`tf.function` call per step.
+
+Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
+and each has its own `stop_requested`: a worker that stopped on its own signal
+would leave the others blocked in the next step's all-reduce. So there the
+guard is *cluster-wide*: `check_loss` all-reduces, in the one collective it
+already needs for the losses, each worker's stop flag, and the loop reads the
+agreed result (`stop_agreed`). A signal on any worker therefore stops every
+worker after the same step: the step during which the signal's flag entered the
+all-reduce, at most one step after it arrived. A NaN or Inf loss on any replica
+of any worker makes the reduced sum non-finite on every worker alike, so all
+record the same `bad_step`.
+
+Under `ParameterServerStrategy` the coordinator schedules the steps of a loop
+ahead of time and workers run them later; the host stops scheduling once the
+guard says stop and each scheduled step checks the guard before it runs and
+records its own bad loss (`skip_if_stopped`; the variables live on the
+coordinator and workers read them). The loop therefore ends once the steps
+already running when the signal or the bad loss came are done: at most one
+step per worker.
+
+What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job.
 """
 
 import tensorflow as tf
@@ -40,17 +60,40 @@ class StepGuard:
     Implements the Trainer's extension point `ctl.core.trainer.StepGuard`.
     """
 
-    def __init__(self, stop_requested: tf.Variable, global_step: tf.Variable):
+    def __init__(self, stop_requested: tf.Variable, global_step: tf.Variable,
+                 cluster_wide: bool = False):
+        """`global_step`: the trainer's, recorded as the bad step; `cluster_wide`: agree on
+        stopping with the other workers (see the module docstring)."""
         self.stop_requested = stop_requested
         self.global_step = global_step
+        self.cluster_wide = cluster_wide
         self.bad_step = tf.Variable(
             tf.constant(NO_BAD_STEP, tf.int64), trainable=False, name="ctl_bad_step"
         )
+        # Whether any worker asked to stop, as of the last step's all-reduce.
+        self.stop_agreed = tf.Variable(False, trainable=False, name="ctl_stop_agreed") \
+            if cluster_wide else None
+
+    @classmethod
+    def for_strategy(cls, strategy: tf.distribute.Strategy, stop_requested: tf.Variable,
+                     global_step: tf.Variable) -> "StepGuard":
+        """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`."""
+        return cls(stop_requested, global_step,
+                   cluster_wide=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
     @_plain
     def should_stop(self) -> tf.Tensor:
-        """Whether a stop was requested: the loop ends before its next step (graph or eager)."""
-        return self.stop_requested.read_value()
+        """Whether the loop must end before its next step (graph or eager)."""
+        return tf.logical_or(self._stop_read(), self.bad_step.read_value() >= 0)
+
+    @_plain
+    def _stop_read(self) -> tf.Tensor:
+        """Whether a stop was requested (cluster-wide: agreed); the loops carry the NaN verdict."""
+        return (self.stop_agreed if self.cluster_wide else self.stop_requested).read_value()
+
+    def stopped_by_request(self) -> bool:
+        """Whether the last loop ended on a stop request: this process's or, cluster-wide, any worker's (eager)."""
+        return bool((self.stop_agreed if self.cluster_wide else self.stop_requested).numpy())
 
     @_plain
     def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
@@ -59,11 +102,21 @@ class StepGuard:
 
         Called in cross-replica context, after `strategy.run` and the step's
         `global_step.assign_add(1)`, usually inside `tf.function`; the Trainer's
-        `train_step` returns the verdict to the loop. A sum of losses is finite
-        only if every loss is. Records nothing: the loop does, once.
+        `train_step` returns the verdict to the loop, which records the bad
+        step. A sum of losses is finite only if every loss is. Cluster-wide,
+        also agrees on the stop flags (`stop_agreed`).
         """
         del global_step  # The loop reads the step it ended at.
-        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+        if self.cluster_wide:
+            flag = self.stop_requested.read_value()
+            # One all-reduce: [sum of this replica's losses, this worker's stop flag].
+            both = strategy.run(lambda loss: tf.stack([
+                tf.reduce_sum(loss), tf.cast(flag, loss.dtype)]), args=(per_replica_loss,))
+            both = strategy.reduce(tf.distribute.ReduceOp.SUM, both, axis=None)
+            total = both[0]
+            self.stop_agreed.assign(both[1] > 0)
+        else:
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
         finite = tf.math.is_finite(total)
         return finite if finite.shape.rank == 0 else tf.reduce_all(finite)
 
@@ -85,7 +138,7 @@ class StepGuard:
         def loop_fn(iterator, num_steps):
             def cond(i, ok):
                 return tf.logical_and(tf.logical_and(i < num_steps, ok),
-                                      tf.logical_not(self.should_stop()))
+                                      tf.logical_not(self._stop_read()))
 
             def body(i, unused_ok):
                 with tf.name_scope(""):
@@ -96,6 +149,24 @@ class StepGuard:
             self._record(ok)
 
         return loop_fn
+
+    def skip_if_stopped(self, step_fn):
+        """`step_fn(iterator)` that runs only if the loop need not stop; returns whether it ran.
+
+        For steps scheduled ahead of time (parameter servers): a step that
+        starts after a signal or a bad loss does nothing, so the loop ends
+        once the steps already running on workers are done.
+        """
+        def step(iterator):
+            def run():
+                verdict = step_fn(iterator)
+                if verdict is not None:
+                    self._record(verdict)
+                return tf.constant(True)
+
+            return tf.cond(self.should_stop(), lambda: tf.constant(False), run)
+
+        return step
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step."""
