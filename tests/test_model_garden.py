@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.adapters import model_garden
-from tests.cli import ROOT
+from tests.cli import ROOT, scalars
 
 CONFIG = os.path.join(ROOT, "configs", "model_garden_image_classification.gin")
 STEPS = 4
@@ -67,6 +67,10 @@ def test_ctl_and_model_gardens_train_lib_continue_each_other(tmp_path):
     assert {"global_step", "model", "optimizer"} <= roots
     # The optimizer counted every step, whoever ran it.
     assert int(reader.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) == 3 * STEPS
+    # Both ran the experiment's optimizer: its constant learning rate (0.05) in every train summary.
+    rates = scalars(os.path.join(model_dir, "train"))["learning_rate"]
+    assert {2, 8, 12} <= set(rates), rates  # ctl's steps 2 and 12, Model Garden's 8.
+    assert all(rate == pytest.approx(0.05) for rate in rates.values()), rates
 
 
 def test_an_unknown_experiment_or_override_is_a_user_error():
