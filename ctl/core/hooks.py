@@ -27,7 +27,7 @@ Hooks are listed in gin:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 import tensorflow as tf
 

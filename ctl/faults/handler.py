@@ -87,7 +87,8 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested)
+        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested,
+                                            trainer.global_step)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         probe = resume.probe_pipeline(trainer.task)

@@ -31,7 +31,6 @@ import time
 from typing import Any, Dict, Optional
 
 import numpy as np
-import orbit
 import tensorflow as tf
 
 from ctl.core import config, console
@@ -39,6 +38,7 @@ from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hooks, Run
+from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
 FINISHED_FILE = "ctl_run_finished.json"
@@ -186,8 +186,7 @@ class CheckpointEvaluator:
     def write_summaries(self, results: Dict[str, Any]) -> None:
         """Summaries at the restored global step; one subdirectory per named eval set."""
         if self._summaries is None:
-            self._summaries = orbit.utils.SummaryManager(
-                self.eval_dir, tf.summary.scalar, global_step=self.trainer.global_step)
+            self._summaries = SummaryManager(self.eval_dir, self.trainer.global_step)
         self._summaries.write_summaries(results)
         self._summaries.flush()
 
