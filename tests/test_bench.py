@@ -73,3 +73,24 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     assert record["figure"] == "sidecar_latency"
     assert record["median_s"] == 0.5
     assert record["target"] == "median_s <= 0.2" and record["met"] is False
+
+
+def test_repeated_runs_are_combined_into_medians_with_spread():
+    runs = [[{"figure": "f", "variant": "ctl", "ratio": r, "met": r >= 1.0},
+             {"figure": "f", "variant": "raw", "ratio": 1.0}] for r in (0.9, 1.2, 1.0)]
+    ctl_line, raw_line = run.combine(runs)
+    assert ctl_line["variant"] == "ctl" and ctl_line["ratio"] == 1.0
+    assert ctl_line["spread"] == {"ratio": [0.9, 1.2]}
+    assert ctl_line["met_runs"] == "2/3" and ctl_line["met"] is True
+    assert raw_line["repeats"] == 3 and raw_line["spread"] == {"ratio": [1.0, 1.0]}
+
+
+def test_persistent_keras_fit_trains_an_epoch_per_call():
+    task = BenchTask("mlp")
+    fit = loops.keras_fit(task, steps_per_loop=10, steps_per_call=20)  # Warm-up: one epoch.
+    fit(20)
+    fit(20)
+    with pytest.raises(ValueError, match="epochs of 20 steps"):
+        fit(10)
+    model = fit.__self__.model
+    assert int(model.optimizer.iterations.numpy()) == 60
