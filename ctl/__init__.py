@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from ctl.comforts.best import BestCheckpoint  # noqa: E402
 from ctl.core.errors import UserError
+from ctl.core.schedules import WarmUp, register_schedules
 from ctl.core.experiment import Experiment, Schedule
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.comforts.hooks import EarlyStopping, Hook, Run, StopRequest
@@ -28,5 +29,6 @@ __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
     "KerasCallbacks", "LatestExporter", "MODES", "Reducer", "Run", "Schedule",
-    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
+    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp", "register_schedules",
+    "run_experiment",
 ]

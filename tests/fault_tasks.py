@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import ctl
 from tests.tasks import RegressionTask
 
 
@@ -62,9 +63,9 @@ class ProbeTask(RegressionTask):
             tf.print(step, output_stream=f"file://{self.progress_file}")
         features, labels = inputs
         with tf.GradientTape() as tape:
-            outputs = model(features, training=True)
+            outputs = tf.cast(model(features, training=True), tf.float32)
             loss = self.build_losses(labels, outputs) * self._poison(step)
-            scaled_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            scaled_loss = optimizer.scale_loss(loss)  # / replicas (* the loss scale)
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
         for metric in metrics:
@@ -82,3 +83,19 @@ class ProbeTask(RegressionTask):
 def _data(count):
     features = np.random.default_rng(0).normal(size=(count, 3)).astype(np.float32)
     return features, features @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+
+@gin.configurable
+class ProgressTrainer(ctl.Trainer):
+    """A Trainer that writes each step number it starts to `progress_file`, from the
+    train loop rather than from the task's step (which XLA may compile: `tf.print`
+    has no XLA kernel)."""
+
+    def __init__(self, *args, progress_file=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.progress_file = progress_file
+
+    def train_step(self, iterator):
+        if self.progress_file:
+            tf.print(self.global_step + 1, output_stream=f"file://{self.progress_file}")
+        super().train_step(iterator)

@@ -62,8 +62,11 @@ class StopRequest:
 class Run:
     """What a hook may read and use: the run's directory, model and step.
 
-    On a sidecar evaluator, `checkpoint` is the object it restores into and
-    `global_step` the restored step.
+    `model` is the model being trained; `eval_model` the one evaluation uses
+    and exporters export (with `ctl.Trainer.ema_decay`, the moving average of
+    the weights; else `model`). `checkpoint` is the evaluated state, as the
+    best checkpoint saves it. On a sidecar evaluator, `checkpoint` is the
+    object it restores into and `global_step` the restored step.
     """
 
     model_dir: str
@@ -76,6 +79,11 @@ class Run:
     stop: StopRequest = dataclasses.field(default_factory=StopRequest)
     # The trainer's `loop_end`: the global step as its last train loop read it.
     loop_end: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    eval_model: Any = None
+
+    def __post_init__(self):
+        if self.eval_model is None:
+            self.eval_model = self.model
 
     @property
     def step(self) -> int:

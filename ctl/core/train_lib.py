@@ -208,9 +208,9 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
 
 def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
-    run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
-              global_step=trainer.global_step, task=experiment.task, strategy=strategy,
-              chief=chief, loop_end=trainer.loop_end)
+    run = Run(model_dir=model_dir, model=trainer.model, eval_model=trainer.eval_model,
+              checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
+              task=experiment.task, strategy=strategy, chief=chief, loop_end=trainer.loop_end)
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
         builtin.append(MetricsLog())

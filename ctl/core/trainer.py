@@ -7,9 +7,14 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
       reset loss and metrics
       for _ in range(num_steps):
         if step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
-        train_step(iterator)
-          inputs = next_train_inputs(iterator)
-          loss = strategy.run(task.train_step, inputs)
+        train_step(iterator)                # one update (ctl.core.train_step)
+          repeat accumulation_steps - 1 times:   # only with accumulation
+            strategy.run(replica_step, next_train_inputs(iterator), apply=False)
+          loss = strategy.run(replica_step, next_train_inputs(iterator), apply=True)
+            replica_step:                   # per replica; XLA-compiled with jit_compile
+              task.train_step(inputs, model, optimizer=gradient pipeline, metrics)
+            then gradients.update(...)      # sum, clip, apply (not compiled)
+          ema.update()                      # only with ema_decay
           global_step += 1
           step_guard.check_loss(loss)       # records a NaN/Inf loss's step
       read loss, metrics, learning rate
@@ -40,6 +45,12 @@ over examples, weighted by batch size. Metrics are read across all replicas of
 all workers, and the extra logs of `validation_step` are gathered from all of
 them, so that every worker computes the same results over the whole eval set.
 
+The train-step settings (`mixed_precision`, `jit_compile`, `clip_norm`,
+`accumulation_steps`, `ema_decay`) are described in docs/train_step.md; their
+machinery lives in `ctl.core.precision`, `ctl.core.train_step` and
+`ctl.core.ema`. `global_step` counts updates: with `accumulation_steps=K` a
+step reads K batches, and every interval of the `Schedule` is in updates.
+
 `use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
 number of steps) as one `tf.while_loop` inside one `tf.function` call, metric
 resets and reads included; with `False` the host drives the loop and each step
@@ -47,6 +58,7 @@ is its own `tf.function` call. Evaluations over the whole eval set, and of
 tasks that aggregate logs on the host, always use the host loop.
 """
 
+import functools
 import itertools
 from typing import Any, Dict, Optional
 
@@ -56,8 +68,11 @@ import orbit
 import tensorflow as tf
 
 from ctl.cluster import reducers
-from ctl.core.errors import UserError
+from ctl.core import precision, xla
+from ctl.core.ema import MovingAverage
+from ctl.core.errors import UserError, user_error_within
 from ctl.core.task import Task
+from ctl.core.train_step import GradientPipeline
 from ctl.faults.resume import track_rng_state
 from ctl.faults.step_guard import StepGuard
 
@@ -70,9 +85,19 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
-    tools can read it, and `rng`: the Keras 3 RNG states of the model, if any
-    (`ctl.faults.resume`). Subclass and override a hook to change one part of the
-    loop; point gin's `ctl.Experiment.trainer_cls` at the subclass.
+    tools can read it, `rng`: the Keras 3 RNG states of the model, if any
+    (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
+    Subclass and override a hook to change one part of the loop; point gin's
+    `ctl.Experiment.trainer_cls` at the subclass.
+
+    Train-step settings (docs/train_step.md):
+      mixed_precision: 'mixed_float16' or 'mixed_bfloat16': the Keras dtype
+        policy while the task builds its model; float16 adds loss scaling.
+      jit_compile: compile each replica's train step with XLA.
+      clip_norm: clip the gradients, summed over replicas, to this global norm.
+      accumulation_steps: one update per this many batches (micro-batches).
+      ema_decay: keep a moving average of the weights; evaluation, the
+        sidecar, the best checkpoint and exports use it.
     """
 
     def __init__(
@@ -83,12 +108,20 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         evaluate: bool = True,
         use_tf_function: bool = True,
         use_tf_while_loop: bool = True,
+        mixed_precision: Optional[str] = None,
+        jit_compile: bool = False,
+        clip_norm: Optional[float] = None,
+        accumulation_steps: int = 1,
+        ema_decay: Optional[float] = None,
     ):
         if use_tf_while_loop and not use_tf_function:
             raise UserError(
                 "ctl.Trainer.use_tf_while_loop=True needs use_tf_function=True; "
                 "set one of them differently."
             )
+        precision.validate(mixed_precision)
+        xla.validate(jit_compile)
+        self.mixed_precision = mixed_precision
         self.task = task
         self.strategy = strategy or tf.distribute.get_strategy()
         self._use_tf_function = use_tf_function
@@ -105,21 +138,30 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
         self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
-            self.model = task.build_model()
+            with precision.policy(mixed_precision):
+                self.model = task.build_model()
+                average_model = task.build_model() if ema_decay is not None else None
             if not self.model.trainable_variables:
                 raise UserError(
                     f"{type(task).__name__}.build_model() returned a model without "
                     "variables; build it (e.g. start it with an Input layer)."
                 )
-            self.optimizer = task.build_optimizer()
+            self.optimizer = precision.wrap_optimizer(task.build_optimizer(), mixed_precision)
             # Keras 3 optimizers must own their slots before a strategy traces
             # apply_gradients; tf_keras ones accept it as well.
             self.optimizer.build(self.model.trainable_variables)
+            # What the task's train_step gets as its `optimizer`.
+            self.gradients = GradientPipeline(self.optimizer, self.model.trainable_variables,
+                                              clip_norm, accumulation_steps)
+            self.ema = (MovingAverage(self.model, average_model, ema_decay)
+                        if average_model is not None else None)
             self.global_step = orbit.utils.create_global_step()
             self.train_metrics = list(task.build_metrics(training=True))
             self.eval_metrics = list(task.build_metrics(training=False))
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
+        self._task_step = xla.compile_if(jit_compile, self._task_train_step)
+        self._eval_checkpoint = None  # Built on first use, with ema_decay.
         self.eval_reducers = list(task.build_reducers())
         self._aggregates = task.aggregates_logs() or bool(self.eval_reducers)
         self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
@@ -132,6 +174,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.checkpoint = tf.train.Checkpoint(
             global_step=self.global_step, model=self.model, optimizer=self.optimizer
         )
+        if self.ema is not None:
+            self.checkpoint.ema = self.ema.state
         track_rng_state(self.checkpoint, self.model)  # Keras 3 Dropout etc., as `rng`.
         orbit.StandardTrainer.__init__(
             self,
@@ -146,6 +190,34 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             # ctl's evaluate() chooses the loop per call.
             options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
         )
+
+    @property
+    def eval_model(self):
+        """The model evaluation and exports use: the moving average with `ema_decay`, else `model`."""
+        return self.ema.model if self.ema is not None else self.model
+
+    @property
+    def eval_checkpoint(self) -> tf.train.Checkpoint:
+        """The evaluated state, as the best checkpoint saves it and a sidecar restores it.
+
+        The trainer's checkpoint; with `ema_decay`, the averaged model as
+        `model`, and the global step.
+        """
+        if self.ema is None:
+            return self.checkpoint
+        if self._eval_checkpoint is None:
+            self._eval_checkpoint = tf.train.Checkpoint(global_step=self.global_step,
+                                                        model=self.ema.model)
+        return self._eval_checkpoint
+
+    def eval_restore_objects(self) -> Dict[str, Any]:
+        """What an evaluator restores from a training checkpoint: `model`, or `ema`."""
+        return {"ema": self.ema.state} if self.ema is not None else {"model": self.model}
+
+    @property
+    def batches_per_step(self) -> int:
+        """Batches each train step reads from the train input (`accumulation_steps`)."""
+        return self.gradients.accumulation_steps
 
     def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
         """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
@@ -184,6 +256,20 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             self._coordinator.join()
 
     # Training.
+
+    def train(self, num_steps: tf.Tensor) -> Optional[Logs]:
+        """orbit's `train`; a user's mistake found while tracing or compiling is a `UserError`.
+
+        That is a `UserError` raised while the step was traced (e.g. by the
+        gradient pipeline), or an op that XLA cannot compile.
+        """
+        try:
+            return super().train(num_steps)
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is the user's.
+            explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
+            if explained is None or explained is error:
+                raise
+            raise explained from error
 
     def create_train_loop_fn(self):
         """The loop orbit's `train` calls: resets the metrics, runs the steps, reads the metrics.
@@ -242,20 +328,43 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return next(iterator)
 
     def train_step(self, iterator):
-        def step_fn(inputs):
-            logs = self.task.train_step(
-                inputs,
-                model=self.model,
-                optimizer=self.optimizer,
-                metrics=self.train_metrics,
-            )
-            self.train_loss.update_state(logs["loss"])
-            return logs["loss"]
+        """One update: `accumulation_steps` batches, each through `strategy.run`."""
+        micro_batches = self.gradients.accumulation_steps
+        if micro_batches > 1:
+            accumulate = functools.partial(self._replica_step, apply=False)
 
-        loss = self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
+            def body(i):
+                self.strategy.run(accumulate, args=(self.next_train_inputs(iterator),))
+                return (i + 1,)
+
+            tf.while_loop(lambda i: i < micro_batches - 1, body, (tf.constant(0),))
+        apply = functools.partial(self._replica_step, apply=True)
+        loss = self.strategy.run(apply, args=(self.next_train_inputs(iterator),))
+        if self.ema is not None:
+            self.ema.update()
         self.global_step.assign_add(1)
         if self.step_guard is not None:
             self.step_guard.check_loss(self.strategy, loss, self.global_step)
+
+    def _replica_step(self, inputs, apply: bool):
+        loss, gradients = self._task_step(inputs)
+        self.gradients.update(gradients, apply=apply)
+        return loss
+
+    def _task_train_step(self, inputs):
+        """The task's step on one replica's batch: its loss and the gradients it applied."""
+        with self.gradients.recording() as recorded:
+            logs = self.task.train_step(
+                inputs,
+                model=self.model,
+                optimizer=self.gradients,
+                metrics=self.train_metrics,
+            )
+        if recorded.gradients is None:
+            raise UserError(f"{type(self.task).__name__}.train_step did not call "
+                            "optimizer.apply_gradients; call it once per step.")
+        self.train_loss.update_state(logs["loss"])
+        return logs["loss"], recorded.gradients
 
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""
@@ -265,12 +374,15 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         return self._train_logs
 
     def _reset_train_metrics(self) -> None:
-        for metric in [self.train_loss, *self.train_metrics]:
+        for metric in [self.train_loss, *self.train_metrics, *self.gradients.metrics()]:
             metric.reset_state()
 
     def _train_results(self) -> Logs:
-        logs = _results([self.train_loss, *self.train_metrics])
+        logs = _results([self.train_loss, *self.train_metrics, *self.gradients.metrics()])
         logs["learning_rate"] = current_learning_rate(self.optimizer)
+        scale = precision.loss_scale(self.optimizer)
+        if scale is not None:
+            logs["loss_scale"] = scale
         return logs
 
     def _maybe_tf_function(self, fn):
@@ -288,6 +400,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         """
         if self.eval_dataset is None:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
+        if self.ema is not None:
+            self.ema.follow_weights_if_unstarted()
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
@@ -336,7 +450,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def eval_step(self, iterator):
         def step_fn(inputs):
             logs = dict(
-                self.task.validation_step(inputs, model=self.model, metrics=self.eval_metrics)
+                self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
             )
             # Weigh each batch by its size, so that the remainder batch (and the
             # empty batch a replica gets when the eval set runs out) count right.
@@ -415,7 +529,12 @@ def _results(metrics) -> Logs:
 
 
 def current_learning_rate(optimizer) -> tf.Tensor:
-    """The learning rate the optimizer applies at its current iteration."""
+    """The optimizer's current learning rate, as its Keras reports it.
+
+    With a schedule, Keras 3 (and tf_keras' legacy optimizers) evaluate it at
+    the current iteration: the next update's rate; tf_keras optimizers report
+    the rate of the last update.
+    """
     learning_rate = optimizer.learning_rate
     if callable(learning_rate):  # A tf_keras schedule; Keras 3 evaluates its own.
         learning_rate = learning_rate(optimizer.iterations)

@@ -6,13 +6,14 @@ things decide what a resumed run computes:
 * The input position. A `DistributedIterator` cannot be checkpointed, so on
   resume ctl rebuilds the train dataset with `Task.build_inputs` and skips the
   batches already consumed: `global_step` steps of one global batch each,
-  i.e. `global_step * replicas_per_pipeline` elements of every input pipeline.
+  i.e. `global_step * accumulation_steps * replicas_per_pipeline` elements of
+  every input pipeline.
   This works under every strategy, saves nothing, and is exact when the
   pipeline yields the same sequence each time it is built (files in a fixed
   order, `shuffle(seed=...)`, seeded random ops). Its cost: `skip` reads and
   discards those elements, so resuming late in a long epoch with an
   expensive `map` takes time. It assumes each train step calls
-  `next_train_inputs` once (the default Trainer does).
+  `next_train_inputs` `trainer.batches_per_step` times (the Trainer does).
 * RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
   in a variable that `tf.train.Checkpoint(model=...)` does not save; ctl adds
   them to the checkpoint as `rng`. Stateful random ops (`tf.random.uniform`
@@ -100,11 +101,13 @@ def skip_consumed_batches(trainer, steps: int) -> None:
     """
     build_inputs = trainer.task.build_inputs
 
+    batches_per_step = trainer.batches_per_step  # ctl.Trainer.accumulation_steps
+
     def dataset_fn(training, input_context=None):
         dataset = build_inputs(training, input_context)
-        per_step = 1
+        per_step = batches_per_step
         if input_context is not None:
-            per_step = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+            per_step *= input_context.num_replicas_in_sync // input_context.num_input_pipelines
         return dataset.skip(steps * per_step)
 
     if steps > 0:

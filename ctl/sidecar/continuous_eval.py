@@ -153,7 +153,7 @@ class CheckpointEvaluator:
                  eval_dir: str, callbacks=()):
         task = experiment.task
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
-        self.model = self.trainer.model
+        self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         self.eval_steps = experiment.schedule.eval_steps or -1
         self.eval_dir = eval_dir
         names = tuple(task.eval_datasets())
@@ -193,8 +193,8 @@ class CheckpointEvaluator:
                 f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
-        if "model" in children:
-            checkpoint = tf.train.Checkpoint(model=self.model)  # ctl, tf.train.CheckpointManager
+        if "model" in children:  # ctl, tf.train.CheckpointManager
+            checkpoint = tf.train.Checkpoint(**self.trainer.eval_restore_objects())
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
         status = restore(_ReadOnly(checkpoint), path, os.path.dirname(path))
@@ -321,8 +321,9 @@ def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator, mod
     if not hooks:
         return []
     trainer = evaluator.trainer
-    run = Run(model_dir=model_dir, model=trainer.model, task=experiment.task,
-              checkpoint=tf.train.Checkpoint(model=trainer.model, global_step=trainer.global_step),
+    run = Run(model_dir=model_dir, model=trainer.eval_model, task=experiment.task,
+              checkpoint=tf.train.Checkpoint(model=trainer.eval_model,
+                                             global_step=trainer.global_step),
               global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
     return Hooks(hooks, run).actions("on_eval_end")
 
