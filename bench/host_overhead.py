@@ -42,12 +42,14 @@ def main():
         for name, piece in raw:
             piece()
             t = lap(f"raw: {name}", t)
-        output = trainer.train(num_steps)
-        t = lap("ctl: trainer.train (the loop, one call)", t)
-        output = to_numpy(output)
+        end = trainer.train(num_steps)
+        t = lap("ctl: trainer.train (the loop, one call, and its end step)", t)
+        output = to_numpy(end.logs)
         t = lap("ctl: output to NumPy", t)
-        step = controller._current_step()
-        t = lap("ctl: global step (from the loop's output)", t)
+        step = end.step
+        for handler in controller.after_train_loop:
+            end = handler(end)
+            t = lap(f"ctl: after_train_loop {type(handler).__name__}", t)
         for action in controller.train_actions:
             action(output)
             name = type(getattr(action, "__self__", action)).__name__

@@ -27,7 +27,7 @@ import orbit
 import tensorflow as tf
 
 import ctl
-from ctl.core import train_lib
+from ctl import train_lib
 from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 

@@ -77,11 +77,6 @@ def difference(minuend: List[float], subtrahend: List[float]) -> float:
     return median(minuend) - median(subtrahend)
 
 
-def quantile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))])
-
-
 def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(), **fields) -> None:
     """One line per variant: steps/s and its ratio to "raw" (wall and CPU); ctl gets the target.
 

@@ -33,6 +33,8 @@ FIGURES = {
                          ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
     "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
+    "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "3"],
+                    ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
 }
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import ctl
+from experiments.digits import DigitsTask, load_split
 
 EXAMPLES = 2048
 
@@ -87,3 +88,48 @@ SHAPES = {
     "cnn": {"input": (28, 28, 1), "batch_size": 32, "model": _cnn},
     "wide": {"input": (64,), "batch_size": 64, "model": _wide},
 }
+
+
+@gin.configurable
+class SlowMapDigits(ctl.Task):
+    """The digits MLP on a train pipeline whose `map` costs about 1 ms per example.
+
+    The map stands for decoding and augmenting: `matmuls` products of a
+    128x128 matrix per example, pure TensorFlow (so the iterator's state can
+    be saved); `bench.resume_cost` reports what it measures per example.
+    """
+
+    def __init__(self, matmuls: int = 8, batch_size: int = 64, seed: int = 0):
+        self.digits = DigitsTask(batch_size=batch_size, seed=seed)
+        self.matmuls = matmuls
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def build_model(self):
+        return self.digits.build_model()
+
+    def build_optimizer(self):
+        return self.digits.build_optimizer()
+
+    def build_losses(self, labels, outputs, aux_losses=None):
+        return self.digits.build_losses(labels, outputs, aux_losses)
+
+    def build_metrics(self, training=True):
+        return self.digits.build_metrics(training)
+
+    def build_inputs(self, training, input_context=None):
+        if not training:
+            return self.digits.build_inputs(training, input_context)
+        images, labels = load_split(True, self.seed)
+        dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat()
+        dataset = dataset.shuffle(len(labels), seed=self.seed)
+        dataset = dataset.map(self.expensive, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.batch(self.batch_size, drop_remainder=True).prefetch(2)
+
+    def expensive(self, image, label):
+        """`image` after `matmuls` 128x128 products that leave it unchanged."""
+        square = tf.eye(128) + tf.reshape(tf.tile(image, [256]), (128, 128)) * 1e-6
+        product = square
+        for _ in range(self.matmuls):
+            product = tf.matmul(product, square) / tf.reduce_max(product)
+        return image + 0.0 * tf.reduce_sum(product[:1, :1]), label

@@ -11,24 +11,25 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from ctl.comforts.best import BestCheckpoint  # noqa: E402
-from ctl.core.errors import UserError
-from ctl.core.schedules import WarmUp, register_schedules
-from ctl.core.experiment import Experiment, Schedule
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
-from ctl.comforts.hooks import EarlyStopping, Hook, Run, StopRequest
+from ctl.comforts.hooks import EarlyStopping
 from ctl.comforts.keras_callbacks import KerasCallbacks
-from ctl.faults.handler import FaultTolerance
-from ctl.cluster.reducers import Reducer
-from ctl.sidecar.scheduler import ContinuousEval
-from ctl.core.task import Task
-from ctl.core.train_lib import MODES, run_experiment
-from ctl.core.trainer import Trainer
 from ctl.comforts.warm_start import WarmStart
+from ctl.core.aggregation import Reducer
+from ctl.core.errors import UserError
+from ctl.core.hooks import Hook, Run, StopRequest
+from ctl.core.schedules import WarmUp, register_schedules
+from ctl.core.task import Task
+from ctl.core.trainer import Trainer
+from ctl.experiment import Experiment, Schedule
+from ctl.faults.handler import FaultTolerance
+from ctl.sidecar.scheduler import ContinuousEval
+from ctl.train_lib import MODES, run_experiment
 
 __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
     "KerasCallbacks", "LatestExporter", "MODES", "Reducer", "Run", "Schedule",
-    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp", "register_schedules",
-    "run_experiment",
+    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp",
+    "register_schedules", "run_experiment",
 ]

@@ -12,14 +12,13 @@ and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
 command again to resume.
 """
 
-import logging as std_logging
 import sys
 
 from absl import app, flags, logging
 
+from ctl import smoke, train_lib
 from ctl.cluster import distribute, tf_config as cluster
-from ctl.comforts import smoke
-from ctl.core import config, train_lib
+from ctl.core import config
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
 from ctl.sidecar import continuous_eval
@@ -55,14 +54,6 @@ def _log_to_stdout() -> None:
     logging.set_verbosity(logging.INFO)
     handler = logging.get_absl_handler().python_handler
     handler.stream = sys.stdout
-    handler.addFilter(_NotOrbitController())
-
-
-class _NotOrbitController(std_logging.Filter):
-    """orbit's Controller prints each of its log lines as well; keep one copy."""
-
-    def filter(self, record):
-        return not record.pathname.endswith("orbit/controller.py")
 
 
 def main(argv):

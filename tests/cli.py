@@ -51,3 +51,16 @@ def scalars(summary_dir: str):
                 number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
                 values.setdefault(value.tag, {})[event.step] = float(number)
     return values
+
+
+def checkpoint_values(path: str):
+    """name -> array of every variable of a checkpoint but the save counter and object graph.
+
+    The train input's position (`train_input/...`, a tf.data iterator state of
+    dtype variant) has no array form: its name maps to None.
+    """
+    reader = tf.train.load_checkpoint(path)
+    dtypes = reader.get_variable_to_dtype_map()
+    return {name: None if dtype == tf.variant else reader.get_tensor(name)
+            for name, dtype in dtypes.items()
+            if not name.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))}

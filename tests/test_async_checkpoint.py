@@ -25,6 +25,7 @@ def _values(path):
         name: tf.train.load_variable(path, name)
         for name, _ in tf.train.list_variables(path)
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and "save_counter" not in name
+        and not name.startswith("train_input/")  # The input position: a variant, no array.
     }
 
 

@@ -12,9 +12,6 @@ from ctl.cluster import tf_config as cluster
 from ctl.core.errors import UserError
 from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
 
-WITH_EVAL = ("train", "eval", "train_and_eval", "continuous_eval")
-WITHOUT_EVAL = ("train", "eval", "train_and_eval")
-
 
 def tf_config(cluster_spec, task_type, index=0):
     return {"TF_CONFIG": json.dumps({"cluster": cluster_spec, "task": {"type": task_type, "index": index}})}
@@ -24,16 +21,15 @@ WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "evaluator": ["127.0.0.1:3"
 PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]}
 
 
-def plan(spec, task_type, index=0, mode="train_and_eval", strategy="multi_worker_mirrored",
-         modes=WITH_EVAL):
-    return cluster.plan(mode, strategy, cluster.read_tf_config(tf_config(spec, task_type, index)), modes)
+def plan(spec, task_type, index=0, mode="train_and_eval", strategy="multi_worker_mirrored"):
+    return cluster.plan(mode, strategy, cluster.read_tf_config(tf_config(spec, task_type, index)))
 
 
 @pytest.mark.parametrize("value", [None, "", "  ", "{}"])
 def test_no_tf_config_is_a_single_process(value):
     environ = {} if value is None else {"TF_CONFIG": value}
     assert cluster.read_tf_config(environ) is None
-    assert cluster.plan("train", "mirrored", None, WITH_EVAL) == cluster.Plan("run", "train", "mirrored", None)
+    assert cluster.plan("train", "mirrored", None) == cluster.Plan("run", "train", "mirrored", None)
 
 
 BAD_TF_CONFIGS = {
@@ -83,7 +79,7 @@ def test_parameter_server_roles():
     with pytest.raises(UserError, match="needs a chief, at least one worker and at least one ps"):
         plan({"worker": ["h:1"], "ps": ["h:2"]}, "worker", strategy="parameter_server")
     with pytest.raises(UserError, match="needs a TF_CONFIG"):
-        cluster.plan("train", "parameter_server", None, WITH_EVAL)
+        cluster.plan("train", "parameter_server", None)
 
 
 def test_strategy_and_cluster_must_agree():
@@ -93,11 +89,6 @@ def test_strategy_and_cluster_must_agree():
         plan(PS, "worker", strategy="multi_worker_mirrored")
     # A one-task TF_CONFIG (as some managers set) is fine with a local strategy.
     assert plan({"worker": ["h:1"]}, "worker", strategy="mirrored").action == "run"
-
-
-def test_evaluator_without_continuous_eval_mode_is_a_clear_error():
-    with pytest.raises(UserError, match="runs --mode=continuous_eval, but this ctl has no such mode"):
-        plan(WORKERS, "evaluator", modes=WITHOUT_EVAL)
 
 
 def test_local_cluster_layout_and_tf_configs():

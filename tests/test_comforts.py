@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.comforts.exporting import FinalExporter
-from ctl.comforts.hooks import Hook
+from ctl.core.hooks import Hook
 from ctl.comforts.progress import ProgressLogger, read_metrics
 from ctl.core import config
 from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot

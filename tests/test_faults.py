@@ -16,7 +16,7 @@ from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import SignalWatcher
 from ctl.faults.step_guard import StepGuard
-from tests.cli import ROOT
+from tests.cli import ROOT, checkpoint_values, scalars
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 # In-process: no global seed, so that op determinism is not switched on for the
@@ -30,9 +30,9 @@ def train(model_dir, *bindings):
 
 
 def weights(model_dir):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "save_counter" not in name and "OBJECT_GRAPH" not in name}
+    """Every variable of the latest checkpoint but the input position (no array form)."""
+    values = checkpoint_values(tf.train.latest_checkpoint(str(model_dir)))
+    return {name: value for name, value in values.items() if value is not None}
 
 
 @pytest.mark.parametrize("while_loop", [True, False])
@@ -57,6 +57,30 @@ def test_nan_recover_replays_the_same_data(tmp_path):
     assert sorted(clean) == sorted(recovered)
     for name in clean:
         assert clean[name].tobytes() == recovered[name].tobytes(), name
+
+
+@pytest.mark.parametrize("while_loop", [True, False])
+def test_nan_recover_in_the_last_loop_replays_to_train_steps(tmp_path, while_loop):
+    """A NaN at the last step, or earlier in the last loop: the run restores ckpt-20,
+    replays to step 30, and its summaries carry on from the restored step."""
+    train(tmp_path / "clean", f"ctl.Trainer.use_tf_while_loop = {while_loop}")
+    clean = weights(tmp_path / "clean")
+    for bad in (30, 25):
+        gin.clear_config()
+        model_dir = tmp_path / f"nan_at_{bad}"
+        train(model_dir, f"ProbeTask.nan_at_steps = ({bad},)",
+              "ctl.FaultTolerance.nan_policy = 'recover'",
+              f"ctl.Trainer.use_tf_while_loop = {while_loop}")
+        assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-30"), bad
+        with open(model_dir / "ctl_run_finished.json") as f:
+            assert '"final_step": 30' in f.read(), bad
+        recovered = weights(model_dir)
+        for name in clean:
+            assert clean[name].tobytes() == recovered[name].tobytes(), (bad, name)
+        # The loop that hit the NaN is summarized at the restored step (20), the replay at 30.
+        loss = scalars(str(model_dir / "train"))["loss"]
+        assert sorted(loss) == [10, 20, 30], (bad, loss)
+        assert np.isfinite(loss[30]), (bad, loss)
 
 
 def test_nan_recover_gives_up_after_max_recoveries(tmp_path):

@@ -28,7 +28,7 @@ TIMEOUT_S = 420
 # all-reduce), so their weights, and the eval results, agree up to float rounding.
 RELATIVE_TOLERANCE = 1e-4
 needs_sidecar = pytest.mark.skipif(
-    "continuous_eval" not in ctl.core.train_lib.MODES,
+    "continuous_eval" not in ctl.train_lib.MODES,
     reason="the evaluator task runs --mode=continuous_eval, which this ctl does not have yet "
            "(branch `sidecar`)",
 )

@@ -130,15 +130,8 @@ def read_tf_config(environ: Mapping[str, str] = os.environ) -> Optional[ClusterC
                          task_type=task_type, task_id=task_id)
 
 
-def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig],
-         modes=None) -> Plan:
-    """Decides what this process runs for `--mode` and `--strategy` in `cluster`.
-
-    `modes` are the modes this ctl offers (default `ctl.core.train_lib.MODES`); an
-    evaluator needs `continuous_eval` among them.
-    """
-    if modes is None:
-        from ctl.core.train_lib import MODES as modes  # noqa: N811 (kept lazy: no TF import here)
+def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig]) -> Plan:
+    """Decides what this process runs for `--mode` and `--strategy` in `cluster`."""
     if cluster is None:
         if strategy == "parameter_server":
             raise UserError(
@@ -148,12 +141,6 @@ def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig],
             )
         return Plan("run", mode, strategy, None)
     if cluster.task_type == "evaluator":
-        if CONTINUOUS_EVAL not in modes:
-            raise UserError(
-                "TF_CONFIG makes this task the evaluator, which runs --mode=continuous_eval, "
-                f"but this ctl has no such mode (modes: {', '.join(modes)}); remove the "
-                "evaluator from TF_CONFIG or update ctl."
-            )
         return Plan("run", CONTINUOUS_EVAL, _EVALUATOR_STRATEGY.get(strategy, strategy), cluster)
     if strategy in LOCAL_STRATEGIES:
         if cluster.task_type == "ps" or cluster.trainers > 1:

@@ -27,8 +27,9 @@ from absl import logging
 import gin
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run, improved, metric_value
+from ctl.comforts.hooks import improved, metric_value
 from ctl.core import config
+from ctl.core.hooks import Hook, Run
 
 BEST_DIR = "best"
 RECORD_FILE = "best.json"

@@ -19,8 +19,8 @@ from typing import Any, Dict, Sequence
 
 import gin
 
-from ctl.comforts.hooks import Hook, Run
 from ctl.comforts.progress import scalars
+from ctl.core.hooks import Hook, Run
 
 
 @gin.configurable(module="ctl")

@@ -29,7 +29,8 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import Hook, Run, flat_logs
+from ctl.comforts.hooks import flat_logs
+from ctl.core.hooks import Hook, Run
 
 BAR_WIDTH = 30
 METRICS_FILE = "metrics.jsonl"

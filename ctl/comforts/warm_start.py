@@ -16,87 +16,15 @@ the chosen variables, a shape mismatch, or an `include` that names nothing is a
 `UserError`. Runs eagerly on the host, before the first step.
 """
 
-import collections
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 from absl import logging
 import gin
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hook
+from ctl.core.checkpoint_contents import SavedGraph, variable_paths
 from ctl.core.errors import UserError
-
-
-
-def variable_paths(obj) -> Dict[str, object]:
-    """Maps object path (e.g. `layer_with_weights-0/kernel`) -> variable, under `obj`.
-
-    Walks the object graph breadth-first with `tf.train.TrackableView`, the
-    graph a checkpoint records, so each path also leads to the variable there.
-    """
-    root = tf.train.Checkpoint(root=obj)
-    view = tf.train.TrackableView(root)  # Holds a weak reference to `root`.
-    paths = {}
-    seen = {id(obj)}
-    queue = collections.deque([(obj, "")])
-    while queue:
-        node, path = queue.popleft()
-        for name, child in view.children(node).items():
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            child_path = f"{path}/{name}" if path else name
-            if _is_variable(child):
-                paths[child_path] = child
-            queue.append((child, child_path))
-    return paths
-
-
-class SavedGraph:
-    """The object graph stored in a checkpoint: follows paths to checkpoint keys."""
-
-    def __init__(self, reader):
-        self.proto = trackable_object_graph_pb2.TrackableObjectGraph()
-        self.proto.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-
-    def node(self, path: str, start: int = 0) -> Optional[int]:
-        node = start
-        for name in path.split("/"):
-            children = {c.local_name: c.node_id for c in self.proto.nodes[node].children}
-            if name not in children:
-                return None
-            node = children[name]
-        return node
-
-    def key(self, node: Optional[int]) -> Optional[str]:
-        if node is None:
-            return None
-        for attribute in self.proto.nodes[node].attributes:
-            if attribute.name == "VARIABLE_VALUE":
-                return attribute.checkpoint_key
-        return None
-
-    def variables_under(self, start: int) -> Dict[str, str]:
-        """Maps path (from `start`) -> checkpoint key for every variable below `start`."""
-        found, seen = {}, {start}
-        queue = collections.deque([(start, "")])
-        while queue:
-            node, path = queue.popleft()
-            for child in self.proto.nodes[node].children:
-                if child.node_id in seen:
-                    continue
-                seen.add(child.node_id)
-                child_path = f"{path}/{child.local_name}" if path else child.local_name
-                key = self.key(child.node_id)
-                if key:
-                    found[child_path] = key
-                queue.append((child.node_id, child_path))
-        return found
-
-
-def _is_variable(obj) -> bool:
-    return isinstance(obj, tf.Variable) or hasattr(obj, "assign") and hasattr(obj, "trainable")
+from ctl.core.hooks import Hook
 
 
 def select(model, include: Sequence[str]):
@@ -169,10 +97,11 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
         raise UserError(f"cannot read ctl.WarmStart.init_checkpoint={init_checkpoint!r} "
                         f"({str(error).splitlines()[0][:160]}); check the path.") from error
     available = reader.get_variable_to_shape_map()
-    if "_CHECKPOINTABLE_OBJECT_GRAPH" not in available:
+    try:
+        graph = SavedGraph(reader)
+    except ValueError as error:
         raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} is a name-based (TF1) "
-                        "checkpoint; warm start reads object-based (TF2) checkpoints.")
-    graph = SavedGraph(reader)
+                        "checkpoint; warm start reads object-based (TF2) checkpoints.") from error
     wanted_ids = {id(v) for v in select(model, include)}
     chosen = {p: v for p, v in variable_paths(model).items() if id(v) in wanted_ids}
     model_node = graph.node(checkpoint_prefix)
@@ -187,7 +116,7 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
                         f"{len(mismatched)} variable(s): {'; '.join(mismatched[:3])}; restore a "
                         "subset with ctl.WarmStart.include or fix the model.")
     if not restored:
-        top = ", ".join(c.local_name for c in graph.proto.nodes[0].children)
+        top = ", ".join(graph.root_children())
         raise UserError(
             f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} matches none of the "
             f"{len(chosen)} chosen variables (looked under {checkpoint_prefix!r}; the checkpoint's "

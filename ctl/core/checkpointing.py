@@ -39,6 +39,7 @@ class CheckpointManager(tf.train.CheckpointManager):
         self._initialize = init_fn
         self._saved_step = _step_of(self.latest_checkpoint)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
+        self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
 
     @property
     def checkpoint_interval(self) -> Optional[int]:
@@ -64,6 +65,7 @@ class CheckpointManager(tf.train.CheckpointManager):
                 self._initialize()
             return None
         restore(self.checkpoint, path, self._restore_directory)
+        self.restored_path = path
         return path
 
 

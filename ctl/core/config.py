@@ -14,6 +14,7 @@ from typing import Any, List, Sequence
 import gin
 import tensorflow as tf
 
+from ctl import compat
 from ctl.core.errors import UserError
 
 CONFIG_FILE = "config.gin"
@@ -57,10 +58,9 @@ def _suggest(message: str) -> str:
 
 
 def _registered_names() -> List[str]:
-    """Every registered configurable, by full and short name (gin has no public list)."""
-    registry = getattr(gin.config, "_REGISTRY", None)
+    """Every registered configurable, by full and short name."""
     names = set()
-    for selector in getattr(registry, "_selector_map", {}) or {}:
+    for selector in compat.registered_configurables():
         names.add(selector)
         names.add(selector.rsplit(".", 1)[-1])
     return sorted(names)

@@ -1,21 +1,42 @@
-"""orbit's Controller, with a stop request, checkpoint hooks and a leaner train loop.
+"""ctl's Controller: train, evaluate and checkpoint, on orbit's runner protocol.
 
-`orbit.Controller.train` runs until the global step reaches its target. ctl's
-`Controller` also checks `stop.should_stop` after every train loop, and
-`train_and_evaluate` after every evaluation: a stop request ends training at
-the next boundary, with a final checkpoint. Everything runs eagerly on the host.
+ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
+`orbit.AbstractEvaluator` (ctl's `Trainer` is orbit's `StandardTrainer` and
+`StandardEvaluator`) and subclasses nothing of orbit's `Controller`, whose
+loop it would otherwise override method by method (BUILD.md, "orbit"). It
+keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
+`save_checkpoint`, `restore_checkpoint`, train and eval actions) and its log
+lines, and adds a stop request and checkpoint hooks: `train` also checks
+`stop.should_stop` after every train loop, and `train_and_evaluate` after every
+evaluation, so a stop request ends training at the next boundary, with a final
+checkpoint. Everything runs eagerly on the host.
 
-What happens after each train loop is ctl's own (`_train_n_steps`): orbit's
-spends about 2 ms of host time there (global-step reads, two summary-writer
-flushes, a summary op, a pretty-printed output), 10% of a 100-step loop of a
-small model. ctl's takes the loop's results and the global step from the
-loop's own `tf.function` call (`Trainer.loop_end`), keeps the summaries for a
-flush at most once a second (`ctl.core.summaries`) and prints the same line.
-Measured with `python -m bench.run --only train_throughput`.
+What happens after each train loop (`_train_n_steps`) costs no eager
+TensorFlow op: orbit's spends about 2 ms of host time there (global-step
+reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
+of a 100-step loop of a small model. ctl's takes the loop's results and the
+global step from the value the loop's own `tf.function` call returns
+(`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
+once a second (`ctl.core.summaries`) and prints the same line. Measured with
+`python -m bench.run --only train_throughput`.
+
+Asynchronous checkpoints use TensorFlow's `tf.train.CheckpointOptions(
+enable_async=True)`; for Keras 3 variables, which break TensorFlow's second
+async save, `ctl.compat.share_keras_cpu_twins` is applied to the variables of
+this controller's checkpoint (nothing process-wide).
+
+The controller is the one owner of "the current step" on the host
+(`Controller.step`): it takes it from each loop's `TrainLoopEnd`, after the
+`after_train_loop` handlers (the fault handler) had their say, and from the
+global step after every restore. A handler that restores a checkpoint returns
+the end with the restored step, so the next loop, the summaries and the hooks
+all work from that step; nothing else keeps a copy that could go stale.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
       while step < train_steps and not stop.should_stop:
         train(until the next eval boundary)   # stops early on a request
+          per loop: end = trainer.train(n); end = handler(end) for each
+                    after_train_loop handler; step = end.step; train actions
         evaluate(eval_steps)                  # eval actions may request a stop
       save checkpoint                          # on_checkpoint_end(path)
 """
@@ -24,34 +45,101 @@ import time
 from typing import Callable, Iterable, Optional
 
 from absl import logging
-import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import StopRequest
+from ctl import compat
+from ctl.core.hooks import StopRequest
+from ctl.core.summaries import SummaryManager
+from ctl.core.trainer import TrainLoopEnd
+
+AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
+Action = Callable[[dict], None]
 
 
-class Controller(orbit.Controller):
-    """An `orbit.Controller` that honours a `StopRequest` and reports checkpoints."""
+class Controller:
+    """Runs an orbit trainer and evaluator: loops, checkpoints, summaries, a stop request."""
 
-    def __init__(self, *args, stop: Optional[StopRequest] = None,
+    def __init__(self, *, global_step: tf.Variable, trainer=None, evaluator=None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 steps_per_loop: Optional[int] = None, checkpoint_manager=None,
+                 enable_async_checkpointing: bool = False,
+                 summary_interval: Optional[int] = None,
+                 summary_manager: Optional[SummaryManager] = None,
+                 eval_summary_manager: Optional[SummaryManager] = None,
+                 train_actions: Iterable[Action] = (), eval_actions: Iterable[Action] = (),
+                 stop: Optional[StopRequest] = None,
+                 after_train_loop: Iterable[AfterTrainLoop] = (),
                  on_checkpoint_end: Iterable[Callable[[str], None]] = (),
-                 on_checkpoint_load: Iterable[Callable[[str], None]] = (), **kwargs):
+                 on_checkpoint_load: Iterable[Callable[[str], None]] = ()):
+        """Restores the latest checkpoint of `checkpoint_manager` (or initializes).
+
+        `after_train_loop`: functions from a loop's `TrainLoopEnd` to the end
+        to go on from, run in order before the train actions (they may raise,
+        or restore a checkpoint and return `end._replace(step=..., restored=path)`).
+        """
+        if trainer is None and evaluator is None:
+            raise ValueError("`trainer` and `evaluator` should not both be None.")
+        if trainer is not None and (isinstance(steps_per_loop, bool) or
+                                    not isinstance(steps_per_loop, int) or steps_per_loop < 1):
+            raise ValueError(f"`steps_per_loop` ({steps_per_loop}) must be a positive integer.")
+        if summary_interval is not None and (summary_interval < 1 or
+                                             summary_interval % (steps_per_loop or 1)):
+            raise ValueError(f"`summary_interval` ({summary_interval}) must be a positive "
+                             f"multiple of `steps_per_loop` ({steps_per_loop}).")
+        self.trainer = trainer
+        self.evaluator = evaluator
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.global_step = global_step
+        self.steps_per_loop = steps_per_loop
+        self.summary_interval = summary_interval
+        self.checkpoint_manager = checkpoint_manager
+        self._save_options = tf.train.CheckpointOptions(enable_async=enable_async_checkpointing)
+        if enable_async_checkpointing and checkpoint_manager is not None:
+            compat.share_keras_cpu_twins(
+                tf.train.TrackableView(checkpoint_manager.checkpoint).descendants())
+        self.summary_manager = summary_manager or SummaryManager(None, global_step)
+        self.eval_summary_manager = eval_summary_manager or SummaryManager(None, global_step)
+        self.train_actions = tuple(train_actions)
+        self.eval_actions = tuple(eval_actions)
         self.stop = stop or StopRequest()
+        self.after_train_loop = tuple(after_train_loop)
         self._on_checkpoint_end = tuple(on_checkpoint_end)
         self._on_checkpoint_load = tuple(on_checkpoint_load)
-        super().__init__(*args, **kwargs)  # Restores the latest checkpoint.
+        self._step: Optional[int] = None
+        tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
+        if checkpoint_manager is not None:
+            self.restore_checkpoint()
 
-    def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
-        path = super().restore_checkpoint(checkpoint_path)
-        getattr(self.trainer, "loop_end", {}).clear()  # The global step changed.
+    @property
+    def step(self) -> int:
+        """The global step as of the last train loop or restore (a host value)."""
+        if self._step is None:
+            self._step = int(self.global_step.numpy())
+        return self._step
+
+    def restore_checkpoint(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
+        """Restores `checkpoint_path`, or the latest checkpoint (or initializes); returns the path."""
+        self._require("checkpoint_manager", "restore_checkpoint")
+        with self.strategy.scope():
+            if checkpoint_path is not None:
+                self.checkpoint_manager.checkpoint.restore(checkpoint_path)
+                path = checkpoint_path
+            else:
+                path = self.checkpoint_manager.restore_or_initialize()
         if path:
-            for action in self._on_checkpoint_load:
-                action(path)
+            print(f"restored model from {path}.")
+        self._step = int(self.global_step.numpy())  # Restored, or initialized.
+        if path:
+            self._loaded(path)
         return path
 
+    def _loaded(self, path: str) -> None:
+        for action in self._on_checkpoint_load:
+            action(path)
+
     def train(self, steps: int, checkpoint_at_completion: bool = True):
-        self._require("trainer", for_method="train")
-        current_step = self._current_step()
+        self._require("trainer", "train")
+        current_step = self.step
         logging.info("train | step: %6d | training until step %d...", current_step, steps)
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
@@ -63,10 +151,10 @@ class Controller(orbit.Controller):
             self.summary_manager.flush()
         if checkpoint_at_completion or self.stop.should_stop:
             self._save(check_interval=False)
-        self._sync_on_async_checkpointing()
+        self._wait_for_checkpoints()
 
     def _train_n_steps(self, num_steps: int) -> int:
-        """Runs one train loop, hands its output to the train actions, logs it; returns the step.
+        """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
 
         orbit's does the same; this one runs no eager TensorFlow op: the loop
         hands back its results and the global step (see the module docstring).
@@ -74,44 +162,50 @@ class Controller(orbit.Controller):
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
                     lambda: self.global_step % self.summary_interval == 0):
-                output = self.trainer.train(tf.constant(num_steps, tf.int32))
+                end = self.trainer.train(tf.constant(num_steps, tf.int32))
         else:
-            output = self.trainer.train(tf.constant(num_steps, tf.int32))
-        output = to_numpy(output or {})
-        step = self._current_step()
+            end = self.trainer.train(tf.constant(num_steps, tf.int32))
+        if not isinstance(end, TrainLoopEnd):  # Another orbit.AbstractTrainer: read the step.
+            end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
         last_time, last_step = self._last_loop_end
-        if step != last_step + num_steps and not self.stop.should_stop:
+        if end.step != last_step + num_steps and not self.stop.should_stop and end.bad_step is None:
             logging.warning("trainer.train(%d) moved the global step from %d to %d.",
-                            num_steps, last_step, step)
+                            num_steps, last_step, end.step)
+        for handler in self.after_train_loop:
+            end = handler(end)
+        self._step = end.step
+        if end.restored:
+            self._loaded(end.restored)
+        output = to_numpy(end.logs or {})
         now = time.perf_counter()
-        self._last_loop_end = (now, step)
+        self._last_loop_end = (now, end.step)
         for action in self.train_actions:
             action(output)
-        steps_per_second = (step - last_step) / max(now - last_time, 1e-9)
+        steps_per_second = max(end.step - last_step, 0) / max(now - last_time, 1e-9)
         # orbit's line, on stdout; ctl.comforts.progress logs its own line with the ETA.
-        print(f"train | step: {step: 6d} | steps/sec: {steps_per_second: 6.1f} | "
+        print(f"train | step: {end.step: 6d} | steps/sec: {steps_per_second: 6.1f} | "
               f"output: {_format(output)}")
         self.summary_manager.write_summaries(
-            {**output, "steps_per_second": steps_per_second}, step=step)
+            {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()
-        return step
+        return end.step
 
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
                            eval_interval: Optional[int] = None):
-        self._require("trainer", for_method="train_and_evaluate")
-        self._require("evaluator", for_method="train_and_evaluate")
+        self._require("trainer", "train_and_evaluate")
+        self._require("evaluator", "train_and_evaluate")
         output = None
-        current_step = self._current_step()
+        current_step = self.step
         eval_interval = eval_interval or (train_steps - current_step)
         while current_step < train_steps and not self.stop.should_stop:
             target = min(train_steps, current_step + eval_interval)
             self.train(steps=target, checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
-            current_step = self._current_step()
+            current_step = self.step
         if self.stop.should_stop:
             logging.info("train | step: %6d | stopped: %s", current_step, self.stop.reason)
         self._save(check_interval=False)
-        self._sync_on_async_checkpointing()
+        self._wait_for_checkpoints()
         return output
 
     def evaluate(self, steps: int = -1):
@@ -120,10 +214,10 @@ class Controller(orbit.Controller):
         orbit's, with the same lines and summaries, and the host work after
         the loop cut as in `_train_n_steps`.
         """
-        self._require("evaluator", for_method="evaluate")
+        self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
-        step = self._current_step()
+        step = self.step
         what = f"running {steps} steps of evaluation..." if steps > 0 else "running complete evaluation..."
         print(f" eval | step: {step: 6d} | {what}")
         start = time.perf_counter()
@@ -143,26 +237,38 @@ class Controller(orbit.Controller):
         self.eval_summary_manager.flush()
         return output
 
-    def _current_step(self) -> int:
-        """The global step, as the last train loop read it if it did (no eager op)."""
-        end = getattr(self.trainer, "loop_end", {})
-        return int(end["global_step"] if "global_step" in end else self.global_step.numpy())
-
-    def save_checkpoint(self):
-        self._require("checkpoint_manager", for_method="save_checkpoint")
+    def save_checkpoint(self) -> None:
+        self._require("checkpoint_manager", "save_checkpoint")
         self._save(check_interval=False)
 
     def _save(self, check_interval: bool) -> bool:
-        if self.summary_manager is not None:  # A checkpoint's steps have their summaries on disk.
-            self.summary_manager.flush()
-        saved = self._maybe_save_checkpoint(check_interval=check_interval)
+        """Saves a checkpoint (if due, with `check_interval`); hooks see it once complete."""
+        if self.checkpoint_manager is None:
+            return False
+        self.summary_manager.flush()  # A checkpoint's steps have their summaries on disk.
+        path = self.checkpoint_manager.save(check_interval=check_interval,
+                                            options=self._save_options)
+        saved = path is not None
+        if saved:
+            print(f"saved checkpoint to {path}.")
         if saved and self._on_checkpoint_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
-            self._sync_on_async_checkpointing()
+            self._wait_for_checkpoints()
             path = self.checkpoint_manager.last_saved_path
             for action in self._on_checkpoint_end:
                 action(path)
         return saved
+
+
+    def _wait_for_checkpoints(self) -> None:
+        """Waits for an asynchronous save to be written (a no-op for synchronous ones)."""
+        if self.checkpoint_manager is not None:
+            self.checkpoint_manager.sync()
+
+    def _require(self, attribute: str, method: str) -> None:
+        if getattr(self, attribute) is None:
+            raise ValueError(f"`{attribute}` is not set; pass it to Controller() before "
+                             f"calling {method}().")
 
 
 def to_numpy(logs):

@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from ctl.comforts.exporting import default_serving_signatures
 from ctl.core.precision import float32_outputs
+from ctl.core.serving import default_serving_signatures
 from ctl.core.train_step import scale_loss
 
 Logs = Dict[str, Any]
@@ -118,7 +118,7 @@ class Task:
         return {"loss": loss}
 
     def build_reducers(self) -> List[Any]:
-        """Returns `ctl.cluster.reducers.Reducer`s over the extra entries of `validation_step`.
+        """Returns `ctl.Reducer`s (`ctl.core.aggregation`) over the extra entries of `validation_step`.
 
         Each sees every replica's batch (of every worker) and adds its results
         to the eval logs, e.g. `[ctl.cluster.reducers.AUC(scores="scores", labels="labels")]`.

@@ -1,6 +1,11 @@
-"""`Trainer`: the train and eval loops of a `Task`, on orbit's standard runners.
+"""`Trainer`: the train and eval loops of a `Task`, on orbit's runner protocol.
 
-One training loop of `num_steps` steps, as `orbit.Controller` calls it:
+The Trainer is an `orbit.AbstractTrainer` and `orbit.AbstractEvaluator`
+(`train(num_steps)`, `evaluate(num_steps)`) with its own loops, built from
+orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
+`make_distributed_dataset`); no orbit runner class to keep in step with.
+
+One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 
     train_loop_begin()                      # eager hook; does nothing by default
     loop(iterator, num_steps):              # one tf.function call (tf.while_loop)
@@ -17,11 +22,12 @@ One training loop of `num_steps` steps, as `orbit.Controller` calls it:
           ema.update()                      # only with ema_decay
           global_step += 1
           step_guard.check_loss(loss)       # records a NaN/Inf loss's step
-      read loss, metrics, learning rate
-    return train_loop_end()                 # eager; returns what the loop read
+      read loss, metrics, learning rate, global step, bad step
+    logs = train_loop_end()                 # eager; what the loop read
+    return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
 
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
-each step is one closure that `coordinator_for_async().schedule()` sends to a
+each step is one closure that the `ClusterCoordinator` schedules on a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
 reads the metrics.
 
@@ -60,27 +66,60 @@ tasks that aggregate logs on the host, always use the host loop.
 
 import functools
 import itertools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional, Protocol
 
 import gin
 import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.cluster import reducers
-from ctl.core import precision, xla
+from ctl.core import aggregation, checkpoint_contents, precision, xla
 from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
 from ctl.core.task import Task
 from ctl.core.train_step import GradientPipeline
-from ctl.faults.resume import track_rng_state
-from ctl.faults.step_guard import StepGuard
 
 Logs = Dict[str, Any]
+NO_BAD_STEP = -1  # A StepGuard's `bad_step` when every loss was finite.
+
+
+class StepGuard(Protocol):
+    """The extension point that may end a train loop early, at a step boundary.
+
+    A Trainer's `step_guard` is None (orbit's loops) or an object like this one;
+    `ctl.faults.step_guard.StepGuard` (signals, NaN losses) is ctl's.
+    """
+
+    bad_step: tf.Variable  # The step whose loss was not finite, or NO_BAD_STEP.
+
+    def graph_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`."""
+
+    def host_loop(self, step_fn):
+        """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
+
+    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
+        """Called after each step, in cross-replica context, with the step's loss."""
+
+
+class TrainLoopEnd(NamedTuple):
+    """What one train loop hands back (`Trainer.train`): its results and where it ended.
+
+    Plain values, handed from the trainer to the controller and from there to
+    whatever runs after the loop (the fault handler, train actions, hooks), so
+    nothing has to remember to refresh a shared copy when a restore moves the
+    global step: whoever restores returns a new `TrainLoopEnd`
+    (`end._replace(step=..., restored=path)`).
+    """
+
+    logs: Logs
+    step: int  # The global step the loop ended at.
+    bad_step: Optional[int] = None  # The step whose loss was NaN or Inf (with a step guard).
+    restored: Optional[str] = None  # Set by a handler that restored this checkpoint after the loop.
 
 
 @gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate"])
-class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
@@ -127,11 +166,8 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
         self._train_logs = None  # The last loop's results, for train_loop_end.
-        # What the last train loop read at its end besides its results, so that
-        # the host reads no variable right after a loop (an eager op there
-        # costs 0.3 ms): "global_step", and "bad_step" with a step guard. Empty
-        # after a host or parameter-server loop; cleared by whoever restores.
-        self.loop_end: Dict[str, tf.Tensor] = {}
+        self._train_loop = None  # Built on first use (create_train_loop_fn).
+        self._train_iterator = None  # (dataset, its iterator): made anew when the dataset changes.
         self._eval_logs = None  # The last evaluation's metric results, for eval_end.
         self._graph_eval_loop = None  # Built on first use.
         self._host_eval_parts = None
@@ -171,25 +207,14 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 "ParameterServerStrategy trains only; evaluate with the sidecar evaluator "
                 "(--mode=continuous_eval, the \"evaluator\" task of TF_CONFIG)."
             )
-        self.checkpoint = tf.train.Checkpoint(
-            global_step=self.global_step, model=self.model, optimizer=self.optimizer
-        )
-        if self.ema is not None:
-            self.checkpoint.ema = self.ema.state
-        track_rng_state(self.checkpoint, self.model)  # Keras 3 Dropout etc., as `rng`.
-        orbit.StandardTrainer.__init__(
-            self,
-            self.distribute_dataset(task.build_inputs, training=True) if train else None,
-            options=orbit.StandardTrainerOptions(
-                use_tf_function=use_tf_function, use_tf_while_loop=use_tf_while_loop
-            ),
-        )
-        orbit.StandardEvaluator.__init__(
-            self,
-            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None,
-            # ctl's evaluate() chooses the loop per call.
-            options=orbit.StandardEvaluatorOptions(use_tf_function=use_tf_function),
-        )
+        self.checkpoint = checkpoint_contents.build_checkpoint(
+            self.global_step, self.model, self.optimizer,
+            ema=self.ema.state if self.ema is not None else None)
+        # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
+        self.train_dataset = (
+            self.distribute_dataset(task.build_inputs, training=True) if train else None)
+        self.eval_dataset = (
+            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None)
 
     @property
     def eval_model(self):
@@ -241,15 +266,6 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
             self._coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
 
-    def coordinator_for_async(self) -> tf.distribute.coordinator.ClusterCoordinator:
-        """The coordinator that schedules steps on workers; parameter servers only."""
-        if self._coordinator is None:
-            raise ValueError(
-                f"no ClusterCoordinator: the strategy is {type(self.strategy).__name__}, "
-                "not ParameterServerStrategy."
-            )
-        return self._coordinator
-
     def join(self) -> None:
         """Waits for every scheduled step (eager); a no-op without parameter servers."""
         if self._coordinator is not None:
@@ -257,27 +273,54 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     # Training.
 
-    def train(self, num_steps: tf.Tensor) -> Optional[Logs]:
-        """orbit's `train`; a user's mistake found while tracing or compiling is a `UserError`.
+    def train(self, num_steps: tf.Tensor) -> TrainLoopEnd:
+        """Runs one train loop of `num_steps` steps; returns its results and end step.
 
-        That is a `UserError` raised while the step was traced (e.g. by the
-        gradient pipeline), or an op that XLA cannot compile.
+        The loop's end state is returned as a value rather than kept on the trainer.
+        A user's mistake found while the step is traced or compiled (a `UserError`
+        of the gradient pipeline, an op XLA cannot compile) is a `UserError`.
         """
+        self.train_loop_begin()
+        if self._train_loop is None:
+            self._train_loop = self.create_train_loop_fn()
         try:
-            return super().train(num_steps)
+            end = self._train_loop(self.train_iterator, num_steps)
         except Exception as error:  # noqa: BLE001 - re-raised unless it is the user's.
             explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
             if explained is None or explained is error:
                 raise
             raise explained from error
+        logs = self.train_loop_end()
+        if end is None:  # A host or parameter-server loop (or an orbit-style loop_fn).
+            end = self._loop_end_values()
+        bad_step = int(end["bad_step"]) if "bad_step" in end else NO_BAD_STEP
+        return TrainLoopEnd(logs, int(end["global_step"]),
+                            None if bad_step == NO_BAD_STEP else bad_step)
+
+    @property
+    def train_iterator(self):
+        """The iterator train loops read from: made from `train_dataset` on first use, and
+        again whenever `train_dataset` is replaced (so a checkpoint can hold it)."""
+        dataset = self.train_dataset
+        if self._train_iterator is None or self._train_iterator[0] is not dataset:
+            self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
+        return self._train_iterator[1]
+
+    def _loop_end_values(self) -> Dict[str, tf.Tensor]:
+        end = {"global_step": self.global_step.read_value()}
+        if self.step_guard is not None:
+            end["bad_step"] = self.step_guard.bad_step.read_value()
+        return end
 
     def create_train_loop_fn(self):
-        """The loop orbit's `train` calls: resets the metrics, runs the steps, reads the metrics.
+        """The loop `train` calls: resets the metrics, runs the steps, reads the metrics.
 
         With `use_tf_while_loop` all three are one `tf.function` call, which
-        also hands back the global step (and the guard's bad step) it ended at,
-        as `loop_end`: a separate reset or read cost 0.4-0.7 ms right after a
-        loop here, 2-4% of a 100-step loop of a small model (bench/, figure 1).
+        also returns the global step (and the guard's bad step) it ended at:
+        a separate reset or read cost 0.4-0.7 ms right after a loop here, 2-4%
+        of a 100-step loop of a small model (bench/, figure 1). The returned
+        function may return None (as orbit's loops do): `train` then reads
+        the end state itself.
         """
         if self._coordinator is not None:  # Parameter servers: one closure per step.
             step_fn = tf.function(self.train_step)
@@ -287,7 +330,6 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 for _ in range(int(num_steps)):
                     self._coordinator.schedule(step_fn, args=(iterator,))
                 self._train_logs = None  # Read in train_loop_end, after join().
-                self.loop_end.clear()
 
             return schedule_steps
         guard = self.step_guard
@@ -299,15 +341,11 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             def loop_with_metrics(iterator, num_steps):
                 self._reset_train_metrics()
                 loop(iterator, num_steps)
-                end = {"global_step": self.global_step.read_value()}
-                if guard is not None:
-                    end["bad_step"] = guard.bad_step.read_value()
-                return self._train_results(), end
+                return self._train_results(), self._loop_end_values()
 
             def graph_loop(iterator, num_steps):
                 self._train_logs, end = loop_with_metrics(iterator, num_steps)
-                self.loop_end.clear()
-                self.loop_end.update(end)
+                return end
 
             return graph_loop
         step_fn = tf.function(self.train_step) if self._use_tf_function else self.train_step
@@ -319,7 +357,6 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             reset()
             loop(iterator, num_steps)
             self._train_logs = read()
-            self.loop_end.clear()
 
         return host_loop
 
@@ -366,6 +403,9 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         self.train_loss.update_state(logs["loss"])
         return logs["loss"], recorded.gradients
 
+    def train_loop_begin(self) -> None:
+        """Called eagerly before each train loop; does nothing by default."""
+
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""
         self.join()
@@ -393,8 +433,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set), from its start.
 
-        Replaces `orbit.StandardEvaluator.evaluate`, so that a fixed number of
-        steps runs as one `tf.function` call that also resets and reads the
+        A fixed number of steps runs as one `tf.function` call that also resets and reads the
         metrics (measured in bench/, figure 2). `batch_callbacks` (Keras
         callbacks) see `on_test_batch_begin/end` around each step of a host loop.
         """
@@ -441,7 +480,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if not self._aggregates:
             return None
         # A non-None state makes the loop call eval_reduce after each step.
-        return {"task": None, "reducers": reducers.start(self.eval_reducers)}
+        return {"task": None, "reducers": aggregation.start(self.eval_reducers)}
 
     def next_eval_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
@@ -484,7 +523,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
             step_logs[name] = per_replica
         if self.task.aggregates_logs():
             state["task"] = self.task.aggregate_logs(state["task"], step_logs)
-        state["reducers"] = reducers.accumulate(self.eval_reducers, state["reducers"], step_logs)
+        state["reducers"] = aggregation.accumulate(self.eval_reducers, state["reducers"], step_logs)
         return state
 
     def eval_end(self, aggregated_logs=None) -> Logs:
@@ -495,7 +534,7 @@ class Trainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                 step = int(self.global_step.numpy())
                 logs.update(
                     self.task.reduce_aggregated_logs(aggregated_logs["task"], global_step=step))
-            logs.update(reducers.results(self.eval_reducers, aggregated_logs["reducers"]))
+            logs.update(aggregation.results(self.eval_reducers, aggregated_logs["reducers"]))
         return logs
 
 

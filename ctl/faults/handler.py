@@ -11,9 +11,11 @@
       trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
-      skip the batches consumed up to global_step                   # ctl.faults.resume
-      after each train loop (eager), FaultHandler:
-        bad step?  stop (NonFiniteLoss) or restore + replay         # ctl.faults.nan_guard
+      position the train input: read from the checkpoint, or skip   # ctl.faults.resume
+      after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
+        bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
+                   returns the end at the restored step, so the
+                   controller replays up to train_steps
         signal?    save a checkpoint, raise Preempted               # ctl.faults.preemption
 
 A checkpoint is complete once the manager's `checkpoint` state file names it
@@ -28,11 +30,12 @@ from absl import logging
 import gin
 
 from ctl.core import checkpointing
+from ctl.core.trainer import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import Preempted, SignalWatcher
-from ctl.faults.step_guard import NO_BAD_STEP, StepGuard
+from ctl.faults.step_guard import StepGuard
 
 
 @gin.configurable(module="ctl")
@@ -70,7 +73,10 @@ class FaultTolerance:
 
 
 class FaultHandler:
-    """Train action (eager, after every train loop): handles bad losses and signals.
+    """Runs after every train loop (eager; the controller's `after_train_loop`).
+
+    Takes the loop's `TrainLoopEnd` and returns the one to go on from: the
+    same, or after a NaN recovery the restored checkpoint's step.
 
     Also installs the per-step guard in `trainer`, and says at start whether
     the train input can be replayed exactly.
@@ -85,38 +91,46 @@ class FaultHandler:
         self.guard = StepGuard(watcher.stop_requested)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
-        resume.warn_if_not_replayable(trainer.task, seeded=settings.seed is not None)
+        probe = resume.probe_pipeline(trainer.task)
+        resume.warn_if_not_replayable(trainer.task, settings.seed is not None, probe)
+        # Before the restore: it may set options on the train dataset.
+        self.input_position = resume.InputPosition(trainer, probe)
 
-    def resume_inputs(self) -> None:
-        """Positions the train input after the restored step (call once, after restore)."""
-        resume.skip_consumed_batches(self.trainer, int(self.trainer.global_step.numpy()))
+    def resume_inputs(self) -> str:
+        """Positions the train input after the restored step (call once, after restore).
 
-    def __call__(self, unused_output) -> None:
-        end = self.trainer.loop_end
-        bad_step = int(end["bad_step"] if "bad_step" in end else self.guard.bad_step.numpy())
-        if bad_step != NO_BAD_STEP:
-            self._on_bad_loss(bad_step)
+        Returns how: "checkpoint" (read back), "skip" or "start".
+        """
+        return self.input_position.resume(self.manager.restored_path,
+                                          int(self.trainer.global_step.numpy()))
+
+    def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
+        if end.bad_step is not None:
+            end = self._on_bad_loss(end.bad_step, end)
         if self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
-            step = int(self.trainer.global_step.numpy())
-            raise Preempted(self.watcher.signum, step, path)
+            raise Preempted(self.watcher.signum, end.step, path)
+        return end
 
-    def _on_bad_loss(self, bad_step: int) -> None:
-        if self.settings.nan_policy == "stop":
-            raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'")
+    def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
         path = self.manager.latest_checkpoint
+        if self.settings.nan_policy == "stop":
+            raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'",
+                                recoverable=path is not None)
         if path is None:
-            raise NonFiniteLoss(bad_step, "no checkpoint to recover from yet")
+            raise NonFiniteLoss(bad_step, "nan_policy='recover', but no checkpoint was saved "
+                                "before it", recoverable=False)
         if not self.budget.spend(bad_step):
             raise NonFiniteLoss(
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
-                f"limit set by ctl.FaultTolerance.max_recoveries")
-        checkpointing.restore(self.trainer.checkpoint, path, self.manager.directory)
-        self.trainer.loop_end.clear()  # The global step changed.
+                f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False)
+        with self.input_position.detached() as checkpoint:
+            checkpointing.restore(checkpoint, path, self.manager.directory)
         step = int(self.trainer.global_step.numpy())
         logging.warning("loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)
         self.guard.clear()
-        resume.skip_consumed_batches(self.trainer, step)
+        self.input_position.resume(path, step)
+        return end._replace(step=step, bad_step=None, restored=path)

@@ -21,12 +21,14 @@ NAN_POLICIES = ("stop", "recover")
 class NonFiniteLoss(UserError):
     """The loss was NaN or Inf at `step` and the policy says stop."""
 
-    def __init__(self, step: int, why: str):
+    def __init__(self, step: int, why: str, recoverable: bool):
+        """`recoverable`: whether nan_policy='recover' would have had a checkpoint to go back to."""
         self.step = step
+        retry = (", or set ctl.FaultTolerance.nan_policy = 'recover' to restore the last "
+                 "checkpoint and retry" if recoverable else "")
         super().__init__(
             f"the training loss is NaN or Inf at step {step} ({why}); lower the learning "
-            "rate or check the data of that step, or set ctl.FaultTolerance.nan_policy = "
-            "'recover' to restore the last checkpoint and retry."
+            f"rate or check the data of that step{retry}."
         )
 
 

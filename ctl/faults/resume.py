@@ -3,30 +3,44 @@
 `tf.train.Checkpoint` restores the model, optimizer and global step. Two more
 things decide what a resumed run computes:
 
-* The input position. A `DistributedIterator` cannot be checkpointed, so on
-  resume ctl rebuilds the train dataset with `Task.build_inputs` and skips the
-  batches already consumed: `global_step` steps of one global batch each,
-  i.e. `global_step * accumulation_steps * replicas_per_pipeline` elements of
-  every input pipeline.
-  This works under every strategy, saves nothing, and is exact when the
-  pipeline yields the same sequence each time it is built (files in a fixed
-  order, `shuffle(seed=...)`, seeded random ops). Its cost: `skip` reads and
-  discards those elements, so resuming late in a long epoch with an
-  expensive `map` takes time. It assumes each train step calls
-  `next_train_inputs` `trainer.batches_per_step` times (the Trainer does).
+* The input position (`InputPosition`). Where TensorFlow can save a
+  `tf.data` iterator's state, the train iterator is in the checkpoint as
+  `train_input`, and a resume reads it back: the cost is the size of that
+  state (shuffle buffers, file offsets), the same at step 10 and at step
+  10,000,000. That is the default strategy, whose train dataset is a plain
+  `tf.data.Dataset`. ctl sets tf.data's `experimental_symbolic_checkpoint`
+  on it, so that only positions are saved where the pipeline's ops allow
+  (prefetch and parallel-map buffers are refilled, not stored), and falls
+  back to the full state where an op does not allow it (`cache`).
+  Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` and
+  skips the batches already consumed: `global_step` steps of
+  `accumulation_steps` global batches each, i.e. `global_step *
+  accumulation_steps * replicas_per_pipeline` elements of every input
+  pipeline. That is Mirrored, multi-worker and parameter-server strategies (a
+  `DistributedIterator` is not trackable in TensorFlow 2.20), pipelines
+  TensorFlow cannot serialize (`from_generator`, `py_function`), and
+  checkpoints without a saved position (an older ctl, another strategy, or a
+  pipeline changed since the save). Skipping reads and discards those
+  elements: its cost grows with the step, and it assumes each train step
+  calls `next_train_inputs` `trainer.batches_per_step` times (the Trainer
+  does). Either way the resumed run sees the same data as an uninterrupted one when the pipeline
+  yields the same sequence each time it is built (files in a fixed order,
+  `shuffle(seed=...)`, seeded random ops).
 * RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
-  in a variable that `tf.train.Checkpoint(model=...)` does not save; ctl adds
-  them to the checkpoint as `rng`. Stateful random ops (`tf.random.uniform`
-  without a generator, tf_keras' legacy Dropout) have no state to save.
+  in a variable that `tf.train.Checkpoint(model=...)` does not save; the
+  Trainer's checkpoint holds them as `rng` (`ctl.core.checkpoint_contents`).
+  Stateful random ops (`tf.random.uniform` without a generator, tf_keras'
+  legacy Dropout) have no state to save.
 
 `seed_everything` makes the computation itself repeatable: one seed for
 Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
 """
 
+import contextlib
 import os
 import random
 import tempfile
-from typing import List, Optional
+from typing import Optional
 
 from absl import logging
 import keras
@@ -43,61 +57,187 @@ def seed_everything(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def rng_state_variables(model) -> List:
-    """The Keras 3 `SeedGenerator` state variables of `model`, in a stable order."""
-    return [v for v in getattr(model, "variables", []) if "seed_generator_state" in getattr(v, "path", "")]
+def probe_pipeline(task) -> tf.data.Dataset:
+    """A train pipeline of `task` as the default strategy builds it, for the probes below.
 
-
-def track_rng_state(checkpoint: tf.train.Checkpoint, model) -> int:
-    """Adds the model's RNG state variables to `checkpoint` as `rng`; returns how many.
-
-    Call before the checkpoint is restored. A checkpoint written without them
-    (an older ctl) no longer matches a model that has them.
+    Its own pipeline, not the trainer's: iterators of one dataset share its
+    shuffle's seed generator, so probing the trainer's would change its data.
     """
-    states = rng_state_variables(model)
-    if states:
-        checkpoint.rng = states
-    return len(states)
+    return task.build_inputs(True, tf.distribute.InputContext())
 
 
-def stateful_input_op(task) -> Optional[str]:
+def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional[str]:
     """Why the train pipeline's state cannot be saved (e.g. "RandomUniform is stateful"), or None.
 
-    Builds one train pipeline and writes a checkpoint of a fresh iterator of it
-    with tf.data's external-state policy FAIL (eager; the buffers are empty, so
-    this is cheap). Such a pipeline is replayed by skipping, like any other,
-    but its data repeat only if its random ops draw the same numbers in a new
-    process.
+    Writes a checkpoint of a fresh iterator of `probe` (default: a new
+    `probe_pipeline(task)`) with tf.data's external-state policy FAIL (eager;
+    the buffers are empty, so this is cheap). Such a pipeline's position is
+    saved or skipped to like any other's, but its data repeat only if its
+    random ops draw the same numbers in a new process.
     """
     options = tf.data.Options()
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
-    dataset = task.build_inputs(True, tf.distribute.InputContext()).with_options(options)
-    with tempfile.TemporaryDirectory(prefix="ctl-input-probe-") as directory:
-        try:
-            tf.train.Checkpoint(iterator=iter(dataset)).write(os.path.join(directory, "probe"))
-        except tf.errors.FailedPreconditionError as error:
-            return str(error).split("}}")[-1].split("[Op:")[0].strip() or "a stateful op"
-    return None
+    probe = probe_pipeline(task) if probe is None else probe
+    error = _serialization_error(probe.with_options(options), started=False)
+    return None if error is None or "stateful" not in error else error
 
 
-def warn_if_not_replayable(task, seeded: bool) -> None:
+def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> None:
     """Says at start when a resume may not see the data an uninterrupted run would."""
-    reason = stateful_input_op(task)
+    reason = stateful_input_op(task, probe)
     if reason is None:
         return
     logging.warning(
         "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
-        "rebuilds it and skips the batches already consumed; it sees the same data as an "
-        "uninterrupted run only if those random ops draw the same numbers in a new process%s.",
+        "sees the same data as an uninterrupted run only if those random ops draw the same "
+        "numbers in a new process%s.",
         type(task).__name__, reason,
         "" if seeded else " (set ctl.FaultTolerance.seed, and seed tf.random.Generator objects)")
+
+
+TRAIN_INPUT = "train_input"  # The train iterator's name in the checkpoint.
+
+
+class InputPosition:
+    """The train input's position: in the checkpoint where TensorFlow can save it, else skipped to.
+
+    Built before the checkpoint is restored (it may replace
+    `trainer.train_dataset` by the same dataset with tf.data options set).
+    Restores of `trainer.checkpoint` happen with the position detached
+    (`detached()`); `resume(path, step)` then positions the input and attaches
+    the iterator to the checkpoint for the saves that follow.
+    """
+
+    def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None):
+        """`probe`: a train pipeline of the trainer's task (`probe_pipeline`) to try options on."""
+        self.trainer = trainer
+        self._options = None  # The tf.data options under which the iterator saves, if it does.
+        self.why_not_saved = self._choose_options(probe)
+        self.how = None  # How the last resume found the position: "checkpoint", "skip" or "start".
+
+    @property
+    def saved(self) -> bool:
+        """Whether checkpoints hold the train iterator's state (`train_input`)."""
+        return self._options is not None
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether that state is positions only (tf.data's symbolic checkpoints)."""
+        return self.saved and bool(self._options.experimental_symbolic_checkpoint)
+
+    def with_options(self, dataset):
+        return dataset.with_options(self._options) if self._options is not None else dataset
+
+    @contextlib.contextmanager
+    def detached(self):
+        """The trainer's checkpoint without `train_input`, for restoring any checkpoint."""
+        checkpoint = self.trainer.checkpoint
+        attached = hasattr(checkpoint, TRAIN_INPUT)
+        if attached:
+            delattr(checkpoint, TRAIN_INPUT)
+        try:
+            yield checkpoint
+        finally:
+            if attached:
+                setattr(checkpoint, TRAIN_INPUT, self.trainer.train_iterator)
+
+    def resume(self, path: Optional[str], step: int) -> str:
+        """Positions the train input after `step`, restored from `path` (None: a fresh start).
+
+        Reads the saved position when `path` has one for this pipeline, else
+        skips the consumed batches. Returns how: "checkpoint", "skip" or "start".
+        """
+        if path is not None and self.saved and self._read(path):
+            self.how = "checkpoint"
+        elif step > 0 and self.saved:
+            # Read and dropped from the iterator, not `skip`ped in the dataset: the
+            # pipeline keeps the structure of a fresh one, whose positions later saves hold.
+            logging.info("train input resumes at step %d: reading the batches already consumed",
+                         step)
+            _advance(self.trainer.train_iterator, tf.constant(step, tf.int64))
+            self.how = "skip"
+        elif step > 0:
+            skip_consumed_batches(self.trainer, step)
+            self.how = "skip"
+        else:
+            self.how = "start"
+        if self.saved:
+            setattr(self.trainer.checkpoint, TRAIN_INPUT, self.trainer.train_iterator)
+        return self.how
+
+    def _read(self, path: str) -> bool:
+        if not _has_position(path):
+            logging.info("%s holds no train input position: skipping the consumed batches", path)
+            return False
+        iterator = self.trainer.train_iterator
+        try:
+            tf.train.Checkpoint(**{TRAIN_INPUT: iterator}).read(path).expect_partial()
+        except (tf.errors.OpError, ValueError, AssertionError) as error:
+            logging.warning(
+                "the train input position in %s does not fit this input pipeline (%s): "
+                "skipping the consumed batches instead", path, str(error).strip().splitlines()[0][:200])
+            self.trainer.train_dataset = self.with_options(self.trainer.train_dataset)  # Anew.
+            return False
+        return True
+
+    def _choose_options(self, probe) -> Optional[str]:
+        """Sets the train dataset's options so that its iterator saves; why it cannot, or None.
+
+        Symbolic checkpoints (positions only) if the state of an iterator that
+        has produced one element can be written so, else the full state; tried
+        on `probe` (some ops refuse only once they run: `cache` symbolically,
+        `from_generator` at all).
+        """
+        dataset = self.trainer.train_dataset
+        if not isinstance(dataset, tf.data.Dataset):
+            return (f"the train dataset is a {type(dataset).__name__}, whose iterator "
+                    "TensorFlow cannot checkpoint")
+        probe = probe_pipeline(self.trainer.task) if probe is None else probe
+        reason = None
+        for symbolic in (True, False):
+            options = tf.data.Options()
+            options.experimental_symbolic_checkpoint = symbolic
+            # Stateful random ops' draws are not saved (warn_if_not_replayable says so).
+            options.experimental_external_state_policy = (
+                tf.data.experimental.ExternalStatePolicy.IGNORE)
+            reason = _serialization_error(probe.with_options(options), started=True)
+            if reason is None:
+                self._options = options
+                self.trainer.train_dataset = dataset.with_options(options)
+                return None
+        return reason
+
+
+@tf.function
+def _advance(iterator, count):
+    for _ in tf.range(count):
+        next(iterator)
+
+
+def _has_position(path: str) -> bool:
+    prefix = TRAIN_INPUT + "/"
+    return any(name.startswith(prefix) for name, _ in tf.train.list_variables(path))
+
+
+def _serialization_error(dataset, started: bool) -> Optional[str]:
+    """Why the state of an iterator of `dataset` (`started`: after one element) cannot be
+    written, or None. Writes it to a scratch dir."""
+    iterator = iter(dataset)
+    with tempfile.TemporaryDirectory(prefix="ctl-input-probe-") as directory:
+        try:
+            if started:
+                next(iterator, None)
+            tf.train.Checkpoint(iterator=iterator).write(os.path.join(directory, "probe"))
+        except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError) as error:
+            return str(error).split("}}")[-1].split("[Op:")[0].strip() or type(error).__name__
+    return None
 
 
 def skip_consumed_batches(trainer, steps: int) -> None:
     """Rebuilds `trainer.train_dataset` so that its next batch is the one of step `steps`.
 
-    Runs eagerly, before the next train loop; the iterator is made anew by
-    orbit's `StandardTrainer.train` (setting `train_dataset` drops the old one).
+    Runs eagerly, before the next train loop; the trainer makes a new
+    iterator when its `train_dataset` is replaced.
     """
     build_inputs = trainer.task.build_inputs
 

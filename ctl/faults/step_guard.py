@@ -20,11 +20,14 @@ What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job
 
 import tensorflow as tf
 
-NO_BAD_STEP = -1
+from ctl.core.trainer import NO_BAD_STEP
 
 
 class StepGuard:
-    """Per-step stop conditions of the train loop (variables live on the host)."""
+    """Per-step stop conditions of the train loop (variables live on the host).
+
+    Implements the Trainer's extension point `ctl.core.trainer.StepGuard`.
+    """
 
     def __init__(self, stop_requested: tf.Variable):
         self.stop_requested = stop_requested

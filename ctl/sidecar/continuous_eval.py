@@ -34,26 +34,19 @@ from absl import logging
 import numpy as np
 import orbit
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from ctl.comforts.hooks import Hooks, Run
 from ctl.core import config
+from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
-from ctl.core.experiment import Experiment
+from ctl.core.hooks import Hooks, Run
 from ctl.sidecar import scheduler as sidecar
 
 FINISHED_FILE = "ctl_run_finished.json"
 PROGRESS_FILE = "sidecar_progress.json"
 METRICS_FILE = "metrics.jsonl"
-EVAL_DIR = "eval"  # As ctl.core.train_lib.EVAL_SUMMARY_DIR.
+EVAL_DIR = "eval"  # As ctl.train_lib.EVAL_SUMMARY_DIR.
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
-_STEP_KEYS = (
-    "global_step/.ATTRIBUTES/VARIABLE_VALUE",
-    "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",  # tf_keras optimizers.
-    "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE",
-    "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",  # Keras 3 optimizers.
-)
 
 
 # The trainer's side: "this run is finished".
@@ -149,7 +142,7 @@ def wait_for_config(model_dir: str, poll_interval: float = 0.5) -> str:
 class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
 
-    def __init__(self, experiment: Experiment, strategy: tf.distribute.Strategy,
+    def __init__(self, experiment, strategy: tf.distribute.Strategy,
                  eval_dir: str, callbacks=()):
         task = experiment.task
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
@@ -184,16 +177,16 @@ class CheckpointEvaluator:
     def _restore(self, number: int, path: str) -> int:
         try:
             reader = tf.train.load_checkpoint(path)
-            keys = set(reader.get_variable_to_shape_map())
-            step_key = next((k for k in _STEP_KEYS if k in keys), None)
-            step = int(reader.get_tensor(step_key)) if step_key else number
-            children = _root_children(reader)
-        except (tf.errors.OpError, IndexError) as error:
+            graph = SavedGraph(reader)
+            step = saved_step(reader, graph, self.trainer.optimizer)
+        except (tf.errors.OpError, IndexError, ValueError) as error:
             raise UnreadableCheckpointError(
                 f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
-        if "model" in children:  # ctl, tf.train.CheckpointManager
+        if step is None:
+            step = number
+        if MODEL in graph.root_children():  # ctl, tf.train.CheckpointManager
             checkpoint = tf.train.Checkpoint(**self.trainer.eval_restore_objects())
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
@@ -230,18 +223,21 @@ class CheckpointEvaluator:
 def evaluate_continuously(
     model_dir: str,
     strategy: Optional[tf.distribute.Strategy] = None,
-    experiment: Optional[Experiment] = None,
+    *,
+    experiment,
     settings: Optional[sidecar.ContinuousEval] = None,
     clock=time.monotonic,
 ) -> Dict[str, Any]:
     """Evaluates the checkpoints of `model_dir` until the trainer's last one.
+
+    `experiment` is the run's `ctl.Experiment` (its task, trainer class,
+    schedule and hooks).
 
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
     could not be read.
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
-    experiment = experiment or config.call_configured(Experiment)
     strategy = strategy or tf.distribute.get_strategy()
     eval_dir = os.path.join(model_dir, EVAL_DIR)
     progress = load_progress(eval_dir)
@@ -311,7 +307,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(eval_dir, progress)
 
 
-def _eval_side_hooks(experiment: Experiment, evaluator: CheckpointEvaluator, model_dir: str):
+def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator, model_dir: str):
     """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
@@ -424,13 +420,6 @@ class _ReadOnly:
 
     def restore(self, path: str):
         return self._checkpoint.read(path)
-
-
-def _root_children(reader) -> set:
-    """Names of the checkpoint's top-level objects (`model`, `optimizer`, ...)."""
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {child.local_name for child in graph.nodes[0].children}
 
 
 def _to_python(value):

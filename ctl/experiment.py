@@ -4,7 +4,7 @@
     ctl.Schedule.train_steps = 2000
     ctl.Schedule.eval_interval = 500
 
-Everything here is plain data; `ctl.core.train_lib` acts on it.
+Everything here is plain data; `ctl.train_lib` acts on it.
 """
 
 import dataclasses

@@ -28,10 +28,11 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
-from ctl.core import checkpointing, config, train_lib
+from ctl.core import checkpointing, config
 from ctl.core.errors import UserError
-from ctl.core.experiment import Experiment, Schedule
+from ctl.experiment import Experiment, Schedule
 
 MODE = "smoke"
 SMOKE_STEPS = 2

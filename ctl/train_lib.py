@@ -1,4 +1,13 @@
-"""The modes of a run: train, eval, train_and_eval on orbit's Controller, and continuous_eval.
+"""The composition root: the modes of a run, wired from every subsystem.
+
+train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
+sidecar. This is the one module that names them all: the core's Trainer,
+Controller and checkpoint manager, the fault handler, lock and signal watcher
+(`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
+into an extension point that core defines: hooks and train/eval actions
+(`ctl.core.hooks`), the Trainer's `step_guard`, the checkpoint's contents
+(`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly.
@@ -15,15 +24,15 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.comforts.hooks import Hooks, Run
 from ctl.comforts.progress import MetricsLog, ProgressLogger
-from ctl.core import async_checkpoint, config
+from ctl.core import config
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
-from ctl.core.experiment import Experiment
+from ctl.core.hooks import Hooks, Run
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import Trainer
+from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
@@ -52,7 +61,8 @@ def run_experiment(
     require_choice("mode", mode, MODES)
     strategy = strategy or tf.distribute.get_strategy()
     if mode == "continuous_eval":
-        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment)
+        experiment = experiment or config.call_configured(Experiment)
+        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment=experiment)
     if mode == "train_and_eval" and cluster.has_evaluator():
         logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
         mode = "train"
@@ -134,12 +144,10 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
     faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
-    train_actions = [faults] if train else []
+    train_actions = []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")
-    if schedule.async_checkpointing:
-        async_checkpoint.enable()
     controller = Controller(
         strategy=strategy,
         trainer=trainer if train else None,
@@ -149,9 +157,6 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         checkpoint_manager=manager,
         enable_async_checkpointing=schedule.async_checkpointing,
         summary_interval=schedule.summary_interval,
-        # orbit uses the dirs only to decide whether train and eval share a manager.
-        summary_dir=summary_dir if chief else None,
-        eval_summary_dir=eval_summary_dir if chief else None,
         summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
         eval_summary_manager=SummaryManager(
             eval_summary_dir if chief else None, trainer.global_step
@@ -159,9 +164,11 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         train_actions=train_actions,
         eval_actions=hooks.actions("on_eval_end"),
         stop=hooks.run.stop,
+        after_train_loop=[faults] if faults else [],
         on_checkpoint_end=hooks.actions("on_checkpoint_end"),
         on_checkpoint_load=hooks.actions("on_checkpoint_load"),
     )
+    hooks.run.step_fn = lambda: controller.step  # The controller owns the current step.
     return Built(trainer, controller, faults, hooks)
 
 
@@ -210,7 +217,7 @@ def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
     """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
     run = Run(model_dir=model_dir, model=trainer.model, eval_model=trainer.eval_model,
               checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
-              task=experiment.task, strategy=strategy, chief=chief, loop_end=trainer.loop_end)
+              task=experiment.task, strategy=strategy, chief=chief)
     builtin = [ProgressLogger(experiment.schedule.train_steps)]
     if chief:
         builtin.append(MetricsLog())

@@ -1,0 +1,153 @@
+"""What a ctl checkpoint holds.
+
+A ctl checkpoint is one `tf.train.Checkpoint` with these objects at its root,
+under these names, so that Keras' SidecarEvaluator and Model Garden tools read
+it too:
+
+    global_step   the train step (int64 variable)
+    model         the Keras model
+    optimizer     its optimizer (slots, iterations)
+    rng           the model's Keras 3 RNG states (seed generators), if it has any
+    ema           the moving average of the weights (`ctl.core.ema`: `ema/model`,
+                  `ema/updates`), with `ctl.Trainer.ema_decay`
+
+Keras 3 keeps a `SeedGenerator`'s state (Dropout, noise layers) in a variable
+that is part of the model's `variables` but not of its `weights`, and that
+`tf.train.Checkpoint(model=...)` does not save; ctl adds those variables as
+`rng`, so that a resumed run draws the numbers an uninterrupted one would.
+tf_keras models have none (their `variables` are their `weights`).
+
+Reading what a checkpoint holds goes through its object graph (`SavedGraph`),
+the graph `tf.train.Checkpoint` restores through: object paths such as
+`model/layer_with_weights-0/kernel` lead to checkpoint keys. `variable_paths`
+gives the same paths for a live object, so the two can be matched without
+assuming how Keras names its attributes.
+"""
+
+import collections
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from ctl import compat
+
+
+GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA = "global_step", "model", "optimizer", "rng", "ema"
+
+
+def rng_state_variables(model) -> List:
+    """The model's variables that are not its weights: Keras 3 RNG states, in a stable order."""
+    weights = {id(weight) for weight in getattr(model, "weights", [])}
+    return [v for v in getattr(model, "variables", []) if id(v) not in weights]
+
+
+def build_checkpoint(global_step: tf.Variable, model, optimizer,
+                     ema=None) -> tf.train.Checkpoint:
+    """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`.
+
+    A checkpoint written without `rng` (an older ctl) does not restore into a
+    model that has RNG states.
+    """
+    objects = {GLOBAL_STEP: global_step, MODEL: model, OPTIMIZER: optimizer}
+    states = rng_state_variables(model)
+    if states:
+        objects[RNG] = states
+    if ema is not None:
+        objects[EMA] = ema
+    return tf.train.Checkpoint(**objects)
+
+
+def variable_paths(obj) -> Dict[str, object]:
+    """Maps object path (e.g. `layer_with_weights-0/kernel`) -> variable, under `obj`.
+
+    Walks the object graph breadth-first with `tf.train.TrackableView`, the
+    graph a checkpoint records, so each path also leads to the variable there.
+    """
+    view = tf.train.TrackableView(tf.train.Checkpoint(root=obj))
+    paths = {}
+    seen = {id(obj)}
+    queue = collections.deque([(obj, "")])
+    while queue:
+        node, path = queue.popleft()
+        for name, child in view.children(node).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{path}/{name}" if path else name
+            if _is_variable(child):
+                paths[child_path] = child
+            queue.append((child, child_path))
+    return paths
+
+
+def _is_variable(obj) -> bool:
+    return isinstance(obj, tf.Variable) or hasattr(obj, "assign") and hasattr(obj, "trainable")
+
+
+class SavedGraph:
+    """The object graph stored in a checkpoint: follows object paths to checkpoint keys.
+
+    `reader` is `tf.train.load_checkpoint(path)`; a name-based (TF1)
+    checkpoint, which has no object graph, raises `ValueError`.
+    """
+
+    def __init__(self, reader):
+        self.proto = compat.checkpoint_object_graph(reader)
+
+    def root_children(self) -> List[str]:
+        """Names of the checkpoint's top-level objects (`global_step`, `model`, ...)."""
+        return [child.local_name for child in self.proto.nodes[0].children]
+
+    def node(self, path: str, start: int = 0) -> Optional[int]:
+        """The node at `path` (names joined by "/") below node `start`, or None."""
+        node = start
+        for name in path.split("/"):
+            children = {c.local_name: c.node_id for c in self.proto.nodes[node].children}
+            if name not in children:
+                return None
+            node = children[name]
+        return node
+
+    def key(self, node: Optional[int]) -> Optional[str]:
+        """The checkpoint key of the variable at `node`, or None."""
+        if node is None:
+            return None
+        for attribute in self.proto.nodes[node].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                return attribute.checkpoint_key
+        return None
+
+    def variables_under(self, start: int) -> Dict[str, str]:
+        """Maps path (from `start`) -> checkpoint key for every variable below `start`."""
+        found, seen = {}, {start}
+        queue = collections.deque([(start, "")])
+        while queue:
+            node, path = queue.popleft()
+            for child in self.proto.nodes[node].children:
+                if child.node_id in seen:
+                    continue
+                seen.add(child.node_id)
+                child_path = f"{path}/{child.local_name}" if path else child.local_name
+                key = self.key(child.node_id)
+                if key:
+                    found[child_path] = key
+                queue.append((child.node_id, child_path))
+        return found
+
+
+def saved_step(reader, graph: SavedGraph, optimizer) -> Optional[int]:
+    """The step a checkpoint was written at: its `global_step`, else its optimizer's iterations.
+
+    ctl's checkpoints hold `global_step`; `tf.train.Checkpoint(model=...,
+    optimizer=...)` and tf_keras' `save_weights` hold only the optimizer, whose
+    iteration count is found by the path of `optimizer.iterations` in the live
+    `optimizer` (Keras names it differently across versions). None if neither.
+    """
+    paths = [GLOBAL_STEP]
+    paths += [f"{OPTIMIZER}/{path}" for path, variable in variable_paths(optimizer).items()
+              if variable is optimizer.iterations]
+    for path in paths:
+        key = graph.key(graph.node(path))
+        if key is not None:
+            return int(reader.get_tensor(key))
+    return None

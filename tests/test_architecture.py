@@ -1,0 +1,74 @@
+"""The architecture as checked facts: one direction of dependency, and BUILD.md's layout.
+
+The import-linter contracts live in pyproject.toml (`[tool.importlinter]`):
+entry points above the composition root, above the subsystems (sidecar,
+comforts, faults, cluster: independent of each other), above core; no cycles.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from tests.cli import ROOT
+
+LINT_IMPORTS = ("import sys; from importlinter.cli import lint_imports_command; "
+                "sys.exit(lint_imports_command())")
+
+
+def lint_imports(root: str) -> subprocess.CompletedProcess:
+    """`lint-imports` on the `ctl` package under `root`, with `root`'s pyproject.toml."""
+    return subprocess.run(
+        [sys.executable, "-c", LINT_IMPORTS, "--no-cache"], cwd=root, capture_output=True,
+        text=True, timeout=300, env={**os.environ, "PYTHONPATH": root},
+    )
+
+
+def test_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_a_back_edge_into_a_subsystem_breaks_the_contracts(tmp_path):
+    """core naming a subsystem (here the fault tolerance's step guard) is refused."""
+    shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    trainer = tmp_path / "ctl" / "core" / "trainer.py"
+    trainer.write_text(trainer.read_text().replace(
+        "\nimport gin\n", "\nimport gin\nfrom ctl.faults import step_guard  # noqa\n", 1))
+    result = lint_imports(str(tmp_path))
+    assert result.returncode != 0
+    assert "ctl.core is not allowed to import ctl.faults" in result.stdout
+    assert "ctl.core.trainer -> ctl.faults.step_guard" in result.stdout
+
+
+def _layout_modules():
+    """The modules BUILD.md's layout tree names, as paths relative to ctl/."""
+    with open(os.path.join(ROOT, "BUILD.md")) as f:
+        text = f.read()
+    tree = text.split("```", 2)[1]  # The first code block is the layout tree.
+    modules, package = set(), None
+    for line in tree.splitlines():
+        match = re.match(r"^  (\s*)(\S+)", line)
+        if not match:
+            package = None if line.strip() and not line.startswith(" ") else package
+            continue
+        indent, name = len(match.group(1)), match.group(2)
+        if name.endswith("/"):
+            package = name.rstrip("/") if indent == 0 else package
+        elif name.endswith(".py"):
+            modules.add(f"{package}/{name}" if indent > 0 and package else name)
+    return modules
+
+
+def test_build_md_layout_names_every_module_of_ctl():
+    on_disk = {
+        os.path.relpath(os.path.join(dirpath, name), os.path.join(ROOT, "ctl"))
+        for dirpath, _, names in os.walk(os.path.join(ROOT, "ctl"))
+        for name in names if name.endswith(".py") and name != "__init__.py" or
+        (name == "__init__.py" and dirpath == os.path.join(ROOT, "ctl"))
+    }
+    assert _layout_modules() == on_disk
