@@ -26,12 +26,15 @@ class ProbeTask(RegressionTask):
       transient: if True each of `nan_at_steps` is poisoned only the first time it
         runs in a process (a glitch); if False every time (bad data).
       dropout: rate of a Keras 3 Dropout on the features (0 for none).
+      progress_in_step: False leaves writing the progress to the trainer
+        (`ProgressTrainer`), e.g. when XLA compiles the step.
     """
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
-                 train_examples=120, **kwargs):
+                 train_examples=120, progress_in_step=True, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
         self.progress_file = progress_file
+        self.progress_in_step = progress_in_step
         self.dropout = dropout
         self.transient = transient
         self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
@@ -59,7 +62,7 @@ class ProbeTask(RegressionTask):
     def train_step(self, inputs, model, optimizer, metrics):
         step = tf.cast(optimizer.iterations, tf.int64) + 1
         replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
-        if self.progress_file and not replica:  # One line per step, from the first replica.
+        if self.progress_file and self.progress_in_step and not replica:  # One line per step.
             tf.print(step, output_stream=f"file://{self.progress_file}")
         features, labels = inputs
         with tf.GradientTape() as tape:
@@ -87,15 +90,12 @@ def _data(count):
 
 @gin.configurable
 class ProgressTrainer(ctl.Trainer):
-    """A Trainer that writes each step number it starts to `progress_file`, from the
-    train loop rather than from the task's step (which XLA may compile: `tf.print`
-    has no XLA kernel)."""
-
-    def __init__(self, *args, progress_file=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.progress_file = progress_file
+    """A Trainer that writes each step number it starts to its task's `progress_file`,
+    from the train loop rather than from the task's step (which XLA may compile:
+    `tf.print` has no XLA kernel)."""
 
     def train_step(self, iterator):
-        if self.progress_file:
-            tf.print(self.global_step + 1, output_stream=f"file://{self.progress_file}")
+        progress = getattr(self.task, "progress_file", None)
+        if progress:
+            tf.print(self.global_step + 1, output_stream=f"file://{progress}")
         super().train_step(iterator)

@@ -27,7 +27,7 @@ def train(trainer, steps, steps_per_loop=1):
     logs = None
     for _ in range(steps // steps_per_loop):
         logs = trainer.train(tf.constant(steps_per_loop))
-    return {name: np.asarray(value) for name, value in logs.items()}
+    return {name: np.asarray(value) for name, value in logs.logs.items()}
 
 
 def weights(model):

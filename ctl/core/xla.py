@@ -6,9 +6,11 @@ step; `strategy.run` calls it. The gradient update after it
 (`ctl.core.train_step`) is not compiled: it synchronizes the replicas, which
 TensorFlow's MirroredStrategy compiles only when every device is a GPU.
 
-An op that XLA cannot compile (a `tf.numpy_function`, a string op) shows up
-when the step first runs; `explain` turns TensorFlow's error into a
-`UserError` naming the op and the fix.
+An op that XLA cannot compile (a `tf.numpy_function`, a string op, `tf.print`)
+shows up when the step first runs, as does a variable created outside the
+strategy's scope that a replica on another device reads; `explain` turns
+TensorFlow's error into a `UserError` naming the op or the variable, and the
+fix.
 """
 
 import re
@@ -21,6 +23,11 @@ from ctl.core.errors import UserError
 _UNSUPPORTED = re.compile(
     r"Detected unsupported operations when trying to compile graph .*? on (\S+?): (.*?)"
     r" \(No registered '([^']+)' OpKernel", re.S)
+
+
+_OTHER_DEVICE = re.compile(
+    r"Trying to access resource (\S+) (?:\(defined @ ([^)]*)\) )?located in device (\S+) "
+    r"from device (\S+)")
 
 
 def validate(jit_compile) -> None:
@@ -37,6 +44,15 @@ def explain(error: Exception, task_name: str) -> Optional[UserError]:
     """A `UserError` for an op XLA cannot compile in the task's step, or None if it is not that."""
     if not isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)):
         return None
+    match = _OTHER_DEVICE.search(str(error))
+    if match is not None:
+        name, defined, home, device = match.groups()
+        return UserError(
+            f"ctl.Trainer.jit_compile=True: {task_name}.train_step reads variable {name!r}"
+            f"{f' (created at {defined})' if defined else ''}, which lives on {home}, from a "
+            f"replica on {device}: an XLA-compiled step reads only its replica's variables; "
+            "create it inside the strategy's scope (e.g. in build_model) or set "
+            "ctl.Trainer.jit_compile=False.")
     match = _UNSUPPORTED.search(str(error))
     if match is None:
         return None
