@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -382,3 +383,65 @@ def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
     with pytest.raises(ctl.UserError, match=r"'accuracy' is not among the evaluation results "
                        r"\(clean/accuracy, clean/loss, noisy/accuracy, noisy/loss, steps_per"):
         metric_value(logs, "accuracy", "ctl.BestCheckpoint")
+
+
+def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
+    """Why ctl keeps its own BestMetric (BUILD.md): orbit's `NewBestMetric` and
+    `JSONPersistedValue` write their file as soon as they are built, so binding a
+    hook to a model dir that is then refused would leave a file behind, and their
+    record holds only the value, not the step and path that BestExporter,
+    BestCheckpoint and `ctl.report` need."""
+    step = tf.Variable(7, dtype=tf.int64)
+    run = ctl.Run(model_dir=str(tmp_path), model=None, checkpoint=tf.train.Checkpoint(step=step),
+                  global_step=step)
+    best_checkpoint, best_exporter = ctl.BestCheckpoint(), ctl.BestExporter()
+    for hook in (best_checkpoint, best_exporter):
+        hook.bind(run)
+    assert os.listdir(tmp_path) == []
+    best_checkpoint.on_eval_end({"loss": np.float32(0.5)})
+    record = ctl.comforts.best.read_best(str(tmp_path))
+    assert (record["value"], record["step"]) == (0.5, 7)
+    assert tf.train.load_checkpoint(record["path"]).get_tensor(
+        "step/.ATTRIBUTES/VARIABLE_VALUE") == 7
+
+
+class _BigTask(RegressionTask):
+    """A 16 MB model: its SavedModel takes long enough to write to be watched."""
+
+    def build_model(self):
+        return self.k.Sequential([self.k.Input((3,)), self.k.layers.Dense(2048),
+                                  self.k.layers.Dense(2048), self.k.layers.Dense(1)])
+
+
+def _watch(directory, seen, done):
+    """Records, for each moment `directory` exists, whether it holds a whole SavedModel."""
+    while not done.is_set():
+        if os.path.isdir(directory):
+            seen.add(os.path.exists(os.path.join(directory, "saved_model.pb")))
+
+
+def test_an_export_appears_whole_and_once_per_step(tmp_path):
+    """Why ctl keeps its own exporter (BUILD.md): orbit's `ExportSavedModel` writes
+    into the final directory (a reader or a crash can see half a SavedModel) and, on
+    a restart, exports the same step again under the next counter."""
+    final_dir = os.path.join(tmp_path, "export", "latest", "3")
+    task = _BigTask()
+    step = tf.Variable(3, dtype=tf.int64)
+    model = task.build_model()
+    run = ctl.Run(model_dir=str(tmp_path), model=model, checkpoint=None, global_step=step,
+                  task=task)
+    seen, done = set(), threading.Event()
+    watcher = threading.Thread(target=_watch, args=(final_dir, seen, done), daemon=True)
+    watcher.start()
+    try:
+        for _ in range(2):  # The second: a restart that evaluates the same step again.
+            exporter = ctl.LatestExporter()
+            exporter.bind(run)
+            exporter.on_eval_end({})
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert seen == {True}  # Whenever the directory was there, it was whole.
+    assert exported(str(tmp_path), "latest") == [3]
+    assert not glob.glob(os.path.join(tmp_path, "export", "latest", ".tmp*"))
+    np.testing.assert_allclose(served(final_dir, FEATURES), model(FEATURES).numpy(), rtol=1e-5)

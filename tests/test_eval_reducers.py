@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 from ctl.cluster import reducers
-from ctl.core import aggregation
 from ctl.core.trainer import Trainer
 from tests.cluster_tasks import ScoredTask
 from tests.conftest import mirrored
@@ -56,21 +55,20 @@ def test_auc_reducer_matches_pairwise_definition_with_ties():
     labels = rng.integers(0, 2, size=40)
     auc = reducers.AUC()
     # Three replicas, uneven batches, one replica that saw nothing.
-    states = aggregation.start([auc])
+    state = auc.start()
     for begin in range(0, 40, 7):
         batch = slice(begin, min(begin + 7, 40))
         split = (batch.start + batch.stop) // 2
-        aggregation.accumulate([auc], states, {
+        state = auc.update(state, {
             "scores": [scores[batch.start:split], scores[split:batch.stop], scores[:0]],
             "labels": [labels[batch.start:split], labels[split:batch.stop], labels[:0]],
         })
     pos, neg = scores[labels == 1], scores[labels == 0]
     expected = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
-    assert aggregation.results([auc], states)["auc"] == pytest.approx(expected, abs=1e-12)
+    assert auc.results(state, global_step=0)["auc"] == pytest.approx(expected, abs=1e-12)
 
 
 def test_auc_of_one_class_is_nan():
     auc = reducers.AUC()
-    states = aggregation.accumulate([auc], aggregation.start([auc]),
-                                 {"scores": [np.ones(3)], "labels": [np.ones(3)]})
-    assert np.isnan(aggregation.results([auc], states)["auc"])
+    state = auc.update(auc.start(), {"scores": [np.ones(3)], "labels": [np.ones(3)]})
+    assert np.isnan(auc.results(state, global_step=0)["auc"])

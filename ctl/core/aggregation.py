@@ -1,19 +1,24 @@
-"""Host aggregation of eval outputs: the `Reducer` protocol and how the Trainer drives it.
+"""Host aggregation of eval outputs: the one API the Trainer drives, and `Reducer` on it.
 
 A Keras metric keeps a fixed set of variables that replicas sum; an exact AUC,
-a median or a per-example dump needs every output of the eval set. A reducer
-gets them on the host, batch by batch and replica by replica:
+a median or a per-example dump needs every output of the eval set. The Trainer
+gathers the extra entries of the task's `validation_step` (everything but
+"loss") from every replica of every worker, splits them back per replica on
+the host, and hands each eval step to every `Aggregation` of the task:
 
-    states = [reducer.initial_state() for each replica of every worker]
-    for each eval step:                         # eager, NumPy values
-      for each replica r:
-        states[r] = reducer.accumulate(states[r], logs of replica r's batch)
-    return reducer.result(reducer.combine(states))
+    states = [aggregation.start() for each aggregation]
+    for each eval step:                    # eager, NumPy values
+      step_logs = {name: [one array per replica of every worker]}
+      states = [aggregation.update(state, step_logs) ...]
+    results = union of aggregation.results(state, global_step)
 
-`logs` holds the extra entries of the task's `validation_step` (everything but
-"loss"). The Trainer gathers them from every replica of every worker, so each
-worker computes the same result, whatever the number of replicas or workers.
-A task returns its reducers from `Task.build_reducers()`.
+so each worker computes the same results, whatever the number of replicas or
+workers. A task has two ways to say what to aggregate, both aggregations:
+
+* `Task.build_reducers()`: `Reducer`s, which see one replica's batch at a time
+  and combine per-replica states at the end (`ctl.cluster.reducers.AUC`);
+* `Task.aggregate_logs` / `reduce_aggregated_logs` (Model Garden's names),
+  which see each step's per-replica lists: `TaskAggregation`.
 """
 
 import abc
@@ -21,9 +26,33 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
+StepLogs = Mapping[str, Sequence[np.ndarray]]  # name -> one array per replica of every worker.
 
-class Reducer(abc.ABC):
-    """Accumulates per replica batch, combines across replicas, then results."""
+
+class Aggregation(abc.ABC):
+    """Folds eval steps into a state on the host, then turns it into named results."""
+
+    def start(self) -> Any:
+        """The state before the first step of an evaluation."""
+        return None
+
+    @abc.abstractmethod
+    def update(self, state: Any, step_logs: StepLogs) -> Any:
+        """Folds one eval step (every replica's batch) into `state`; returns the new state."""
+
+    @abc.abstractmethod
+    def results(self, state: Any, global_step: int) -> Dict[str, Any]:
+        """Named results of the evaluation."""
+
+
+class Reducer(Aggregation):
+    """Accumulates per replica batch, combines across replicas, then results.
+
+        states = [reducer.initial_state() for each replica of every worker]
+        for each eval step, for each replica r:
+          states[r] = reducer.accumulate(states[r], logs of replica r's batch)
+        return reducer.result(reducer.combine(states))
+    """
 
     def initial_state(self) -> Any:
         """The state of a replica that has seen no batch."""
@@ -41,28 +70,39 @@ class Reducer(abc.ABC):
     def result(self, state: Any) -> Dict[str, Any]:
         """Named results of the combined state."""
 
+    # As an Aggregation: the state is the list of per-replica states.
 
-def start(reducers: Sequence[Reducer]) -> List[List[Any]]:
-    """Per reducer, the list of per-replica states (empty until the first step)."""
-    return [[] for _ in reducers]
+    def start(self) -> List[Any]:
+        return []
 
-
-def accumulate(reducers: Sequence[Reducer], states: List[List[Any]],
-               step_logs: Mapping[str, Sequence[np.ndarray]]) -> List[List[Any]]:
-    """Folds one step's logs (name -> one array per replica) into `states`."""
-    replicas = len(next(iter(step_logs.values()))) if step_logs else 0
-    for reducer, per_replica in zip(reducers, states):
-        while len(per_replica) < replicas:
-            per_replica.append(reducer.initial_state())
+    def update(self, state: List[Any], step_logs: StepLogs) -> List[Any]:
+        replicas = len(next(iter(step_logs.values()))) if step_logs else 0
+        while len(state) < replicas:
+            state.append(self.initial_state())
         for r in range(replicas):
-            per_replica[r] = reducer.accumulate(
-                per_replica[r], {name: values[r] for name, values in step_logs.items()})
-    return states
+            state[r] = self.accumulate(state[r], {name: values[r] for name, values in step_logs.items()})
+        return state
+
+    def results(self, state: List[Any], global_step: int) -> Dict[str, Any]:
+        del global_step
+        return self.result(self.combine(state or [self.initial_state()]))
 
 
-def results(reducers: Sequence[Reducer], states: List[List[Any]]) -> Dict[str, Any]:
-    """Combines each reducer's replica states and returns all results."""
-    logs = {}
-    for reducer, per_replica in zip(reducers, states):
-        logs.update(reducer.result(reducer.combine(per_replica or [reducer.initial_state()])))
-    return logs
+class TaskAggregation(Aggregation):
+    """A task's `aggregate_logs` and `reduce_aggregated_logs`, as an aggregation."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def update(self, state: Any, step_logs: StepLogs) -> Any:
+        return self.task.aggregate_logs(state, step_logs)
+
+    def results(self, state: Any, global_step: int) -> Dict[str, Any]:
+        return self.task.reduce_aggregated_logs(state, global_step=global_step)
+
+
+def of_task(task) -> List[Aggregation]:
+    """Every aggregation of `task`: its own `aggregate_logs` (if overridden), then its reducers."""
+    own = [TaskAggregation(task)] if task.aggregates_logs() else []
+    return own + list(task.build_reducers())
+

@@ -108,7 +108,7 @@ class Task:
         """One replica's eval step; runs inside `tf.function` and `strategy.run`.
 
         Returns a dict with `"loss"`; any other entries are handed, per replica,
-        to `aggregate_logs`.
+        to the task's host aggregations (`build_reducers`, `aggregate_logs`).
         """
         features, labels = inputs
         outputs = float32_outputs(model(features, training=False))
@@ -118,10 +118,12 @@ class Task:
         return {"loss": loss}
 
     def build_reducers(self) -> List[Any]:
-        """Returns `ctl.Reducer`s (`ctl.core.aggregation`) over the extra entries of `validation_step`.
+        """Returns `ctl.Reducer`s over the extra entries of `validation_step`.
 
         Each sees every replica's batch (of every worker) and adds its results
         to the eval logs, e.g. `[ctl.cluster.reducers.AUC(scores="scores", labels="labels")]`.
+        Any `ctl.core.aggregation.Aggregation` (a whole step at a time) is
+        accepted too.
         """
         return []
 
@@ -131,8 +133,10 @@ class Task:
         `state` starts as `None`; `step_logs` maps each extra entry returned by
         `validation_step` to a list with one NumPy array per replica, of every
         worker: each worker aggregates the whole eval set.
-        Override this (and `reduce_aggregated_logs`) for results that Keras
-        metrics cannot hold, such as predictions over the whole eval set.
+        Override this (and `reduce_aggregated_logs`; Model Garden's names) for
+        results that Keras metrics cannot hold, such as predictions over the
+        whole eval set; the Trainer drives it as one more host aggregation
+        (`ctl.core.aggregation.TaskAggregation`), before the reducers.
         """
         del step_logs
         return state

@@ -42,7 +42,7 @@ One evaluation (`evaluate`), from the start of the eval set:
           strategy.run(task.validation_step, inputs)
           strategy.gather(extra logs)       # from every replica of every worker
         state = eval_reduce(state, outputs) # eager; only if the task aggregates
-                                            # (aggregate_logs or build_reducers)
+                                            # (ctl.core.aggregation)
       read eval loss and metrics
     return eval_end(state)                  # eager: {loss, metrics, task results}
 
@@ -198,8 +198,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self.eval_loss = tf.keras.metrics.Mean("loss")
         self._task_step = xla.compile_if(jit_compile, self._task_train_step)
         self._eval_checkpoint = None  # Built on first use, with ema_decay.
-        self.eval_reducers = list(task.build_reducers())
-        self._aggregates = task.aggregates_logs() or bool(self.eval_reducers)
+        self.aggregations = aggregation.of_task(task)  # Host aggregation of eval outputs.
+        self._aggregates = bool(self.aggregations)
         self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
         self.init_async()
         if evaluate and self._coordinator is not None:
@@ -480,7 +480,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         if not self._aggregates:
             return None
         # A non-None state makes the loop call eval_reduce after each step.
-        return {"task": None, "reducers": aggregation.start(self.eval_reducers)}
+        return [each.start() for each in self.aggregations]
 
     def next_eval_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
@@ -521,20 +521,15 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             if name in self._scalar_logs:
                 per_replica = [value[0] for value in per_replica]
             step_logs[name] = per_replica
-        if self.task.aggregates_logs():
-            state["task"] = self.task.aggregate_logs(state["task"], step_logs)
-        state["reducers"] = aggregation.accumulate(self.eval_reducers, state["reducers"], step_logs)
-        return state
+        return [each.update(s, step_logs) for each, s in zip(self.aggregations, state)]
 
     def eval_end(self, aggregated_logs=None) -> Logs:
-        """The eval loss and metrics, and what the task and reducers make of `aggregated_logs`."""
+        """The eval loss and metrics, and the results of the task's aggregations."""
         logs = dict(self._eval_logs)
         if aggregated_logs is not None:
-            if self.task.aggregates_logs():
-                step = int(self.global_step.numpy())
-                logs.update(
-                    self.task.reduce_aggregated_logs(aggregated_logs["task"], global_step=step))
-            logs.update(aggregation.results(self.eval_reducers, aggregated_logs["reducers"]))
+            step = int(self.global_step.numpy())
+            for each, state in zip(self.aggregations, aggregated_logs):
+                logs.update(each.results(state, step))
         return logs
 
 
