@@ -154,14 +154,31 @@ def orbit_train(task: BenchTask, steps_per_loop: int):
     return _driver(controller, steps_per_loop)
 
 
-def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None, **schedule):
-    """ctl's trainer and controller for `task`, as `ctl.run` builds them."""
+def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
+                   trainer_settings: dict = None, **schedule):
+    """ctl's trainer and controller for `task`, as `ctl.run` builds them.
+
+    `trainer_settings`: `ctl.Trainer` arguments, as gin would bind them (e.g. `jit_compile=True`).
+    """
     schedule.setdefault("checkpoint_interval", NEVER)
-    experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule))
+    experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule),
+                                trainer_cls=_trainer_with(trainer_settings or {}))
     model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
     built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
                                        watcher=_watcher() if mode != "eval" else None)
     return built.trainer, built.controller
+
+
+def _trainer_with(settings: dict):
+    """`ctl.Trainer`, or a subclass that passes it `settings`."""
+    if not settings:
+        return ctl.Trainer
+
+    class Configured(ctl.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**settings, **kwargs})
+
+    return Configured
 
 
 def _watcher():
@@ -183,8 +200,9 @@ def release_watcher() -> None:
         _WATCHER = None
 
 
-def ctl_train(task: BenchTask, steps_per_loop: int):
-    _, controller = ctl_controller(task, steps_per_loop=steps_per_loop)
+def ctl_train(task: BenchTask, steps_per_loop: int, **trainer_settings):
+    _, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
+                                   trainer_settings=trainer_settings)
     return _driver(controller, steps_per_loop)
 
 
@@ -207,13 +225,21 @@ def _driver(controller, steps_per_loop):
     return run
 
 
-def keras_fit(task: BenchTask, steps_per_loop: int):
-    model = task.build_model()
+def keras_fit(task: BenchTask, steps_per_loop: int, jit_compile: bool = False,
+              mixed_precision: str = None):
+    """Keras `fit`; `jit_compile` and `mixed_precision` as ctl.Trainer's (the policy while building)."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(mixed_precision or previous)
+    try:
+        model = task.build_model()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     model.compile(
         optimizer=task.build_optimizer(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=task.build_metrics(training=True),
         steps_per_execution=steps_per_loop,
+        jit_compile=jit_compile,
     )
     data = dataset(task.workload, training=True, seed=task.seed)
 

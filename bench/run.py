@@ -35,6 +35,8 @@ FIGURES = {
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
     "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "3"],
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
+    "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
+                         ["--rounds", "2", "--loops", "1"]),
 }
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}

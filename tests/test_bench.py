@@ -72,3 +72,13 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     assert record["figure"] == "sidecar_latency"
     assert record["median_s"] == 0.5
     assert record["target"] == "median_s <= 0.2" and record["met"] is False
+
+
+def test_train_step_settings_reach_ctl_and_keras_fit():
+    """Figure 8's variants differ in the setting they measure, and train."""
+    trainer, controller = loops.ctl_controller(
+        BenchTask("mlp"), steps_per_loop=5, trainer_settings={"mixed_precision": "mixed_bfloat16"})
+    assert trainer.model.layers[-1].compute_dtype == "bfloat16"
+    controller.train(5, checkpoint_at_completion=False)
+    assert int(trainer.optimizer.iterations.numpy()) == 5
+    loops.keras_fit(BenchTask("mlp"), steps_per_loop=5, jit_compile=True)(5)  # Compiles and runs.

@@ -11,10 +11,9 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.cli import checkpoint_values, scalars
-from tests.test_faults_processes import MIRRORED, Trainer, assert_bit_equal, chaos_run
+from tests.test_faults_processes import MIRRORED, assert_bit_equal, straight_and_chaos_runs
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +33,8 @@ SETTINGS = (
 def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path):
     target = 100
     bindings = (f"ctl.Schedule.train_steps={target}", *SETTINGS)
-    reference = str(tmp_path / "reference")
-    straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=MIRRORED)
-    try:
-        chaos_run(tmp_path, target, bindings, MIRRORED)  # Meanwhile.
-        returncode, stderr = straight.finish()
-    finally:
-        straight.kill()
-    assert returncode == 0, stderr
-    resumed = tf.train.latest_checkpoint(str(tmp_path / "chaos"))
-    assert_bit_equal(tf.train.latest_checkpoint(reference), resumed)
+    reference, resumed = straight_and_chaos_runs(tmp_path, target, bindings, MIRRORED)
+    assert_bit_equal(reference, resumed)
     # Each setting's state is in the checkpoint, and it was at work.
     values = {name: value for name, value in checkpoint_values(resumed).items()
               if value is not None}
