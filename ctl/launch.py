@@ -11,12 +11,18 @@ port with its own TF_CONFIG, as a cluster manager would on several hosts:
     --workers=N --ps=M     a chief (the coordinator), N workers and M ps tasks
                            (use --strategy=parameter_server).
     --evaluator            one evaluator task (runs --mode=continuous_eval).
+    --restarts=N           restart lost tasks, at most N times in all, as a
+                           cluster manager's restart policy would: a task that
+                           exits 75 (preempted), 69 (lost a peer) or is killed by
+                           a signal (see `Cluster.restart_group` for which
+                           tasks restart with it).
 
 Every output line is prefixed with its task ("[worker 1] ..."). The launcher
 returns when the tasks that finish on their own (chief, multi-worker workers,
 evaluator) have finished, then stops the servers (ps, and the workers of
-parameter-server training). If a task fails, or on Ctrl-C, it stops them all
-and exits with the failed task's status (130 on Ctrl-C).
+parameter-server training). If a task fails (and is not restarted), or on
+Ctrl-C, it stops them all and exits with the failed task's status (130 on
+Ctrl-C).
 """
 
 import argparse
@@ -31,6 +37,12 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 _STOP_GRACE_S = 10.0
+# How long the tasks restarted with a lost one may take to notice the loss and exit.
+_GROUP_EXIT_S = 60.0
+# The exit statuses of ctl.run that a restart resolves: preempted after a
+# checkpoint, and a multi-worker peer lost (`ctl.faults.preemption`, `ctl.cluster.peers`).
+RESTARTABLE = (75, 69)
+_KILLED = (signal.SIGKILL, signal.SIGTERM)
 
 
 def free_ports(count: int) -> List[int]:
@@ -71,28 +83,41 @@ def _name(job: str, index: int, count: int) -> str:
 
 
 class Cluster:
-    """The processes of a local cluster; `wait()` returns the exit status."""
+    """The processes of a local cluster; `wait()` returns the exit status.
+
+    With `restarts`, a task lost for a reason a restart can fix is started
+    again, as a cluster manager would (at most `restarts` times in all):
+    preempted (75), its peer lost (69) or killed by a signal. What is
+    restarted follows what TensorFlow can rejoin (see `restart_group`).
+    """
 
     def __init__(self, run_args: Sequence[str], workers: int, ps: int = 0,
-                 evaluator: bool = False, out=None, command: Sequence[str] = ()):
+                 evaluator: bool = False, out=None, command: Sequence[str] = (),
+                 restarts: int = 0):
         """Starts `command + run_args` (default `python -m ctl.run`) once per task."""
         self._out = out or sys.stdout
         self._lock = threading.Lock()
+        self._command = [*(command or (sys.executable, "-m", "ctl.run")), *run_args]
         self.spec = local_cluster(workers, ps, evaluator)
+        self._configs = tf_configs(self.spec)
+        self._parameter_servers = bool(ps)
         # Under parameter servers, workers and ps serve until stopped.
         self._servers = {"ps", "worker"} if ps else set()
+        self.restarts_left = restarts
         self.processes: Dict[str, subprocess.Popen] = {}
         self._threads = []
-        for name, tf_config in tf_configs(self.spec).items():
-            env = {**os.environ, "TF_CONFIG": tf_config, "PYTHONUNBUFFERED": "1"}
-            process = subprocess.Popen(
-                [*(command or (sys.executable, "-m", "ctl.run")), *run_args], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            )
-            self.processes[name] = process
-            thread = threading.Thread(target=self._stream, args=(name, process), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        for name in self._configs:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        env = {**os.environ, "TF_CONFIG": self._configs[name], "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(self._command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.processes[name] = process
+        self._say(f"started {name} (pid {process.pid})")
+        thread = threading.Thread(target=self._stream, args=(name, process), daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def _stream(self, name: str, process: subprocess.Popen) -> None:
         for line in process.stdout:
@@ -103,8 +128,24 @@ class Cluster:
     def _finishes(self, name: str) -> bool:
         return name.split(" ")[0] not in self._servers
 
+    def restart_group(self, name: str) -> List[str]:
+        """The tasks to restart together when `name` is lost.
+
+        Multi-worker mirrored: every worker (they train in lockstep and re-form
+        the collective group together). Parameter servers: a worker alone (the
+        coordinator reschedules its steps and it rejoins); the chief or a ps,
+        every training task (the variables live on the ps, the coordinator
+        builds them). An evaluator: itself.
+        """
+        job = name.split(" ")[0]
+        if job == "evaluator":
+            return [name]
+        if self._parameter_servers and job == "worker":
+            return [name]
+        return [n for n in self.processes if n.split(" ")[0] != "evaluator"]
+
     def wait(self, timeout: Optional[float] = None) -> int:
-        """Waits for the finishing tasks; stops everything; returns the exit status."""
+        """Waits for the finishing tasks (restarting lost ones); stops everything; returns the exit status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         status = 0
         try:
@@ -112,9 +153,13 @@ class Cluster:
                 codes = {name: p.poll() for name, p in self.processes.items()}
                 failed = [name for name, code in codes.items() if code not in (None, 0)]
                 if failed:
-                    self._say(f"{failed[0]} exited with status {codes[failed[0]]}; stopping all tasks.")
-                    status = codes[failed[0]]
-                    break
+                    name = failed[0]
+                    if not (self.restarts_left and restartable(codes[name])):
+                        self._say(f"{name} exited with status {codes[name]}; stopping all tasks.")
+                        status = codes[name]
+                        break
+                    self._restart(name, codes[name])
+                    continue
                 if all(codes[name] == 0 for name in codes if self._finishes(name)):
                     break
                 if deadline is not None and time.monotonic() > deadline:
@@ -129,9 +174,31 @@ class Cluster:
             self.stop()
         return status
 
+    def _restart(self, name: str, code: int) -> None:
+        group = self.restart_group(name)
+        self.restarts_left -= 1
+        self._say(f"{name} exited with status {code}; restarting {', '.join(group)} "
+                  f"({self.restarts_left} restart(s) left).")
+        # The others that finish by themselves (multi-worker workers, a PS chief)
+        # notice the loss and exit (75 or 69) within TensorFlow's bound; servers,
+        # and whatever still runs after that bound, are stopped.
+        others = [self.processes[n] for n in group if n != name]
+        finishing = [self.processes[n] for n in group if n != name and self._finishes(n)]
+        deadline = time.monotonic() + _GROUP_EXIT_S
+        while any(p.poll() is None for p in finishing) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self._terminate([p for p in others if p.poll() is None])
+        for other in group:
+            self._start(other)
+
     def stop(self) -> None:
         """Terminates every task still running (SIGTERM, then SIGKILL after a grace period)."""
-        running = [p for p in self.processes.values() if p.poll() is None]
+        self._terminate([p for p in self.processes.values() if p.poll() is None])
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    @staticmethod
+    def _terminate(running: List[subprocess.Popen]) -> None:
         for process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE_S
@@ -141,13 +208,20 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        for thread in self._threads:
-            thread.join(timeout=5)
 
     def _say(self, message: str) -> None:
         with self._lock:
             self._out.write(f"[launch] {message}\n")
             self._out.flush()
+
+
+def restartable(status: int) -> bool:
+    """Whether a task that exited with `status` may be restarted: preempted, lost a peer, or killed.
+
+    Killed: by SIGKILL (`kill -9`, the OOM killer) or SIGTERM (a second one
+    ends ctl.run at once), as Popen reports it (-N) or a shell does (128 + N).
+    """
+    return status in RESTARTABLE or -status in _KILLED or status - 128 in _KILLED
 
 
 def _interrupt(signum, frame):
@@ -163,6 +237,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     parser.add_argument("--ps", type=int, default=0, help="parameter-server tasks; adds a chief")
     parser.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="restart lost tasks (exit 75, 69 or killed by a signal) at most N times in all")
     parser.add_argument("--timeout_s", type=float, default=None,
                         help="stop every task after this many seconds (exit 124)")
     if "--" in argv:
@@ -171,14 +247,16 @@ def main(argv: Sequence[str]) -> int:
     else:
         ours, run_args = list(argv), []
     args = parser.parse_args(ours)
-    if args.workers < 1 or args.ps < 0:
-        parser.error(f"--workers ({args.workers}) must be >= 1 and --ps ({args.ps}) >= 0.")
+    if args.workers < 1 or args.ps < 0 or args.restarts < 0:
+        parser.error(f"--workers ({args.workers}) must be >= 1, --ps ({args.ps}) and "
+                     f"--restarts ({args.restarts}) >= 0.")
     if not run_args:
         parser.error("give the ctl.run flags after `--`, e.g. -- --mode=train --model_dir=...")
     signal.signal(signal.SIGTERM, _interrupt)  # Stopped by a supervisor: stop the tasks too.
-    cluster = Cluster(run_args, args.workers, args.ps, args.evaluator)
+    cluster = Cluster(run_args, args.workers, args.ps, args.evaluator, restarts=args.restarts)
     print(f"[launch] cluster: {json.dumps(cluster.spec)}", flush=True)
-    return cluster.wait(args.timeout_s)
+    status = cluster.wait(args.timeout_s)
+    return status if status >= 0 else 128 - status  # Killed by signal N: 128 + N, as a shell says.
 
 
 if __name__ == "__main__":

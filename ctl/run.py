@@ -9,7 +9,8 @@ The same command runs on every task of a cluster; the role comes from
 TF_CONFIG (see `ctl.cluster.tf_config`). A user mistake ends in one line on stderr and
 exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
 and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
-command again to resume.
+command again to resume. In a multi-worker cluster, a worker that loses a peer
+exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
 """
 
 import sys
@@ -17,7 +18,7 @@ import sys
 from absl import app, flags, logging
 
 from ctl import smoke, train_lib
-from ctl.cluster import distribute, tf_config as cluster
+from ctl.cluster import distribute, peers, tf_config as cluster
 from ctl.core import config
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
@@ -76,10 +77,14 @@ def main(argv):
         if plan.mode == smoke.MODE:
             smoke.run_smoke(strategy)
         else:
-            train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+            with peers.reported_as_peer_loss(plan.cluster):
+                train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
         print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
         sys.exit(EXIT_PREEMPTED)
+    except peers.PeerLost as lost:
+        print(f"ctl.run: peer lost: {lost}", file=sys.stderr)
+        sys.exit(peers.EXIT_PEER_LOST)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])

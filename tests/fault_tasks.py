@@ -7,6 +7,8 @@ with a seed and an epoch is not a multiple of the checkpoint interval, so a
 resume that restarted the input (or lost the dropout RNG) ends elsewhere.
 """
 
+import sys
+
 import gin
 import keras
 import numpy as np
@@ -26,17 +28,25 @@ class ProbeTask(RegressionTask):
       transient: if True each of `nan_at_steps` is poisoned only the first time it
         runs in a process (a glitch); if False every time (bad data).
       dropout: rate of a Keras 3 Dropout on the features (0 for none).
+      print_steps: if True each step also prints "probe step N" to the stderr of
+        the process that runs it (under parameter servers: the worker).
+      nan_replica: if set, only this replica's loss is poisoned (its id in the
+        sync group: under multi-worker, worker 1's first replica is 1 with one
+        replica per worker).
       progress_in_step: False leaves writing the progress to the trainer
         (`ProgressTrainer`), e.g. when XLA compiles the step.
     """
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
-                 train_examples=120, progress_in_step=True, **kwargs):
+                 train_examples=120, nan_replica=None, print_steps=False,
+                 progress_in_step=True, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
         self.progress_file = progress_file
         self.progress_in_step = progress_in_step
         self.dropout = dropout
         self.transient = transient
+        self.nan_replica = nan_replica
+        self.print_steps = print_steps
         self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
         # Not in any checkpoint: a restored run remembers which glitches fired.
         self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.bool), trainable=False)
@@ -64,10 +74,14 @@ class ProbeTask(RegressionTask):
         replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
         if self.progress_file and self.progress_in_step and not replica:  # One line per step.
             tf.print(step, output_stream=f"file://{self.progress_file}")
+        if self.print_steps:
+            tf.print("probe step", step, output_stream=sys.stderr)
         features, labels = inputs
         with tf.GradientTape() as tape:
             outputs = tf.cast(model(features, training=True), tf.float32)
-            loss = self.build_losses(labels, outputs) * self._poison(step)
+            loss = self.build_losses(labels, outputs)
+            if self.nan_replica is None or replica == self.nan_replica:
+                loss *= self._poison(step)
             scaled_loss = optimizer.scale_loss(loss)  # / replicas (* the loss scale)
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))

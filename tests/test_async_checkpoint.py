@@ -26,6 +26,8 @@ def _values(path):
         for name, _ in tf.train.list_variables(path)
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and "save_counter" not in name
         and not name.startswith("train_input/")  # The input position: a variant, no array.
+        # Attached after TensorFlow's async saver took the checkpoint's objects (docs/faults.md).
+        and not name.startswith("train_examples/")
     }
 
 

@@ -3,13 +3,16 @@
 import io
 import json
 import os
+import socket
 import sys
 
 import pytest
+import tensorflow as tf
 
 from ctl import launch
-from ctl.cluster import tf_config as cluster
+from ctl.cluster import peers, tf_config as cluster
 from ctl.core.errors import UserError
+from ctl.faults.preemption import EXIT_PREEMPTED
 from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
 
 
@@ -166,3 +169,74 @@ def test_has_evaluator():
     assert cluster.has_evaluator(tf_config(WORKERS, "worker", 1))
     assert not cluster.has_evaluator(tf_config(PS, "ps"))
     assert not cluster.has_evaluator({})
+
+
+def test_a_lost_peer_is_the_task_that_refuses_connections_else_the_one_the_error_names():
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))
+    alive, dead = listening.getsockname()[1], gone.getsockname()[1]
+    gone.close()
+    try:
+        spec = {"worker": ["127.0.0.1:1", f"127.0.0.1:{alive}", f"127.0.0.1:{dead}"]}
+        me = cluster.ClusterConfig(spec, "worker", 0)
+        # TensorFlow's message names the task that reported the failure, not always the lost one.
+        assert peers.lost_tasks(me, "from remote target /job:worker/replica:0/task:1") == [
+            f"worker 2 (127.0.0.1:{dead})"]
+        both_up = cluster.ClusterConfig({"worker": spec["worker"][:2]}, "worker", 0)
+        heartbeat = "The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
+        assert peers.lost_tasks(both_up, heartbeat) == [f"worker 1 (127.0.0.1:{alive})"]
+        with pytest.raises(peers.PeerLost, match=r"^lost worker 1 \(127.0.0.1:\d+\) \(TensorFlow: The following"):
+            with peers.reported_as_peer_loss(both_up):
+                raise tf.errors.UnavailableError(None, None, "Graph execution error:\n" + heartbeat)
+        # Every peer up and none named: not a lost peer, the error stays as it was.
+        with pytest.raises(tf.errors.UnavailableError):
+            with peers.reported_as_peer_loss(both_up):
+                raise tf.errors.UnavailableError(None, None, "gs://bucket unavailable")
+    finally:
+        listening.close()
+
+
+def test_launcher_restarts_what_a_cluster_manager_would():
+    assert launch.RESTARTABLE == (EXIT_PREEMPTED, peers.EXIT_PEER_LOST)
+    assert all(launch.restartable(s) for s in (75, 69, -9, -15, 137, 143))
+    assert not any(launch.restartable(s) for s in (1, 2, 124, 130))
+
+
+# Stand-in multi-worker tasks for the restart policy: the first time, worker 1 is
+# preempted (75) and worker 0 then loses its peer (69); started again, both succeed.
+_RESTARTED_TASK = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+runs = os.path.join(sys.argv[1], f"{task['type']}-{task['index']}")
+with open(runs, "a") as f:
+    f.write("run\\n")
+first = open(runs).read().count("run") == 1
+if first and task["index"] == 1:
+    sys.exit(75)
+while first and not os.path.exists(os.path.join(sys.argv[1], "worker-1")):
+    time.sleep(0.05)
+sys.exit(69 if first else 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restarts", [1, 0])
+def test_launcher_restarts_every_multi_worker_worker_together(tmp_path, restarts):
+    out = io.StringIO()
+    cluster_ = launch.Cluster([str(tmp_path)], workers=2, out=out, restarts=restarts,
+                              command=[sys.executable, "-c", _RESTARTED_TASK])
+    try:
+        status = cluster_.wait(timeout=120)
+    finally:
+        cluster_.stop()
+    text = out.getvalue()
+    if not restarts:  # No restart left: the first failure ends everything, with its status.
+        assert status in (75, 69) and "stopping all tasks" in text
+        return
+    assert status == 0, text
+    assert text.count("restarting worker 0, worker 1 (0 restart(s) left)") == 1
+    for name in ("worker-0", "worker-1"):
+        assert open(tmp_path / name).read().count("run") == 2

@@ -29,7 +29,9 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
 Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
 each step is one closure that the `ClusterCoordinator` schedules on a
 free worker, and `train_loop_end` first waits for them all (`join()`), then
-reads the metrics.
+reads the metrics. With a step guard the host schedules at most 4 steps per
+worker ahead, stops scheduling once the guard says stop, and each scheduled
+step that starts after that does nothing (`StepGuard.skip_if_stopped`).
 
 One evaluation (`evaluate`), from the start of the eval set:
 
@@ -64,6 +66,7 @@ is its own `tf.function` call. Evaluations over the whole eval set, and of
 tasks that aggregate logs on the host, always use the host loop.
 """
 
+import collections
 import functools
 import itertools
 from typing import Any, Dict, NamedTuple, Optional, Protocol
@@ -97,6 +100,12 @@ class StepGuard(Protocol):
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
+
+    def should_stop(self) -> tf.Tensor:
+        """Whether the loop must end before its next step (graph or eager)."""
+
+    def skip_if_stopped(self, step_fn):
+        """`step_fn` that does nothing once `should_stop()`: for steps scheduled ahead (parameter servers)."""
 
     def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
         """Called after each step, in cross-replica context, with the step's loss."""
@@ -322,17 +331,30 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         function may return None (as orbit's loops do): `train` then reads
         the end state itself.
         """
+        guard = self.step_guard
         if self._coordinator is not None:  # Parameter servers: one closure per step.
-            step_fn = tf.function(self.train_step)
+            # Scheduled steps run later, on whichever worker is free: each one
+            # checks the guard first and does nothing once the loop must stop.
+            step_fn = tf.function(guard.skip_if_stopped(self.train_step) if guard else self.train_step)
+
+            # With a guard, at most this many steps are scheduled ahead: a stop waits
+            # for the steps running and for these, which do nothing.
+            workers = {device.name.split("/device:")[0] for device in tf.config.list_logical_devices()
+                       if device.name.startswith("/job:worker/")}  # The coordinator sees their devices.
+            ahead = 4 * max(1, len(workers))
 
             def schedule_steps(iterator, num_steps):
                 self._reset_train_metrics()
+                scheduled = collections.deque()
                 for _ in range(int(num_steps)):
-                    self._coordinator.schedule(step_fn, args=(iterator,))
+                    if guard is not None and bool(guard.should_stop()):
+                        break  # Those already scheduled see it too.
+                    scheduled.append(self._coordinator.schedule(step_fn, args=(iterator,)))
+                    if guard is not None and len(scheduled) > ahead:
+                        scheduled.popleft().fetch()  # Waits for the oldest.
                 self._train_logs = None  # Read in train_loop_end, after join().
 
             return schedule_steps
-        guard = self.step_guard
         if self._use_tf_while_loop:
             loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(
                 self.train_step)

@@ -8,7 +8,7 @@
 `run_experiment` wires the pieces around one train run:
 
     with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
-      trainer.step_guard = StepGuard(watcher.stop_requested)        # ctl.faults.step_guard
+      trainer.step_guard = StepGuard.for_strategy(...)               # ctl.faults.step_guard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
@@ -88,7 +88,7 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard(watcher.stop_requested)
+        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         probe = resume.probe_pipeline(trainer.task)
@@ -107,7 +107,8 @@ class FaultHandler:
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         if end.bad_step is not None:
             end = self._on_bad_loss(end.bad_step, end)
-        if self.watcher.signum is not None:
+        # Cluster-wide, only the agreed request counts: every worker stops at the same step.
+        if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
             raise Preempted(self.watcher.signum, end.step, path)
         return end

@@ -14,11 +14,18 @@ After the loop, `ctl.faults.handler` saves a checkpoint and raises `Preempted`;
 failure (1) and from a user error (2). A second signal while the first is being
 handled ends the process at once with `128 + signum`, as if unhandled.
 
-Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it wraps one
-`tf.function` call per step (`handler.run(train_step)`), so a signal waits for
-a whole `tf.while_loop`, and it exists to agree on a save step across the
-workers of a `MultiWorkerMirroredStrategy`. ctl's strategies are single-worker;
-the variable read per step gives a shorter, documented bound.
+Under `MultiWorkerMirroredStrategy` the signal may reach one worker only; the
+step guard agrees on it across workers in the step's all-reduce
+(`ctl.faults.step_guard`), so every worker stops after the same step, saves
+that checkpoint together and exits 75; a worker that was not signalled says
+"stopped by a signal to another worker".
+
+Why not `tf.distribute.experimental.PreemptionCheckpointHandler`, which also
+agrees on a save step across multi-worker workers: it decides between calls of
+the function it wraps (`handler.run(train_step)`), and ctl's train loop is one
+call of a `tf.while_loop` over `steps_per_loop` steps, so a signal would wait
+for the whole loop; it also exits the process itself. The agreed flag in the
+step's all-reduce keeps the bound of one step on every strategy (BUILD.md).
 """
 
 import os
@@ -36,11 +43,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class Preempted(Exception):
     """Training stopped on a signal after saving a checkpoint at `step`."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Optional[str]):
+    def __init__(self, signum: Optional[int], step: int, checkpoint: Optional[str]):
+        """`signum` None: another worker of the cluster received the signal."""
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
-        name = signal.Signals(signum).name
+        name = signal.Signals(signum).name if signum else "a signal to another worker"
         super().__init__(
             f"stopped by {name} at step {step}; checkpoint {checkpoint or '(none written)'} "
             "holds every completed step. Run the same command again to resume."

@@ -47,6 +47,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ctl.faults import run_size
+
 
 def seed_everything(seed: int) -> None:
     """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once)."""
@@ -114,6 +116,9 @@ class InputPosition:
         self._options = None  # The tf.data options under which the iterator saves, if it does.
         self.why_not_saved = self._choose_options(probe)
         self.how = None  # How the last resume found the position: "checkpoint", "skip" or "start".
+        # Examples consumed, for a restart at another size (None under parameter servers).
+        self.size = run_size.input_size(trainer.strategy, trainer.task.build_inputs)
+        self.examples = run_size.ExamplesRecord() if self.size is not None else None
 
     @property
     def saved(self) -> bool:
@@ -132,14 +137,20 @@ class InputPosition:
     def detached(self):
         """The trainer's checkpoint without `train_input`, for restoring any checkpoint."""
         checkpoint = self.trainer.checkpoint
-        attached = hasattr(checkpoint, TRAIN_INPUT)
-        if attached:
-            delattr(checkpoint, TRAIN_INPUT)
+        attached = [name for name in (TRAIN_INPUT, run_size.TRAIN_EXAMPLES) if hasattr(checkpoint, name)]
+        for name in attached:
+            delattr(checkpoint, name)
         try:
             yield checkpoint
         finally:
             if attached:
-                setattr(checkpoint, TRAIN_INPUT, self.trainer.train_iterator)
+                self._attach()
+
+    def _attach(self) -> None:
+        if self.saved:
+            setattr(self.trainer.checkpoint, TRAIN_INPUT, self.trainer.train_iterator)
+        if self.examples is not None:
+            setattr(self.trainer.checkpoint, run_size.TRAIN_EXAMPLES, self.examples.variable)
 
     def resume(self, path: Optional[str], step: int) -> str:
         """Positions the train input after `step`, restored from `path` (None: a fresh start).
@@ -147,7 +158,13 @@ class InputPosition:
         Reads the saved position when `path` has one for this pipeline, else
         skips the consumed batches. Returns how: "checkpoint", "skip" or "start".
         """
-        if path is not None and self.saved and self._read(path):
+        segment = run_size.recorded(path) if path is not None and self.size else None
+        if segment is not None and segment.size != self.size and self.size.global_batch is not None:
+            examples = segment.examples_at(step)
+            self._skip_examples(path, step, examples, segment.size)
+            segment = run_size.Segment(examples, step, self.size)
+            self.how = "skip"
+        elif path is not None and self.saved and self._read(path):
             self.how = "checkpoint"
         elif step > 0 and self.saved:
             # Read and dropped from the iterator, not `skip`ped in the dataset: the
@@ -161,9 +178,25 @@ class InputPosition:
             self.how = "skip"
         else:
             self.how = "start"
-        if self.saved:
-            setattr(self.trainer.checkpoint, TRAIN_INPUT, self.trainer.train_iterator)
+        self._attach()
+        if self.examples is not None:  # After attaching: a deferred restore would overwrite it.
+            # No record (a fresh run, an older checkpoint): read at this size from the start.
+            self.examples.set(segment or run_size.Segment(0, 0, self.size))
         return self.how
+
+    def _skip_examples(self, path: str, step: int, examples: int, written_by: run_size.InputSize):
+        """Resumes after `examples` examples at this run's size, which is not the checkpoint's."""
+        elements, again = run_size.elements_to_skip(examples, self.size)
+        logging.warning(
+            "resuming %s at a new size: it was written by a run of %s, this one has %s. Training "
+            "goes on from step %d after the %d examples consumed%s, but is no longer bit-identical "
+            "to an uninterrupted run (other shards and batches, reductions in another order).",
+            path, written_by, self.size, step, examples,
+            f" ({again} of them are read again: not a whole batch of each input pipeline)" if again else "")
+        if self.saved:
+            _advance(self.trainer.train_iterator, tf.constant(elements, tf.int64))
+        else:
+            _skip_elements(self.trainer, lambda unused_context: elements)
 
     def _read(self, path: str) -> bool:
         if not _has_position(path):
@@ -239,17 +272,24 @@ def skip_consumed_batches(trainer, steps: int) -> None:
     Runs eagerly, before the next train loop; the trainer makes a new
     iterator when its `train_dataset` is replaced.
     """
-    build_inputs = trainer.task.build_inputs
-
     batches_per_step = trainer.batches_per_step  # ctl.Trainer.accumulation_steps
 
-    def dataset_fn(training, input_context=None):
-        dataset = build_inputs(training, input_context)
+    def elements(input_context):
         per_step = batches_per_step
         if input_context is not None:
             per_step *= input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        return dataset.skip(steps * per_step)
+        return steps * per_step
 
     if steps > 0:
         logging.info("train input resumes at step %d: skipping the batches already consumed", steps)
+    _skip_elements(trainer, elements)
+
+
+def _skip_elements(trainer, elements) -> None:
+    """Rebuilds `trainer.train_dataset` with `elements(input_context)` elements of each pipeline skipped."""
+    build_inputs = trainer.task.build_inputs
+
+    def dataset_fn(training, input_context=None):
+        return build_inputs(training, input_context).skip(elements(input_context))
+
     trainer.train_dataset = trainer.distribute_dataset(dataset_fn, training=True)
