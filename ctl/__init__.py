@@ -10,10 +10,13 @@ import os
 # loop's own log; keep warnings and errors. A value the user set wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from ctl.comforts.best import BestCheckpoint  # noqa: E402
+from ctl.adapters.keras_model import KerasModelTask  # noqa: E402
+from ctl.adapters.model_garden import ModelGardenTask
+from ctl.comforts.best import BestCheckpoint
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
 from ctl.comforts.hooks import EarlyStopping
 from ctl.comforts.keras_callbacks import KerasCallbacks
+from ctl.comforts.profile import Profile
 from ctl.comforts.warm_start import WarmStart
 from ctl.core.aggregation import Reducer
 from ctl.core.errors import UserError
@@ -29,7 +32,7 @@ from ctl.train_lib import MODES, run_experiment
 __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
-    "KerasCallbacks", "LatestExporter", "MODES", "Reducer", "Run", "Schedule",
-    "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp",
+    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "ModelGardenTask", "Profile",
+    "Reducer", "Run", "Schedule", "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp",
     "register_schedules", "run_experiment",
 ]

@@ -1,5 +1,11 @@
 """`python -m ctl.report --model_dir=DIR`: a summary table and a PNG of the curves.
 
+With several runs (`--model_dir=A --model_dir=B ...`, e.g. a sweep) it prints
+one table, a row per run: the settings that differ between them (their
+operative gin values, as in their HParams summaries) and the last value of
+each eval metric; the PNG overlays their curves, a panel per metric
+(`<common parent>/report.png`, or `--output`).
+
 Reads the scalars of `<model_dir>/train` and `<model_dir>/eval` from their
 TensorBoard event files (tensorboard's `EventAccumulator`), prints one row per
 metric (last value, best value and its step, number of points), the last
@@ -92,27 +98,33 @@ def table(model_dir: str, train: Dict[str, Curve], evals: Dict[str, Curve]) -> s
 
 
 def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
-    """One panel per metric, train and eval curves together; written with Agg."""
+    """One panel per metric, train and eval curves together."""
+    tags = sorted((set(train) | set(evals)) - set(SKIPPED_TAGS))
+    plot_panels([(tag, [(kind, curves[tag], style) for kind, curves, style in
+                        (("train", train, "-"), ("eval", evals, "o-")) if tag in curves])
+                 for tag in tags], path)
+
+
+def plot_panels(panels, path: str) -> None:
+    """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tags = sorted((set(train) | set(evals)) - set(SKIPPED_TAGS))
-    columns = min(3, max(len(tags), 1))
-    rows = max(1, -(-len(tags) // columns))
+    columns = min(3, max(len(panels), 1))
+    rows = max(1, -(-len(panels) // columns))
     figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows),
                                 squeeze=False)
-    for axis, tag in zip(axes.flat, tags):
-        for kind, curves, style in (("train", train, "-"), ("eval", evals, "o-")):
-            if tag in curves:
-                steps = [p[0] for p in curves[tag]]
-                axis.plot(steps, [p[2] for p in curves[tag]], style, label=kind, markersize=3)
-        axis.set_title(tag)
+    for axis, (title, lines) in zip(axes.flat, panels):
+        for label, points, style in lines:
+            axis.plot([p[0] for p in points], [p[2] for p in points], style, label=label,
+                      markersize=3)
+        axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
-        axis.legend()
-    for axis in list(axes.flat)[len(tags):]:
+        axis.legend(fontsize="small")
+    for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
     temp = f"{path}.tmp-{os.getpid()}.png"
@@ -133,12 +145,63 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     return table(model_dir, train, evals), output
 
 
+def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
+    """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
+    from ctl.core import config
+
+    runs = []
+    for model_dir in model_dirs:
+        curves = {kind: read_scalars(os.path.join(model_dir, kind)) for kind in ("train", "eval")}
+        if not curves["train"] and not curves["eval"]:
+            raise UserError(f"--model_dir={model_dir} holds no TensorBoard scalars in train/ or "
+                            "eval/; point it at a ctl run's directory.")
+        path = os.path.join(model_dir, config.OPERATIVE_CONFIG_FILE)
+        settings = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                settings = config.operative_values(f.read())
+        runs.append((model_dir, settings, curves))
+    names = [os.path.basename(os.path.normpath(d)) for d in model_dirs]
+    if len(set(names)) < len(names):
+        names = list(model_dirs)
+    keys = sorted({key for _, settings, _ in runs for key in settings})
+    differing = [key for key in keys if len({repr(s.get(key)) for _, s, _ in runs}) > 1]
+    metrics = sorted({tag for _, _, c in runs for tag in c["eval"]} - set(SKIPPED_TAGS))
+    header = ["run", *differing, *(f"eval/{tag}" for tag in metrics), "steps"]
+    rows = []
+    for name, (_, settings, curves) in zip(names, runs):
+        last = {tag: points[-1][2] for tag, points in curves["eval"].items() if points}
+        steps = max((p[0] for c in curves.values() for pts in c.values() for p in pts), default=0)
+        rows.append([name, *(str(settings.get(key, "-")) for key in differing),
+                     *(f"{last[tag]:.6g}" if tag in last else "-" for tag in metrics), str(steps)])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [f"ctl report: {len(runs)} runs", "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines.append("-" * len(lines[-1]))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    output = output or os.path.join(os.path.commonpath([os.path.abspath(d) for d in model_dirs]),
+                                    "report.png")
+    plot_runs([(name, curves) for name, (_, _, curves) in zip(names, runs)], output)
+    return "\n".join(lines), output
+
+
+def plot_runs(runs, path: str) -> None:
+    """One panel per eval metric and one for the train loss, every run's curve overlaid."""
+    panels = [("eval", tag) for tag in sorted({t for _, c in runs for t in c["eval"]})
+              if tag not in SKIPPED_TAGS] + [("train", "loss")]
+    plot_panels([(f"{kind}/{tag}", [(name, curves[kind].get(tag, []),
+                                     "o-" if kind == "eval" else "-") for name, curves in runs])
+                 for kind, tag in panels], path)
+
+
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     try:
-        text, path = report(FLAGS.model_dir, FLAGS.output)
+        if len(FLAGS.model_dir) > 1:
+            text, path = compare(FLAGS.model_dir, FLAGS.output)
+        else:
+            text, path = report(FLAGS.model_dir[0], FLAGS.output)
     except UserError as error:
         _fail(str(error))
     print(text)
@@ -151,7 +214,8 @@ def _fail(message: str) -> None:
 
 
 if __name__ == "__main__":
-    flags.DEFINE_string("model_dir", None, "The run's directory.")
-    flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png).")
+    flags.DEFINE_multi_string("model_dir", None, "The run's directory; repeat to compare runs.")
+    flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png; "
+                        "for several runs, report.png in their common parent).")
     flags.mark_flag_as_required("model_dir")
     app.run(main)

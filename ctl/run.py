@@ -5,6 +5,10 @@
 
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
+The console (`ctl.core.console`): ctl's lines in one format on stdout, a live
+bar on a terminal; TensorFlow's, orbit's and absl's routine INFO lines only
+when `--verbosity` asks (`--verbosity=0` shows them; absl's flag).
+
 The same command runs on every task of a cluster; the role comes from
 TF_CONFIG (see `ctl.cluster.tf_config`). A user mistake ends in one line on stderr and
 exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
@@ -19,7 +23,7 @@ from absl import app, flags, logging
 
 from ctl import smoke, train_lib
 from ctl.cluster import distribute, peers, tf_config as cluster
-from ctl.core import config
+from ctl.core import config, console
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
 from ctl.sidecar import continuous_eval
@@ -50,11 +54,24 @@ def _parse_flags(argv):
         _fail(str(error))
 
 
-def _log_to_stdout() -> None:
-    """INFO logs go to stdout, so that stderr holds only problems."""
-    logging.set_verbosity(logging.INFO)
-    handler = logging.get_absl_handler().python_handler
-    handler.stream = sys.stdout
+def _set_up_console() -> None:
+    """ctl's lines on the console; libraries' INFO lines only if `--verbosity` asks.
+
+    Library log lines go to stdout too, so that stderr holds only problems.
+    """
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    logging.get_absl_handler().python_handler.stream = sys.stdout
+    console.install(sys.stdout)
+
+
+def _say_strategy(name: str, strategy) -> None:
+    try:
+        devices = " on " + ", ".join(strategy.extended.worker_devices)
+    except RuntimeError:  # The default strategy names no devices.
+        devices = ""
+    console.info("setup", "--strategy=%s: %d replica(s)%s", name,
+                 strategy.num_replicas_in_sync, devices)
 
 
 def main(argv):
@@ -62,7 +79,7 @@ def main(argv):
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     if not FLAGS.model_dir and FLAGS.mode != smoke.MODE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
-    _log_to_stdout()
+    _set_up_console()
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         gin_files = FLAGS.gin_file
@@ -73,6 +90,7 @@ def main(argv):
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.
             return
         strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
+        _say_strategy(plan.strategy, strategy)
         config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
         if plan.mode == smoke.MODE:
             smoke.run_smoke(strategy)

@@ -19,13 +19,13 @@ import shutil
 import tempfile
 from typing import Any, Dict, NamedTuple, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.comforts.progress import MetricsLog, ProgressLogger
-from ctl.core import config
+from ctl.comforts.hparams import HParamsSummary
+from ctl.comforts.progress import MetricsLog
+from ctl.core import config, console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -64,7 +64,7 @@ def run_experiment(
         experiment = experiment or config.call_configured(Experiment)
         return continuous_eval.evaluate_continuously(model_dir, strategy, experiment=experiment)
     if mode == "train_and_eval" and cluster.has_evaluator():
-        logging.info("TF_CONFIG's cluster has an evaluator task: training without in-line eval")
+        console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
         mode = "train"
     if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
         raise UserError(
@@ -133,7 +133,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     )
     summary_dir = os.path.join(model_dir, TRAIN_SUMMARY_DIR)
     eval_summary_dir = os.path.join(model_dir, EVAL_SUMMARY_DIR)
-    hooks = _hooks(experiment, trainer, model_dir, strategy, chief)
+    hooks = _hooks(experiment, trainer, model_dir, strategy, chief, train)
     manager = CheckpointManager(
         trainer.checkpoint,
         checkpoint_dir or model_dir,
@@ -208,19 +208,17 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
         eval_interval=schedule.eval_interval,
     )
     if output is None:  # Resumed after the last step: still end with an evaluation.
-        logging.info("training already reached step %d", schedule.train_steps)
+        console.info("train", "training already reached step %d", schedule.train_steps)
         output = controller.evaluate(steps=eval_steps)
     return output
 
 
-def _hooks(experiment, trainer, model_dir, strategy, chief) -> Hooks:
-    """The experiment's hooks, after ctl's progress line and JSON metrics (chief only)."""
+def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:
+    """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
     run = Run(model_dir=model_dir, model=trainer.model, eval_model=trainer.eval_model,
               checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
               task=experiment.task, strategy=strategy, chief=chief)
-    builtin = [ProgressLogger(experiment.schedule.train_steps)]
-    if chief:
-        builtin.append(MetricsLog())
+    builtin = ([MetricsLog()] + ([HParamsSummary()] if train else [])) if chief else []
     return Hooks(builtin + list(experiment.hooks), run)
 
 

@@ -62,7 +62,8 @@ def test_mirrored_over_two_logical_cpus(tmp_path, loop):
                      f"--gin_bindings=ctl.Trainer.use_tf_while_loop={loop}",
                      "--gin_bindings=RegressionTask.flavor='tf_keras'")
     assert result.returncode == 0, result.stderr
-    assert "device:CPU:1" in result.stdout  # orbit logs the strategy's devices.
+    assert "setup | --strategy=mirrored: 2 replica(s) on " in result.stdout
+    assert "device:CPU:1" in result.stdout
     evals = scalars(os.path.join(tmp_path, "eval"))
     assert evals["examples"][20] == 10.0 and evals["loss"][20] < 10.0
 

@@ -23,12 +23,11 @@ Runs eagerly on the host, on the chief (or a sidecar evaluator).
 import os
 from typing import Any, Dict, Optional
 
-from absl import logging
 import gin
 import tensorflow as tf
 
 from ctl.comforts.hooks import improved, metric_value
-from ctl.core import config
+from ctl.core import config, console
 from ctl.core.hooks import Hook, Run
 
 BEST_DIR = "best"
@@ -54,7 +53,7 @@ class BestMetric:
         record = self._record
         if record and (record.get("metric"), record.get("higher_is_better")) != (
                 metric, higher_is_better):
-            logging.warning("%s: %s tracks %s (higher_is_better=%s), not %s (%s); starting over.",
+            console.warning("best", "%s: %s tracks %s (higher_is_better=%s), not %s (%s); starting over.",
                             owner, filename, record.get("metric"),
                             record.get("higher_is_better"), metric, higher_is_better)
             self._record = {}
@@ -101,8 +100,8 @@ class BestCheckpoint(Hook):
         path = self._write(step)
         self.best.commit(logs, step=step, path=path)
         self._remove_all_but(path)
-        logging.info("best | step: %6d | %s = %.6g, best so far: %s", step, self.metric,
-                     self.best.value, path)
+        console.info("best", "%s = %.6g, best so far: %s", self.metric, self.best.value, path,
+                     step=step)
 
     def _write(self, step: int) -> str:
         final = os.path.join(self.directory, f"ckpt-{step}")

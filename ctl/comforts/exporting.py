@@ -20,11 +20,11 @@ which binds its own model and step; see docs/comforts.md).
 import os
 from typing import Callable, Dict, List, Optional
 
-from absl import logging
 import gin
 import tensorflow as tf
 
 from ctl.comforts.best import BestMetric
+from ctl.core import console
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hook, Run
 from ctl.core.serving import default_serving_signatures
@@ -79,7 +79,7 @@ class Exporter(Hook):
             self._signatures = serving_signatures(self.run.task, model)
         written = export_saved_model(model, self._signatures, path)
         if written:
-            logging.info("export | step: %6d | %s SavedModel: %s", self.run.step, self.name, written)
+            console.info("export", "%s SavedModel: %s", self.name, written, step=self.run.step)
         for step in exported_steps(self.directory)[:-self.max_to_keep]:
             tf.io.gfile.rmtree(os.path.join(self.directory, str(step)))
         return written

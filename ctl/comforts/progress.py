@@ -1,30 +1,18 @@
-"""Everyday output: a progress line per train loop, a terminal bar, JSON lines.
-
-`ProgressLogger` logs a line with step, loss, steps/sec and the time left
-(ETA) after a train loop, at most one a second and always for the last loop,
-and draws a progress bar on stderr when stderr is a terminal. (A line per loop
-cost 0.15 ms of host time here, 1% of a 100-step loop of a small model;
-orbit's own line, which ctl's Controller prints per loop, has the loop's
-results.) `MetricsLog` appends one JSON object per train loop and one per
-evaluation to `<model_dir>/metrics.jsonl`, for scripts:
+"""Metrics for scripts: `<model_dir>/metrics.jsonl`, one JSON object per train loop and evaluation.
 
     {"kind": "train", "step": 200, "time": 1700000000.0, "loss": 0.31, "accuracy": 0.9, ...}
     {"kind": "eval", "step": 200, "time": 1700000001.5, "loss": 0.35, "accuracy": 0.88}
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
-
-Both are hooks (ctl.comforts.hooks) and run eagerly on the host; ctl adds them to
-every run (MetricsLog on the chief only).
+`MetricsLog` is a hook (ctl.comforts.hooks) that ctl adds to every run on the
+chief; it runs eagerly on the host. What a run prints is `ctl.core.console`'s.
 """
 
 import json
-import math
 import os
-import sys
 import time
-from typing import Any, Dict, Optional, TextIO
+from typing import Any, Dict, Optional
 
-from absl import logging
 import numpy as np
 import orbit
 import tensorflow as tf
@@ -32,7 +20,6 @@ import tensorflow as tf
 from ctl.comforts.hooks import flat_logs
 from ctl.core.hooks import Hook, Run
 
-BAR_WIDTH = 30
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -48,73 +35,6 @@ def scalars(logs) -> Dict[str, float]:
         if value.size == 1 and np.issubdtype(value.dtype, np.number):
             values[name] = float(value.reshape(()))
     return values
-
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
-
-
-class ProgressLogger(Hook):
-    """A log line per train loop, at most one every `every_seconds`: step, loss, steps/sec, ETA.
-
-    The last loop (the step reaches `train_steps`) always gets its line; a
-    bar is drawn on a TTY.
-    """
-
-    def __init__(self, train_steps: int, stream: Optional[TextIO] = None,
-                 clock=time.monotonic, every_seconds: float = 1.0):
-        self.train_steps = train_steps
-        self.stream = stream or sys.stderr
-        self.clock = clock
-        self.every_seconds = every_seconds
-        self._last = None  # (time, step) of the last line.
-        self._bar_open = False  # A bar is drawn and its line not yet ended.
-
-    def bind(self, run: Run) -> None:
-        super().bind(run)
-        self._last = (self.clock(), run.step)
-
-    def on_checkpoint_load(self, unused_path) -> None:
-        self._last = (self.clock(), self.run.step)  # Do not count restored steps as trained.
-
-    def line(self, step: int, loss: Optional[float], now: float) -> str:
-        last_time, last_step = self._last
-        rate = (step - last_step) / max(now - last_time, 1e-9)
-        eta = (self.train_steps - step) / rate if rate > 0 else float("inf")
-        loss_text = f"{loss:.4g}" if loss is not None else "-"
-        percent = 100.0 * step / self.train_steps if self.train_steps else 100.0
-        return (f"progress | step {step}/{self.train_steps} ({percent:.0f}%) | loss {loss_text} | "
-                f"{rate:.1f} steps/sec | ETA {format_duration(eta)}")
-
-    def on_train_loop_end(self, logs) -> None:
-        now, step = self.clock(), self.run.step
-        if now - self._last[0] < self.every_seconds and step < self.train_steps:
-            return
-        text = self.line(step, scalars(logs).get("loss"), now)
-        self._last = (now, step)
-        logging.info("%s", text)
-        if self.stream.isatty():
-            done = int(BAR_WIDTH * min(step / max(self.train_steps, 1), 1.0))
-            self.stream.write(f"\r[{'#' * done}{'.' * (BAR_WIDTH - done)}] {text}")
-            self._bar_open = step < self.train_steps
-            self.stream.write("" if self._bar_open else "\n")
-            self.stream.flush()
-
-    def on_eval_end(self, unused_logs) -> None:
-        self._end_bar()  # Evaluation logs its own lines.
-
-    def on_trial_close(self, unused_logs) -> None:
-        self._end_bar()
-
-    def _end_bar(self) -> None:
-        if self._bar_open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._bar_open = False
 
 
 class MetricsLog(Hook):

@@ -18,10 +18,10 @@ the chosen variables, a shape mismatch, or an `include` that names nothing is a
 
 from typing import Dict, Sequence
 
-from absl import logging
 import gin
 import tensorflow as tf
 
+from ctl.core import console
 from ctl.core.checkpoint_contents import SavedGraph, variable_paths
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hook
@@ -131,14 +131,14 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
     report = {"restored": [_name(chosen[p]) for p in restored],
               "not_in_checkpoint": [_name(chosen[p]) for p in missing],
               "not_restored": unused}
-    logging.info("warm start from %s: restored %d of %d chosen variables%s: %s", path_,
+    console.info("warm", "warm start from %s: restored %d of %d chosen variables%s: %s", path_,
                  len(restored), len(chosen), f" (include={list(include)})" if include else "",
                  ", ".join(report["restored"]))
     if missing:
-        logging.info("warm start: not in the checkpoint, left as initialized: %s",
+        console.info("warm", "warm start: not in the checkpoint, left as initialized: %s",
                      ", ".join(report["not_in_checkpoint"]))
     if unused:
-        logging.info("warm start: in the checkpoint but not restored: %s",
+        console.info("warm", "warm start: in the checkpoint but not restored: %s",
                      ", ".join(report["not_restored"]))
     return report
 

@@ -4,12 +4,13 @@ Flags name the files and bindings; everything the experiment does is read from
 gin. `parse` turns every gin mistake into a one-line `UserError`.
 """
 
+import ast
 import difflib
 import inspect
 import json
 import os
 import re
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 import tensorflow as tf
@@ -143,3 +144,32 @@ def save_operative_config(model_dir: str, summary_dir: str) -> None:
     with writer.as_default():
         tf.summary.text("operative_config", gin.markdown(text), step=0)
     writer.close()
+
+
+def operative_values(text: Optional[str] = None) -> Dict[str, Any]:
+    """The operative config (`gin.operative_config_str()`, or `text` of an
+    operative_config.gin) as `{"Configurable.parameter": value}`, macros by name.
+
+    Numbers, booleans and strings are Python values; references (`@fn()`),
+    macros (`%NAME`), None and containers stay their gin text, e.g.
+    `{"Schedule.train_steps": "%TRAIN_STEPS", "TRAIN_STEPS": 2000}`.
+    """
+    text = gin.operative_config_str() if text is None else text
+    bindings: List[List[str]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line[0].isspace() and bindings:  # A value continued on the next line.
+            bindings[-1][1] += " " + line.strip()
+            continue
+        name, equals, value = line.partition(" = ")
+        if equals and not line.startswith(("import ", "from ", "include ")):
+            bindings.append([name.strip(), value.strip()])
+    values = {}
+    for name, value in bindings:
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parsed = value
+        values[name] = parsed if isinstance(parsed, (bool, int, float, str)) else value
+    return values

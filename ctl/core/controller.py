@@ -5,8 +5,9 @@ ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
 `StandardEvaluator`) and subclasses nothing of orbit's `Controller`, whose
 loop it would otherwise override method by method (BUILD.md, "orbit"). It
 keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
-`save_checkpoint`, `restore_checkpoint`, train and eval actions) and its log
-lines, and adds a stop request and checkpoint hooks: `train` also checks
+`save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
+through `ctl.core.console` (one format, rate and ETA from steady-state loops),
+and it adds a stop request and checkpoint hooks: `train` also checks
 `stop.should_stop` after every train loop, and `train_and_evaluate` after every
 evaluation, so a stop request ends training at the next boundary, with a final
 checkpoint. Everything runs eagerly on the host.
@@ -17,7 +18,8 @@ reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
 of a 100-step loop of a small model. ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
 (`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
-once a second (`ctl.core.summaries`) and prints the same line. Measured with
+once a second (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
+at most every 0.1 s and for the last loop of a stretch). Measured with
 `python -m bench.run --only train_throughput`.
 
 Asynchronous checkpoints use TensorFlow's `tf.train.CheckpointOptions(
@@ -44,10 +46,10 @@ all work from that step; nothing else keeps a copy that could go stale.
 import time
 from typing import Callable, Iterable, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from ctl import compat
+from ctl.core import console
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import TrainLoopEnd
@@ -106,6 +108,8 @@ class Controller:
         self._on_checkpoint_end = tuple(on_checkpoint_end)
         self._on_checkpoint_load = tuple(on_checkpoint_load)
         self._step: Optional[int] = None
+        self._train_lines = console.TrainLines()  # Rate and ETA from steady-state loops.
+        self._final_step = None  # What train_and_evaluate trains to, for the ETA.
         tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
         if checkpoint_manager is not None:
             self.restore_checkpoint()
@@ -126,25 +130,29 @@ class Controller:
                 path = checkpoint_path
             else:
                 path = self.checkpoint_manager.restore_or_initialize()
-        if path:
-            print(f"restored model from {path}.")
         self._step = int(self.global_step.numpy())  # Restored, or initialized.
         if path:
             self._loaded(path)
+        else:
+            self._train_lines.restart()
+            console.info("ckpt", "no checkpoint in %s: initialized the model",
+                         self.checkpoint_manager.directory, step=self._step)
         return path
 
     def _loaded(self, path: str) -> None:
+        self._train_lines.restart()  # The next loop traces again.
+        console.info("ckpt", "restored model from %s", path, step=self.step)
         for action in self._on_checkpoint_load:
             action(path)
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
         self._require("trainer", "train")
         current_step = self.step
-        logging.info("train | step: %6d | training until step %d...", current_step, steps)
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
             while current_step < steps and not self.stop.should_stop:
-                current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop))
+                current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop),
+                                                   stretch_end=steps)
                 if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
                     self._save(check_interval=True)
         finally:
@@ -153,12 +161,14 @@ class Controller:
             self._save(check_interval=False)
         self._wait_for_checkpoints()
 
-    def _train_n_steps(self, num_steps: int) -> int:
+    def _train_n_steps(self, num_steps: int, stretch_end: Optional[int] = None) -> int:
         """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
 
         orbit's does the same; this one runs no eager TensorFlow op: the loop
         hands back its results and the global step (see the module docstring).
+        `stretch_end`: the step this stretch of training ends at (for the console).
         """
+        started = time.perf_counter()
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
                     lambda: self.global_step % self.summary_interval == 0):
@@ -169,8 +179,8 @@ class Controller:
             end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
         last_time, last_step = self._last_loop_end
         if end.step != last_step + num_steps and not self.stop.should_stop and end.bad_step is None:
-            logging.warning("trainer.train(%d) moved the global step from %d to %d.",
-                            num_steps, last_step, end.step)
+            console.warning("train", "trainer.train(%d) moved the global step from %d to %d.",
+                            num_steps, last_step, end.step, step=end.step)
         for handler in self.after_train_loop:
             end = handler(end)
         self._step = end.step
@@ -178,13 +188,15 @@ class Controller:
             self._loaded(end.restored)
         output = to_numpy(end.logs or {})
         now = time.perf_counter()
+        loop_seconds = now - started
         self._last_loop_end = (now, end.step)
         for action in self.train_actions:
             action(output)
         steps_per_second = max(end.step - last_step, 0) / max(now - last_time, 1e-9)
-        # orbit's line, on stdout; ctl.comforts.progress logs its own line with the ETA.
-        print(f"train | step: {end.step: 6d} | steps/sec: {steps_per_second: 6.1f} | "
-              f"output: {_format(output)}")
+        stretch_end = stretch_end or end.step
+        self._train_lines.loop_end(end.step, max(self._final_step or 0, stretch_end), output,
+                                   num_steps, loop_seconds,
+                                   last=end.step >= stretch_end or self.stop.should_stop)
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()
@@ -197,13 +209,14 @@ class Controller:
         output = None
         current_step = self.step
         eval_interval = eval_interval or (train_steps - current_step)
+        self._final_step = train_steps
         while current_step < train_steps and not self.stop.should_stop:
             target = min(train_steps, current_step + eval_interval)
             self.train(steps=target, checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
             current_step = self.step
         if self.stop.should_stop:
-            logging.info("train | step: %6d | stopped: %s", current_step, self.stop.reason)
+            console.info("train", "stopped: %s", self.stop.reason, step=current_step)
         self._save(check_interval=False)
         self._wait_for_checkpoints()
         return output
@@ -218,8 +231,6 @@ class Controller:
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self.step
-        what = f"running {steps} steps of evaluation..." if steps > 0 else "running complete evaluation..."
-        print(f" eval | step: {step: 6d} | {what}")
         start = time.perf_counter()
         with self.eval_summary_manager.summary_writer().as_default():  # For tf.summary calls.
             output = self.evaluator.evaluate(tf.constant(steps, tf.int32))
@@ -230,9 +241,9 @@ class Controller:
         rate = ""
         if steps > 0:
             output["steps_per_second"] = steps / elapsed
-            rate = f"steps/sec: {steps / elapsed: 6.1f} | "
-        print(f" eval | step: {step: 6d} | {rate}eval time: {elapsed: 6.1f} sec | "
-              f"output: {_format(output)}")
+            rate = f" ({steps / elapsed:.1f} steps/sec)"
+        console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed, rate,
+                     step=step)
         self.eval_summary_manager.write_summaries(output, step=step)
         self.eval_summary_manager.flush()
         return output
@@ -250,7 +261,7 @@ class Controller:
                                             options=self._save_options)
         saved = path is not None
         if saved:
-            print(f"saved checkpoint to {path}.")
+            console.info("ckpt", "saved %s", path, step=self.step)
         if saved and self._on_checkpoint_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
             self._wait_for_checkpoints()
@@ -277,12 +288,3 @@ def to_numpy(logs):
         return {name: to_numpy(value) for name, value in logs.items()}
     return logs.numpy() if tf.is_tensor(logs) else logs
 
-
-def _format(output) -> str:
-    """`{name: value, ...}` on one line, scalars with 5 significant digits."""
-    if not isinstance(output, dict):
-        try:
-            return f"{float(output):.5g}"
-        except (TypeError, ValueError):
-            return repr(output)
-    return "{" + ", ".join(f"{name}: {_format(value)}" for name, value in output.items()) + "}"

@@ -39,12 +39,12 @@ class MovingAverage:
         self.decay = decay
         self.model = average_model
         pairs = list(zip(average_model.variables, model.variables))
-        if len(average_model.variables) != len(model.variables) or any(
+        if average_model is model or len(average_model.variables) != len(model.variables) or any(
                 tuple(a.shape) != tuple(w.shape) for a, w in pairs):
             raise UserError(
                 "ctl.Trainer.ema_decay needs Task.build_model() to build the same model each "
-                "time it is called (the average lives in a second copy); it returned models "
-                "with different variables.")
+                "time it is called (the average lives in a second copy); it returned the "
+                "same model, or models with different variables.")
         trainable = {id(v) for v in model.trainable_variables}
         self._averaged = [(a, w) for a, w in pairs if id(w) in trainable]
         self._copied = [(a, w) for a, w in pairs if id(w) not in trainable]

@@ -27,11 +27,11 @@ Hooks are listed in gin:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
-from absl import logging
 import tensorflow as tf
 
+from ctl.core import console
 from ctl.core.errors import UserError
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
@@ -51,7 +51,7 @@ class StopRequest:
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            logging.info("stop requested: %s", reason)
+            console.info("stop", "stop requested: %s", reason)
 
 
 @dataclasses.dataclass

@@ -62,11 +62,13 @@ class Task:
     def eval_datasets(self) -> Sequence[str]:
         """Names of several eval sets; `()` (the default) for the one unnamed set.
 
-        With names, the sidecar evaluator (`--mode=continuous_eval`) calls
-        `build_inputs(training=False, input_context=..., name=NAME)` once per
-        name and writes each set's summaries to `<model_dir>/eval/NAME`.
-        In-line evaluation (`eval`, `train_and_eval`) calls `build_inputs`
-        without a name, so give `name` a default.
+        With names, every evaluation (in-line in `eval` and `train_and_eval`,
+        and on the sidecar evaluator) calls `build_inputs(training=False,
+        input_context=..., name=NAME)` once per name, evaluates each set with
+        the task's loss and metrics, and returns `{NAME: results}`: each
+        set's summaries go to `<model_dir>/eval/NAME`, and hooks name a
+        set's metric `"NAME/metric"` (e.g. `ctl.BestCheckpoint.metric =
+        'far/loss'`).
         """
         return ()
 
@@ -154,6 +156,16 @@ class Task:
         """
         del model
 
+    def features(self, inputs):
+        """The model's features in one element of a `build_inputs` dataset.
+
+        The first of the `(features, labels)` pair; a task whose elements have
+        another structure overrides it (`--mode=smoke` serves these features
+        through the exported signatures).
+        """
+        features, _ = inputs
+        return features
+
     def serving_signatures(self, model) -> Dict[str, Any]:
         """Returns `{name: tf.function with an input_signature}` for SavedModel exports.
 
@@ -167,3 +179,16 @@ class Task:
     def aggregates_logs(cls) -> bool:
         """Whether this task collects eval outputs beyond its Keras metrics."""
         return cls.aggregate_logs is not Task.aggregate_logs
+
+
+def shard_for_pipeline(dataset: tf.data.Dataset, global_batch_size: int,
+                       input_context: Optional[tf.distribute.InputContext] = None):
+    """This input pipeline's share of `dataset` and its per-replica batch size.
+
+    Returns `(dataset, batch_size)`: without an `input_context`, `dataset`
+    itself and `global_batch_size`.
+    """
+    if input_context is None:
+        return dataset, global_batch_size
+    return (dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id),
+            input_context.get_per_replica_batch_size(global_batch_size))

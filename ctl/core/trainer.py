@@ -184,8 +184,10 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
             with precision.policy(mixed_precision):
-                self.model = task.build_model()
+                # The average's copy first: a task that remembers the model it built last
+                # (KerasModelTask) then holds the one that trains.
                 average_model = task.build_model() if ema_decay is not None else None
+                self.model = task.build_model()
             if not self.model.trainable_variables:
                 raise UserError(
                     f"{type(task).__name__}.build_model() returned a model without "
@@ -193,8 +195,11 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 )
             self.optimizer = precision.wrap_optimizer(task.build_optimizer(), mixed_precision)
             # Keras 3 optimizers must own their slots before a strategy traces
-            # apply_gradients; tf_keras ones accept it as well.
-            self.optimizer.build(self.model.trainable_variables)
+            # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
+            # optimizers (Model Garden's) have no `build`: they make slots as they go.
+            build = getattr(self.optimizer, "build", None)
+            if callable(build):
+                build(self.model.trainable_variables)
             # What the task's train_step gets as its `optimizer`.
             self.gradients = GradientPipeline(self.optimizer, self.model.trainable_variables,
                                               clip_norm, accumulation_steps)
@@ -222,8 +227,22 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
             self.distribute_dataset(task.build_inputs, training=True) if train else None)
-        self.eval_dataset = (
-            self.distribute_dataset(task.build_inputs, training=False) if evaluate else None)
+        # Every eval set of the task, distributed: {None: dataset} for the one
+        # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
+        self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
+        self.eval_dataset = next(iter(self.eval_sets.values()), None)  # The one being evaluated.
+
+    def build_eval_sets(self) -> Dict[Optional[str], Any]:
+        """The task's eval datasets, distributed, by name (`None`: the one unnamed set).
+
+        With names (`Task.eval_datasets()`), `build_inputs(training=False,
+        input_context, name=NAME)` is called once per name.
+        """
+        names = tuple(self.task.eval_datasets())
+        if not names:
+            return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
+        return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
+                for name in names}
 
     @property
     def eval_model(self):
@@ -453,16 +472,36 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     # Evaluation.
 
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
-        """One evaluation of `num_steps` batches (-1: the whole eval set), from its start.
+        """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
-        A fixed number of steps runs as one `tf.function` call that also resets and reads the
-        metrics (measured in bench/, figure 2). `batch_callbacks` (Keras
-        callbacks) see `on_test_batch_begin/end` around each step of a host loop.
+        Returns the logs of the one unnamed set, or `{name: logs}` for the
+        named sets of `Task.eval_datasets()`, each evaluated in turn from its
+        start (in-line and on the sidecar alike). A fixed number of steps
+        runs as one `tf.function` call that also resets and reads the metrics
+        (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
+        see `on_test_begin`/`on_test_end` around each set and
+        `on_test_batch_begin/end` around each step of a host loop.
         """
-        if self.eval_dataset is None:
+        if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
         if self.ema is not None:
             self.ema.follow_weights_if_unstarted()
+        if list(self.eval_sets) == [None]:
+            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
+        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
+                for name, dataset in self.eval_sets.items()}
+
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
+        self.eval_dataset = dataset
+        for callback in batch_callbacks:
+            callback.on_test_begin()
+        logs = self._evaluate_dataset(num_steps, batch_callbacks)
+        for callback in batch_callbacks:
+            callback.on_test_end(_python_logs(logs))
+        return logs
+
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
@@ -553,6 +592,15 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             for each, state in zip(self.aggregations, aggregated_logs):
                 logs.update(each.results(state, step))
         return logs
+
+
+def _python_logs(logs) -> Logs:
+    """`logs` as Keras callbacks take them: Python numbers (lists for non-scalars)."""
+    values = {}
+    for name, value in logs.items():
+        array = np.asarray(value)
+        values[name] = array.item() if array.ndim == 0 else array.tolist()
+    return values
 
 
 def _with_batch_callbacks(step_fn, callbacks):

@@ -26,10 +26,9 @@ killed at any moment restarts from the latest complete checkpoint.
 import dataclasses
 from typing import Optional
 
-from absl import logging
 import gin
 
-from ctl.core import checkpointing
+from ctl.core import checkpointing, console
 from ctl.core.trainer import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import resume
@@ -128,7 +127,7 @@ class FaultHandler:
         with self.input_position.detached() as checkpoint:
             checkpointing.restore(checkpoint, path, self.manager.directory)
         step = int(self.trainer.global_step.numpy())
-        logging.warning("loss is NaN or Inf at step %d: restored %s, replaying from step %d "
+        console.warning("nan", "loss is NaN or Inf at step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)

@@ -21,8 +21,8 @@ import os
 import socket
 from typing import Optional
 
-from absl import logging
 
+from ctl.core import console
 from ctl.core.errors import UserError
 
 LOCK_FILE = "trainer.lock"
@@ -44,7 +44,7 @@ class ModelDirLock:
 
     def acquire(self) -> None:
         if "://" in self.model_dir:
-            logging.warning("cannot lock %s (not a local path): make sure one trainer runs "
+            console.warning("lock", "cannot lock %s (not a local path): make sure one trainer runs "
                             "on it at a time.", self.model_dir)
             return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -33,8 +33,9 @@ import signal
 import threading
 from typing import Optional
 
-from absl import logging
 import tensorflow as tf
+
+from ctl.core import console
 
 EXIT_PREEMPTED = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -78,7 +79,7 @@ class SignalWatcher:
 
     def __enter__(self) -> "SignalWatcher":
         if threading.current_thread() is not threading.main_thread():
-            logging.warning("not in the main thread: SIGTERM/SIGINT end training without a checkpoint.")
+            console.warning("signal", "not in the main thread: SIGTERM/SIGINT end training without a checkpoint.")
             return self
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
@@ -105,11 +106,11 @@ class SignalWatcher:
     def request_stop(self, signum: int) -> None:
         """Records `signum` and asks the train loop to stop (any thread)."""
         if self.signum is not None:
-            logging.warning("second %s: exiting now, without a checkpoint.",
+            console.warning("signal", "second %s: exiting now, without a checkpoint.",
                             signal.Signals(signum).name)
             os._exit(128 + signum)
         self.signum = signum
-        logging.warning("received %s: saving a checkpoint at the next step boundary, then "
+        console.warning("signal", "received %s: saving a checkpoint at the next step boundary, then "
                         "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
         self.stop_requested.assign(True)
 

@@ -42,11 +42,11 @@ import random
 import tempfile
 from typing import Optional
 
-from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
 
+from ctl.core import console
 from ctl.faults import run_size
 
 
@@ -89,8 +89,8 @@ def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] 
     reason = stateful_input_op(task, probe)
     if reason is None:
         return
-    logging.warning(
-        "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
+    console.warning(
+        "input", "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
         "sees the same data as an uninterrupted run only if those random ops draw the same "
         "numbers in a new process%s.",
         type(task).__name__, reason,
@@ -169,8 +169,8 @@ class InputPosition:
         elif step > 0 and self.saved:
             # Read and dropped from the iterator, not `skip`ped in the dataset: the
             # pipeline keeps the structure of a fresh one, whose positions later saves hold.
-            logging.info("train input resumes at step %d: reading the batches already consumed",
-                         step)
+            console.info("input", "train input resumes at step %d: reading the batches already "
+                         "consumed", step)
             _advance(self.trainer.train_iterator, tf.constant(step, tf.int64))
             self.how = "skip"
         elif step > 0:
@@ -187,8 +187,8 @@ class InputPosition:
     def _skip_examples(self, path: str, step: int, examples: int, written_by: run_size.InputSize):
         """Resumes after `examples` examples at this run's size, which is not the checkpoint's."""
         elements, again = run_size.elements_to_skip(examples, self.size)
-        logging.warning(
-            "resuming %s at a new size: it was written by a run of %s, this one has %s. Training "
+        console.warning(
+            "input", "resuming %s at a new size: it was written by a run of %s, this one has %s. Training "
             "goes on from step %d after the %d examples consumed%s, but is no longer bit-identical "
             "to an uninterrupted run (other shards and batches, reductions in another order).",
             path, written_by, self.size, step, examples,
@@ -200,14 +200,15 @@ class InputPosition:
 
     def _read(self, path: str) -> bool:
         if not _has_position(path):
-            logging.info("%s holds no train input position: skipping the consumed batches", path)
+            console.info("input", "%s holds no train input position: skipping the consumed "
+                         "batches", path)
             return False
         iterator = self.trainer.train_iterator
         try:
             tf.train.Checkpoint(**{TRAIN_INPUT: iterator}).read(path).expect_partial()
         except (tf.errors.OpError, ValueError, AssertionError) as error:
-            logging.warning(
-                "the train input position in %s does not fit this input pipeline (%s): "
+            console.warning(
+                "input", "the train input position in %s does not fit this input pipeline (%s): "
                 "skipping the consumed batches instead", path, str(error).strip().splitlines()[0][:200])
             self.trainer.train_dataset = self.with_options(self.trainer.train_dataset)  # Anew.
             return False
@@ -281,7 +282,8 @@ def skip_consumed_batches(trainer, steps: int) -> None:
         return steps * per_step
 
     if steps > 0:
-        logging.info("train input resumes at step %d: skipping the batches already consumed", steps)
+        console.info("input", "train input resumes at step %d: skipping the batches already "
+                     "consumed", steps)
     _skip_elements(trainer, elements)
 
 

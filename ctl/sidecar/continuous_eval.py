@@ -30,16 +30,15 @@ import re
 import time
 from typing import Any, Dict, Optional
 
-from absl import logging
 import numpy as np
-import orbit
 import tensorflow as tf
 
-from ctl.core import config
+from ctl.core import config, console
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hooks, Run
+from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
 FINISHED_FILE = "ctl_run_finished.json"
@@ -129,7 +128,7 @@ def wait_for_config(model_dir: str, poll_interval: float = 0.5) -> str:
     next_log = 0.0
     while not tf.io.gfile.exists(path):
         if time.monotonic() >= next_log:
-            logging.info("waiting for %s (the trainer writes it when it starts; or pass "
+            console.info("eval", "waiting for %s (the trainer writes it when it starts; or pass "
                          "--gin_file)", path)
             next_log = time.monotonic() + 60
         time.sleep(poll_interval)
@@ -145,16 +144,11 @@ class CheckpointEvaluator:
     def __init__(self, experiment, strategy: tf.distribute.Strategy,
                  eval_dir: str, callbacks=()):
         task = experiment.task
-        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=False)
+        # The trainer's own evaluation: every eval set, as in-line (Trainer.evaluate).
+        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True)
         self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         self.eval_steps = experiment.schedule.eval_steps or -1
         self.eval_dir = eval_dir
-        names = tuple(task.eval_datasets())
-        self.datasets = {
-            name: self.trainer.distribute_dataset(
-                task.build_inputs, training=False, **({"name": name} if name else {}))
-            for name in (names or (None,))
-        }
         self.callbacks = list(callbacks)
         for callback in self.callbacks:
             if hasattr(callback, "set_model"):
@@ -165,14 +159,8 @@ class CheckpointEvaluator:
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
         """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
         step = self._restore(number, path)
-        results = {}
-        for name, dataset in self.datasets.items():
-            output = _to_python(self._evaluate_dataset(dataset))
-            if name is None:
-                results = output
-            else:
-                results[name] = output
-        return {"step": step, "results": results}
+        results = self.trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
+        return {"step": step, "results": _to_python(results)}
 
     def _restore(self, number: int, path: str) -> int:
         try:
@@ -195,24 +183,10 @@ class CheckpointEvaluator:
         self.trainer.global_step.assign(step)
         return step
 
-    def _evaluate_dataset(self, dataset):
-        trainer = self.trainer
-        trainer.eval_dataset = dataset
-        if not self.callbacks:
-            return trainer.evaluate(self.eval_steps)
-        # Keras batch hooks need a host loop: the same steps, one per call.
-        for callback in self.callbacks:
-            callback.on_test_begin()
-        logs = trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
-        for callback in self.callbacks:
-            callback.on_test_end(_to_python(logs))
-        return logs
-
     def write_summaries(self, results: Dict[str, Any]) -> None:
         """Summaries at the restored global step; one subdirectory per named eval set."""
         if self._summaries is None:
-            self._summaries = orbit.utils.SummaryManager(
-                self.eval_dir, tf.summary.scalar, global_step=self.trainer.global_step)
+            self._summaries = SummaryManager(self.eval_dir, self.trainer.global_step)
         self._summaries.write_summaries(results)
         self._summaries.flush()
 
@@ -241,8 +215,8 @@ def evaluate_continuously(
     strategy = strategy or tf.distribute.get_strategy()
     eval_dir = os.path.join(model_dir, EVAL_DIR)
     progress = load_progress(eval_dir)
-    logging.info(
-        "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
+    console.info(
+        "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), os.path.join(eval_dir, PROGRESS_FILE))
     evaluator = CheckpointEvaluator(experiment, strategy, eval_dir, settings.callbacks)
@@ -260,14 +234,14 @@ def evaluate_continuously(
         decision = scheduler.decide(ready, final, present)
         if decision.kind == sidecar.WAIT:
             if not waiting:
-                logging.info("waiting for a new checkpoint in %s", model_dir)
+                console.info("eval", "waiting for a new checkpoint in %s", model_dir)
                 waiting = True
             time.sleep(settings.poll_interval)
             continue
         waiting = False
         if decision.kind == sidecar.EVALUATE:
             for number in decision.skipped:
-                logging.info("skipping %s: a newer checkpoint is ready (policy=latest)",
+                console.info("eval", "skipping %s: a newer checkpoint is ready (policy=latest)",
                              os.path.basename(ready[number]))
                 progress.record(number, sidecar.SKIPPED)
             outcome, output = _evaluate_one(evaluator, decision.number, ready[decision.number],
@@ -283,7 +257,7 @@ def evaluate_continuously(
                 f"({FINISHED_FILE}); check the trainer, or raise the timeout."
             )
         if decision.kind == sidecar.MAX_EVALUATIONS:
-            logging.info("stopping: %d evaluations reached ctl.ContinuousEval.max_evaluations",
+            console.info("eval", "stopping: %d evaluations reached ctl.ContinuousEval.max_evaluations",
                          progress.evaluations)
             return last
         outcome = progress.outcomes.get(final)
@@ -292,7 +266,7 @@ def evaluate_continuously(
                 f"the trainer's final checkpoint (number {final}) in --model_dir={model_dir} "
                 f"could not be evaluated ({outcome or 'missing'}); see the log above."
             )
-        logging.info("finished: the trainer's final checkpoint (number %d) is %s", final, outcome)
+        console.info("eval", "finished: the trainer's final checkpoint (number %d) is %s", final, outcome)
         return last
 
 
@@ -301,7 +275,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
     """Checkpoints seen ready, now gone before their evaluation, are recorded `deleted`."""
     for number in sorted(set(seen) - set(present)):
         if not progress.handled(number):
-            logging.warning("skipping %s: deleted before its evaluation (e.g. by "
+            console.warning("eval", "skipping %s: deleted before its evaluation (e.g. by "
                             "max_checkpoints)", os.path.basename(seen[number]))
             progress.record(number, sidecar.DELETED)
             save_progress(eval_dir, progress)
@@ -327,21 +301,21 @@ def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator, model_dir: str)
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str, eval_end_hooks=()):
     name = os.path.basename(path)
     started = time.time()
-    logging.info("evaluating %s", name)
+    console.info("eval", "evaluating %s", name)
     try:
         output = evaluator.evaluate(number, path)
     except UnreadableCheckpointError as error:
         if error.deleted or not tf.io.gfile.exists(path + ".index"):
-            logging.warning("skipping %s: deleted before it could be read (e.g. by "
+            console.warning("eval", "skipping %s: deleted before it could be read (e.g. by "
                             "max_checkpoints)", name)
             return sidecar.DELETED, None
-        logging.warning("skipping %s, recorded as failed: %s", name, error)
+        console.warning("eval", "skipping %s, recorded as failed: %s", name, error)
         return sidecar.FAILED, None
     evaluator.write_summaries(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     append_metrics(evaluator.eval_dir, record)
-    logging.info("eval | step: %6d | %s", output["step"], _format(output["results"]))
+    console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
     for action in eval_end_hooks:
         action(output["results"])
     return sidecar.EVALUATED, output
@@ -428,15 +402,3 @@ def _to_python(value):
     array = np.asarray(value)
     return array.item() if array.ndim == 0 else array.tolist()
 
-
-def _format(results: Dict[str, Any], prefix: str = "") -> str:
-    parts = []
-    for key in sorted(results):
-        value = results[key]
-        if isinstance(value, dict):
-            parts.append(_format(value, f"{prefix}{key}/"))
-        elif isinstance(value, float):
-            parts.append(f"{prefix}{key} = {value:.6g}")
-        else:
-            parts.append(f"{prefix}{key} = {value}")
-    return ", ".join(parts)

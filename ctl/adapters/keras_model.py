@@ -1,0 +1,146 @@
+"""`ctl.KerasModelTask`: a model you `compile()` and `fit()`, trained by ctl unchanged.
+
+    def my_model():                       # what you already have
+        model = keras.Sequential([...])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        return model
+
+    ctl.Experiment.task = @ctl.KerasModelTask()
+    ctl.KerasModelTask.model_fn = @my_model
+    ctl.KerasModelTask.train_data = @my_train_data    # () -> (x, y) or a tf.data.Dataset
+    ctl.KerasModelTask.eval_data = @my_eval_data      # validation_data
+    ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
+
+The model's compiled loss (`Model.compute_loss`, with its regularization
+losses), compiled metrics (`Model.compute_metrics`) and optimizer train it,
+as `fit` would; the model may be Keras 3 or tf_keras. Data: a function
+returning fit's `(x, y)` arrays, or a `tf.data.Dataset` of single `(x, y)`
+examples (not batched: ctl shards per input pipeline and batches per replica).
+The train data is shuffled (`shuffle_buffer` examples, `seed`) and repeated;
+the eval data is read once per evaluation, its remainder batch kept.
+
+Both Keras flavours divide `compute_loss` by the replicas in sync under a
+distribution strategy (their losses are made for summed gradients); the
+step applies those gradients as they are and reports the per-replica mean.
+"""
+
+from typing import Any, Callable, Optional
+
+import gin
+import tensorflow as tf
+
+from ctl.core.errors import UserError
+from ctl.core.task import Task, shard_for_pipeline
+
+
+@gin.configurable(module="ctl")
+class KerasModelTask(Task):
+    """Trains a compiled Keras model with its compiled loss, metrics and optimizer."""
+
+    def __init__(self, model_fn: Callable[[], Any] = gin.REQUIRED,
+                 train_data: Callable[[], Any] = gin.REQUIRED,
+                 eval_data: Optional[Callable[[], Any]] = None, batch_size: int = 32,
+                 shuffle_buffer: int = 10_000, seed: Optional[int] = None):
+        for name, value in (("model_fn", model_fn), ("train_data", train_data)):
+            if not callable(value):
+                raise UserError(f"ctl.KerasModelTask.{name} ({value!r}) must be a function; "
+                                f"bind it with `ctl.KerasModelTask.{name} = @my_function`.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UserError(f"ctl.KerasModelTask.batch_size ({batch_size!r}) must be a positive "
+                            "integer (fit's batch_size: the global batch).")
+        self.model_fn = model_fn
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.batch_size = batch_size
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.model = None
+
+    # The model and its optimizer, as compiled.
+
+    def build_model(self):
+        model = self.model_fn()
+        if getattr(model, "optimizer", None) is None or not hasattr(model, "compute_loss"):
+            raise UserError(
+                f"ctl.KerasModelTask.model_fn returned {type(model).__name__}, not a compiled "
+                "Keras model; call model.compile(optimizer=..., loss=..., metrics=...) in it.")
+        self.model = model
+        self._build_compiled(model)
+        return model
+
+    def _build_compiled(self, model) -> None:
+        """Calls the model, its compiled loss and metrics once on one train batch, so that
+        their variables exist (per replica) before a train step is traced."""
+        x, y = next(iter(self._dataset(self.train_data, "train_data").batch(self.batch_size)))
+
+        def call(x, y):
+            y_pred = model(x, training=False)
+            model.compute_loss(x, y, y_pred)
+            model.compute_metrics(x, y, y_pred, None)
+
+        tf.distribute.get_strategy().run(call, args=(x, y))
+
+    def build_optimizer(self):
+        return self.model.optimizer
+
+    def build_metrics(self, training: bool = True):
+        """The model's compiled metrics (shared by training and evaluation; ctl resets
+        them before each loop and each evaluation). Its own loss tracker is left out:
+        ctl keeps the loss."""
+        del training
+        return [metric for metric in self.model.metrics if metric.name != "loss"]
+
+    # The steps: Keras' own loss and metrics.
+
+    def build_losses(self, labels, outputs, aux_losses=None):
+        """The compiled loss, per replica, with the model's regularization losses."""
+        del aux_losses  # compute_loss adds model.losses itself.
+        return self.model.compute_loss(None, labels, outputs) * _replicas()
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        x, y = inputs
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x, y, y_pred)  # Divided by the replicas in sync.
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        model.compute_metrics(x, y, y_pred, None)
+        return {"loss": loss * _replicas()}
+
+    def validation_step(self, inputs, model, metrics):
+        x, y = inputs
+        y_pred = model(x, training=False)
+        loss = model.compute_loss(x, y, y_pred)
+        model.compute_metrics(x, y, y_pred, None)
+        return {"loss": loss * _replicas()}
+
+    # The data: fit's (x, y), or a dataset of examples.
+
+    def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        source, name = (self.train_data, "train_data") if training else (
+            self.eval_data, "eval_data")
+        if source is None:
+            raise UserError("ctl.KerasModelTask.eval_data is not set; bind it to a function "
+                            "returning the validation (x, y) to evaluate.")
+        dataset, batch_size = shard_for_pipeline(self._dataset(source, name), self.batch_size,
+                                                 input_context)
+        if training:
+            if self.shuffle_buffer:
+                dataset = dataset.shuffle(self.shuffle_buffer, seed=self.seed)
+            dataset = dataset.repeat()
+        return dataset.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+    def _dataset(self, source, name: str) -> tf.data.Dataset:
+        data = source()
+        if isinstance(data, tf.data.Dataset):
+            return data
+        if isinstance(data, (tuple, list)) and len(data) == 2:
+            return tf.data.Dataset.from_tensor_slices(tuple(data))
+        raise UserError(
+            f"ctl.KerasModelTask.{name} returned {type(data).__name__}; return fit's (x, y) "
+            "or a tf.data.Dataset of single (x, y) examples.")
+
+
+def _replicas() -> int:
+    return tf.distribute.get_strategy().num_replicas_in_sync

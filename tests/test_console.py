@@ -1,0 +1,144 @@
+"""The console: one format, no library INFO lines, a live bar on a terminal, plain lines in a file."""
+
+import fcntl
+import io
+import logging
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from ctl.core import console
+from tests.cli import ROOT, TEST_GIN
+
+# `kind | message` or `kind | step: N[/T] | message`: the one format.
+ONE_FORMAT = re.compile(r"^ *[a-z]+(: warning)? \| ")
+ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+MAIN_JOB = ("--mode=train_and_eval", f"--gin_file={TEST_GIN}",
+            "--gin_bindings=ctl.Schedule.train_steps=60",
+            "--gin_bindings=ctl.Schedule.eval_interval=30")
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def emit_loops(handler, steps, target, seconds_per_loop, clock):
+    """Logs a train line per loop of 10 steps, through `handler` only."""
+    logger = console.LOGGER
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        lines = console.TrainLines(clock=lambda: clock[0])
+        for step in steps:
+            clock[0] += seconds_per_loop
+            lines.loop_end(step, target, {"loss": 0.5}, 10, seconds_per_loop,
+                           last=step == steps[-1])
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def test_pace_leaves_out_the_first_loop_after_a_restart():
+    pace = console.Pace()
+    assert pace.add(100, 5.0) is None  # Tracing: no rate yet.
+    assert pace.add(100, 1.0) == 100.0
+    assert pace.add(100, 3.0) == 50.0
+    pace.restart()
+    assert pace.add(100, 9.0) is None
+
+
+def test_plain_train_lines_first_last_and_at_most_once_a_second():
+    clock = [0.0]
+    stream = io.StringIO()
+    handler = console.Console(stream, bar=False, clock=lambda: clock[0])
+    emit_loops(handler, [10, 20, 30, 40, 50, 60], 60, 0.4, clock)
+    lines = stream.getvalue().splitlines()
+    # First (10, tracing), due after a second (30: 0.8 s after 10 is not, 1.2 s is), last (60).
+    assert [int(re.search(r"step: +(\d+)/60", line).group(1)) for line in lines] == [10, 40, 60]
+    assert lines[0] == ("train | step:     10/60 | loss: 0.5 | first loop 0.40 sec, "
+                        "tracing included")
+    assert lines[2] == "train | step:     60/60 | loss: 0.5 | 25.0 steps/sec | ETA 0:00:00"
+    assert all(ONE_FORMAT.match(line) for line in lines)
+
+
+def test_terminal_gets_a_bar_and_other_lines_above_it():
+    clock = [0.0]
+    terminal = Terminal()
+    handler = console.Console(terminal, clock=lambda: clock[0])
+    assert handler.use_bar
+    emit_loops(handler, [10, 20, 30], 60, 0.5, clock)
+    record = logging.LogRecord("ctl", logging.INFO, __file__, 1, "saved %s", ("ckpt-30",), None)
+    record.ctl_kind, record.ctl_step = "ckpt", 30
+    handler.emit(record)
+    output = terminal.getvalue()
+    assert "\r" in output  # Redrawn in place.
+    assert "train | step:     30/60 |" in output and "20.0 steps/sec | ETA 0:00:02" in output
+    assert " ckpt | step:     30 | saved ckpt-30\n" in output
+    handler.close()
+
+
+def read_pty(master, process, timeout):
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # The child closed the terminal.
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.mark.slow
+def test_main_job_console_on_a_terminal_and_in_a_file(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "160"}
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40x160.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ctl.run", f"--model_dir={tmp_path / 'tty'}", *MAIN_JOB],
+        cwd=ROOT, stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    try:
+        terminal = read_pty(master, process, timeout=240)
+        assert process.wait(timeout=60) == 0, process.stderr.read().decode()[-2000:]
+    finally:
+        process.kill()
+        os.close(master)
+    lines = [part for line in terminal.replace("\r\n", "\n").split("\n")
+             for part in line.split("\r") if part.strip()]
+    assert lines, terminal
+    assert not [line for line in lines if ABSL_PREFIX.match(line)], terminal
+    assert [line for line in lines if not ONE_FORMAT.match(line)] == [], terminal
+    assert "\r" in terminal.replace("\r\n", "")  # The bar is redrawn in place...
+    bars = [line for line in lines if "steps/sec | ETA" in line and "|" in line]
+    assert any("60/60" in line for line in bars) and any(c in terminal for c in "█#")
+    assert re.search(r" eval \| step: +30 \| loss: ", terminal)
+    assert re.search(r" ckpt \| step: +60 \| saved ", terminal)
+
+    with open(tmp_path / "out.txt", "w") as out:
+        result = subprocess.run(
+            [sys.executable, "-m", "ctl.run", f"--model_dir={tmp_path / 'file'}", *MAIN_JOB],
+            cwd=ROOT, stdout=out, stderr=subprocess.PIPE, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    text = (tmp_path / "out.txt").read_text()
+    assert "\r" not in text and "█" not in text
+    lines = text.splitlines()
+    assert lines and all(ONE_FORMAT.match(line) for line in lines), text
+    train = [line for line in lines if line.startswith("train | ")]
+    assert "tracing included" in train[0] and train[-1].startswith("train | step:     60/60 |")
+    assert "steps/sec | ETA 0:00:00" in train[-1]

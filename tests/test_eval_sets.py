@@ -1,0 +1,65 @@
+"""Named eval sets (`Task.eval_datasets`) in-line: the same results, summaries and best-tracking as the sidecar."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+import ctl
+from ctl.comforts.best import read_best
+from ctl.comforts.progress import read_metrics
+from ctl.sidecar import continuous_eval
+from tests.cli import scalars
+from tests.sidecar_tasks import TwoEvalSetsTask
+
+
+def experiment(**kwargs):
+    return ctl.Experiment(
+        task=TwoEvalSetsTask(),
+        schedule=ctl.Schedule(train_steps=20, steps_per_loop=5, eval_interval=10,
+                              checkpoint_interval=10),
+        **kwargs)
+
+
+def test_named_eval_sets_in_line(tmp_path, strategy):
+    model_dir = str(tmp_path)
+    results = ctl.run_experiment("train_and_eval", model_dir, strategy, experiment(
+        hooks=[ctl.BestCheckpoint(metric="far/loss")]))
+    assert set(results) >= {"near", "far"}
+    assert results["near"]["examples"] == 6 and results["far"]["examples"] == 10
+    # Each set's summaries in its own directory, as the sidecar writes them.
+    for name in ("near", "far"):
+        assert set(scalars(os.path.join(model_dir, "eval", name))["loss"]) == {10, 20}
+    evals = read_metrics(model_dir, "eval")
+    assert [r["step"] for r in evals] == [10, 20]
+    far = {r["step"]: r["far/loss"] for r in evals}
+    assert evals[-1]["near/examples"] == 6.0
+    best = read_best(model_dir)
+    assert best["metric"] == "far/loss" and best["step"] == min(far, key=far.get)
+
+    # `--mode=eval` and the sidecar evaluate the same sets of the same checkpoints alike.
+    again = ctl.run_experiment("eval", model_dir, strategy, experiment())
+    np.testing.assert_allclose(again["far"]["loss"], results["far"]["loss"], rtol=1e-6)
+    continuous_eval.evaluate_continuously(
+        model_dir, strategy, experiment=dataclasses.replace(experiment(), hooks=()))
+    sidecar = {r["step"]: r["results"] for r in
+               continuous_eval.read_metrics(os.path.join(model_dir, "eval"))}
+    assert sorted(sidecar) == [10, 20]
+    for record in evals:
+        for name in ("near", "far"):
+            np.testing.assert_allclose(sidecar[record["step"]][name]["loss"],
+                                       record[f"{name}/loss"], rtol=1e-5)
+
+
+def test_a_hook_naming_an_unnamed_metric_lists_the_sets(tmp_path):
+    with pytest.raises(ctl.UserError, match=r"'loss' is not among the evaluation results "
+                       r"\(far/examples, far/loss, near/examples, near/loss"):
+        ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment(
+            hooks=[ctl.BestCheckpoint(metric="loss")]))
+
+
+def test_smoke_mode_compares_every_named_set():
+    from ctl import smoke
+
+    assert smoke.run_smoke(experiment=experiment()) > 0
