@@ -3,7 +3,9 @@
     python -m bench.controller_cost [--rounds 5]
 
 Figure 3 (`controller_cost`): ctl trains `train_steps` steps per round on the
-mlp workload, in loops of 100, three ways, interleaved:
+mlp workload (30,000: three checkpoints and evaluations a round, so that a
+round's time is long against its noise), in loops of 100, three ways,
+interleaved:
   alone        `Controller.train`, no checkpoint, no evaluation;
   sync / async `Controller.train_and_evaluate` with a checkpoint and an
                evaluation of `eval_steps` batches every `interval` steps,
@@ -13,7 +15,10 @@ one (`cpu_cost_without_eval`: the same in CPU time of the process, which other
 processes' load disturbs less). It includes the evaluations' own compute: `eval_share` estimates that
 share (eval steps' time over train steps' time, measured here) so that what
 remains is the controller's; `overhead_per_interval_s` is that remainder in
-seconds per checkpoint-and-evaluation.
+seconds per checkpoint-and-evaluation. `save_blocks_share` is measured
+directly, not as a difference: the median time a `save()` call blocks
+training, times the saves per round, over training alone (for async saves the
+background write's competition for the CPU is only in `cost`).
 
 Figure 4 (`checkpoint_stall`): on the `wide` workload (52 MB checkpoints) ctl
 trains `saves` loops of 20 steps per round with no checkpoint, a synchronous
@@ -55,6 +60,10 @@ def controller_cost(args):
             train_steps=int(controller.global_step.numpy()) + steps,
             eval_steps=args.eval_steps, eval_interval=interval)
 
+    blocked = {"sync": [], "async": []}  # Seconds each save() call blocked training.
+    for name, controller in (("sync", with_sync), ("async", with_async)):
+        controller.checkpoint_manager.save = _timed(controller.checkpoint_manager.save,
+                                                    blocked[name])
     # Warm up: trace the train and eval loops, write a first checkpoint.
     train_alone(interval)
     train_and_evaluate(with_sync, interval)
@@ -63,6 +72,8 @@ def controller_cost(args):
     train_time = _time(lambda: train_alone(100), 5)
     eval_share = (eval_time * train_steps / interval) / (train_time * train_steps / 100)
 
+    for calls in blocked.values():
+        calls.clear()
     cpu = {}
     times = measure.interleave({
         "alone": lambda: train_alone(train_steps),
@@ -78,6 +89,8 @@ def controller_cost(args):
             cpu_cost_without_eval=cpu_cost - eval_share,
             overhead_per_interval_s=(
                 measure.median(times["alone"]) * (cost - eval_share) * interval / train_steps),
+            save_blocks_share=(measure.median(blocked[name]) * train_steps / interval
+                               / measure.median(times["alone"])),
             train_steps=train_steps, interval=interval, eval_steps=args.eval_steps,
             rounds=args.rounds, target=f"cost_without_eval <= {COST_TARGET}",
             met=cost - eval_share <= COST_TARGET,
@@ -152,7 +165,7 @@ def _time(fn, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train_steps", type=int, default=20000)
+    parser.add_argument("--train_steps", type=int, default=30000)
     parser.add_argument("--interval", type=int, default=10000)
     parser.add_argument("--eval_steps", type=int, default=20)
     parser.add_argument("--saves", type=int, default=4)

@@ -20,7 +20,9 @@ warmed up (traced) once before it is returned.
 - keras: Keras 3 `compile(steps_per_execution=steps_per_loop)` + `fit`.
 """
 
+import functools
 import tempfile
+import threading
 
 import keras
 import orbit
@@ -155,30 +157,19 @@ def orbit_train(task: BenchTask, steps_per_loop: int):
 
 
 def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
-                   trainer_settings: dict = None, **schedule):
-    """ctl's trainer and controller for `task`, as `ctl.run` builds them.
-
-    `trainer_settings`: `ctl.Trainer` arguments, as gin would bind them (e.g. `jit_compile=True`).
-    """
+                   trainer_options=None, **schedule):
+    """ctl's trainer and controller for `task`, as `ctl.run` builds them."""
     schedule.setdefault("checkpoint_interval", NEVER)
+    trainer_cls = ctl.Trainer
+    if trainer_options:  # As gin's `ctl.Trainer.<option> = ...` would bind them.
+        trainer_cls = type("BenchTrainer", (ctl.Trainer,), {
+            "__init__": functools.partialmethod(ctl.Trainer.__init__, **trainer_options)})
     experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule),
-                                trainer_cls=_trainer_with(trainer_settings or {}))
+                                trainer_cls=trainer_cls)
     model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
     built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
                                        watcher=_watcher() if mode != "eval" else None)
     return built.trainer, built.controller
-
-
-def _trainer_with(settings: dict):
-    """`ctl.Trainer`, or a subclass that passes it `settings`."""
-    if not settings:
-        return ctl.Trainer
-
-    class Configured(ctl.Trainer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**settings, **kwargs})
-
-    return Configured
 
 
 def _watcher():
@@ -200,9 +191,13 @@ def release_watcher() -> None:
         _WATCHER = None
 
 
-def ctl_train(task: BenchTask, steps_per_loop: int, **trainer_settings):
-    _, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
-                                   trainer_settings=trainer_settings)
+def ctl_train(task: BenchTask, steps_per_loop: int, guarded: bool = True, **trainer_options):
+    """ctl's loop; `guarded=False`: without the per-step stop/NaN guard (for its cost);
+    `trainer_options`: arguments of `ctl.Trainer` (e.g. jit_compile=True)."""
+    trainer, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
+                                         trainer_options=trainer_options)
+    if not guarded:
+        trainer.step_guard = None
     return _driver(controller, steps_per_loop)
 
 
@@ -225,9 +220,17 @@ def _driver(controller, steps_per_loop):
     return run
 
 
-def keras_fit(task: BenchTask, steps_per_loop: int, jit_compile: bool = False,
-              mixed_precision: str = None):
-    """Keras `fit`; `jit_compile` and `mixed_precision` as ctl.Trainer's (the policy while building)."""
+def keras_fit(task: BenchTask, steps_per_loop: int, steps_per_call: int,
+              jit_compile: bool = False, mixed_precision: str = None):
+    """Keras 3 `compile(steps_per_execution=steps_per_loop)` + one persistent `fit` call.
+
+    The `fit` call runs on its own thread for the whole comparison, an epoch
+    of `steps_per_call` steps each time `run` is called: fit's epoch iterator,
+    callbacks and prefetch threads are set up once, as in any real use of
+    `fit`, and its per-epoch work (metric reset and read, callbacks) is timed.
+    `mixed_precision`: Keras' dtype policy while the model is built, as
+    `ctl.Trainer.mixed_precision` sets it.
+    """
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(mixed_precision or previous)
     try:
@@ -241,10 +244,40 @@ def keras_fit(task: BenchTask, steps_per_loop: int, jit_compile: bool = False,
         steps_per_execution=steps_per_loop,
         jit_compile=jit_compile,
     )
-    data = dataset(task.workload, training=True, seed=task.seed)
+    fit = _PersistentFit(model, dataset(task.workload, training=True, seed=task.seed),
+                         steps_per_call)
+    fit.run(steps_per_call)  # Warm-up: traces the train function.
+    return fit.run
 
-    def run(num_steps):
-        model.fit(data, epochs=1, steps_per_epoch=num_steps, verbose=0)
 
-    run(steps_per_loop)
-    return run
+class _PersistentFit:
+    """`model.fit` on a thread, one epoch per `run` call; the thread waits between epochs."""
+
+    TIMEOUT_S = 600
+
+    def __init__(self, model, data, steps_per_epoch: int):
+        self.model = model
+        self.steps_per_epoch = steps_per_epoch
+        self._go = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._error = None
+        pause = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: self._go.acquire(),
+            on_epoch_end=lambda epoch, logs: self._done.release())
+
+        def fit():
+            try:
+                model.fit(data, epochs=NEVER, steps_per_epoch=steps_per_epoch, verbose=0,
+                          callbacks=[pause])
+            except BaseException as error:  # noqa: BLE001 - handed to the caller of run().
+                self._error = error
+                self._done.release()
+
+        threading.Thread(target=fit, name="bench-keras-fit", daemon=True).start()
+
+    def run(self, num_steps: int) -> None:
+        if num_steps != self.steps_per_epoch:
+            raise ValueError(f"this fit runs epochs of {self.steps_per_epoch} steps, not {num_steps}")
+        self._go.release()
+        if not self._done.acquire(timeout=self.TIMEOUT_S) or self._error is not None:
+            raise RuntimeError(f"Keras fit did not finish an epoch: {self._error!r}")

@@ -8,11 +8,19 @@ figures' own logs go to `bench/results/<figure>.log`.
 
 The sidecar latency figure comes from `bench/sidecar_latency.py` when it is
 present; otherwise a JSON line says it was skipped.
+
+`--repeat N` runs each in-process figure (throughput, controller cost, stall)
+N times, each time in a fresh process, and reports per line the median of
+every number over the N processes, with `spread` ([min, max] of each) and
+`met_runs` (in how many processes the target was met; `met`: in most). The
+figures that launch processes themselves (startup, resume_cost, main_job,
+sidecar_latency) already take medians over their rounds and run once.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -23,21 +31,24 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # figure -> (command after `python`, full arguments, --quick arguments)
 FIGURES = {
     "train_throughput": (["-m", "bench.train_throughput"],
-                         ["--rounds", "30"], ["--rounds", "3"]),
+                         ["--rounds", "15"], ["--rounds", "3"]),
     "eval_throughput": (["-m", "bench.eval_throughput"],
-                        ["--rounds", "25"], ["--rounds", "3"]),
+                        ["--rounds", "15"], ["--rounds", "3"]),
     "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
-                        ["--rounds", "5"], ["--rounds", "2", "--train_steps", "2000",
-                                            "--interval", "1000"]),
+                        ["--rounds", "3", "--train_steps", "30000"],
+                        ["--rounds", "2", "--train_steps", "2000", "--interval", "1000"]),
     "checkpoint_stall": (["-m", "bench.controller_cost", "--figures", "checkpoint_stall"],
                          ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
     "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
-    "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "3"],
+    "main_job": (["-m", "bench.main_job"], ["--rounds", "3"], ["--rounds", "1"]),
+    "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "2"],
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
     "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
                          ["--rounds", "2", "--loops", "1"]),
 }
+# Figures whose every round is a new process already: run once under --repeat.
+SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job"}
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}
 TIMEOUT_S = 300
@@ -78,9 +89,49 @@ def run_figure(name, quick):
     return records
 
 
+def combine(runs):
+    """The records of repeated runs of one figure, one per line identity, as medians with spread.
+
+    A line's identity is its figure and its non-numeric fields (variant,
+    workload, ...); numbers become their median over the runs, with
+    `spread[field] = [min, max]`.
+    """
+    groups = {}
+    for records in runs:
+        for record in records:
+            key = tuple(sorted((k, json.dumps(v)) for k, v in record.items()
+                               if not _numeric(v) and k not in ("met", "met_in_cpu_time")))
+            groups.setdefault(key, []).append(record)
+    combined = []
+    for records in groups.values():
+        line = {k: v for k, v in records[0].items() if not _numeric(v)}
+        spread = {}
+        for field in records[0]:
+            values = [r[field] for r in records if _numeric(r.get(field))]
+            if values and _numeric(records[0][field]):
+                line[field] = statistics.median(values)
+                if len(values) > 1:
+                    spread[field] = [min(values), max(values)]
+        for flag in ("met", "met_in_cpu_time"):
+            flags = [r[flag] for r in records if isinstance(r.get(flag), bool)]
+            if flags:
+                line[flag] = sum(flags) > len(flags) / 2
+                line[f"{flag}_runs"] = f"{sum(flags)}/{len(flags)}"
+        line.update(repeats=len(records), spread=spread)
+        combined.append(line)
+    return combined
+
+
+def _numeric(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
+    parser.add_argument("--out", default="latest.json", help="file name under bench/results")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="processes per in-process figure; lines report medians and spread")
     parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated figures")
     args = parser.parse_args()
     names = args.only.split(",")
@@ -97,12 +148,14 @@ def main():
     }
     start = time.perf_counter()
     for name in names:
-        for record in run_figure(name, args.quick):
+        repeats = 1 if name in SELF_REPEATING else max(1, args.repeat)
+        runs = [run_figure(name, args.quick) for _ in range(repeats)]
+        for record in runs[0] if repeats == 1 else combine(runs):
             print(json.dumps(record), flush=True)
             report["results"].append(record)
     report["load_average_after"] = os.getloadavg()
     report["total_seconds"] = round(time.perf_counter() - start, 1)
-    path = os.path.join(RESULTS, "latest.json")
+    path = os.path.join(RESULTS, args.out)
     with open(f"{path}.tmp", "w") as f:
         json.dump(report, f, indent=1)
     os.replace(f"{path}.tmp", path)

@@ -1,4 +1,4 @@
-"""Figure 8: XLA and bfloat16 in ctl's train step, against ctl without them and Keras `fit` with them.
+"""Train-step settings: XLA and bfloat16 in ctl's train step, against ctl without them and Keras `fit` with them.
 
     python -m bench.train_step_speed [--rounds 8] [--workloads mlp,cnn] [--settings xla,bfloat16]
 
@@ -43,9 +43,11 @@ def main():
                 "ctl": lambda: loops.ctl_train(BenchTask(workload), args.steps_per_loop),
                 f"ctl_{setting}": lambda: loops.ctl_train(
                     BenchTask(workload), args.steps_per_loop, **ctl_settings),
-                "keras_fit": lambda: loops.keras_fit(BenchTask(workload), args.steps_per_loop),
+                "keras_fit": lambda: loops.keras_fit(
+                    BenchTask(workload), args.steps_per_loop, steps_per_call=steps),
                 f"keras_fit_{setting}": lambda: loops.keras_fit(
-                    BenchTask(workload), args.steps_per_loop, **keras_settings),
+                    BenchTask(workload), args.steps_per_loop, steps_per_call=steps,
+                    **keras_settings),
             }
             runs = {name: make() for name, make in build.items()}
             times = measure.interleave({n: (lambda r=r: r(steps)) for n, r in runs.items()},

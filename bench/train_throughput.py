@@ -1,23 +1,27 @@
-"""Figure 1: train throughput of ctl, orbit and Keras `fit`, as ratios to a raw loop.
+"""Figure 1: train throughput of ctl, orbit and Keras `fit`, as ratios to hand-written loops.
 
-    python -m bench.train_throughput [--rounds 30] [--loops 5]
+    python -m bench.train_throughput [--rounds 15] [--loops 5] [--xla]
 
-Per workload (mlp: overhead-bound, cnn: compute-bound), the loops train
-`loops * steps_per_loop` steps per round, interleaved; one JSON line per loop
-kind with the median steps/sec and its ratio to raw's, and the same ratio in
-CPU time of this process (`cpu_ratio_to_raw`), which load from other processes
-disturbs less.
+Per workload (mlp: overhead-bound, cnn: compute-bound), every variant trains
+`loops * steps_per_loop` steps per round (cnn: a fifth of the loops), in calls
+of `steps_per_loop` steps, interleaved with the order rotating each round;
+each variant is set up once and keeps its iterator (and its prefetch threads)
+for the whole comparison, Keras `fit` included (one `fit` call, an epoch per
+round: `bench.loops.keras_fit`). One JSON line per variant with the median
+steps/sec, its ratio to `raw` and to `raw_fused` (the best loop one writes by
+hand), in wall and in CPU time of this process (which load from other
+processes disturbs less). ctl's target is on `ratio_to_raw_fused`.
 
-Keras `fit` is measured last, against raw again, in the same process: its
-input pipeline's threads outlive each `fit` call and took a few percent of the
-CPU from whichever loop ran after it (measured: ctl 0.97 of raw without `fit`
-in the process, 0.88-0.93 with it), so it is built only once the main
-comparison (raw, raw_fused, ctl, orbit) is done.
+`ctl_unguarded` is ctl without the per-step stop/NaN guard: the guard's cost
+is ctl's ratio over it. `--xla` adds Keras `fit(jit_compile=True)` and, if
+this ctl has `ctl.Trainer(jit_compile=...)`, ctl with XLA.
 """
 
 import argparse
 import functools
+import inspect
 
+import ctl
 from bench import loops, measure
 from bench.workloads import BenchTask
 
@@ -25,36 +29,44 @@ BUILDERS = {
     "raw": loops.raw_train,
     "raw_fused": functools.partial(loops.raw_train, fused=True),
     "ctl": loops.ctl_train,
+    "ctl_unguarded": functools.partial(loops.ctl_train, guarded=False),
     "orbit": loops.orbit_train,
 }
 TARGET = 0.98
 
 
+def builders(steps_per_round: int, xla: bool):
+    chosen = dict(BUILDERS)
+    chosen["keras_fit"] = functools.partial(loops.keras_fit, steps_per_call=steps_per_round)
+    if xla:
+        chosen["keras_fit_xla"] = functools.partial(
+            loops.keras_fit, steps_per_call=steps_per_round, jit_compile=True)
+        if "jit_compile" in inspect.signature(ctl.Trainer.__init__).parameters:
+            chosen["ctl_xla"] = functools.partial(loops.ctl_train, jit_compile=True)
+    return chosen
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--loops", type=int, default=5, help="loops per round (mlp); cnn: a fifth")
     parser.add_argument("--steps_per_loop", type=int, default=100)
     parser.add_argument("--workloads", default="mlp,cnn")
+    parser.add_argument("--xla", action="store_true", help="add Keras fit and ctl with XLA")
     args = parser.parse_args()
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         loops_per_round = args.loops if workload == "mlp" else max(1, args.loops // 5)
         steps = loops_per_round * args.steps_per_loop
-        fields = dict(workload=workload, steps_per_loop=args.steps_per_loop,
-                      steps_per_round=steps, rounds=args.rounds)
         runs = {name: build(BenchTask(workload), args.steps_per_loop)
-                for name, build in BUILDERS.items()}
-        _compare(runs, steps, args.rounds, fields)
-        keras_fit = loops.keras_fit(BenchTask(workload), args.steps_per_loop)
-        _compare({"raw": runs["raw"], "keras_fit": keras_fit}, steps, args.rounds,
-                 {**fields, "measured": "after the others, against raw again"}, skip=["raw"])
-
-
-def _compare(runs, steps, rounds, fields, skip=()):
-    cpu = {}
-    times = measure.interleave({n: (lambda r=r: r(steps)) for n, r in runs.items()}, rounds, cpu=cpu)
-    measure.emit_throughput("train_throughput", times, cpu, steps, TARGET, skip=skip, **fields)
+                for name, build in builders(steps, args.xla).items()}
+        cpu = {}
+        times = measure.interleave({n: (lambda r=r: r(steps)) for n, r in runs.items()},
+                                   args.rounds, cpu=cpu)
+        measure.emit_throughput(
+            "train_throughput", times, cpu, steps, TARGET, workload=workload,
+            steps_per_loop=args.steps_per_loop, steps_per_round=steps, rounds=args.rounds,
+            ctl_fields=dict(guard_cost=measure.ratio(times["ctl"], times["ctl_unguarded"]) - 1))
 
 
 if __name__ == "__main__":

@@ -112,4 +112,4 @@ class ProgressTrainer(ctl.Trainer):
         progress = getattr(self.task, "progress_file", None)
         if progress:
             tf.print(self.global_step + 1, output_stream=f"file://{progress}")
-        super().train_step(iterator)
+        return super().train_step(iterator)

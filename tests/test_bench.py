@@ -74,11 +74,34 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     assert record["target"] == "median_s <= 0.2" and record["met"] is False
 
 
+def test_repeated_runs_are_combined_into_medians_with_spread():
+    runs = [[{"figure": "f", "variant": "ctl", "ratio": r, "met": r >= 1.0},
+             {"figure": "f", "variant": "raw", "ratio": 1.0}] for r in (0.9, 1.2, 1.0)]
+    ctl_line, raw_line = run.combine(runs)
+    assert ctl_line["variant"] == "ctl" and ctl_line["ratio"] == 1.0
+    assert ctl_line["spread"] == {"ratio": [0.9, 1.2]}
+    assert ctl_line["met_runs"] == "2/3" and ctl_line["met"] is True
+    assert raw_line["repeats"] == 3 and raw_line["spread"] == {"ratio": [1.0, 1.0]}
+
+
+def test_persistent_keras_fit_trains_an_epoch_per_call():
+    task = BenchTask("mlp")
+    fit = loops.keras_fit(task, steps_per_loop=10, steps_per_call=20)  # Warm-up: one epoch.
+    fit(20)
+    fit(20)
+    with pytest.raises(ValueError, match="epochs of 20 steps"):
+        fit(10)
+    model = fit.__self__.model
+    assert int(model.optimizer.iterations.numpy()) == 60
+
+
 def test_train_step_settings_reach_ctl_and_keras_fit():
-    """Figure 8's variants differ in the setting they measure, and train."""
+    """The variants of the train_step_speed figure differ in the setting they measure, and train."""
     trainer, controller = loops.ctl_controller(
-        BenchTask("mlp"), steps_per_loop=5, trainer_settings={"mixed_precision": "mixed_bfloat16"})
+        BenchTask("mlp"), steps_per_loop=5, trainer_options={"mixed_precision": "mixed_bfloat16"})
     assert trainer.model.layers[-1].compute_dtype == "bfloat16"
     controller.train(5, checkpoint_at_completion=False)
     assert int(trainer.optimizer.iterations.numpy()) == 5
-    loops.keras_fit(BenchTask("mlp"), steps_per_loop=5, jit_compile=True)(5)  # Compiles and runs.
+    fit = loops.keras_fit(BenchTask("mlp"), steps_per_loop=5, steps_per_call=5,
+                          mixed_precision="mixed_bfloat16")
+    assert fit.__self__.model.layers[-1].compute_dtype == "bfloat16"

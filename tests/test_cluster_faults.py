@@ -189,8 +189,10 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
         stops = {}
         for task in ("worker 0", "worker 1"):
             _, at, match = chaos.wait_for(
-                rf"^\[{task}\] ctl.run: preempted: stopped by (.*) at step (\d+)", timeout=EXIT_BOUND_S)
+                rf"^\[{task}\] ctl.run: preempted: stopped by (.*) at step (\d+); checkpoint (\S+) ",
+                timeout=EXIT_BOUND_S)
             stops[task] = (match.group(1), int(match.group(2)))
+            assert match.group(3) == os.path.join(chaos.model_dir, f"ckpt-{match.group(2)}")  # The chief's.
             assert at - signalled < EXIT_BOUND_S
         assert stops["worker 1"][0] == "SIGTERM" and "another worker" in stops["worker 0"][0]
         stop_step = stops["worker 0"][1]

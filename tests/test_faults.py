@@ -120,8 +120,13 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
     steps = tf.Variable(0, dtype=tf.int64)
     before = signal.getsignal(signal.SIGTERM)
     with SignalWatcher() as watcher:
-        guard = StepGuard(watcher.stop_requested)
-        loop = tf.function(guard.graph_loop(lambda _: steps.assign_add(1)))
+        guard = StepGuard(watcher.stop_requested, steps)
+
+        def step(_):
+            steps.assign_add(1)
+            return guard.check_loss(tf.distribute.get_strategy(), tf.constant(1.0), steps)
+
+        loop = tf.function(guard.graph_loop(step))
         loop(None, tf.constant(1))  # Traced before the clock starts.
         timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
         timer.start()

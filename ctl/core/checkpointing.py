@@ -42,6 +42,11 @@ class CheckpointManager(tf.train.CheckpointManager):
         self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
 
     @property
+    def restore_directory(self) -> str:
+        """Where restores read from: the model dir (saves may go to a worker's scratch dir)."""
+        return self._restore_directory
+
+    @property
     def checkpoint_interval(self) -> Optional[int]:
         return self._interval
 

@@ -10,9 +10,10 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
     train_loop_begin()                      # eager hook; does nothing by default
     loop(iterator, num_steps):              # one tf.function call (tf.while_loop)
       reset loss and metrics
+      ok = True
       for _ in range(num_steps):
-        if step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
-        train_step(iterator)                # one update (ctl.core.train_step)
+        if not ok or step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
+        ok = train_step(iterator)           # one update (ctl.core.train_step)
           repeat accumulation_steps - 1 times:   # only with accumulation
             strategy.run(replica_step, next_train_inputs(iterator), apply=False)
           loss = strategy.run(replica_step, next_train_inputs(iterator), apply=True)
@@ -21,7 +22,8 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
             then gradients.update(...)      # sum, clip, apply (not compiled)
           ema.update()                      # only with ema_decay
           global_step += 1
-          step_guard.check_loss(loss)       # records a NaN/Inf loss's step
+          return step_guard.check_loss(loss)  # the verdict: all losses finite
+      (the guard records the step it ended at if not ok: bad_step)
       read loss, metrics, learning rate, global step, bad step
     logs = train_loop_end()                 # eager; what the loop read
     return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
@@ -83,6 +85,13 @@ from ctl.core.task import Task
 from ctl.core.train_step import GradientPipeline
 
 Logs = Dict[str, Any]
+
+# ctl's own graph code with no Python control flow on tensors and no user code
+# in it: autograph need not convert it (converting these helpers took ~70% of
+# the autograph time of the digits job's tracing). Keras' own fit does not
+# convert metrics' `result`/`reset_state` or learning-rate schedules either.
+# Methods a subclass overrides are converted as usual.
+_plain = tf.autograph.experimental.do_not_convert
 NO_BAD_STEP = -1  # A StepGuard's `bad_step` when every loss was finite.
 
 
@@ -96,7 +105,10 @@ class StepGuard(Protocol):
     bad_step: tf.Variable  # The step whose loss was not finite, or NO_BAD_STEP.
 
     def graph_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`."""
+        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`.
+
+        `step_fn` (the Trainer's `train_step`) returns what `check_loss` returned.
+        """
 
     def host_loop(self, step_fn):
         """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
@@ -107,8 +119,13 @@ class StepGuard(Protocol):
     def skip_if_stopped(self, step_fn):
         """`step_fn` that does nothing once `should_stop()`: for steps scheduled ahead (parameter servers)."""
 
-    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
-        """Called after each step, in cross-replica context, with the step's loss."""
+    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
+                   global_step) -> Optional[tf.Tensor]:
+        """Called after each step, in cross-replica context, with the step's loss.
+
+        May return a verdict (a bool tensor: may the loop go on) that `train_step`
+        hands back to the loop.
+        """
 
 
 class TrainLoopEnd(NamedTuple):
@@ -334,6 +351,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self._train_iterator = (dataset, tf.nest.map_structure(iter, dataset))
         return self._train_iterator[1]
 
+    @_plain
     def _loop_end_values(self) -> Dict[str, tf.Tensor]:
         end = {"global_step": self.global_step.read_value()}
         if self.step_guard is not None:
@@ -401,6 +419,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
 
         return host_loop
 
+    @_plain
     def next_train_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
         return next(iterator)
@@ -422,7 +441,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self.ema.update()
         self.global_step.assign_add(1)
         if self.step_guard is not None:
-            self.step_guard.check_loss(self.strategy, loss, self.global_step)
+            return self.step_guard.check_loss(self.strategy, loss, self.global_step)
+        return None
 
     def _replica_step(self, inputs, apply: bool):
         loss, gradients = self._task_step(inputs)
@@ -454,10 +474,12 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self._train_logs = self._train_results()
         return self._train_logs
 
+    @_plain
     def _reset_train_metrics(self) -> None:
         for metric in [self.train_loss, *self.train_metrics, *self.gradients.metrics()]:
             metric.reset_state()
 
+    @_plain
     def _train_results(self) -> Logs:
         logs = _results([self.train_loss, *self.train_metrics, *self.gradients.metrics()])
         logs["learning_rate"] = current_learning_rate(self.optimizer)
@@ -529,10 +551,12 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         orbit.utils.create_tf_while_loop_fn(self.eval_step)(iterator, num_steps)
         return self._eval_results()
 
+    @_plain
     def _reset_eval_metrics(self) -> None:
         for metric in [self.eval_loss, *self.eval_metrics]:
             metric.reset_state()
 
+    @_plain
     def _eval_results(self) -> Logs:
         return _results([self.eval_loss, *self.eval_metrics])
 
@@ -543,6 +567,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         # A non-None state makes the loop call eval_reduce after each step.
         return [each.start() for each in self.aggregations]
 
+    @_plain
     def next_eval_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`."""
         return next(iterator)
@@ -621,6 +646,7 @@ def _with_batch_callbacks(step_fn, callbacks):
     return step
 
 
+@_plain
 def _results(metrics) -> Logs:
     logs = {}
     for metric in metrics:
@@ -632,6 +658,7 @@ def _results(metrics) -> Logs:
     return logs
 
 
+@_plain
 def current_learning_rate(optimizer) -> tf.Tensor:
     """The optimizer's current learning rate, as its Keras reports it.
 

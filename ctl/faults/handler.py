@@ -24,6 +24,7 @@ killed at any moment restarts from the latest complete checkpoint.
 """
 
 import dataclasses
+import os
 from typing import Optional
 
 import gin
@@ -87,7 +88,8 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested)
+        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested,
+                                            trainer.global_step)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         trainer.step_guard = self.guard
         probe = resume.probe_pipeline(trainer.task)
@@ -109,6 +111,8 @@ class FaultHandler:
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
+            if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
+                path = os.path.join(self.manager.restore_directory, os.path.basename(path))
             raise Preempted(self.watcher.signum, end.step, path)
         return end
 

@@ -1,26 +1,35 @@
-"""A train loop that checks, before every step, whether it must stop.
+"""A train loop that ends early, at a step boundary, on a signal or a NaN loss.
 
 orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
-Trainer a loop that also ends early, at a step boundary, when
+Trainer a loop that also ends early when
 
-  * a stop was requested (`ctl.faults.preemption.SignalWatcher` sets a variable), or
-  * the last step's loss was NaN or Inf (`check_loss`, called by the Trainer
-    after each step, records that step in `bad_step`).
+  * a stop was requested (`ctl.faults.preemption.SignalWatcher` sets a
+    variable, from a thread, while the loop runs): checked before every step;
+  * the last step's loss was NaN or Inf: `check_loss`, called by the Trainer
+    after each step, returns the step's verdict, and the loop carries it to
+    its next condition; the loop records the step it ended at in `bad_step`.
 
-Both are `tf.Variable`s read inside the loop, so the check costs one variable
-read per step and works the same in a host loop and in one `tf.while_loop`:
+In one `tf.while_loop` (`graph_loop`):
 
-    i = 0
-    while i < num_steps and not (stop_requested or bad_step >= 0):   # in-graph
-      train_step(iterator)        # ends with check_loss(loss, global_step)
+    i, ok = 0, True
+    while i < num_steps and ok and not stop_requested:   # one variable read
+      ok = train_step(iterator)   # ends with ok = check_loss(loss, ...): all losses finite
       i += 1
+    if not ok: bad_step = global_step                     # once per loop
+
+The verdict is a loop variable rather than a variable written each step and
+read back by the condition: the guard adds about 8 scalar ops to a step
+instead of about 20 (a variable read, a select and an assign in the step; two
+reads and four logical ops in the condition), which is most of its cost on a
+small model (docs/bench.md, figure 1). `host_loop` does the same with one
+`tf.function` call per step.
 
 Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
 and each has its own `stop_requested`: a worker that stopped on its own signal
 would leave the others blocked in the next step's all-reduce. So there the
 guard is *cluster-wide*: `check_loss` all-reduces, in the one collective it
-already needs for the losses, each worker's stop flag, and `should_stop` reads
-the agreed result (`stop_agreed`). A signal on any worker therefore stops every
+already needs for the losses, each worker's stop flag, and the loop reads the
+agreed result (`stop_agreed`). A signal on any worker therefore stops every
 worker after the same step: the step during which the signal's flag entered the
 all-reduce, at most one step after it arrived. A NaN or Inf loss on any replica
 of any worker makes the reduced sum non-finite on every worker alike, so all
@@ -28,10 +37,11 @@ record the same `bad_step`.
 
 Under `ParameterServerStrategy` the coordinator schedules the steps of a loop
 ahead of time and workers run them later; the host stops scheduling once the
-guard says stop and each scheduled step checks the guard before it runs
-(`skip_if_stopped`; the variables live on the coordinator and workers read
-them). The loop therefore ends once the steps already running when the signal
-or the bad loss came are done: at most one step per worker.
+guard says stop and each scheduled step checks the guard before it runs and
+records its own bad loss (`skip_if_stopped`; the variables live on the
+coordinator and workers read them). The loop therefore ends once the steps
+already running when the signal or the bad loss came are done: at most one
+step per worker.
 
 What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job.
 """
@@ -40,6 +50,9 @@ import tensorflow as tf
 
 from ctl.core.trainer import NO_BAD_STEP
 
+# No Python control flow on tensors here: autograph need not convert it (tracing time).
+_plain = tf.autograph.experimental.do_not_convert
+
 
 class StepGuard:
     """Per-step stop conditions of the train loop (variables live on the host).
@@ -47,9 +60,12 @@ class StepGuard:
     Implements the Trainer's extension point `ctl.core.trainer.StepGuard`.
     """
 
-    def __init__(self, stop_requested: tf.Variable, cluster_wide: bool = False):
-        """`cluster_wide`: agree on stopping with the other workers (see the module docstring)."""
+    def __init__(self, stop_requested: tf.Variable, global_step: tf.Variable,
+                 cluster_wide: bool = False):
+        """`global_step`: the trainer's, recorded as the bad step; `cluster_wide`: agree on
+        stopping with the other workers (see the module docstring)."""
         self.stop_requested = stop_requested
+        self.global_step = global_step
         self.cluster_wide = cluster_wide
         self.bad_step = tf.Variable(
             tf.constant(NO_BAD_STEP, tf.int64), trainable=False, name="ctl_bad_step"
@@ -59,27 +75,38 @@ class StepGuard:
             if cluster_wide else None
 
     @classmethod
-    def for_strategy(cls, strategy: tf.distribute.Strategy, stop_requested: tf.Variable) -> "StepGuard":
+    def for_strategy(cls, strategy: tf.distribute.Strategy, stop_requested: tf.Variable,
+                     global_step: tf.Variable) -> "StepGuard":
         """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`."""
-        return cls(stop_requested,
+        return cls(stop_requested, global_step,
                    cluster_wide=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
+    @_plain
     def should_stop(self) -> tf.Tensor:
         """Whether the loop must end before its next step (graph or eager)."""
-        stop = self.stop_agreed if self.cluster_wide else self.stop_requested
-        return tf.logical_or(stop.read_value(), self.bad_step.read_value() >= 0)
+        return tf.logical_or(self._stop_read(), self.bad_step.read_value() >= 0)
+
+    @_plain
+    def _stop_read(self) -> tf.Tensor:
+        """Whether a stop was requested (cluster-wide: agreed); the loops carry the NaN verdict."""
+        return (self.stop_agreed if self.cluster_wide else self.stop_requested).read_value()
 
     def stopped_by_request(self) -> bool:
         """Whether the last loop ended on a stop request: this process's or, cluster-wide, any worker's (eager)."""
         return bool((self.stop_agreed if self.cluster_wide else self.stop_requested).numpy())
 
-    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss, global_step) -> None:
-        """Records `global_step` in `bad_step` if any replica's loss is not finite.
+    @_plain
+    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
+                   global_step) -> tf.Tensor:
+        """The step's verdict: True if every replica's loss is finite.
 
         Called in cross-replica context, after `strategy.run` and the step's
-        `global_step.assign_add(1)`, usually inside `tf.function`. A sum of
-        losses is finite only if every loss is.
+        `global_step.assign_add(1)`, usually inside `tf.function`; the Trainer's
+        `train_step` returns the verdict to the loop, which records the bad
+        step. A sum of losses is finite only if every loss is. Cluster-wide,
+        also agrees on the stop flags (`stop_agreed`).
         """
+        del global_step  # The loop reads the step it ended at.
         if self.cluster_wide:
             flag = self.stop_requested.read_value()
             # One all-reduce: [sum of this replica's losses, this worker's stop flag].
@@ -90,26 +117,36 @@ class StepGuard:
             self.stop_agreed.assign(both[1] > 0)
         else:
             total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-        finite = tf.reduce_all(tf.math.is_finite(total))
-        step = tf.cast(global_step, tf.int64)
-        self.bad_step.assign(tf.where(finite, self.bad_step.read_value(), step))
+        finite = tf.math.is_finite(total)
+        return finite if finite.shape.rank == 0 else tf.reduce_all(finite)
 
     def clear(self) -> None:
         """Forgets a recorded bad step (eager)."""
         self.bad_step.assign(NO_BAD_STEP)
 
+    @_plain
+    def _record(self, ok) -> None:
+        """Records the current global step as the bad one unless `ok`."""
+        step = tf.cast(self.global_step.read_value(), tf.int64)
+        self.bad_step.assign(tf.where(ok, self.bad_step.read_value(), step))
+
     def graph_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)`: a `tf.while_loop` over `step_fn`; call it in `tf.function`."""
+        """`loop_fn(iterator, num_steps)`: a `tf.while_loop` over `step_fn`; call it in `tf.function`.
+
+        `step_fn(iterator)` returns the step's verdict (`check_loss`), or None.
+        """
         def loop_fn(iterator, num_steps):
-            def cond(i):
-                return tf.logical_and(i < num_steps, tf.logical_not(self.should_stop()))
+            def cond(i, ok):
+                return tf.logical_and(tf.logical_and(i < num_steps, ok),
+                                      tf.logical_not(self._stop_read()))
 
-            def body(i):
+            def body(i, unused_ok):
                 with tf.name_scope(""):
-                    step_fn(iterator)
-                return (i + 1,)
+                    verdict = step_fn(iterator)
+                return (i + 1, tf.constant(True) if verdict is None else verdict)
 
-            tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
+            _, ok = tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype), tf.constant(True)))
+            self._record(ok)
 
         return loop_fn
 
@@ -122,7 +159,9 @@ class StepGuard:
         """
         def step(iterator):
             def run():
-                step_fn(iterator)
+                verdict = step_fn(iterator)
+                if verdict is not None:
+                    self._record(verdict)
                 return tf.constant(True)
 
             return tf.cond(self.should_stop(), lambda: tf.constant(False), run)
@@ -135,6 +174,9 @@ class StepGuard:
             for _ in range(int(num_steps)):
                 if bool(self.should_stop()):
                     break
-                step_fn(iterator)
+                verdict = step_fn(iterator)
+                if verdict is not None and not bool(verdict):
+                    self._record(False)
+                    break
 
         return loop_fn
