@@ -186,7 +186,7 @@ class _Overflowing(RegressionTask):
 def test_float16_overflow_skips_the_update_and_is_no_nan_stop(strategy, flavor):
     task = _Overflowing(flavor)
     trainer = Trainer(task, strategy=strategy, mixed_precision="mixed_float16")
-    trainer.step_guard = StepGuard(tf.Variable(False))
+    trainer.step_guard = StepGuard(tf.Variable(False), trainer.global_step)
     assert trainer.model.layers[-1].compute_dtype == "float16"
     assert keras.mixed_precision.global_policy().name == "float32"  # Only while building.
     logs = train(trainer, steps=2)
