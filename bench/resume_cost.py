@@ -84,7 +84,7 @@ def resume_once(gin_file, model_dir, step, scratch, runs):
     fresh = os.path.join(scratch, f"run{len(runs)}")
     shutil.copytree(model_dir, fresh)
     runs.append(fresh)
-    line = re.compile(rf"^train \| step:\s+{step + 1} \|")
+    line = re.compile(rf"^train \| step:\s+{step + 1}(/\d+)? \|")
     try:
         return time_to_line(
             [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={fresh}",

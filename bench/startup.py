@@ -6,7 +6,7 @@ Each round launches, interleaved, `python -m ctl.run --mode=train` with
 `bench/configs/startup.gin` (one step of the bench MLP, a fresh model dir) and
 `python bench/bare_step.py` (TensorFlow, Keras, the same model, one
 `tf.function` step), and times from `Popen` to the line that reports the first
-completed step on stdout (orbit's "train | step:      1 |", "bare | step: 1").
+completed step on stdout (ctl's "train | step:      1/1 |", "bare | step: 1").
 Both run unbuffered; the rest of ctl's run (the final checkpoint, exit) is
 not counted.
 """
@@ -24,7 +24,7 @@ from bench import measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_S = 1.5
-CTL_STEP = re.compile(r"^train \| step:\s+1 \|")
+CTL_STEP = re.compile(r"^train \| step:\s+1(/\d+)? \|")  # "step: N/total" or "step: N"
 BARE_STEP = re.compile(r"^bare \| step: 1 ")
 
 
