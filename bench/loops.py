@@ -224,15 +224,22 @@ def _driver(controller, steps_per_loop):
 
 
 def keras_fit(task: BenchTask, steps_per_loop: int, steps_per_call: int,
-              jit_compile: bool = False):
+              jit_compile: bool = False, mixed_precision: str = None):
     """Keras 3 `compile(steps_per_execution=steps_per_loop)` + one persistent `fit` call.
 
     The `fit` call runs on its own thread for the whole comparison, an epoch
     of `steps_per_call` steps each time `run` is called: fit's epoch iterator,
     callbacks and prefetch threads are set up once, as in any real use of
     `fit`, and its per-epoch work (metric reset and read, callbacks) is timed.
+    `mixed_precision`: Keras' dtype policy while the model is built, as
+    `ctl.Trainer.mixed_precision` sets it.
     """
-    model = task.build_model()
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(mixed_precision or previous)
+    try:
+        model = task.build_model()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     model.compile(
         optimizer=task.build_optimizer(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -44,6 +44,8 @@ FIGURES = {
     "main_job": (["-m", "bench.main_job"], ["--rounds", "3"], ["--rounds", "1"]),
     "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "2"],
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
+    "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
+                         ["--rounds", "2", "--loops", "1"]),
 }
 # Figures whose every round is a new process already: run once under --repeat.
 SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job"}

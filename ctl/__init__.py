@@ -21,6 +21,7 @@ from ctl.comforts.warm_start import WarmStart
 from ctl.core.aggregation import Reducer
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hook, Run, StopRequest
+from ctl.core.schedules import WarmUp, register_schedules
 from ctl.core.task import Task
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment, Schedule
@@ -32,5 +33,6 @@ __all__ = [
     "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
     "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
     "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "ModelGardenTask", "Profile",
-    "Reducer", "Run", "Schedule", "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "run_experiment",
+    "Reducer", "Run", "Schedule", "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp",
+    "register_schedules", "run_experiment",
 ]

@@ -96,8 +96,8 @@ def describe(error: Exception, limit: int = 400) -> str:
 
 def _export_and_compare(task, trainer, model_dir: str) -> None:
     features = task.features(next(iter(task.build_inputs(training=False))))
-    signatures = task.serving_signatures(trainer.model)
-    path = export_saved_model(trainer.model, signatures, os.path.join(model_dir, "smoke_export"))
+    signatures = task.serving_signatures(trainer.eval_model)
+    path = export_saved_model(trainer.eval_model, signatures, os.path.join(model_dir, "smoke_export"))
     loaded = tf.saved_model.load(path)
     for name, function in signatures.items():
         if name not in loaded.signatures:

@@ -226,9 +226,9 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
 
 def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:
     """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
-    run = Run(model_dir=model_dir, model=trainer.model, checkpoint=trainer.checkpoint,
-              global_step=trainer.global_step, task=experiment.task, strategy=strategy,
-              chief=chief)
+    run = Run(model_dir=model_dir, model=trainer.model, eval_model=trainer.eval_model,
+              checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
+              task=experiment.task, strategy=strategy, chief=chief)
     builtin = ([MetricsLog()] + ([HParamsSummary()] if train else [])) if chief else []
     return Hooks(experiment.hooks, run, builtin=builtin)
 

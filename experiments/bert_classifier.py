@@ -24,6 +24,9 @@ from experiments import records
 
 SPLITS = {"train": 4096, "eval": 500}
 
+# tf_keras' learning-rate schedules, for configs/bert_classifier.gin.
+ctl.register_schedules(tf_keras)
+
 
 def generate(split: str, seq_length: int, vocab_size: int, seed: int):
     """Yields the examples of `split`, the same ones for the same arguments."""
@@ -40,7 +43,7 @@ class BertClassifierTask(ctl.Task):
     """Binary classification with a tiny BERT from Model Garden (Keras 2, tf_keras)."""
 
     def __init__(self, seq_length: int = 16, vocab_size: int = 32, hidden_size: int = 32,
-                 num_layers: int = 1, batch_size: int = 32, learning_rate: float = 1e-3,
+                 num_layers: int = 1, batch_size: int = 32, learning_rate=1e-3,
                  data_dir: str = None, seed: int = 0):
         self.seq_length = seq_length
         self.vocab_size = vocab_size

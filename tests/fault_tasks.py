@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import ctl
 from tests.tasks import RegressionTask
 
 
@@ -32,12 +33,16 @@ class ProbeTask(RegressionTask):
       nan_replica: if set, only this replica's loss is poisoned (its id in the
         sync group: under multi-worker, worker 1's first replica is 1 with one
         replica per worker).
+      progress_in_step: False leaves writing the progress to the trainer
+        (`ProgressTrainer`), e.g. when XLA compiles the step.
     """
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
-                 train_examples=120, nan_replica=None, print_steps=False, **kwargs):
+                 train_examples=120, nan_replica=None, print_steps=False,
+                 progress_in_step=True, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
         self.progress_file = progress_file
+        self.progress_in_step = progress_in_step
         self.dropout = dropout
         self.transient = transient
         self.nan_replica = nan_replica
@@ -67,17 +72,17 @@ class ProbeTask(RegressionTask):
     def train_step(self, inputs, model, optimizer, metrics):
         step = tf.cast(optimizer.iterations, tf.int64) + 1
         replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
-        if self.progress_file and not replica:  # One line per step, from the first replica.
+        if self.progress_file and self.progress_in_step and not replica:  # One line per step.
             tf.print(step, output_stream=f"file://{self.progress_file}")
         if self.print_steps:
             tf.print("probe step", step, output_stream=sys.stderr)
         features, labels = inputs
         with tf.GradientTape() as tape:
-            outputs = model(features, training=True)
+            outputs = tf.cast(model(features, training=True), tf.float32)
             loss = self.build_losses(labels, outputs)
             if self.nan_replica is None or replica == self.nan_replica:
                 loss *= self._poison(step)
-            scaled_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            scaled_loss = optimizer.scale_loss(loss)  # / replicas (* the loss scale)
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
         for metric in metrics:
@@ -95,3 +100,16 @@ class ProbeTask(RegressionTask):
 def _data(count):
     features = np.random.default_rng(0).normal(size=(count, 3)).astype(np.float32)
     return features, features @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+
+@gin.configurable
+class ProgressTrainer(ctl.Trainer):
+    """A Trainer that writes each step number it starts to its task's `progress_file`,
+    from the train loop rather than from the task's step (which XLA may compile:
+    `tf.print` has no XLA kernel)."""
+
+    def train_step(self, iterator):
+        progress = getattr(self.task, "progress_file", None)
+        if progress:
+            tf.print(self.global_step + 1, output_stream=f"file://{progress}")
+        return super().train_step(iterator)

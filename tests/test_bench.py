@@ -94,3 +94,15 @@ def test_persistent_keras_fit_trains_an_epoch_per_call():
         fit(10)
     model = fit.__self__.model
     assert int(model.optimizer.iterations.numpy()) == 60
+
+
+def test_train_step_settings_reach_ctl_and_keras_fit():
+    """The variants of the train_step_speed figure differ in the setting they measure, and train."""
+    trainer, controller = loops.ctl_controller(
+        BenchTask("mlp"), steps_per_loop=5, trainer_options={"mixed_precision": "mixed_bfloat16"})
+    assert trainer.model.layers[-1].compute_dtype == "bfloat16"
+    controller.train(5, checkpoint_at_completion=False)
+    assert int(trainer.optimizer.iterations.numpy()) == 5
+    fit = loops.keras_fit(BenchTask("mlp"), steps_per_loop=5, steps_per_call=5,
+                          mixed_precision="mixed_bfloat16")
+    assert fit.__self__.model.layers[-1].compute_dtype == "bfloat16"

@@ -131,18 +131,21 @@ def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
     target = 300
     # Host loop: slower steps, so that kills land mid-run on a fast machine.
     bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
+    # Model, optimizer, RNG state and step, bit for bit.
+    assert_bit_equal(*straight_and_chaos_runs(tmp_path, target, bindings, flags))
+
+
+def straight_and_chaos_runs(tmp_path, target, bindings, flags):
+    """An uninterrupted run and, meanwhile, a `chaos_run`; returns their last checkpoints."""
     reference = str(tmp_path / "reference")
     straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
     try:
-        seed = chaos_run(tmp_path, target, bindings, flags)  # Meanwhile.
+        chaos_run(tmp_path, target, bindings, flags)
         returncode, stderr = straight.finish()
     finally:
         straight.kill()
     assert returncode == 0, stderr
-    # Model, optimizer, RNG state and step, bit for bit.
-    print(f"chaos seed: {seed}")
-    assert_bit_equal(tf.train.latest_checkpoint(reference),
-                     tf.train.latest_checkpoint(str(tmp_path / "chaos")))
+    return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(str(tmp_path / "chaos"))
 
 
 def chaos_run(tmp_path, target, bindings, flags):

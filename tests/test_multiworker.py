@@ -112,8 +112,8 @@ def test_two_workers_resume_train_and_eval_like_one_worker(tmp_path, one_worker)
     writers = {os.path.basename(path).split(".")[-3] for path in events}  # ...<host>.<pid>.<n>.v2
     assert {os.path.basename(os.path.dirname(p)) for p in events} == {"train", "eval"}
     assert len(writers) == 1, events  # One process, the chief, wrote every summary.
-    assert re.search(rf"\[worker 1\] +ckpt \| step: +20 \| saved {scratch}/ctl-worker-checkpoints-",
-                     output)
+    assert re.search(rf"\[worker 1\] +ckpt \| step: +20 \| saved checkpoint to "
+                     rf"{scratch}/ctl-worker-checkpoints-", output)
     assert glob.glob(os.path.join(scratch, "ctl-worker-*")) == []
 
 

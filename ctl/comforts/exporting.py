@@ -73,9 +73,10 @@ class Exporter(Hook):
         if not self.run.chief:
             return None
         path = os.path.join(self.directory, str(self.run.step))
+        model = self.run.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         if getattr(self, "_signatures", None) is None:  # Traced once, reused by every export.
-            self._signatures = serving_signatures(self.run.task, self.run.model)
-        written = export_saved_model(self.run.model, self._signatures, path)
+            self._signatures = serving_signatures(self.run.task, model)
+        written = export_saved_model(model, self._signatures, path)
         if written:
             console.info("export", "%s SavedModel: %s", self.name, written, step=self.run.step)
         for step in exported_steps(self.directory)[:-self.max_to_keep]:

@@ -8,6 +8,8 @@ it too:
     model         the Keras model
     optimizer     its optimizer (slots, iterations)
     rng           the model's Keras 3 RNG states (seed generators), if it has any
+    ema           the moving average of the weights (`ctl.core.ema`: `ema/model`,
+                  `ema/updates`), with `ctl.Trainer.ema_decay`
 
 Keras 3 keeps a `SeedGenerator`'s state (Dropout, noise layers) in a variable
 that is part of the model's `variables` but not of its `weights`, and that
@@ -30,7 +32,7 @@ import tensorflow as tf
 from ctl import compat
 
 
-GLOBAL_STEP, MODEL, OPTIMIZER, RNG = "global_step", "model", "optimizer", "rng"
+GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA = "global_step", "model", "optimizer", "rng", "ema"
 
 
 def rng_state_variables(model) -> List:
@@ -39,8 +41,9 @@ def rng_state_variables(model) -> List:
     return [v for v in getattr(model, "variables", []) if id(v) not in weights]
 
 
-def build_checkpoint(global_step: tf.Variable, model, optimizer) -> tf.train.Checkpoint:
-    """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`.
+def build_checkpoint(global_step: tf.Variable, model, optimizer,
+                     ema=None) -> tf.train.Checkpoint:
+    """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`.
 
     A checkpoint written without `rng` (an older ctl) does not restore into a
     model that has RNG states.
@@ -49,6 +52,8 @@ def build_checkpoint(global_step: tf.Variable, model, optimizer) -> tf.train.Che
     states = rng_state_variables(model)
     if states:
         objects[RNG] = states
+    if ema is not None:
+        objects[EMA] = ema
     return tf.train.Checkpoint(**objects)
 
 

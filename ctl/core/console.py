@@ -5,7 +5,7 @@ a kind and, where there is one, the global step:
 
     train | step:    200/2000 | loss: 0.408, accuracy: 0.929 | 4420.4 steps/sec | ETA 0:00:01
      eval | step:    500 | loss: 0.115, accuracy: 0.972 | 0.2 sec
-     ckpt | step:    500 | saved /tmp/digits/ckpt-500
+     ckpt | step:    500 | saved checkpoint to /tmp/digits/ckpt-500
      best | step:    500 | accuracy = 0.972, best so far: 0.972 (step 500)
 
 The controller's `TrainLines` logs a train line for the first and the last

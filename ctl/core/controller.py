@@ -261,7 +261,7 @@ class Controller:
                                             options=self._save_options)
         saved = path is not None
         if saved:
-            console.info("ckpt", "saved %s", path, step=self.step)
+            console.info("ckpt", "saved checkpoint to %s", path, step=self.step)
         if saved and self._on_checkpoint_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
             self._wait_for_checkpoints()

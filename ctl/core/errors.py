@@ -20,3 +20,20 @@ def require_choice(name: str, value, choices) -> None:
     """Raises `UserError` unless `value` is one of `choices` (the message lists them)."""
     if value not in choices:
         raise UserError(f"Received {name}={value!r}. Expected one of: {', '.join(choices)}.")
+
+
+def user_error_within(error: BaseException):
+    """The `UserError` behind `error`, or None.
+
+    A `UserError` raised while TensorFlow traces a function reaches the caller
+    wrapped (AutoGraph re-raises it as a `StagingError` carrying its stack);
+    the original is in the exception's context.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+

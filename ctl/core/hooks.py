@@ -59,8 +59,11 @@ class StopRequest:
 class Run:
     """What a hook may read and use: the run's directory, model and step.
 
-    On a sidecar evaluator, `checkpoint` is the object it restores into and
-    `global_step` the restored step.
+    `model` is the model being trained; `eval_model` the one evaluation uses
+    and exporters export (with `ctl.Trainer.ema_decay`, the moving average of
+    the weights; else `model`). `checkpoint` is the evaluated state, as the
+    best checkpoint saves it. On a sidecar evaluator, `checkpoint` is the
+    object it restores into and `global_step` the restored step.
     """
 
     model_dir: str
@@ -75,6 +78,11 @@ class Run:
     # taken from each loop's end and each restore: no variable read after a
     # loop); before that, and on a sidecar evaluator, the variable.
     step_fn: Optional[Callable[[], int]] = None
+    eval_model: Any = None
+
+    def __post_init__(self):
+        if self.eval_model is None:
+            self.eval_model = self.model
 
     @property
     def step(self) -> int:

@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
+from ctl.core.precision import float32_outputs
 from ctl.core.serving import default_serving_signatures
+from ctl.core.train_step import scale_loss
 
 Logs = Dict[str, Any]
 
@@ -84,15 +86,19 @@ class Task:
     def train_step(self, inputs, model, optimizer, metrics) -> Logs:
         """One replica's training step; runs inside `tf.function` and `strategy.run`.
 
-        Returns a dict with at least `"loss"`, the unscaled per-replica loss.
+        Under a Trainer, `optimizer` is its `ctl.core.train_step.GradientPipeline`:
+        take gradients of `optimizer.scale_loss(loss)` and call
+        `optimizer.apply_gradients` once; loss scaling, clipping, accumulation
+        and the update happen there (docs/train_step.md). A plain Keras
+        optimizer works too (outside a Trainer). Returns a dict with at least
+        `"loss"`, the unscaled per-replica loss.
         """
         features, labels = inputs
         with tf.GradientTape() as tape:
-            outputs = model(features, training=True)
+            # Mixed precision: losses and metrics see float32 outputs.
+            outputs = float32_outputs(model(features, training=True))
             loss = self.build_losses(labels, outputs, aux_losses=model.losses)
-            # Gradients are summed over replicas, so scale to get their mean.
-            replicas = tf.distribute.get_strategy().num_replicas_in_sync
-            scaled_loss = loss / replicas
+            scaled_loss = scale_loss(optimizer, loss)
         variables = model.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
         optimizer.apply_gradients(zip(gradients, variables))
@@ -107,7 +113,7 @@ class Task:
         to the task's host aggregations (`build_reducers`, `aggregate_logs`).
         """
         features, labels = inputs
-        outputs = model(features, training=False)
+        outputs = float32_outputs(model(features, training=False))
         loss = self.build_losses(labels, outputs, aux_losses=model.losses)
         for metric in metrics:
             metric.update_state(labels, outputs)

@@ -13,9 +13,14 @@ One training loop of `num_steps` steps (`train`, as ctl's Controller calls it):
       ok = True
       for _ in range(num_steps):
         if not ok or step_guard.should_stop(): break  # only with a step_guard (ctl.faults.handler)
-        ok = train_step(iterator)
-          inputs = next_train_inputs(iterator)
-          loss = strategy.run(task.train_step, inputs)
+        ok = train_step(iterator)           # one update (ctl.core.train_step)
+          repeat accumulation_steps - 1 times:   # only with accumulation
+            strategy.run(replica_step, next_train_inputs(iterator), apply=False)
+          loss = strategy.run(replica_step, next_train_inputs(iterator), apply=True)
+            replica_step:                   # per replica; XLA-compiled with jit_compile
+              task.train_step(inputs, model, optimizer=gradient pipeline, metrics)
+            then gradients.update(...)      # sum, clip, apply (not compiled)
+          ema.update()                      # only with ema_decay
           global_step += 1
           return step_guard.check_loss(loss)  # the verdict: all losses finite
       (the guard records the step it ended at if not ok: bad_step)
@@ -50,6 +55,12 @@ over examples, weighted by batch size. Metrics are read across all replicas of
 all workers, and the extra logs of `validation_step` are gathered from all of
 them, so that every worker computes the same results over the whole eval set.
 
+The train-step settings (`mixed_precision`, `jit_compile`, `clip_norm`,
+`accumulation_steps`, `ema_decay`) are described in docs/train_step.md; their
+machinery lives in `ctl.core.precision`, `ctl.core.train_step` and
+`ctl.core.ema`. `global_step` counts updates: with `accumulation_steps=K` a
+step reads K batches, and every interval of the `Schedule` is in updates.
+
 `use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
 number of steps) as one `tf.while_loop` inside one `tf.function` call, metric
 resets and reads included; with `False` the host drives the loop and each step
@@ -58,6 +69,7 @@ tasks that aggregate logs on the host, always use the host loop.
 """
 
 import collections
+import functools
 import itertools
 from typing import Any, Dict, NamedTuple, Optional, Protocol
 
@@ -66,9 +78,11 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.core import aggregation, checkpoint_contents
-from ctl.core.errors import UserError
+from ctl.core import aggregation, checkpoint_contents, precision, xla
+from ctl.core.ema import MovingAverage
+from ctl.core.errors import UserError, user_error_within
 from ctl.core.task import Task
+from ctl.core.train_step import GradientPipeline
 
 Logs = Dict[str, Any]
 
@@ -136,9 +150,19 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
-    tools can read it, and `rng`: the Keras 3 RNG states of the model, if any
-    (`ctl.faults.resume`). Subclass and override a hook to change one part of the
-    loop; point gin's `ctl.Experiment.trainer_cls` at the subclass.
+    tools can read it, `rng`: the Keras 3 RNG states of the model, if any
+    (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
+    Subclass and override a hook to change one part of the loop; point gin's
+    `ctl.Experiment.trainer_cls` at the subclass.
+
+    Train-step settings (docs/train_step.md):
+      mixed_precision: 'mixed_float16' or 'mixed_bfloat16': the Keras dtype
+        policy while the task builds its model; float16 adds loss scaling.
+      jit_compile: compile each replica's train step with XLA.
+      clip_norm: clip the gradients, summed over replicas, to this global norm.
+      accumulation_steps: one update per this many batches (micro-batches).
+      ema_decay: keep a moving average of the weights; evaluation, the
+        sidecar, the best checkpoint and exports use it.
     """
 
     def __init__(
@@ -149,12 +173,20 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         evaluate: bool = True,
         use_tf_function: bool = True,
         use_tf_while_loop: bool = True,
+        mixed_precision: Optional[str] = None,
+        jit_compile: bool = False,
+        clip_norm: Optional[float] = None,
+        accumulation_steps: int = 1,
+        ema_decay: Optional[float] = None,
     ):
         if use_tf_while_loop and not use_tf_function:
             raise UserError(
                 "ctl.Trainer.use_tf_while_loop=True needs use_tf_function=True; "
                 "set one of them differently."
             )
+        precision.validate(mixed_precision)
+        xla.validate(jit_compile)
+        self.mixed_precision = mixed_precision
         self.task = task
         self.strategy = strategy or tf.distribute.get_strategy()
         self._use_tf_function = use_tf_function
@@ -168,24 +200,35 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
         self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
-            self.model = task.build_model()
+            with precision.policy(mixed_precision):
+                # The average's copy first: a task that remembers the model it built last
+                # (KerasModelTask) then holds the one that trains.
+                average_model = task.build_model() if ema_decay is not None else None
+                self.model = task.build_model()
             if not self.model.trainable_variables:
                 raise UserError(
                     f"{type(task).__name__}.build_model() returned a model without "
                     "variables; build it (e.g. start it with an Input layer)."
                 )
-            self.optimizer = task.build_optimizer()
+            self.optimizer = precision.wrap_optimizer(task.build_optimizer(), mixed_precision)
             # Keras 3 optimizers must own their slots before a strategy traces
             # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
             # optimizers (Model Garden's) have no `build`: they make slots as they go.
             build = getattr(self.optimizer, "build", None)
             if callable(build):
                 build(self.model.trainable_variables)
+            # What the task's train_step gets as its `optimizer`.
+            self.gradients = GradientPipeline(self.optimizer, self.model.trainable_variables,
+                                              clip_norm, accumulation_steps)
+            self.ema = (MovingAverage(self.model, average_model, ema_decay)
+                        if average_model is not None else None)
             self.global_step = orbit.utils.create_global_step()
             self.train_metrics = list(task.build_metrics(training=True))
             self.eval_metrics = list(task.build_metrics(training=False))
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
+        self._task_step = xla.compile_if(jit_compile, self._task_train_step)
+        self._eval_checkpoint = None  # Built on first use, with ema_decay.
         self.aggregations = aggregation.of_task(task)  # Host aggregation of eval outputs.
         self._aggregates = bool(self.aggregations)
         self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
@@ -196,7 +239,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 "(--mode=continuous_eval, the \"evaluator\" task of TF_CONFIG)."
             )
         self.checkpoint = checkpoint_contents.build_checkpoint(
-            self.global_step, self.model, self.optimizer)
+            self.global_step, self.model, self.optimizer,
+            ema=self.ema.state if self.ema is not None else None)
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
             self.distribute_dataset(task.build_inputs, training=True) if train else None)
@@ -216,6 +260,34 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
         return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
                 for name in names}
+
+    @property
+    def eval_model(self):
+        """The model evaluation and exports use: the moving average with `ema_decay`, else `model`."""
+        return self.ema.model if self.ema is not None else self.model
+
+    @property
+    def eval_checkpoint(self) -> tf.train.Checkpoint:
+        """The evaluated state, as the best checkpoint saves it and a sidecar restores it.
+
+        The trainer's checkpoint; with `ema_decay`, the averaged model as
+        `model`, and the global step.
+        """
+        if self.ema is None:
+            return self.checkpoint
+        if self._eval_checkpoint is None:
+            self._eval_checkpoint = tf.train.Checkpoint(global_step=self.global_step,
+                                                        model=self.ema.model)
+        return self._eval_checkpoint
+
+    def eval_restore_objects(self) -> Dict[str, Any]:
+        """What an evaluator restores from a training checkpoint: `model`, or `ema`."""
+        return {"ema": self.ema.state} if self.ema is not None else {"model": self.model}
+
+    @property
+    def batches_per_step(self) -> int:
+        """Batches each train step reads from the train input (`accumulation_steps`)."""
+        return self.gradients.accumulation_steps
 
     def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
         """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
@@ -259,11 +331,19 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         """Runs one train loop of `num_steps` steps; returns its results and end step.
 
         The loop's end state is returned as a value rather than kept on the trainer.
+        A user's mistake found while the step is traced or compiled (a `UserError`
+        of the gradient pipeline, an op XLA cannot compile) is a `UserError`.
         """
         self.train_loop_begin()
         if self._train_loop is None:
             self._train_loop = self.create_train_loop_fn()
-        end = self._train_loop(self.train_iterator, num_steps)
+        try:
+            end = self._train_loop(self.train_iterator, num_steps)
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is the user's.
+            explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
+            if explained is None or explained is error:
+                raise
+            raise explained from error
         logs = self.train_loop_end()
         if end is None:  # A host or parameter-server loop (or an orbit-style loop_fn).
             end = self._loop_end_values()
@@ -354,21 +434,44 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         return next(iterator)
 
     def train_step(self, iterator):
-        def step_fn(inputs):
-            logs = self.task.train_step(
-                inputs,
-                model=self.model,
-                optimizer=self.optimizer,
-                metrics=self.train_metrics,
-            )
-            self.train_loss.update_state(logs["loss"])
-            return logs["loss"]
+        """One update: `accumulation_steps` batches, each through `strategy.run`."""
+        micro_batches = self.gradients.accumulation_steps
+        if micro_batches > 1:
+            accumulate = functools.partial(self._replica_step, apply=False)
 
-        loss = self.strategy.run(step_fn, args=(self.next_train_inputs(iterator),))
+            def body(i):
+                self.strategy.run(accumulate, args=(self.next_train_inputs(iterator),))
+                return (i + 1,)
+
+            tf.while_loop(lambda i: i < micro_batches - 1, body, (tf.constant(0),))
+        apply = functools.partial(self._replica_step, apply=True)
+        loss = self.strategy.run(apply, args=(self.next_train_inputs(iterator),))
+        if self.ema is not None:
+            self.ema.update()
         self.global_step.assign_add(1)
         if self.step_guard is not None:
             return self.step_guard.check_loss(self.strategy, loss, self.global_step)
         return None
+
+    def _replica_step(self, inputs, apply: bool):
+        loss, gradients = self._task_step(inputs)
+        self.gradients.update(gradients, apply=apply)
+        return loss
+
+    def _task_train_step(self, inputs):
+        """The task's step on one replica's batch: its loss and the gradients it applied."""
+        with self.gradients.recording() as recorded:
+            logs = self.task.train_step(
+                inputs,
+                model=self.model,
+                optimizer=self.gradients,
+                metrics=self.train_metrics,
+            )
+        if recorded.gradients is None:
+            raise UserError(f"{type(self.task).__name__}.train_step did not call "
+                            "optimizer.apply_gradients; call it once per step.")
+        self.train_loss.update_state(logs["loss"])
+        return logs["loss"], recorded.gradients
 
     def train_loop_begin(self) -> None:
         """Called eagerly before each train loop; does nothing by default."""
@@ -382,13 +485,16 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
 
     @_plain
     def _reset_train_metrics(self) -> None:
-        for metric in [self.train_loss, *self.train_metrics]:
+        for metric in [self.train_loss, *self.train_metrics, *self.gradients.metrics()]:
             metric.reset_state()
 
     @_plain
     def _train_results(self) -> Logs:
-        logs = _results([self.train_loss, *self.train_metrics])
+        logs = _results([self.train_loss, *self.train_metrics, *self.gradients.metrics()])
         logs["learning_rate"] = current_learning_rate(self.optimizer)
+        scale = precision.loss_scale(self.optimizer)
+        if scale is not None:
+            logs["loss_scale"] = scale
         return logs
 
     def _maybe_tf_function(self, fn):
@@ -409,6 +515,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         """
         if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
+        if self.ema is not None:
+            self.ema.follow_weights_if_unstarted()
         if list(self.eval_sets) == [None]:
             return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
         return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
@@ -476,7 +584,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     def eval_step(self, iterator):
         def step_fn(inputs):
             logs = dict(
-                self.task.validation_step(inputs, model=self.model, metrics=self.eval_metrics)
+                self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
             )
             # Weigh each batch by its size, so that the remainder batch (and the
             # empty batch a replica gets when the eval set runs out) count right.
@@ -561,7 +669,12 @@ def _results(metrics) -> Logs:
 
 @_plain
 def current_learning_rate(optimizer) -> tf.Tensor:
-    """The learning rate the optimizer applies at its current iteration."""
+    """The optimizer's current learning rate, as its Keras reports it.
+
+    With a schedule, Keras 3 (and tf_keras' legacy optimizers) evaluate it at
+    the current iteration: the next update's rate; tf_keras optimizers report
+    the rate of the last update.
+    """
     learning_rate = optimizer.learning_rate
     if callable(learning_rate):  # A tf_keras schedule; Keras 3 evaluates its own.
         learning_rate = learning_rate(optimizer.iterations)

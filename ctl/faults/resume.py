@@ -11,16 +11,17 @@ things decide what a resumed run computes:
   `tf.data.Dataset`. The full state (buffers included), not tf.data's
   `experimental_symbolic_checkpoint`: see `InputPosition._choose_options`.
   Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` and
-  skips the batches already consumed: `global_step` steps of one global batch
-  each, i.e. `global_step * replicas_per_pipeline` elements of every input
+  skips the batches already consumed: `global_step` steps of
+  `accumulation_steps` global batches each, i.e. `global_step *
+  accumulation_steps * replicas_per_pipeline` elements of every input
   pipeline. That is Mirrored, multi-worker and parameter-server strategies (a
   `DistributedIterator` is not trackable in TensorFlow 2.20), pipelines
   TensorFlow cannot serialize (`from_generator`, `py_function`), and
   checkpoints without a saved position (an older ctl, another strategy, or a
   pipeline changed since the save). Skipping reads and discards those
   elements: its cost grows with the step, and it assumes each train step
-  calls `next_train_inputs` once (the default Trainer does). Either way the
-  resumed run sees the same data as an uninterrupted one when the pipeline
+  calls `next_train_inputs` `trainer.batches_per_step` times (the Trainer
+  does). Either way the resumed run sees the same data as an uninterrupted one when the pipeline
   yields the same sequence each time it is built (files in a fixed order,
   `shuffle(seed=...)`, seeded random ops).
 * RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
@@ -262,10 +263,12 @@ def skip_consumed_batches(trainer, steps: int) -> None:
     Runs eagerly, before the next train loop; the trainer makes a new
     iterator when its `train_dataset` is replaced.
     """
+    batches_per_step = trainer.batches_per_step  # ctl.Trainer.accumulation_steps
+
     def elements(input_context):
-        per_step = 1
+        per_step = batches_per_step
         if input_context is not None:
-            per_step = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+            per_step *= input_context.num_replicas_in_sync // input_context.num_input_pipelines
         return steps * per_step
 
     if steps > 0:

@@ -78,7 +78,7 @@ class CheckpointEvaluator:
         task = experiment.task
         # The trainer's own evaluation: every eval set, as in-line (Trainer.evaluate).
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True)
-        self.model = self.trainer.model
+        self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         self.eval_steps = experiment.schedule.eval_steps or -1
         self.eval_dir = directory.eval_dir
         self.metrics_file = directory.sidecar_metrics_file
@@ -107,8 +107,8 @@ class CheckpointEvaluator:
             ) from error
         if step is None:
             step = number
-        if MODEL in graph.root_children():
-            checkpoint = tf.train.Checkpoint(model=self.model)  # ctl, tf.train.CheckpointManager
+        if MODEL in graph.root_children():  # ctl, tf.train.CheckpointManager
+            checkpoint = tf.train.Checkpoint(**self.trainer.eval_restore_objects())
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
         model_dir = os.path.dirname(path)
@@ -241,8 +241,8 @@ def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
     actions = []
     if hooks:
         trainer = evaluator.trainer
-        run = Run(model_dir=model_dir, model=trainer.model, task=experiment.task,
-                  checkpoint=tf.train.Checkpoint(model=trainer.model,
+        run = Run(model_dir=model_dir, model=trainer.eval_model, task=experiment.task,
+                  checkpoint=tf.train.Checkpoint(model=trainer.eval_model,
                                                  global_step=trainer.global_step),
                   global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
         actions = Hooks(hooks, run).actions("on_eval_end")

@@ -1,0 +1,225 @@
+"""The gradient pipeline of a train step: loss scaling, clipping, accumulation, the update.
+
+    ctl.Trainer.clip_norm = 1.0              # clip by the global norm of the summed gradients
+    ctl.Trainer.accumulation_steps = 4       # one update per 4 micro-batches
+
+A task's `train_step` receives the trainer's `GradientPipeline` as its
+`optimizer`. It does what a Keras optimizer does for a train step, with ctl's
+settings applied, per replica (inside `strategy.run`):
+
+    with tf.GradientTape() as tape:
+      loss = ...                                   # this replica's mean loss
+      scaled_loss = optimizer.scale_loss(loss)     # / replicas, * loss scale
+    gradients = tape.gradient(scaled_loss, variables)
+    optimizer.apply_gradients(zip(gradients, variables))   # records them
+
+`apply_gradients` only records the gradients: the update runs after the
+task's step has returned (`update`, called by the Trainer), so that with
+`ctl.Trainer.jit_compile` XLA compiles the task's step (forward, backward,
+metrics) without the synchronization between replicas that MirroredStrategy
+cannot compile on CPUs. `update`, per replica:
+
+    g = recorded gradients (+ those of earlier micro-batches of this update)
+    if clipping or loss scaling:  g = sum of g over replicas   (all-reduce)
+    g = g / accumulation_steps
+    norm = global_norm(g) / loss scale            -> `gradient_norm` summary
+    if clip_norm: g = g * min(1, clip_norm / norm)
+    optimizer.apply_gradients(g)                  # LossScaleOptimizer: unscale, skip on overflow
+
+What a custom `train_step` must do: take gradients of `optimizer.scale_loss(loss)`
+(a step that divides by the replica count itself works while there is no loss
+scale; with `mixed_float16` ctl refuses a step that skips `scale_loss`), and
+call `optimizer.apply_gradients` once. `optimizer.iterations`,
+`optimizer.learning_rate` and `optimizer.inner` (the Keras optimizer) are there
+too. With accumulation the step runs once per micro-batch; the update runs
+after the last one.
+"""
+
+import inspect
+import threading
+from typing import List, Optional
+
+import keras
+import tensorflow as tf
+
+from ctl.core import precision
+from ctl.core.errors import UserError
+
+
+def validate(clip_norm: Optional[float], accumulation_steps: int) -> None:
+    if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(
+            clip_norm, (int, float)) or not clip_norm > 0):
+        raise UserError(f"ctl.Trainer.clip_norm ({clip_norm!r}) must be a positive number or "
+                        "None (no clipping).")
+    if isinstance(accumulation_steps, bool) or not isinstance(
+            accumulation_steps, int) or accumulation_steps < 1:
+        raise UserError(f"ctl.Trainer.accumulation_steps ({accumulation_steps!r}) must be a "
+                        "positive integer (1: an update per batch).")
+
+
+def scale_loss(optimizer, loss):
+    """What a train step differentiates: `optimizer.scale_loss(loss)` for ctl's
+    pipeline; for a plain Keras optimizer, the loss over the replica count
+    (gradients are summed over replicas)."""
+    if isinstance(optimizer, GradientPipeline):
+        return optimizer.scale_loss(loss)
+    return loss / tf.distribute.get_strategy().num_replicas_in_sync
+
+
+class GradientPipeline:
+    """Loss scaling, clipping, accumulation and the optimizer update of a train step.
+
+    Built by the Trainer inside its strategy's scope; `optimizer` is the
+    trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
+    """
+
+    def __init__(self, optimizer, variables, clip_norm: Optional[float] = None,
+                 accumulation_steps: int = 1):
+        validate(clip_norm, accumulation_steps)
+        self.inner = optimizer
+        self.clip_norm = clip_norm
+        self.accumulation_steps = accumulation_steps
+        self.loss_scaled = precision.is_loss_scaled(optimizer)
+        self._variables = list(variables)
+        self._replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        # Clipping needs the whole gradient, and so does the overflow check (one
+        # replica's overflow must skip the update on all of them).
+        self._sum_here = clip_norm is not None or self.loss_scaled
+        self._aggregation_kwargs = _skip_aggregation_kwargs(optimizer) if self._sum_here else {}
+        self.gradient_norm = keras.metrics.Mean("gradient_norm") if clip_norm else None
+        # Each replica's running sum over the micro-batches of one update;
+        # zero between train steps, so they are not in the checkpoint.
+        self._sums = [
+            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="ctl_gradient_sum",
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM)
+            for v in self._variables
+        ] if accumulation_steps > 1 else []
+        self._recording = threading.local()  # Per replica thread (MirroredStrategy).
+
+    # What a task's train_step calls.
+
+    @property
+    def iterations(self):
+        return self.inner.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner.learning_rate
+
+    def scale_loss(self, loss):
+        """This replica's share of the loss to differentiate: `loss / replicas * loss scale`."""
+        if self._replicas > 1:
+            loss = loss / self._replicas
+        recorder = self._recorder("scale_loss")
+        recorder.scaled = True
+        if not self.loss_scaled:
+            return loss
+        if precision.is_tf_keras(self.inner):
+            return self.inner.get_scaled_loss(loss)
+        return self.inner.scale_loss(loss)
+
+    def apply_gradients(self, grads_and_vars, **unused_kwargs) -> None:
+        """Records this replica's gradients; the Trainer applies them after the step returns."""
+        recorder = self._recorder("apply_gradients")
+        if recorder.gradients is not None:
+            raise UserError("a train_step called optimizer.apply_gradients twice; ctl applies "
+                            "one set of gradients per step (sum them first).")
+        if self.loss_scaled and not recorder.scaled:
+            raise UserError(
+                "with ctl.Trainer.mixed_precision='mixed_float16' a train_step must take "
+                "gradients of optimizer.scale_loss(loss) (it applies the loss scale); see "
+                "docs/train_step.md.")
+        by_variable = {id(v): g for g, v in grads_and_vars}
+        unknown = set(by_variable) - {id(v) for v in self._variables}
+        if unknown:
+            raise UserError("a train_step applied gradients to variables that are not the "
+                            "model's trainable variables; ctl updates model.trainable_variables.")
+        recorder.gradients = [by_variable.get(id(v)) for v in self._variables]
+
+    # What the Trainer calls.
+
+    def recording(self):
+        """Context for one replica's task step: yields the recorder of its gradients."""
+        return _Recording(self._recording)
+
+    def update(self, gradients: List, apply: bool) -> None:
+        """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context)."""
+        if not apply:
+            for total, gradient in zip(self._sums, gradients):
+                if gradient is not None:
+                    total.assign_add(tf.convert_to_tensor(gradient))
+            return
+        if self._sums:
+            gradients = [None if g is None else s.read_value() + tf.convert_to_tensor(g)
+                         for s, g in zip(self._sums, gradients)]
+            for total in self._sums:
+                total.assign(tf.zeros_like(total))
+        present = [i for i, g in enumerate(gradients) if g is not None]
+        values = [gradients[i] for i in present]
+        variables = [self._variables[i] for i in present]
+        if self._sum_here and self._replicas > 1:
+            values = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, values)
+        if self.accumulation_steps > 1:
+            values = [g / self.accumulation_steps for g in values]
+        if self.clip_norm is not None:
+            scale = precision.loss_scale(self.inner) if self.loss_scaled else None
+            norm = tf.linalg.global_norm(values)
+            threshold = tf.constant(self.clip_norm, norm.dtype)
+            if scale is not None:  # Clip the scaled gradients: the same as unscaled, scaled.
+                threshold = threshold * scale
+            values, _ = tf.clip_by_global_norm(values, threshold, use_norm=norm)
+            # Summarized over the updates that are applied (an overflow is skipped).
+            finite = tf.math.is_finite(norm)
+            norm = norm if scale is None else norm / scale
+            self.gradient_norm.update_state(tf.where(finite, norm, tf.zeros_like(norm)),
+                                            sample_weight=tf.cast(finite, norm.dtype))
+        self._apply(values, variables)
+
+    def _apply(self, values, variables) -> None:
+        optimizer = self.inner
+        if self.loss_scaled and precision.is_tf_keras(optimizer):
+            values = optimizer.get_unscaled_gradients(values)  # Keras 3's unscales in apply.
+        if self._sum_here and self._replicas > 1 and not self._aggregation_kwargs:
+            # The optimizer sums over replicas again: hand it each replica's share.
+            values = [g / self._replicas for g in values]
+        optimizer.apply_gradients(list(zip(values, variables)), **self._aggregation_kwargs)
+
+    def metrics(self) -> list:
+        """Metrics of the loop summaries: `gradient_norm` (pre-clip) when clipping."""
+        return [self.gradient_norm] if self.gradient_norm is not None else []
+
+    def _recorder(self, method: str):
+        recorder = getattr(self._recording, "current", None)
+        if recorder is None:
+            raise UserError(f"optimizer.{method} was called outside the Trainer's train step.")
+        return recorder
+
+
+class _Recording:
+    def __init__(self, local: threading.local):
+        self._local = local
+        self.gradients = None
+        self.scaled = False
+
+    def __enter__(self):
+        self._local.current = self
+        return self
+
+    def __exit__(self, *unused):
+        self._local.current = None
+
+
+def _skip_aggregation_kwargs(optimizer) -> dict:
+    """The keyword that stops `optimizer.apply_gradients` summing over replicas again, if any.
+
+    tf_keras optimizers have one (`skip_gradients_aggregation`, or the legacy
+    `experimental_aggregate_gradients`); Keras 3's always sum.
+    """
+    parameters = inspect.signature(optimizer.apply_gradients).parameters
+    if "skip_gradients_aggregation" in parameters:
+        return {"skip_gradients_aggregation": True}
+    if "experimental_aggregate_gradients" in parameters:
+        return {"experimental_aggregate_gradients": False}
+    return {}
