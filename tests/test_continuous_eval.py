@@ -1,6 +1,7 @@
 """The sidecar evaluator (`--mode=continuous_eval`) beside real trainers, on real checkpoints."""
 
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -133,6 +134,35 @@ def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path,
     assert "eval | step:     60" in log
     trainer_log = trainer.log.read_text()
     assert "training without in-line eval" in trainer_log and "eval | step" not in trainer_log
+
+
+def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_each_once(tmp_path):
+    """The sidecar's test-only fault point kills it in the window between appending a
+    checkpoint's metrics line and recording its progress; the restarted sidecar
+    evaluates every checkpoint exactly once (metrics, progress and summaries)."""
+    model_dir = str(tmp_path / "run")
+    trained = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+                      "--gin_bindings=ctl.Schedule.train_steps = 40",
+                      "--gin_bindings=ctl.Schedule.eval_interval = None")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    steps = sorted(ModelDir(model_dir).checkpoints())
+    assert steps == [10, 20, 30, 40]
+
+    killed = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S, env={
+        continuous_eval.FAULT_POINT_VARIABLE: continuous_eval.AFTER_METRICS_APPEND})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    # In the window: one metrics line, and no progress recorded for it.
+    [first] = evaluated_numbers(model_dir)
+    assert not os.path.exists(ModelDir(model_dir).sidecar_progress_file) or first not in progress(model_dir)
+
+    restarted = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert sorted(evaluated_numbers(model_dir)) == steps  # Each exactly once.
+    assert progress(model_dir) == {step: "evaluated" for step in steps}
+    loss_steps = [event.step for path in glob.glob(os.path.join(model_dir, "eval", "events.out.*"))
+                  for event in tf.compat.v1.train.summary_iterator(path)
+                  if any(value.tag == "loss" for value in event.summary.value)]
+    assert sorted(loss_steps) == steps  # One summary per checkpoint.
 
 
 def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path, processes):

@@ -32,6 +32,7 @@ class Trainer:
                 f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{progress}'",
                 *flags, *(f"--gin_bindings={b}" for b in bindings)]
         self.progress = progress
+        self.earlier = len(read_steps(progress))  # Lines of earlier processes on the same file.
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
@@ -41,12 +42,17 @@ class Trainer:
         """Waits until the task has started `step`; False if the process ended first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if last_step(self.progress) >= step:
+            if self.last_started() >= step:
                 return True
             if self.proc.poll() is not None:
                 return False
             time.sleep(0.02)
         raise TimeoutError(f"step {step} not reached in {timeout}s")
+
+    def last_started(self):
+        """The last step this process started (0: none yet)."""
+        steps = read_steps(self.progress)[self.earlier:]
+        return steps[-1] if steps else 0
 
     def finish(self, timeout=180):
         _, stderr = self.proc.communicate(timeout=timeout)
@@ -135,12 +141,23 @@ def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
     assert_bit_equal(*straight_and_chaos_runs(tmp_path, target, bindings, flags))
 
 
-def straight_and_chaos_runs(tmp_path, target, bindings, flags):
+def test_sigkill_inside_tf_while_loops_ends_bit_identical(tmp_path):
+    """Kills land while a `tf.while_loop` runs its steps (evidence: the last step the
+    graph started is not a loop's last); the resumed run equals an uninterrupted one."""
+    # Long loops of fast steps (~0.1 ms): a kill overshoots its step by hundreds of steps.
+    target, loop = 20000, 5000
+    bindings = (f"ctl.Schedule.train_steps={target}", f"ctl.Schedule.steps_per_loop={loop}",
+                f"ctl.Schedule.checkpoint_interval={loop}", "ctl.Trainer.use_tf_while_loop=True")
+    reference, chaos = straight_and_chaos_runs(tmp_path, target, bindings, (), loop=loop)
+    assert_bit_equal(reference, chaos)
+
+
+def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None):
     """An uninterrupted run and, meanwhile, a `chaos_run`; returns their last checkpoints."""
     reference = str(tmp_path / "reference")
     straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
     try:
-        chaos_run(tmp_path, target, bindings, flags)
+        chaos_run(tmp_path, target, bindings, flags, loop)
         returncode, stderr = straight.finish()
     finally:
         straight.kill()
@@ -148,28 +165,42 @@ def straight_and_chaos_runs(tmp_path, target, bindings, flags):
     return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(str(tmp_path / "chaos"))
 
 
-def chaos_run(tmp_path, target, bindings, flags):
-    """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed."""
+def chaos_run(tmp_path, target, bindings, flags, loop=None):
+    """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed.
+
+    With `loop` (steps_per_loop of a `tf.while_loop` run) the kill steps are drawn
+    inside loops, and at least one kill must be seen to land inside one.
+    """
     model_dir, progress = str(tmp_path / "chaos"), str(tmp_path / "chaos.progress")
     # Seeded, and the seed reported: CTL_CHAOS_SEED=N replays a failing run's kill points.
     seed = int(os.environ.get("CTL_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
     print(f"chaos seed: {seed} (rerun with CTL_CHAOS_SEED={seed})")
     rng = random.Random(seed)
-    killed_mid_run = 0
+    killed_mid_run = killed_in_loop = 0
     for _ in range(3):
         low, high = latest_step(model_dir) + 1, target - 30
         if low > high:
             break
         # A step past the last checkpoint, so that each kill loses (and replays) work.
         kill_at = rng.randint(low, high)
+        if loop:  # In the first half of its loop: room for the overshoot before the loop ends.
+            kill_at = kill_at - kill_at % loop + rng.randint(loop // 10, loop // 2)
         trainer = Trainer(model_dir, progress, *bindings, flags=flags)
         try:
             trainer.wait_for_step(kill_at)
             time.sleep(rng.uniform(0, 0.05))  # Sometimes mid-step, sometimes mid-save.
         finally:
             trainer.kill()
-        killed_mid_run += trainer.proc.returncode == -signal.SIGKILL
+        started = trainer.last_started()
+        print(f"kill at step {kill_at}: exit {trainer.proc.returncode}, last step started {started}, "
+              f"latest checkpoint {latest_step(model_dir)}")
+        if trainer.proc.returncode == -signal.SIGKILL:
+            killed_mid_run += 1
+            # The graph had started step `started` and not the next one of the same loop.
+            killed_in_loop += bool(loop) and started % loop != 0 and latest_step(model_dir) < started
     assert killed_mid_run >= 1, f"no kill landed mid-run (chaos seed {seed})"
+    if loop:
+        assert killed_in_loop >= 1, f"no kill landed inside a tf.while_loop (chaos seed {seed})"
     run_to_end(model_dir, progress, *bindings, flags=flags)
     assert latest_step(model_dir) == target, f"chaos seed {seed}"
     return seed

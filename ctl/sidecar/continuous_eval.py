@@ -25,6 +25,7 @@ optimizer's values stay unread.
 
 import logging as std_logging
 import os
+import signal
 import time
 from typing import Any, Dict, Optional
 
@@ -40,6 +41,11 @@ from ctl.core.model_dir import ModelDir, claim_eval_hooks
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
+# Test-only fault point: tests set CTL_FAULT_POINT=after_metrics_append to make the
+# sidecar SIGKILL itself right after appending an evaluation's metrics line and
+# before recording its progress (tests/test_continuous_eval.py). Read once, at start.
+FAULT_POINT_VARIABLE = "CTL_FAULT_POINT"
+AFTER_METRICS_APPEND = "after_metrics_append"
 
 
 def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float = 0.5) -> str:
@@ -87,6 +93,7 @@ class CheckpointEvaluator:
             if hasattr(callback, "set_model"):
                 callback.set_model(self.model)
         self._summaries = None
+        self.die_after_metrics_append = False  # The test-only fault point (top of the module).
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
@@ -159,6 +166,8 @@ def evaluate_continuously(
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
     evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
+    evaluator.die_after_metrics_append = (
+        os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
         return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock)
@@ -267,6 +276,8 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     files.append_json_line(evaluator.metrics_file, record)
+    if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
+        os.kill(os.getpid(), signal.SIGKILL)
     console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
     if eval_end_hooks is not None:
         eval_end_hooks(output["results"])
