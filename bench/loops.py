@@ -219,7 +219,6 @@ def _driver(controller, steps_per_loop):
         controller.train(steps=target, checkpoint_at_completion=False)
 
     run(steps_per_loop)
-    run.optimizer = optimizer  # Its `iterations` count the steps run (tests/test_bench.py).
     return run
 
 

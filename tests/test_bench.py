@@ -37,6 +37,7 @@ def test_every_loop_trains_the_steps_it_is_asked_for():
     assert int(trainer.optimizer.iterations.numpy()) == 20
     assert any(not np.array_equal(a, b.numpy())
                for a, b in zip(before, trainer.model.trainable_variables))
+    loops.ctl_train(task, steps_per_loop=10)(20)  # The figures' driver (a warm-up loop, then 20 steps).
     for fused in (False, True):
         raw = loops.raw_train(task, steps_per_loop=10, fused=fused)  # Warm-up: one loop.
         raw(20)

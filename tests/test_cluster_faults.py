@@ -34,7 +34,8 @@ from tests.fault_tasks import ProbeTask
 from tests.test_comforts import exported, model_at, served
 from tests.test_faults_processes import assert_bit_equal, latest_step, read_steps
 
-pytestmark = pytest.mark.slow
+# Split out of the default run (about 5 minutes of 2-worker and PS clusters); .ci/run runs them.
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 TIMEOUT_S = 480
