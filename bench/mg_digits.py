@@ -16,24 +16,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 from official.core import base_task, config_definitions as cfg, train_lib  # noqa: E402
 from official.modeling.optimization.configs import optimization_config as optimization  # noqa: E402
 
-HELD_OUT_FRACTION = 0.2
-
-
-def load_split(training: bool, seed: int = 0):
-    """The digits split of experiments/digits.py (copied so that the peer imports no ctl)."""
-    from sklearn.datasets import load_digits
-
-    images, labels = load_digits(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(labels))
-    cut = int(len(labels) * (1 - HELD_OUT_FRACTION))
-    chosen = order[:cut] if training else order[cut:]
-    return (images[chosen] / 16.0).astype(np.float32), labels[chosen].astype(np.int32)
+from experiments.digits_data import load_split  # noqa: E402 (imports no ctl)
 
 
 class DigitsTask(base_task.Task):

@@ -6,23 +6,11 @@ are split once, with a fixed seed, into 1,437 for training and 360 held out.
 
 import gin
 import keras
-import numpy as np
 import tensorflow as tf
 
 import ctl
 
-HELD_OUT_FRACTION = 0.2
-
-
-def load_split(training: bool, seed: int = 0):
-    """Returns `(images, labels)` of the train or held-out split, images in [0, 1]."""
-    from sklearn.datasets import load_digits  # Imported here: only this task needs it.
-
-    images, labels = load_digits(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(labels))
-    cut = int(len(labels) * (1 - HELD_OUT_FRACTION))
-    chosen = order[:cut] if training else order[cut:]
-    return (images[chosen] / 16.0).astype(np.float32), labels[chosen].astype(np.int32)
+from experiments.digits_data import HELD_OUT_FRACTION, load_split  # noqa: F401 (re-exported)
 
 
 @gin.configurable
