@@ -108,7 +108,7 @@ def main(argv):
         if plan.mode == smoke.MODE:
             smoke.run_smoke(strategy)
         else:
-            with peers.reported_as_peer_loss(plan.cluster):
+            with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
                 train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
         print(f"ctl.run: preempted: {preempted}", file=sys.stderr)

@@ -26,6 +26,7 @@ import tensorflow as tf
 import numpy as np
 
 from ctl import launch
+from ctl.cluster import peers
 from ctl.cluster.peers import EXIT_PEER_LOST
 from ctl.faults import run_size
 from ctl.faults.preemption import EXIT_PREEMPTED
@@ -291,7 +292,8 @@ def checkpoint_step(path):
 
 
 def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
-    """Items 6, 7 and 8 on one cluster (chief + 2 workers + 1 ps), restarted by the launcher."""
+    """Items 6, 7 and 8 (the ps killed, then frozen) on one cluster (chief + 2 workers + 1 ps),
+    restarted by the launcher; then NaN under parameter servers."""
     cluster = Launched(tmp_path, "ps", ["--workers=2", "--ps=1", "--restarts=3"], *PS_RUN,
                        run_args=PARAMETER_SERVERS)
     try:
@@ -302,7 +304,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         cluster.wait_for(r"^\[worker 1\] probe step \d+", after=restarted)  # It runs steps again.
         cluster.wait_for(r"^\[worker 0\] probe step \d+", after=restarted)
         launcher = [line for _, line in cluster.lines if line.startswith(("[launch]", "[chief] ctl.run"))]
-        assert sum(line.startswith("[launch] started chief") for line in launcher) == 1, launcher
+        assert sum(line.startswith("[launch] started chief") for line in launcher) == 1, "\n".join(launcher)
 
         # 7. SIGTERM to the coordinator in the middle of its 100,000-step loop: checkpoint, exit 75.
         os.kill(cluster.pid("chief"), signal.SIGTERM)
@@ -339,18 +341,42 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         lost, _, _ = cluster.wait_for(
             rf"^\[launch\] (ps 0 exited with status -9|chief exited with status {EXIT_PEER_LOST}); "
             "restarting chief, worker 0, worker 1, ps 0", after=preempted)
-        cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}", after=lost)
+        restored, _, _ = cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}",
+                                          after=lost)
+
+        # 8'. The new ps freezes (SIGSTOP: its sockets stay open, TensorFlow waits on it forever):
+        # the coordinator's watchdog names it and the coordinator exits 69 within the stated bound.
+        cluster.wait_for(r"^\[worker \d\] probe step", after=restored)
+        os.kill(cluster.pid("ps 0"), signal.SIGSTOP)
+        frozen = time.monotonic()
+        _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: peer lost: (.*)", after=restored,
+                                        timeout=peers.ANSWER_TIMEOUT_S + EXIT_BOUND_S)
+        assert peers.ANSWER_TIMEOUT_S - peers.PROBE_INTERVAL_S < at - frozen \
+            < peers.ANSWER_TIMEOUT_S + EXIT_BOUND_S, at - frozen
+        assert re.match(r"lost ps 0 \(127.0.0.1:\d+\) \(no answer to a probe in \d+ s", match.group(1)), \
+            match.group(0)
+        cluster.wait_for(rf"^\[launch\] chief exited with status {EXIT_PEER_LOST}", after=restored)
     finally:
         cluster.kill()
-    # Restarting the whole cluster resumes from the last checkpoint and reaches train_steps.
+    # Restarting the whole cluster resumes from the last checkpoint; a NaN loss there is seen by the
+    # scheduled steps (item 7: the guard), 'recover' restores that checkpoint and replays to train_steps.
     target = stop_step + 20
+    poisoned = iterations + 10  # ProbeTask counts steps by the optimizer's iterations.
     again = Launched(tmp_path, "ps", ["--workers=2", "--ps=1"], *PS_RUN[1:],
-                     f"ctl.Schedule.train_steps={target}", run_args=PARAMETER_SERVERS)
+                     f"ctl.Schedule.train_steps={target}", f"ProbeTask.nan_at_steps=[{poisoned}]",
+                     "ctl.FaultTolerance.nan_policy='recover'", run_args=PARAMETER_SERVERS)
     try:
         assert again.finish() == 0, again.output[-6000:]
     finally:
         again.kill()
     assert f"restored model from {path}" in again.output
+    recovered = re.findall(rf"^\[chief\] .*loss is NaN or Inf at step (\d+): restored {re.escape(path)}, "
+                           rf"replaying from step {stop_step} ", again.output, re.M)
+    assert len(recovered) == 1, again.output[-6000:]
+    # The bad step: the poisoned one, or one that ran beside it on the other worker; the optimizer's
+    # iterations may lag the global step by a few more increments under parameter servers.
+    bad_step = int(recovered[0])
+    assert stop_step + 10 <= bad_step <= stop_step + 16, (bad_step, stop_step)
     assert checkpoint_step(tf.train.latest_checkpoint(again.model_dir)) == target
 
 

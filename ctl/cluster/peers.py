@@ -17,6 +17,14 @@ into `PeerLost`, whose message names the lost task(s), and `python -m ctl.run`
 exits with `EXIT_PEER_LOST` (69, `EX_UNAVAILABLE` in `sysexits.h`): restart
 the cluster, which resumes from the last checkpoint.
 
+Under `ParameterServerStrategy` neither happens for a *frozen* ps (a stopped
+process, a machine that stopped answering without closing its connections):
+the coordinator's steps wait on it forever (measured: still waiting after 120 s
+with the ps SIGSTOPped; TensorFlow's coordination service does not fail them).
+`watched` therefore runs a `PsWatchdog` on the coordinator: a small op on each
+ps every `PROBE_INTERVAL_S`; a ps that has not answered for `ANSWER_TIMEOUT_S`
+is lost, and the coordinator exits 69 with the same one line.
+
 A task is named lost if its address refuses connections now or, when none
 does, if the error names it (`/job:worker/replica:0/task:1`). An error that
 names no other task, with every peer still listening, is not a peer loss and
@@ -24,9 +32,13 @@ keeps its traceback.
 """
 
 import contextlib
+import os
 import re
 import socket
-from typing import Iterator, List, Optional
+import sys
+import threading
+import time
+from typing import Callable, Iterator, List, Optional
 
 import tensorflow as tf
 
@@ -39,15 +51,20 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.Can
 _TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 _CAUSE = re.compile(r"aborted by|unhealthy|socket closed|heartbeat|failed to connect|connection", re.I)
 _PROBE_TIMEOUT_S = 2.0
+# The parameter-server watchdog: a probe op on each ps this often; no answer for
+# this long and the ps is lost (docs/faults.md states the bound).
+PROBE_INTERVAL_S = 5.0
+ANSWER_TIMEOUT_S = 30.0
 
 
 class PeerLost(Exception):
     """A task this one trains with is gone; the run cannot go on without it."""
 
     def __init__(self, lost: List[str], cause: str):
+        """`cause`: how the loss showed, e.g. "TensorFlow: <its message>"."""
         self.lost = lost
         super().__init__(
-            f"lost {', '.join(lost)} (TensorFlow: {cause}); this task stops too. Restart the "
+            f"lost {', '.join(lost)} ({cause}); this task stops too. Restart the "
             "lost task and this one (the same command): training resumes from the last checkpoint."
         )
 
@@ -101,4 +118,86 @@ def reported_as_peer_loss(cluster: Optional[ClusterConfig]) -> Iterator[None]:
         lost = lost_tasks(cluster, str(error.message))
         if not lost:
             raise
-        raise PeerLost(lost, _cause(error)) from error
+        raise PeerLost(lost, f"TensorFlow: {_cause(error)}") from error
+
+
+class PsWatchdog:
+    """Exits the coordinator with `EXIT_PEER_LOST` when a ps stops answering.
+
+    One daemon thread per ps runs a small op on it (`probe`) every
+    `interval` seconds and notes when it answered; a checker thread calls
+    `on_lost(task)` once a ps has not answered for `timeout` seconds. A probe
+    that fails (a ps whose process is gone) does not count as an answer, but
+    the main thread usually hears of that loss first (`reported_as_peer_loss`).
+    """
+
+    def __init__(self, cluster: ClusterConfig, probe: Optional[Callable[[int], None]] = None,
+                 on_lost: Optional[Callable[[str], None]] = None,
+                 interval: float = PROBE_INTERVAL_S, timeout: float = ANSWER_TIMEOUT_S,
+                 clock=time.monotonic):
+        self.addresses = list(cluster.training_cluster().get("ps", []))
+        self.probe = probe or _probe_ps
+        self.on_lost = on_lost or _exit_lost
+        self.interval = interval
+        self.timeout = timeout
+        self._clock = clock
+        self._answered = [clock() for _ in self.addresses]
+        self._stopped = threading.Event()
+
+    def start(self) -> "PsWatchdog":
+        for index in range(len(self.addresses)):
+            threading.Thread(target=self._probe_loop, args=(index,), daemon=True,
+                             name=f"ctl-ps-probe-{index}").start()
+        threading.Thread(target=self._check_loop, daemon=True, name="ctl-ps-watchdog").start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _probe_loop(self, index: int) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.probe(index)
+                self._answered[index] = self._clock()
+            except Exception:  # noqa: BLE001 - a ps that is gone: no answer; the checker decides.
+                pass
+            self._stopped.wait(self.interval)
+
+    def _check_loop(self) -> None:
+        while not self._stopped.wait(min(self.interval, self.timeout) / 2):
+            now = self._clock()
+            silent = [index for index, answered in enumerate(self._answered)
+                      if now - answered > self.timeout]
+            if silent:
+                self.stop()
+                lost = [f"ps {index} ({self.addresses[index]})" for index in silent]
+                self.on_lost(str(PeerLost(lost, f"no answer to a probe in {self.timeout:.0f} s: "
+                                                "a frozen process or an unreachable machine")))
+                return
+
+
+def _probe_ps(index: int) -> None:
+    """A tiny op run on ps `index` and read back (blocks while that ps does not answer)."""
+    with tf.device(f"/job:ps/replica:0/task:{index}/device:CPU:0"):
+        answer = tf.constant(index, tf.int32) + 1
+    answer.numpy()
+
+
+def _exit_lost(message: str) -> None:
+    """Ends the process from the watchdog thread: the main thread is stuck inside TensorFlow."""
+    print(f"ctl.run: peer lost: {message}", file=sys.stderr, flush=True)
+    os._exit(EXIT_PEER_LOST)
+
+
+@contextlib.contextmanager
+def watched(cluster: Optional[ClusterConfig], strategy_name: str) -> Iterator[None]:
+    """Runs a `PsWatchdog` while the coordinator of a parameter-server cluster trains; else nothing."""
+    if cluster is None or strategy_name != "parameter_server" or not cluster.is_chief \
+            or not cluster.training_cluster().get("ps"):
+        yield
+        return
+    watchdog = PsWatchdog(cluster).start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
