@@ -93,6 +93,7 @@ def loss_scale(optimizer) -> Optional[tf.Tensor]:
     return tf.convert_to_tensor(optimizer.dynamic_scale)
 
 
+@tf.autograph.experimental.do_not_convert  # No control flow on tensors (tracing time).
 def float32_outputs(outputs):
     """`outputs` with every float16/bfloat16 tensor cast to float32, for losses and metrics."""
     def cast(tensor):
