@@ -49,7 +49,9 @@ class ProbeTask(RegressionTask):
         self.print_steps = print_steps
         self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
         # Not in any checkpoint: a restored run remembers which glitches fired.
-        self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.bool), trainable=False)
+        # Hits per poisoned step, only ever added to: concurrent parameter-server steps
+        # cannot undo another step's hit (a read-modify-write of a flag could).
+        self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.int32), trainable=False)
 
     def build_model(self):
         layers = [keras.Input((3,))]
@@ -91,9 +93,9 @@ class ProbeTask(RegressionTask):
 
     def _poison(self, step):
         now = tf.equal(self.nan_at_steps, step)
-        hit = tf.reduce_any(now & ~self.fired) if self.transient else tf.reduce_any(now)
+        hit = tf.reduce_any(now & (self.fired.read_value() == 0)) if self.transient else tf.reduce_any(now)
         if self.transient:
-            self.fired.assign(self.fired | now)
+            self.fired.assign_add(tf.cast(now, tf.int32))
         return tf.where(hit, tf.constant(np.nan, tf.float32), tf.constant(1.0, tf.float32))
 
 

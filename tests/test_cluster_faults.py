@@ -316,16 +316,20 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         assert checkpoint_step(path) == stop_step and path == tf.train.latest_checkpoint(cluster.model_dir)
         preempted, _, _ = cluster.wait_for(
             rf"^\[launch\] chief exited with status {EXIT_PREEMPTED}; restarting chief, worker 0, worker 1, ps 0")
+        restored, _, _ = cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}",
+                                          after=preempted)
         # At least once: every step the workers started (each prints once) is in the global step,
         # but the one cut off by the kill, run again elsewhere, counts once or twice; the steps
-        # scheduled after the signal did not run.
-        started = sum(1 for _, line in cluster.lines[:preempted] if re.match(r"\[worker \d\] probe step", line))
-        assert stop_step <= started <= stop_step + 1, (started, stop_step)
-        cluster.wait_for(rf"^\[chief\] .*restored model from {re.escape(path)}", after=preempted)
+        # scheduled after the signal did not run. Counted up to the restarted coordinator's restore
+        # (before it no restarted worker runs a step): a worker's last lines may reach the launcher's
+        # output after its line about the coordinator's exit, and the killed worker's last line may
+        # be lost with it (seen: 600 lines for global step 601).
+        started = sum(1 for _, line in cluster.lines[:restored] if re.match(r"\[worker \d\] probe step", line))
+        assert stop_step - 1 <= started <= stop_step + 1, (started, stop_step)
         # Steps print the optimizer's iterations + 1, which lag the global step under parameter
         # servers (docs/faults.md): the first steps after the restart continue from the checkpoint's.
         iterations = int(tf.train.load_variable(path, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
-        resumed = cluster.wait_for(r"^\[worker \d\] probe step (\d+)", after=preempted)[2]
+        resumed = cluster.wait_for(r"^\[worker \d\] probe step (\d+)", after=restored)[2]
         assert iterations < int(resumed.group(1)) <= iterations + 2
 
         # 8. The ps is killed: the coordinator says so in one line and exits 69 by itself; the
