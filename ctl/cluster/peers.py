@@ -38,7 +38,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import tensorflow as tf
 
@@ -124,24 +124,16 @@ def reported_as_peer_loss(cluster: Optional[ClusterConfig]) -> Iterator[None]:
 class PsWatchdog:
     """Exits the coordinator with `EXIT_PEER_LOST` when a ps stops answering.
 
-    One daemon thread per ps runs a small op on it (`probe`) every
-    `interval` seconds and notes when it answered; a checker thread calls
-    `on_lost(task)` once a ps has not answered for `timeout` seconds. A probe
+    One daemon thread per ps runs a small op on it every `PROBE_INTERVAL_S`
+    and notes when it answered; a checker thread ends the process once a ps
+    has not answered for `ANSWER_TIMEOUT_S`. A probe
     that fails (a ps whose process is gone) does not count as an answer, but
     the main thread usually hears of that loss first (`reported_as_peer_loss`).
     """
 
-    def __init__(self, cluster: ClusterConfig, probe: Optional[Callable[[int], None]] = None,
-                 on_lost: Optional[Callable[[str], None]] = None,
-                 interval: float = PROBE_INTERVAL_S, timeout: float = ANSWER_TIMEOUT_S,
-                 clock=time.monotonic):
+    def __init__(self, cluster: ClusterConfig):
         self.addresses = list(cluster.training_cluster().get("ps", []))
-        self.probe = probe or _probe_ps
-        self.on_lost = on_lost or _exit_lost
-        self.interval = interval
-        self.timeout = timeout
-        self._clock = clock
-        self._answered = [clock() for _ in self.addresses]
+        self._answered = [time.monotonic() for _ in self.addresses]
         self._stopped = threading.Event()
 
     def start(self) -> "PsWatchdog":
@@ -157,22 +149,22 @@ class PsWatchdog:
     def _probe_loop(self, index: int) -> None:
         while not self._stopped.is_set():
             try:
-                self.probe(index)
-                self._answered[index] = self._clock()
+                _probe_ps(index)
+                self._answered[index] = time.monotonic()
             except Exception:  # noqa: BLE001 - a ps that is gone: no answer; the checker decides.
                 pass
-            self._stopped.wait(self.interval)
+            self._stopped.wait(PROBE_INTERVAL_S)
 
     def _check_loop(self) -> None:
-        while not self._stopped.wait(min(self.interval, self.timeout) / 2):
-            now = self._clock()
+        while not self._stopped.wait(PROBE_INTERVAL_S / 2):
+            now = time.monotonic()
             silent = [index for index, answered in enumerate(self._answered)
-                      if now - answered > self.timeout]
+                      if now - answered > ANSWER_TIMEOUT_S]
             if silent:
                 self.stop()
                 lost = [f"ps {index} ({self.addresses[index]})" for index in silent]
-                self.on_lost(str(PeerLost(lost, f"no answer to a probe in {self.timeout:.0f} s: "
-                                                "a frozen process or an unreachable machine")))
+                _exit_lost(str(PeerLost(lost, f"no answer to a probe in {ANSWER_TIMEOUT_S:.0f} s: "
+                                              "a frozen process or an unreachable machine")))
                 return
 
 

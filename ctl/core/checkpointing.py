@@ -122,6 +122,9 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
             fix: Optional[str] = None):
     """Restores `path` into `checkpoint` and returns the restore status.
 
+    Every object of `checkpoint` must get its value; values it has no object for
+    (an optimizer's, for an evaluator) stay unread without TensorFlow's warnings.
+
     Raises `UserError` when the checkpoint holds a different model (ending in
     `fix`, by default: a new model dir or the config that wrote it), and its
     subclass `UnreadableCheckpointError` when the files are gone or damaged.
