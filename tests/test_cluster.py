@@ -191,6 +191,12 @@ def test_a_lost_peer_is_the_task_that_refuses_connections_else_the_one_the_error
         with pytest.raises(peers.PeerLost, match=r"^lost worker 1 \(127.0.0.1:\d+\) \(TensorFlow: The following"):
             with peers.reported_as_peer_loss(both_up):
                 raise tf.errors.UnavailableError(None, None, "Graph execution error:\n" + heartbeat)
+        # Parameter servers: a lost ps is what stops the coordinator; workers stopped beside it
+        # (a cluster manager restarting the job) are not named.
+        ps_cluster = cluster.ClusterConfig(
+            {"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{dead}"], "ps": [f"127.0.0.1:{dead}"]},
+            "chief", 0)
+        assert peers.lost_tasks(ps_cluster, "/job:worker/replica:0/task:0") == [f"ps 0 (127.0.0.1:{dead})"]
         # Every peer up and none named: not a lost peer, the error stays as it was.
         with pytest.raises(tf.errors.UnavailableError):
             with peers.reported_as_peer_loss(both_up):

@@ -78,6 +78,11 @@ def lost_tasks(cluster: ClusterConfig, message: str) -> List[str]:
     stopped). A refusing task comes first because TensorFlow's messages also
     name the task that reported the failure, e.g. a worker that could not reach
     the lost ps.
+
+    With parameter servers only a lost ps stops the coordinator
+    (`ClusterCoordinator` reschedules a lost worker's steps), so when a ps is
+    lost the workers are not named: a cluster manager that restarts the whole
+    job after the ps died may already have stopped them.
     """
     peers = [(job, index, address) for job, addresses in cluster.training_cluster().items()
              for index, address in enumerate(addresses)
@@ -85,7 +90,8 @@ def lost_tasks(cluster: ClusterConfig, message: str) -> List[str]:
     refusing = [(job, index, address) for job, index, address in peers if not _listening(address)]
     named = {(job, int(index)) for job, index in _TASK.findall(message)}
     lost = refusing or [(job, index, address) for job, index, address in peers if (job, index) in named]
-    return [f"{job} {index} ({address})" for job, index, address in lost]
+    lost_ps = [task for task in lost if task[0] == "ps"]
+    return [f"{job} {index} ({address})" for job, index, address in lost_ps or lost]
 
 
 def _listening(address: str) -> bool:
