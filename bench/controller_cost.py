@@ -10,6 +10,11 @@ interleaved:
   sync / async `Controller.train_and_evaluate` with a checkpoint and an
                evaluation of `eval_steps` batches every `interval` steps,
                checkpoints written synchronously or in the background.
+The three controllers drive one and the same trainer (model, optimizer,
+iterator, traced loops; built as `ctl.run` builds it), each with its own
+checkpoint manager and directory: the variants differ in what happens at the
+intervals and in nothing else. (Three trainers, one a variant, ran several %
+apart whatever they did: sync came out 8% *faster* than training alone.)
 The cost is the ratio of the median time to that of training alone, minus
 one (`cpu_cost_without_eval`: the same in CPU time of the process, which other
 processes' load disturbs less). It includes the evaluations' own compute: `eval_share` estimates that
@@ -19,6 +24,12 @@ seconds per checkpoint-and-evaluation. `save_blocks_share` is measured
 directly, not as a difference: the median time a `save()` call blocks
 training, times the saves per round, over training alone (for async saves the
 background write's competition for the CPU is only in `cost`).
+`direct_cost_without_eval` is measured within each round, free of the drift of
+the loops' speed from round to round (a few % here): the time outside the
+train loops (`trainer.train` calls) over the time inside them, minus the same
+for training alone, minus `eval_share`. `loops_slowdown` is the time inside
+the loops over training alone's, minus one: what a background write (or
+noise) takes from the loops themselves.
 
 Figure 4 (`checkpoint_stall`): on the `wide` workload (52 MB checkpoints) ctl
 trains `saves` loops of 20 steps per round with no checkpoint, a synchronous
@@ -44,27 +55,24 @@ STALL_TARGET = 0.10
 
 def controller_cost(args):
     interval, train_steps = args.interval, args.train_steps
-    alone = loops.ctl_controller(BenchTask("mlp"), steps_per_loop=100)[1]
-    with_sync = loops.ctl_controller(
-        BenchTask("mlp"), mode="train_and_eval", steps_per_loop=100,
-        checkpoint_interval=interval, eval_steps=args.eval_steps)[1]
-    with_async = loops.ctl_controller(
-        BenchTask("mlp"), mode="train_and_eval", steps_per_loop=100,
-        checkpoint_interval=interval, eval_steps=args.eval_steps, async_checkpointing=True)[1]
+    _, alone = loops.ctl_controller(BenchTask("mlp"), mode="train_and_eval",
+                                          steps_per_loop=100)
+    with_sync = loops.sibling_controller(alone, checkpoint_interval=interval)
+    with_async = loops.sibling_controller(alone, checkpoint_interval=interval,
+                                          async_checkpointing=True)
 
     def train_alone(steps):
-        alone.train(int(alone.global_step.numpy()) + steps, checkpoint_at_completion=False)
+        alone.train(alone.refresh_step() + steps, checkpoint_at_completion=False)
 
     def train_and_evaluate(controller, steps):
-        controller.train_and_evaluate(
-            train_steps=int(controller.global_step.numpy()) + steps,
-            eval_steps=args.eval_steps, eval_interval=interval)
+        controller.train_and_evaluate(train_steps=controller.refresh_step() + steps,
+                                      eval_steps=args.eval_steps, eval_interval=interval)
 
     blocked = {"sync": [], "async": []}  # Seconds each save() call blocked training.
     for name, controller in (("sync", with_sync), ("async", with_async)):
         controller.checkpoint_manager.save = _timed(controller.checkpoint_manager.save,
                                                     blocked[name])
-    # Warm up: trace the train and eval loops, write a first checkpoint.
+    # Warm up: trace the train and eval loops, write a first checkpoint each.
     train_alone(interval)
     train_and_evaluate(with_sync, interval)
     train_and_evaluate(with_async, interval)
@@ -74,12 +82,16 @@ def controller_cost(args):
 
     for calls in blocked.values():
         calls.clear()
+    in_loops = _LoopTimer(alone.trainer)  # The three share the trainer.
     cpu = {}
     times = measure.interleave({
-        "alone": lambda: train_alone(train_steps),
-        "sync": lambda: train_and_evaluate(with_sync, train_steps),
-        "async": lambda: train_and_evaluate(with_async, train_steps),
+        "alone": in_loops.timing("alone", lambda: train_alone(train_steps)),
+        "sync": in_loops.timing("sync", lambda: train_and_evaluate(with_sync, train_steps)),
+        "async": in_loops.timing("async", lambda: train_and_evaluate(with_async, train_steps)),
     }, args.rounds, cpu=cpu)
+    outside = {name: measure.median([(total - inside) / inside for total, inside in
+                                     zip(times[name], in_loops.seconds[name])])
+               for name in times}
     for name in ("sync", "async"):
         cost = measure.ratio(times[name], times["alone"]) - 1
         cpu_cost = measure.ratio(cpu[name], cpu["alone"]) - 1
@@ -87,6 +99,8 @@ def controller_cost(args):
             "controller_cost", workload="mlp", checkpoints=name, cost=cost,
             eval_share=eval_share, cost_without_eval=cost - eval_share,
             cpu_cost_without_eval=cpu_cost - eval_share,
+            direct_cost_without_eval=outside[name] - outside["alone"] - eval_share,
+            loops_slowdown=measure.ratio(in_loops.seconds[name], in_loops.seconds["alone"]) - 1,
             overhead_per_interval_s=(
                 measure.median(times["alone"]) * (cost - eval_share) * interval / train_steps),
             save_blocks_share=(measure.median(blocked[name]) * train_steps / interval
@@ -138,6 +152,32 @@ def checkpoint_stall(args):
         loop_s=measure.median(times["none"]) / saves, saves_per_round=saves,
         steps_per_loop=steps_per_loop, rounds=args.rounds,
         target=f"async_over_sync <= {STALL_TARGET}", met=ratio <= STALL_TARGET)
+
+
+class _LoopTimer:
+    """Seconds each round spent inside `trainer.train` (the train loops), per variant."""
+
+    def __init__(self, trainer):
+        self.seconds = {}
+        self._variant = None
+        train = trainer.train
+
+        def timed_train(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return train(*args, **kwargs)
+            finally:
+                self.seconds[self._variant][-1] += time.perf_counter() - start
+
+        trainer.train = timed_train
+
+    def timing(self, variant, run):
+        def timed_run():
+            self._variant = variant
+            self.seconds.setdefault(variant, []).append(0.0)
+            run()
+
+        return timed_run
 
 
 def _timed(save, seconds):

@@ -5,7 +5,8 @@
 Each round runs `evals` evaluations of `eval_steps` batches per variant, each
 from a fresh iterator (as every evaluation does). ctl's goes through
 `Controller.evaluate`: metrics reset, the `tf.while_loop` eval loop, results
-read back and written as summaries.
+read back and written as summaries. Each variant runs in `--instances`
+copies built in balanced order (`measure.build_balanced`).
 """
 
 import argparse
@@ -22,20 +23,23 @@ def main():
     parser.add_argument("--evals", type=int, default=5, help="evaluations per round (mlp); cnn: a fifth")
     parser.add_argument("--eval_steps", type=int, default=100)
     parser.add_argument("--workloads", default="mlp,cnn")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="copies of each variant, built in balanced order (measure.build_balanced)")
     args = parser.parse_args()
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         evals = args.evals if workload == "mlp" else max(1, args.evals // 5)
-        runs = {"raw": loops.raw_eval(BenchTask(workload)),
-                "raw_fused": loops.raw_eval(BenchTask(workload), fused=True),
-                "ctl": loops.ctl_eval(BenchTask(workload))}
+        runs = measure.build_balanced({
+            "raw": lambda: loops.raw_eval(BenchTask(workload)),
+            "raw_fused": lambda: loops.raw_eval(BenchTask(workload), fused=True),
+            "ctl": lambda: loops.ctl_eval(BenchTask(workload))}, args.instances)
 
-        def repeat(evaluate):
-            return lambda: [evaluate(args.eval_steps) for _ in range(evals)]
+        def repeat(instances):
+            return lambda: [evaluate(args.eval_steps) for evaluate in instances for _ in range(evals)]
 
         cpu = {}
         times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu)
-        steps = evals * args.eval_steps
+        steps = evals * args.eval_steps * args.instances
         measure.emit_throughput("eval_throughput", times, cpu, steps, TARGET, workload=workload,
                                 eval_steps=args.eval_steps, evals_per_round=evals,
                                 rounds=args.rounds)

@@ -30,6 +30,8 @@ import tensorflow as tf
 
 import ctl
 from ctl import train_lib
+from ctl.core.checkpointing import CheckpointManager
+from ctl.core.controller import Controller
 from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
@@ -172,6 +174,30 @@ def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
     built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
                                        watcher=_watcher() if mode != "eval" else None)
     return built.trainer, built.controller
+
+
+def sibling_controller(controller: Controller, checkpoint_interval: int,
+                       async_checkpointing: bool = False, max_checkpoints: int = 5) -> Controller:
+    """Another controller over `controller`'s trainer, with its own checkpoints.
+
+    It shares everything else (trainer and evaluator, summaries, actions,
+    fault handler), so that variants built this way differ only in their
+    checkpoints: figure 3 compares them free of the speed differences between
+    separately built models and iterators. Drive each with `refresh_step()` first:
+    the step a controller keeps is stale once a sibling has trained.
+    """
+    trainer = controller.trainer
+    manager = CheckpointManager(trainer.checkpoint, tempfile.mkdtemp(prefix="ctl-bench-"),
+                                step_counter=trainer.global_step, max_to_keep=max_checkpoints,
+                                checkpoint_interval=checkpoint_interval)
+    return Controller(
+        global_step=trainer.global_step, trainer=trainer, evaluator=controller.evaluator,
+        strategy=controller.strategy, steps_per_loop=controller.steps_per_loop,
+        checkpoint_manager=manager, enable_async_checkpointing=async_checkpointing,
+        summary_manager=controller.summary_manager,
+        eval_summary_manager=controller.eval_summary_manager,
+        train_actions=controller.train_actions, eval_actions=controller.eval_actions,
+        stop=controller.stop, after_train_loop=controller.after_train_loop)
 
 
 def _watcher():

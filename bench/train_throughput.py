@@ -5,7 +5,8 @@
 Per workload (mlp: overhead-bound, cnn: compute-bound), every variant trains
 `loops * steps_per_loop` steps per round (cnn: a fifth of the loops), in calls
 of `steps_per_loop` steps, interleaved with the order rotating each round;
-each variant is set up once and keeps its iterator (and its prefetch threads)
+each variant is set up once (in `--instances` copies, built in balanced order, each
+round running every copy) and keeps its iterator (and its prefetch threads)
 for the whole comparison, Keras `fit` included (one `fit` call, an epoch per
 round: `bench.loops.keras_fit`). One JSON line per variant with the median
 steps/sec, its ratio to `raw` and to `raw_fused` (the best loop one writes by
@@ -53,20 +54,29 @@ def main():
     parser.add_argument("--steps_per_loop", type=int, default=100)
     parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--xla", action="store_true", help="add Keras fit and ctl with XLA")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="copies of each variant, built in balanced order (measure.build_balanced)")
     args = parser.parse_args()
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         loops_per_round = args.loops if workload == "mlp" else max(1, args.loops // 5)
         steps = loops_per_round * args.steps_per_loop
-        runs = {name: build(BenchTask(workload), args.steps_per_loop)
-                for name, build in builders(steps, args.xla).items()}
+        runs = measure.build_balanced(
+            {name: functools.partial(build, BenchTask(workload), args.steps_per_loop)
+             for name, build in builders(steps, args.xla).items()}, args.instances)
         cpu = {}
-        times = measure.interleave({n: (lambda r=r: r(steps)) for n, r in runs.items()},
+        times = measure.interleave({n: functools.partial(_each, r, steps) for n, r in runs.items()},
                                    args.rounds, cpu=cpu)
         measure.emit_throughput(
-            "train_throughput", times, cpu, steps, TARGET, workload=workload,
+            "train_throughput", times, cpu, steps * args.instances, TARGET, workload=workload,
             steps_per_loop=args.steps_per_loop, steps_per_round=steps, rounds=args.rounds,
+            instances=args.instances,
             ctl_fields=dict(guard_cost=measure.ratio(times["ctl"], times["ctl_unguarded"]) - 1))
+
+
+def _each(instances, steps):
+    for run in instances:
+        run(steps)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,24 @@ def test_checkpoint_hooks_see_the_checkpoint_just_saved_complete(tmp_path):
     experiment = ctl.Experiment(task=RegressionTask(), schedule=schedule, hooks=[Recorder()])
     ctl.run_experiment("train", str(tmp_path), None, experiment)
     assert seen == [("ckpt-10", True), ("ckpt-20", True), ("ckpt-30", True)]
+
+
+def test_eval_hooks_see_the_checkpoint_of_the_step_they_evaluate_complete(tmp_path):
+    """The write runs beside the evaluation (it is not waited for when a train stretch
+    ends); the eval hooks run once it is complete."""
+    seen = []
+
+    class Recorder:
+        def bind(self, run):
+            self.run = run
+
+        def on_eval_end(self, unused_logs):
+            latest = tf.train.latest_checkpoint(str(tmp_path))
+            seen.append((self.run.step, os.path.basename(latest),
+                         tf.train.load_variable(latest, "global_step/.ATTRIBUTES/VARIABLE_VALUE")))
+
+    schedule = ctl.Schedule(train_steps=30, steps_per_loop=10, checkpoint_interval=10,
+                            eval_interval=10, async_checkpointing=True)
+    experiment = ctl.Experiment(task=RegressionTask(), schedule=schedule, hooks=[Recorder()])
+    ctl.run_experiment("train_and_eval", str(tmp_path), None, experiment)
+    assert seen == [(10, "ckpt-10", 10), (20, "ckpt-20", 20), (30, "ckpt-30", 30)]

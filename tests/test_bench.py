@@ -24,6 +24,14 @@ def test_interleave_rotates_the_order_every_round():
     assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
 
 
+def test_variants_are_built_forward_then_backward():
+    order = []
+    built = measure.build_balanced({n: (lambda n=n: order.append(n) or f"{n}{len(order)}")
+                                    for n in "abc"}, instances=3)
+    assert order == list("abc" "cba" "abc")
+    assert built == {"a": ["a1", "a6", "a7"], "b": ["b2", "b5", "b8"], "c": ["c3", "c4", "c9"]}
+
+
 def test_ratios_and_differences_are_of_medians():
     assert measure.ratio([1.0, 2.0, 90.0], [1.0, 1.0, 50.0]) == 2.0
     assert measure.difference([3.0, 5.0, 4.0], [1.0, 1.0, 9.0]) == 3.0

@@ -121,6 +121,11 @@ class Controller:
             self._step = int(self.global_step.numpy())
         return self._step
 
+    def refresh_step(self) -> int:
+        """Reads the global step afresh, after something other than this controller moved it."""
+        self._step = None
+        return self.step
+
     def restore_checkpoint(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
         """Restores `checkpoint_path`, or the latest checkpoint (or initializes); returns the path."""
         self._require("checkpoint_manager", "restore_checkpoint")
@@ -155,11 +160,17 @@ class Controller:
                                                    stretch_end=steps)
                 if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
                     self._save(check_interval=True)
-        finally:
+        except BaseException:
+            self.summary_manager.flush()  # What led up to the error is on disk.
+            raise
+        if checkpoint_at_completion or self.stop.should_stop:  # The end of training.
             self.summary_manager.flush()
-        if checkpoint_at_completion or self.stop.should_stop:
             self._save(check_interval=False)
-        self._wait_for_checkpoints()
+            self._wait_for_checkpoints()
+        else:  # Training goes on after this call (train_and_evaluate): the once-a-second flush.
+            # An asynchronous checkpoint is written meanwhile: beside the evaluation that
+            # follows (whose actions wait for it), the next save, a restore or the end.
+            self.summary_manager.flush_if_due()
 
     def _train_n_steps(self, num_steps: int, stretch_end: Optional[int] = None) -> int:
         """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
@@ -236,6 +247,7 @@ class Controller:
             output = self.evaluator.evaluate(tf.constant(steps, tf.int32))
         elapsed = time.perf_counter() - start
         output = to_numpy(output or {})
+        self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
         for action in self.eval_actions:
             action(output)
         rate = ""

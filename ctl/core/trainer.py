@@ -128,6 +128,14 @@ class StepGuard(Protocol):
         """
 
 
+class _LastResults:
+    """The last train loop's and evaluation's results (`Logs`, or None until there are some)."""
+
+    def __init__(self):
+        self.train: Optional[Logs] = None
+        self.eval: Optional[Logs] = None
+
+
 class TrainLoopEnd(NamedTuple):
     """What one train loop hands back (`Trainer.train`): its results and where it ended.
 
@@ -191,10 +199,11 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         self.strategy = strategy or tf.distribute.get_strategy()
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
-        self._train_logs = None  # The last loop's results, for train_loop_end.
+        # The last train loop's and evaluation's results, for train_loop_end and eval_end; in a
+        # plain holder: a dict set on the trainer itself would be wrapped for tracking each time.
+        self._last = _LastResults()
         self._train_loop = None  # Built on first use (create_train_loop_fn).
         self._train_iterator = None  # (dataset, its iterator): made anew when the dataset changes.
-        self._eval_logs = None  # The last evaluation's metric results, for eval_end.
         self._graph_eval_loop = None  # Built on first use.
         self._host_eval_parts = None
         # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
@@ -398,7 +407,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                     scheduled.append(self._coordinator.schedule(step_fn, args=(iterator,)))
                     if guard is not None and len(scheduled) > ahead:
                         _wait_for_step(scheduled.popleft())  # The oldest.
-                self._train_logs = None  # Read in train_loop_end, after join().
+                self._last.train = None  # Read in train_loop_end, after join().
 
             return schedule_steps
         if self._use_tf_while_loop:
@@ -412,7 +421,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 return self._train_results(), self._loop_end_values()
 
             def graph_loop(iterator, num_steps):
-                self._train_logs, end = loop_with_metrics(iterator, num_steps)
+                self._last.train, end = loop_with_metrics(iterator, num_steps)
                 return end
 
             return graph_loop
@@ -424,7 +433,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         def host_loop(iterator, num_steps):
             reset()
             loop(iterator, num_steps)
-            self._train_logs = read()
+            self._last.train = read()
 
         return host_loop
 
@@ -479,9 +488,9 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
     def train_loop_end(self) -> Logs:
         """The loop's loss, metrics and learning rate (eager)."""
         self.join()
-        if self._train_logs is None:  # Parameter servers: the steps are done only now.
-            self._train_logs = self._train_results()
-        return self._train_logs
+        if self._last.train is None:  # Parameter servers: the steps are done only now.
+            self._last.train = self._train_results()
+        return self._last.train
 
     @_plain
     def _reset_train_metrics(self) -> None:
@@ -539,7 +548,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
             if self._graph_eval_loop is None:
                 self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
-            self._eval_logs = self._graph_eval_loop(iterator, tf.constant(steps, tf.int32))
+            self._last.eval = self._graph_eval_loop(iterator, tf.constant(steps, tf.int32))
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = (
@@ -552,7 +561,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             loop = orbit.utils.create_loop_fn(_with_batch_callbacks(step_fn, batch_callbacks))
             state = loop(iterator, steps, state=state,
                          reduce_fn=self.eval_reduce if state is not None else None)
-            self._eval_logs = read()
+            self._last.eval = read()
         return self.eval_end(state) if state is not None else self.eval_end()
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
@@ -620,7 +629,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
 
     def eval_end(self, aggregated_logs=None) -> Logs:
         """The eval loss and metrics, and the results of the task's aggregations."""
-        logs = dict(self._eval_logs)
+        logs = dict(self._last.eval)
         if aggregated_logs is not None:
             step = int(self.global_step.numpy())
             for each, state in zip(self.aggregations, aggregated_logs):

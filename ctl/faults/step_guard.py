@@ -11,17 +11,19 @@ Trainer a loop that also ends early when
 
 In one `tf.while_loop` (`graph_loop`):
 
-    i, ok = 0, True
-    while i < num_steps and ok and not stop_requested:   # one variable read
+    i = 0
+    while i < num_steps and not stop_requested:          # one variable read
       ok = train_step(iterator)   # ends with ok = check_loss(loss, ...): all losses finite
-      i += 1
-    if not ok: bad_step = global_step                     # once per loop
+      i = i + 1 if ok else num_steps + 1                  # a bad step ends the loop
+    if i == num_steps + 1: bad_step = global_step         # once per loop
 
-The verdict is a loop variable rather than a variable written each step and
-read back by the condition: the guard adds about 8 scalar ops to a step
-instead of about 20 (a variable read, a select and an assign in the step; two
-reads and four logical ops in the condition), which is most of its cost on a
-small model (docs/bench.md, figure 1). `host_loop` does the same with one
+The verdict rides the loop counter rather than a variable written each step
+and read back by the condition: the guard adds to a step a finiteness test
+and a select (in the body) and a variable read, a negation and a conjunction
+(in the condition), counted in the traced loop's functions; the variable
+version added about 20 (docs/faults.md). On the bench MLP
+(240 ops a step) the guard's cost is within the noise of figure 1
+(docs/bench.md). `host_loop` does the same with one
 `tf.function` call per step.
 
 Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
@@ -136,17 +138,20 @@ class StepGuard:
         `step_fn(iterator)` returns the step's verdict (`check_loss`), or None.
         """
         def loop_fn(iterator, num_steps):
-            def cond(i, ok):
-                return tf.logical_and(tf.logical_and(i < num_steps, ok),
-                                      tf.logical_not(self._stop_read()))
+            # The verdict rides the step count: a bad step jumps it past num_steps,
+            # one op in the step and none in the condition.
+            bad = num_steps + 1
 
-            def body(i, unused_ok):
+            def cond(i):
+                return tf.logical_and(i < num_steps, tf.logical_not(self._stop_read()))
+
+            def body(i):
                 with tf.name_scope(""):
                     verdict = step_fn(iterator)
-                return (i + 1, tf.constant(True) if verdict is None else verdict)
+                return i + 1 if verdict is None else tf.where(verdict, i + 1, bad)
 
-            _, ok = tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype), tf.constant(True)))
-            self._record(ok)
+            end, = tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
+            self._record(end < bad)
 
         return loop_fn
 
