@@ -129,7 +129,7 @@ def _numeric(value):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
-    parser.add_argument("--out", default="latest.json", help="file name under bench/results")
+    parser.add_argument("--out", default="latest.json", help="a file name (under bench/results) or a path")
     parser.add_argument("--repeat", type=int, default=1,
                         help="processes per in-process figure; lines report medians and spread")
     parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated figures")
@@ -155,7 +155,8 @@ def main():
             report["results"].append(record)
     report["load_average_after"] = os.getloadavg()
     report["total_seconds"] = round(time.perf_counter() - start, 1)
-    path = os.path.join(RESULTS, args.out)
+    # A bare name goes to bench/results/; a path (bench/results/x.json) is taken as given.
+    path = args.out if os.path.dirname(args.out) else os.path.join(RESULTS, args.out)
     with open(f"{path}.tmp", "w") as f:
         json.dump(report, f, indent=1)
     os.replace(f"{path}.tmp", path)

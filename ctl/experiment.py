@@ -37,8 +37,11 @@ class Schedule:
         learning rate, steps/sec) are summarized every loop.
       async_checkpointing: write checkpoints on a background thread: training
         waits only for a copy of the variables. A checkpoint becomes visible
-        (in the `checkpoint` file, to restores and evaluators) once written;
-        `train` and `train_and_eval` wait for the last one before returning.
+        (in the `checkpoint` file, to restores and evaluators) once written.
+        In `train_and_eval` the write runs beside the evaluation that follows
+        it, and the evaluation's hooks (best checkpoint, exporters) run once
+        it is complete; `train` and `train_and_eval` wait for the last one
+        before returning.
     """
 
     train_steps: int = gin.REQUIRED
