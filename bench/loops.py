@@ -161,7 +161,7 @@ def orbit_train(task: BenchTask, steps_per_loop: int):
 
 
 def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
-                   trainer_options=None, **schedule):
+                   trainer_options=None, fault_tolerance=None, **schedule):
     """ctl's trainer and controller for `task`, as `ctl.run` builds them."""
     schedule.setdefault("checkpoint_interval", NEVER)
     trainer_cls = ctl.Trainer
@@ -169,7 +169,8 @@ def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
         trainer_cls = type("BenchTrainer", (ctl.Trainer,), {
             "__init__": functools.partialmethod(ctl.Trainer.__init__, **trainer_options)})
     experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule),
-                                trainer_cls=trainer_cls)
+                                trainer_cls=trainer_cls,
+                                fault_tolerance=fault_tolerance or ctl.FaultTolerance())
     model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
     built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
                                        watcher=_watcher() if mode != "eval" else None)
@@ -219,13 +220,12 @@ def release_watcher() -> None:
         _WATCHER = None
 
 
-def ctl_train(task: BenchTask, steps_per_loop: int, guarded: bool = True, **trainer_options):
-    """ctl's loop; `guarded=False`: without the per-step stop/NaN guard (for its cost);
+def ctl_train(task: BenchTask, steps_per_loop: int, stop_check: str = "step", **trainer_options):
+    """ctl's loop; `stop_check`: `ctl.FaultTolerance.stop_check` ('loop': no per-step guard);
     `trainer_options`: arguments of `ctl.Trainer` (e.g. jit_compile=True)."""
-    trainer, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
-                                         trainer_options=trainer_options)
-    if not guarded:
-        trainer.step_guard = None
+    _, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
+                                   trainer_options=trainer_options,
+                                   fault_tolerance=ctl.FaultTolerance(stop_check=stop_check))
     return _driver(controller, steps_per_loop)
 
 

@@ -97,12 +97,13 @@ def difference(minuend: List[float], subtrahend: List[float]) -> float:
 
 
 def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
-                    ctl_fields=None, **fields) -> None:
+                    ctl_fields=None, targeted=("ctl",), **fields) -> None:
     """One line per variant: steps/s and its ratios to "raw" and "raw_fused" (wall and CPU).
 
-    ctl's line gets the target, on its ratio to "raw_fused" (the best loop one
-    writes by hand) when that variant was measured, else to "raw", and
-    `ctl_fields`. Variants in `skip` are measured but get no line.
+    The lines of the `targeted` variants (ctl's settings) get the target, on
+    their ratio to "raw_fused" (the best loop one writes by hand) when that
+    variant was measured, else to "raw"; ctl's line also gets `ctl_fields`.
+    Variants in `skip` are measured but get no line.
     """
     reference = "raw_fused" if "raw_fused" in times else "raw"
     for name in (n for n in times if n not in skip):
@@ -112,9 +113,9 @@ def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
         if reference != "raw":
             line.update(ratio_to_raw_fused=ratio(times[reference], times[name]),
                         cpu_ratio_to_raw_fused=ratio(cpu[reference], cpu[name]))
-        if name == "ctl":
+        if name in targeted:
             line.update(target=f"ratio_to_{reference} >= {target}",
                         met=ratio(times[reference], times[name]) >= target,
                         met_in_cpu_time=ratio(cpu[reference], cpu[name]) >= target,
-                        **(ctl_fields or {}))
+                        **(ctl_fields or {} if name == "ctl" else {}))
         emit(figure, **line, **fields)

@@ -238,6 +238,10 @@ CASES = {
                "--mode=train"),
     "parameter_server without TF_CONFIG": Case(run("--strategy=parameter_server"),
                                                "needs a TF_CONFIG"),
+    "stop_check='loop' under multi-worker": Case(
+        run("--strategy=multi_worker_mirrored", "--gin_bindings=ctl.FaultTolerance.stop_check='loop'"),
+        "stop_check='loop' is for one-process strategies, not MultiWorkerMirroredStrategy",
+        in_process=False),
     # The task's own settings, found when its input pipeline is built.
     "BATCH_SIZE=0 (digits)": Case(run("--gin_bindings=BATCH_SIZE=0", gin=DIGITS_GIN),
                                   "DigitsTask cannot build its input pipeline", model_dir="new",

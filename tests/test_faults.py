@@ -14,7 +14,7 @@ from ctl.core import config
 from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
-from ctl.faults.preemption import SignalWatcher
+from ctl.faults.preemption import Preempted, SignalWatcher
 from ctl.faults.step_guard import StepGuard
 from tests.cli import ROOT, checkpoint_values, scalars
 
@@ -102,6 +102,7 @@ def test_recovery_budget_resets_after_a_healthy_interval():
     ("nan_policy", "retry", "Expected one of: stop, recover"),
     ("max_recoveries", -1, "max_recoveries (-1) must be a non-negative integer"),
     ("seed", 1.5, "seed (1.5) must be an integer"),
+    ("stop_check", "epoch", "Expected one of: step, loop"),
 ])
 def test_bad_fault_tolerance_settings(field, value, message):
     with pytest.raises(ctl.UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -150,3 +151,45 @@ def test_a_pipeline_with_unsaveable_state_is_named_at_start():
 
     assert resume.stateful_input_op(ProbeTask()) is None  # Seeded shuffle: saveable.
     assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())
+
+
+class _SignalAfterStep(ctl.Hook):
+    """Sends this process SIGTERM from the train actions of the loop that ends at `step`."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_loop_end(self, unused_logs):
+        if self.run.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("stop_check, stopped_at", [("step", (20, 21)), ("loop", (30,))])
+def test_stop_check_loop_lets_a_signal_wait_for_the_loop_end(tmp_path, stop_check, stopped_at):
+    config.parse([FAULTS_GIN], [*BASE, "ctl.Schedule.train_steps = 60",
+                                f"ctl.FaultTolerance.stop_check = '{stop_check}'"])
+    experiment = ctl.Experiment(hooks=[_SignalAfterStep(20)])
+    with pytest.raises(Preempted) as stopped:
+        ctl.run_experiment("train", str(tmp_path), experiment=experiment)
+    # 'step': the guard ends the next loop before its first step (or its second, if the
+    # watcher thread set the flag after that step began); 'loop': that loop runs to its end.
+    assert stopped.value.step in stopped_at
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{stopped.value.step}")
+
+
+def test_stop_check_loop_names_the_loop_of_a_nan(tmp_path):
+    with pytest.raises(NonFiniteLoss, match=r"NaN or Inf in the loop ending at step 20 "):
+        train(tmp_path, "ProbeTask.nan_at_steps = (13,)", "ctl.FaultTolerance.stop_check = 'loop'")
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
+    assert all(np.isfinite(v).all() for v in weights(tmp_path).values())
+
+
+def test_stop_check_loop_recovers_the_same_weights(tmp_path):
+    train(tmp_path / "clean", "ctl.FaultTolerance.stop_check = 'loop'")
+    gin.clear_config()
+    train(tmp_path / "glitch", "ProbeTask.nan_at_steps = (13,)",
+          "ctl.FaultTolerance.nan_policy = 'recover'", "ctl.FaultTolerance.stop_check = 'loop'")
+    clean, recovered = weights(tmp_path / "clean"), weights(tmp_path / "glitch")
+    assert sorted(clean) == sorted(recovered)
+    for name in clean:
+        assert clean[name].tobytes() == recovered[name].tobytes(), name

@@ -4,6 +4,7 @@
     ctl.FaultTolerance.nan_policy = 'recover'
     ctl.FaultTolerance.max_recoveries = 3
     ctl.FaultTolerance.healthy_interval = 1000
+    ctl.FaultTolerance.stop_check = 'loop'      # speed over the one-step bound (below)
 
 `run_experiment` wires the pieces around one train run:
 
@@ -28,6 +29,8 @@ import os
 from typing import Optional
 
 import gin
+import numpy as np
+import tensorflow as tf
 
 from ctl.core import checkpointing, console
 from ctl.core.trainer import TrainLoopEnd
@@ -36,6 +39,9 @@ from ctl.faults import resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import Preempted, SignalWatcher
 from ctl.faults.step_guard import StepGuard
+
+
+STOP_CHECKS = ("step", "loop")
 
 
 @gin.configurable(module="ctl")
@@ -53,15 +59,27 @@ class FaultTolerance:
         op determinism before the model is built: then a run stopped and
         resumed any number of times ends with the same weights, bit for bit,
         as one that ran straight through.
+      stop_check: where a signal and a bad loss are looked for. 'step' (the
+        default): before every step, inside the train loop (the step guard):
+        a signal stops training before the next step, a NaN or Inf loss at
+        its own step. 'loop': after each train loop only, for the speed of an
+        unguarded loop on small models (docs/faults.md): a signal waits for
+        the loop to end (at most `steps_per_loop` steps), and a NaN or Inf
+        loss is found in the loop's mean loss and named by the loop's last
+        step ('recover' restores and replays as with 'step'). One-process
+        strategies only (default, mirrored): on a cluster the step guard is
+        what makes every worker stop after the same step.
     """
 
     nan_policy: str = "stop"
     max_recoveries: int = 3
     healthy_interval: int = 1000
     seed: Optional[int] = None
+    stop_check: str = "step"
 
     def __post_init__(self):
         require_choice("ctl.FaultTolerance.nan_policy", self.nan_policy, NAN_POLICIES)
+        require_choice("ctl.FaultTolerance.stop_check", self.stop_check, STOP_CHECKS)
         for name in ("max_recoveries", "healthy_interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -91,7 +109,16 @@ class FaultHandler:
         self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested,
                                             trainer.global_step)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
-        trainer.step_guard = self.guard
+        self.per_loop = settings.stop_check == "loop"
+        parameter_servers = isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy)
+        if self.per_loop and (self.guard.cluster_wide or parameter_servers):
+            name = ("ParameterServerStrategy" if parameter_servers
+                    else "MultiWorkerMirroredStrategy")
+            raise UserError(
+                f"ctl.FaultTolerance.stop_check='loop' is for one-process strategies, not {name}: "
+                "on a cluster the per-step guard makes every worker stop after the same step; "
+                "leave stop_check = 'step'.")
+        trainer.step_guard = None if self.per_loop else self.guard
         probe = resume.probe_pipeline(trainer.task)
         resume.warn_if_not_replayable(trainer.task, settings.seed is not None, probe)
         # Before the restore: it may set options on the train dataset.
@@ -106,6 +133,8 @@ class FaultHandler:
                                           int(self.trainer.global_step.numpy()))
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
+        if self.per_loop and not _finite(end.logs.get("loss")):
+            end = end._replace(bad_step=end.step)  # Somewhere in the loop: named by its end.
         if end.bad_step is not None:
             end = self._on_bad_loss(end.bad_step, end)
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
@@ -120,7 +149,7 @@ class FaultHandler:
         path = self.manager.latest_checkpoint
         if self.settings.nan_policy == "stop":
             raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'",
-                                recoverable=path is not None)
+                                recoverable=path is not None, in_loop_ending=self.per_loop)
         if path is None:
             raise NonFiniteLoss(bad_step, "nan_policy='recover', but no checkpoint was saved "
                                 "before it", recoverable=False)
@@ -138,3 +167,8 @@ class FaultHandler:
         self.guard.clear()
         self.input_position.resume(path, step)
         return end._replace(step=step, bad_step=None, restored=path)
+
+
+def _finite(loss) -> bool:
+    """Whether a loop's mean loss is finite (a NaN or Inf in any step makes the mean so)."""
+    return loss is None or bool(np.all(np.isfinite(loss)))

@@ -21,14 +21,18 @@ NAN_POLICIES = ("stop", "recover")
 class NonFiniteLoss(UserError):
     """The loss was NaN or Inf at `step` and the policy says stop."""
 
-    def __init__(self, step: int, why: str, recoverable: bool):
-        """`recoverable`: whether nan_policy='recover' would have had a checkpoint to go back to."""
+    def __init__(self, step: int, why: str, recoverable: bool, in_loop_ending: bool = False):
+        """`recoverable`: whether nan_policy='recover' would have had a checkpoint to go back to;
+        `in_loop_ending`: the bad step is only known to be in the loop that ended at `step`
+        (`ctl.FaultTolerance.stop_check='loop'`)."""
         self.step = step
         retry = (", or set ctl.FaultTolerance.nan_policy = 'recover' to restore the last "
                  "checkpoint and retry" if recoverable else "")
+        where = f"in the loop ending at step {step}" if in_loop_ending else f"at step {step}"
+        data = "the data of those steps" if in_loop_ending else "the data of that step"
         super().__init__(
-            f"the training loss is NaN or Inf at step {step} ({why}); lower the learning "
-            f"rate or check the data of that step{retry}."
+            f"the training loss is NaN or Inf {where} ({why}); lower the learning "
+            f"rate or check {data}{retry}."
         )
 
 
