@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from bench import loops, measure
 from bench.workloads import BenchTask
-from ctl.core.controller import _format, to_numpy
+from ctl.core.controller import to_numpy
 
 
 def main():
@@ -54,8 +54,8 @@ def main():
             action(output)
             name = type(getattr(action, "__self__", action)).__name__
             t = lap(f"ctl: train action {name}", t)
-        print(f"train | step: {step: 6d} | steps/sec: {0.0: 6.1f} | output: {_format(output)}")
-        t = lap("ctl: log line", t)
+        controller._train_lines.loop_end(step, step + 100, output, 100, 0.02, last=False)
+        t = lap("ctl: log line (at most every 0.1 s)", t)
         controller.summary_manager.write_summaries(output, step=step)
         controller.summary_manager.flush_if_due()
         t = lap("ctl: summaries (kept; flushed once a second)", t)
