@@ -133,7 +133,7 @@ class FaultHandler:
                                           int(self.trainer.global_step.numpy()))
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
-        if self.per_loop and not _finite(end.logs.get("loss")):
+        if self.per_loop and not _finite((end.logs or {}).get("loss")):
             end = end._replace(bad_step=end.step)  # Somewhere in the loop: named by its end.
         if end.bad_step is not None:
             end = self._on_bad_loss(end.bad_step, end)
@@ -152,16 +152,18 @@ class FaultHandler:
                                 recoverable=path is not None, in_loop_ending=self.per_loop)
         if path is None:
             raise NonFiniteLoss(bad_step, "nan_policy='recover', but no checkpoint was saved "
-                                "before it", recoverable=False)
+                                "before it", recoverable=False, in_loop_ending=self.per_loop)
         if not self.budget.spend(bad_step):
             raise NonFiniteLoss(
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
-                f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False)
+                f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False,
+                in_loop_ending=self.per_loop)
         with self.input_position.detached() as checkpoint:
             checkpointing.restore(checkpoint, path, self.manager.directory)
         step = int(self.trainer.global_step.numpy())
-        console.warning("nan", "loss is NaN or Inf at step %d: restored %s, replaying from step %d "
-                        "(recovery %d of at most %d in a row).", bad_step, path, step,
+        console.warning("nan", "loss is NaN or Inf %s step %d: restored %s, replaying from step %d "
+                        "(recovery %d of at most %d in a row).",
+                        "in the loop ending at" if self.per_loop else "at", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)
         self.guard.clear()
