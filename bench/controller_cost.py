@@ -55,8 +55,7 @@ STALL_TARGET = 0.10
 
 def controller_cost(args):
     interval, train_steps = args.interval, args.train_steps
-    _, alone = loops.ctl_controller(BenchTask("mlp"), mode="train_and_eval",
-                                          steps_per_loop=100)
+    _, alone = loops.ctl_controller(BenchTask("mlp"), mode="train_and_eval", steps_per_loop=100)
     with_sync = loops.sibling_controller(alone, checkpoint_interval=interval)
     with_async = loops.sibling_controller(alone, checkpoint_interval=interval,
                                           async_checkpointing=True)

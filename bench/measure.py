@@ -117,5 +117,5 @@ def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
             line.update(target=f"ratio_to_{reference} >= {target}",
                         met=ratio(times[reference], times[name]) >= target,
                         met_in_cpu_time=ratio(cpu[reference], cpu[name]) >= target,
-                        **(ctl_fields or {} if name == "ctl" else {}))
+                        **((ctl_fields or {}) if name == "ctl" else {}))
         emit(figure, **line, **fields)

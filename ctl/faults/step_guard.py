@@ -22,7 +22,7 @@ and read back by the condition: the guard adds to a step a finiteness test
 and a select (in the body) and a variable read, a negation and a conjunction
 (in the condition), counted in the traced loop's functions; the variable
 version added about 20 (docs/faults.md). On the bench MLP (240 ops a step)
-it still costs 2-8% of throughput (docs/faults.md has the figures), about as
+it still costs 2-12% of throughput (docs/faults.md has the figures), about as
 much as the previous loop-variable design; a compute-bound model does not
 notice it. `host_loop` does the same with one
 `tf.function` call per step.
