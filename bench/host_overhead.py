@@ -6,7 +6,8 @@ Not one of the issue's figures (`bench.run` does not run it): it times, right
 after each 100-step MLP loop, each host step of `Controller._train_n_steps`
 (the output and global step the loop handed back, each train action, the log
 line, the summaries) and, for comparison, the raw loop's eager metric reset and read.
-Prints one JSON line per piece with its median in milliseconds. Every piece
+Prints one JSON line per piece with its median and mean in milliseconds
+(the mean includes the once-a-second summary flushes). Every piece
 runs where it runs in a real loop, while TensorFlow's thread pools are still
 busy, which is why they cost more here than timed alone.
 """
@@ -60,7 +61,8 @@ def main():
         controller.summary_manager.flush_if_due()
         t = lap("ctl: summaries (kept; flushed once a second)", t)
     for name, values in times.items():
-        measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values))
+        measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values),
+                     mean_ms=1e3 * sum(values) / len(values))
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def test_signal_stops_a_tf_while_loop_within_a_step():
     steps = tf.Variable(0, dtype=tf.int64)
     before = signal.getsignal(signal.SIGTERM)
     with SignalWatcher() as watcher:
-        guard = StepGuard(watcher.stop_requested, steps)
+        guard = StepGuard(watcher, steps)
 
         def step(_):
             steps.assign_add(1)

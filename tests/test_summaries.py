@@ -28,6 +28,13 @@ def _events(directory):
     return sorted(found)
 
 
+def _steps_in_file_order(directory):
+    """The steps of the "loss" values of the top directory's event files, in file order."""
+    return [event.step for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*")))
+            for event in tf.compat.v1.train.summary_iterator(path)
+            for value in event.summary.value if value.tag == "loss"]
+
+
 LOGS = [
     {"loss": np.float32(0.25), "accuracy": np.float64(0.5), "examples": 7, "ok": True,
      "steps_per_second": 1234.5},
@@ -37,20 +44,30 @@ LOGS = [
 ]
 
 
-def test_writes_the_same_summaries_as_orbit(tmp_path):
+@pytest.mark.parametrize("rounds", [1, SummaryManager.BATCH_ROWS])
+def test_writes_the_same_summaries_as_orbit(tmp_path, rounds):
+    """rounds=1: a flush after each loop (a proto per loop); more: one flush of them all
+    (one tf.function call for the top directory's rows)."""
     step = tf.Variable(0, dtype=tf.int64)
     ours = SummaryManager(str(tmp_path / "ctl"), step)
     theirs = orbit.utils.SummaryManager(str(tmp_path / "orbit"), tf.summary.scalar,
                                         global_step=step)
-    for logs in LOGS:
+    for logs in LOGS * rounds:
         step.assign_add(10)
         for manager in (ours, theirs):
             manager.write_summaries(logs)
-            manager.flush()
+            if rounds == 1:
+                manager.flush()
+    ours.flush()
+    theirs.flush()
     written = _events(str(tmp_path / "ctl"))
     assert written == _events(str(tmp_path / "orbit"))
     assert ("by_set", "a", 30, 1.0, "scalars", tf.float32.as_datatype_enum) in written
-    assert len(written) == 5 + 5 + 2
+    assert len(written) == (5 + 5 + 2) * rounds
+    # In the order of the steps, within each directory, on disk too.
+    assert _steps_in_file_order(str(tmp_path / "ctl")) == sorted(
+        _steps_in_file_order(str(tmp_path / "ctl")))
+    assert bool(ours._batch_writers) == (rounds > 1)  # The path this case is about was taken.
 
 
 def test_keeps_summaries_until_a_flush_is_due(tmp_path):

@@ -110,6 +110,7 @@ class Controller:
         self._step: Optional[int] = None
         self._train_lines = console.TrainLines()  # Rate and ETA from steady-state loops.
         self._final_step = None  # What train_and_evaluate trains to, for the ETA.
+        self._loop_sizes = {}  # num_steps -> its tensor, made once (an eager op a loop otherwise).
         tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
         if checkpoint_manager is not None:
             self.restore_checkpoint()
@@ -180,12 +181,15 @@ class Controller:
         `stretch_end`: the step this stretch of training ends at (for the console).
         """
         started = time.perf_counter()
+        loop_size = self._loop_sizes.get(num_steps)
+        if loop_size is None:
+            loop_size = self._loop_sizes[num_steps] = tf.constant(num_steps, tf.int32)
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
                     lambda: self.global_step % self.summary_interval == 0):
-                end = self.trainer.train(tf.constant(num_steps, tf.int32))
+                end = self.trainer.train(loop_size)
         else:
-            end = self.trainer.train(tf.constant(num_steps, tf.int32))
+            end = self.trainer.train(loop_size)
         if not isinstance(end, TrainLoopEnd):  # Another orbit.AbstractTrainer: read the step.
             end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
         last_time, last_step = self._last_loop_end

@@ -106,8 +106,7 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard.for_strategy(trainer.strategy, watcher.stop_requested,
-                                            trainer.global_step)
+        self.guard = StepGuard.for_strategy(trainer.strategy, watcher, trainer.global_step)
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
         self.per_loop = settings.stop_check == "loop"
         parameter_servers = isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy)

@@ -39,6 +39,7 @@ from ctl.core import console
 
 EXIT_PREEMPTED = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOPPED = -(2**62)  # `SignalWatcher.step_limit` once a stop is requested: below any loop's count.
 
 
 class Preempted(Exception):
@@ -62,8 +63,13 @@ class SignalWatcher:
     Use as a context manager from the main thread (eager):
 
         with SignalWatcher() as watcher:
-            ...  # loops read `watcher.stop_requested` (a tf.Variable) per step
+            ...  # loops read `watcher.step_limit` (a tf.Variable) before every step
             if watcher.signum: ...
+
+A request sets two variables, from the watcher thread: `stop_requested`
+(False, then True) for whoever asks whether to stop, and `step_limit` (0,
+then `STOPPED`), which `ctl.faults.step_guard.StepGuard`'s loops, counting
+their steps up to 0, compare their count with: one comparison a step.
 
     Outside the main thread signals cannot be caught; the watcher then does
     nothing and the default handling stays.
@@ -71,6 +77,8 @@ class SignalWatcher:
 
     def __init__(self):
         self.stop_requested = tf.Variable(False, trainable=False, name="ctl_stop_requested")
+        self.step_limit = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                      name="ctl_step_limit")
         self.signum: Optional[int] = None
         self._old_handlers = {}
         self._old_wakeup_fd = -1
@@ -113,6 +121,7 @@ class SignalWatcher:
         console.warning("signal", "received %s: saving a checkpoint at the next step boundary, then "
                         "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
         self.stop_requested.assign(True)
+        self.step_limit.assign(STOPPED)
 
     def _watch(self) -> None:
         read_fd = self._pipe[0]

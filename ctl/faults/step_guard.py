@@ -3,29 +3,31 @@
 orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
 Trainer a loop that also ends early when
 
-  * a stop was requested (`ctl.faults.preemption.SignalWatcher` sets a
-    variable, from a thread, while the loop runs): checked before every step;
+  * a stop was requested (`ctl.faults.preemption.SignalWatcher` lowers its
+    `step_limit` variable, from a thread, while the loop runs): checked
+    before every step;
   * the last step's loss was NaN or Inf: `check_loss`, called by the Trainer
     after each step, returns the step's verdict, and the loop carries it to
     its next condition; the loop records the step it ended at in `bad_step`.
 
-In one `tf.while_loop` (`graph_loop`):
+In one `tf.while_loop` (`graph_loop`), counting the steps up to 0:
 
-    i = 0
-    while i < num_steps and not stop_requested:          # one variable read
-      ok = train_step(iterator)   # ends with ok = check_loss(loss, ...): all losses finite
-      i = i + 1 if ok else num_steps + 1                  # a bad step ends the loop
-    if i == num_steps + 1: bad_step = global_step         # once per loop
+    i = -num_steps
+    while i < step_limit:            # one variable read: 0, or far below once a stop is requested
+      ok = train_step(iterator)      # ends with ok = check_loss(loss, ...): all losses finite
+      i = i + 1 if ok else 1         # a bad step ends the loop
+    if i == 1: bad_step = global_step                     # once per loop
 
-The verdict rides the loop counter rather than a variable written each step
-and read back by the condition: the guard adds to a step a finiteness test
-and a select (in the body) and a variable read, a negation and a conjunction
-(in the condition), counted in the traced loop's functions; the variable
-version added about 20 (docs/faults.md). On the bench MLP (240 ops a step)
-it still costs 2-12% of throughput (docs/faults.md has the figures), about as
-much as the previous loop-variable design; a compute-bound model does not
-notice it. `host_loop` does the same with one
-`tf.function` call per step.
+A loop's condition waits for the step before it: whatever it computes is
+the time between two steps. This one is a variable read and a comparison,
+the least a stop request read before every step takes (the verdict of
+`check_loss`, a finiteness test and a select, is ready before the step's
+updates are). The previous condition, `i < num_steps and not
+stop_requested`, a read, a negation and a conjunction, cost 2.8% of the
+bench MLP's throughput (240 ops a step) against a loop without a guard;
+this one 0.7% (same loop, three copies each, interleaved, 2026-11-25;
+docs/faults.md). A compute-bound model does not notice either. `host_loop`
+does the same with one `tf.function` call per step.
 
 Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
 and each has its own `stop_requested`: a worker that stopped on its own signal
@@ -63,11 +65,12 @@ class StepGuard:
     Implements the Trainer's extension point `ctl.core.trainer.StepGuard`.
     """
 
-    def __init__(self, stop_requested: tf.Variable, global_step: tf.Variable,
-                 cluster_wide: bool = False):
-        """`global_step`: the trainer's, recorded as the bad step; `cluster_wide`: agree on
-        stopping with the other workers (see the module docstring)."""
-        self.stop_requested = stop_requested
+    def __init__(self, watcher, global_step: tf.Variable, cluster_wide: bool = False):
+        """`watcher`: a `SignalWatcher` (its `stop_requested` and `step_limit`); `global_step`:
+        the trainer's, recorded as the bad step; `cluster_wide`: agree on stopping with the
+        other workers (see the module docstring)."""
+        self.stop_requested = watcher.stop_requested
+        self.step_limit = watcher.step_limit
         self.global_step = global_step
         self.cluster_wide = cluster_wide
         self.bad_step = tf.Variable(
@@ -78,10 +81,10 @@ class StepGuard:
             if cluster_wide else None
 
     @classmethod
-    def for_strategy(cls, strategy: tf.distribute.Strategy, stop_requested: tf.Variable,
+    def for_strategy(cls, strategy: tf.distribute.Strategy, watcher,
                      global_step: tf.Variable) -> "StepGuard":
         """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`."""
-        return cls(stop_requested, global_step,
+        return cls(watcher, global_step,
                    cluster_wide=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
     @_plain
@@ -139,19 +142,22 @@ class StepGuard:
         `step_fn(iterator)` returns the step's verdict (`check_loss`), or None.
         """
         def loop_fn(iterator, num_steps):
-            # The verdict rides the step count: a bad step jumps it past num_steps,
-            # one op in the step and none in the condition.
-            bad = num_steps + 1
-
-            def cond(i):
-                return tf.logical_and(i < num_steps, tf.logical_not(self._stop_read()))
+            # The count runs up to 0. The verdict rides it: a bad step jumps it to 1,
+            # past any limit; a stop request lowers the limit below any count.
+            bad = tf.constant(1, tf.int64)
+            if self.cluster_wide:  # The agreed flag, written by each step's all-reduce.
+                def cond(i):
+                    return tf.logical_and(i < 0, tf.logical_not(self.stop_agreed.read_value()))
+            else:
+                def cond(i):
+                    return i < self.step_limit.read_value()
 
             def body(i):
                 with tf.name_scope(""):
                     verdict = step_fn(iterator)
                 return i + 1 if verdict is None else tf.where(verdict, i + 1, bad)
 
-            end, = tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
+            end, = tf.while_loop(cond, body, (-tf.cast(num_steps, tf.int64),))
             self._record(end < bad)
 
         return loop_fn
