@@ -59,7 +59,7 @@ def main():
         t = lap("ctl: log line (at most every 0.1 s)", t)
         controller.summary_manager.write_summaries(output, step=step)
         controller.summary_manager.flush_if_due()
-        t = lap("ctl: summaries (kept; flushed once a second)", t)
+        t = lap("ctl: summaries (kept; written every 5 s)", t)
     for name, values in times.items():
         measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values),
                      mean_ms=1e3 * sum(values) / len(values))

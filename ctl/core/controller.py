@@ -18,7 +18,7 @@ reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
 of a 100-step loop of a small model. ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
 (`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
-once a second (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
+every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
 at most every 0.1 s and for the last loop of a stretch). Measured with
 `python -m bench.run --only train_throughput`.
 

@@ -18,16 +18,16 @@ In one `tf.while_loop` (`graph_loop`), counting the steps up to 0:
       i = i + 1 if ok else 1         # a bad step ends the loop
     if i == 1: bad_step = global_step                     # once per loop
 
-A loop's condition waits for the step before it: whatever it computes is
-the time between two steps. This one is a variable read and a comparison,
-the least a stop request read before every step takes (the verdict of
-`check_loss`, a finiteness test and a select, is ready before the step's
-updates are). The previous condition, `i < num_steps and not
-stop_requested`, a read, a negation and a conjunction, cost 2.8% of the
-bench MLP's throughput (240 ops a step) against a loop without a guard;
-this one 0.7% (same loop, three copies each, interleaved, 2026-11-25;
-docs/faults.md). A compute-bound model does not notice either. `host_loop`
-does the same with one `tf.function` call per step.
+A loop's condition waits for the step before it: whatever it computes adds
+to the time between two steps. This one is a variable read and a
+comparison, the least that reading a stop request before every step takes
+(the verdict of `check_loss`, a finiteness test and a select, is ready
+before the step's updates are). On the bench MLP (240 ops a step) it runs at
+1.00 of the same loop without a guard; the previous condition, `i <
+num_steps and not stop_requested` (a read, a negation and a conjunction),
+at 0.975 (`python -m bench.guard_designs`, docs/faults.md). A compute-bound
+model notices neither. `host_loop` does the same with one `tf.function`
+call per step.
 
 Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
 and each has its own `stop_requested`: a worker that stopped on its own signal
