@@ -7,7 +7,7 @@ after each 100-step MLP loop, each host step of `Controller._train_n_steps`
 (the output and global step the loop handed back, each train action, the log
 line, the summaries) and, for comparison, the raw loop's eager metric reset and read.
 Prints one JSON line per piece with its median and mean in milliseconds
-(the mean includes the once-a-second summary flushes). Every piece
+(the mean includes the summary flushes, every 5 s). Every piece
 runs where it runs in a real loop, while TensorFlow's thread pools are still
 busy, which is why they cost more here than timed alone.
 """
