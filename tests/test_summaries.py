@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
+from ctl import train_lib
 from ctl.core.summaries import SummaryManager
 from tests.tasks import RegressionTask
 
@@ -96,6 +97,21 @@ def test_a_nested_dict_is_written_after_what_was_kept(tmp_path):
                                                          ("by_set", "a", 2, 3.0)]
 
 
+def test_writing_makes_the_writer_the_default_and_writes_what_was_kept(tmp_path):
+    manager = SummaryManager(str(tmp_path), tf.Variable(0, dtype=tf.int64))
+    manager.write_summaries({"loss": 1.0}, step=1)  # Kept from before the block.
+    with manager.writing():
+        tf.summary.scalar("in_block", 2.0, step=2)  # To the summary dir's writer.
+        manager.write_summaries({"loss": 3.0, "by_set": {"a": 4.0}}, step=2)
+    assert [e[:4] for e in _events(str(tmp_path))] == [
+        (".", "in_block", 2, 2.0), (".", "loss", 1, 1.0), (".", "loss", 2, 3.0),
+        ("by_set", "a", 2, 4.0)]
+    with pytest.raises(RuntimeError), manager.writing():
+        manager.write_summaries({"loss": 5.0}, step=3)
+        raise RuntimeError("what was kept before the error is still written")
+    assert (".", "loss", 3, 5.0) in [e[:4] for e in _events(str(tmp_path))]
+
+
 def test_rejects_a_non_scalar_like_orbit(tmp_path):
     manager = SummaryManager(str(tmp_path), tf.Variable(0, dtype=tf.int64))
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
@@ -143,3 +159,25 @@ def test_summaries_inside_the_train_step_follow_summary_interval(tmp_path):
     # task's step returns (docs/train_step.md).
     assert sorted(step for _, tag, step, *_ in written if tag == "in_step_loss") == [0, 10]
     assert sorted(step for _, tag, step, *_ in written if tag == "loss") == [5, 10, 15, 20]
+
+
+class _SummarizingEvalTask(RegressionTask):
+    """Writes a summary from inside the eval step."""
+
+    def validation_step(self, inputs, model, metrics):
+        logs = super().validation_step(inputs, model, metrics)
+        tf.summary.scalar("in_eval_step", logs["loss"], step=7)
+        return logs
+
+
+def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path):
+    """The results and the eval step's own summaries, at once, without a later flush."""
+    experiment = ctl.Experiment(task=_SummarizingEvalTask(), schedule=ctl.Schedule(
+        train_steps=10, eval_steps=2))
+    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+                                       experiment)
+    output = built.controller.evaluate(steps=2)
+    written = {(tag, step): value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))}
+    assert written[("loss", 0)] == pytest.approx(output["loss"])
+    assert ("steps_per_second", 0) in written
+    assert ("in_eval_step", 7) in written

@@ -14,12 +14,10 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import orbit
-import tensorflow as tf
 
 from ctl.comforts.hooks import flat_logs
 from ctl.core.hooks import Hook, Run
-from ctl.core.model_dir import ModelDir, read_json_lines
-
+from ctl.core.model_dir import ModelDir, open_to_append, read_json_lines
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -63,7 +61,7 @@ class MetricsLog(Hook):
     def append(self, kind: str, logs: Any) -> None:
         record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         if self._file is None:
-            self._file = tf.io.gfile.GFile(self.path, "a")
+            self._file = open_to_append(self.path)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

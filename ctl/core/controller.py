@@ -181,9 +181,7 @@ class Controller:
         `stretch_end`: the step this stretch of training ends at (for the console).
         """
         started = time.perf_counter()
-        loop_size = self._loop_sizes.get(num_steps)
-        if loop_size is None:
-            loop_size = self._loop_sizes[num_steps] = tf.constant(num_steps, tf.int32)
+        loop_size = self._loop_size(num_steps)
         if self.summary_interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
                     lambda: self.global_step % self.summary_interval == 0):
@@ -217,6 +215,13 @@ class Controller:
         self.summary_manager.flush_if_due()
         return end.step
 
+    def _loop_size(self, num_steps: int) -> tf.Tensor:
+        """`num_steps` as a tensor, made once per value (an eager op a loop otherwise)."""
+        loop_size = self._loop_sizes.get(num_steps)
+        if loop_size is None:
+            loop_size = self._loop_sizes[num_steps] = tf.constant(num_steps, tf.int32)
+        return loop_size
+
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
                            eval_interval: Optional[int] = None):
         self._require("trainer", "train_and_evaluate")
@@ -246,22 +251,22 @@ class Controller:
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self.step
-        start = time.perf_counter()
-        with self.eval_summary_manager.summary_writer().as_default():  # For tf.summary calls.
-            output = self.evaluator.evaluate(tf.constant(steps, tf.int32))
-        elapsed = time.perf_counter() - start
-        output = to_numpy(output or {})
-        self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
-        for action in self.eval_actions:
-            action(output)
-        rate = ""
-        if steps > 0:
-            output["steps_per_second"] = steps / elapsed
-            rate = f" ({steps / elapsed:.1f} steps/sec)"
+        # The eval writer is the default for tf.summary calls in eval steps and eval
+        # actions; the results are written and flushed with it as the block ends.
+        with self.eval_summary_manager.writing():
+            start = time.perf_counter()
+            output = self.evaluator.evaluate(self._loop_size(steps))
+            elapsed = time.perf_counter() - start
+            output = to_numpy(output or {})
+            self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
+            for action in self.eval_actions:
+                action(output)
+            if steps > 0:
+                output["steps_per_second"] = steps / elapsed
+            self.eval_summary_manager.write_summaries(output, step=step)
+        rate = f" ({steps / elapsed:.1f} steps/sec)" if steps > 0 else ""
         console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed, rate,
                      step=step)
-        self.eval_summary_manager.write_summaries(output, step=step)
-        self.eval_summary_manager.flush()
         return output
 
     def save_checkpoint(self) -> None:
@@ -285,7 +290,6 @@ class Controller:
             for action in self._on_checkpoint_end:
                 action(path)
         return saved
-
 
     def _wait_for_checkpoints(self) -> None:
         """Waits for an asynchronous save to be written (a no-op for synchronous ones)."""

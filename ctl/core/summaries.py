@@ -19,15 +19,18 @@ per loop (`tf.summary.experimental.write_raw_pb`, one eager call each); a
 flush of `BATCH_ROWS` loops or more writes them all with one call of a
 `tf.function` per writer (`tf.summary.write` in a `tf.while_loop`), traced at
 its first such flush (0.1 s): about 0.6 ms a call and 0.03 ms a loop instead
-of 0.24 ms a loop. The controller flushes after each evaluation, before each checkpoint,
-at the end of training, and otherwise every `FLUSH_SECONDS`, so a
-checkpoint's steps always have their summaries on disk. A value that is not a
+of 0.24 ms a loop. The controller flushes after each evaluation (in
+`writing()`, the evaluation's writer context, whose own flush on exit
+covers the evaluation's summaries), before each checkpoint, at the end of
+training, and otherwise every `FLUSH_SECONDS`, so a checkpoint's steps
+always have their summaries on disk. A value that is not a
 real scalar goes to `tf.summary.scalar`, after a flush, which rejects it as
 orbit's would.
 
 Everything here runs eagerly, between loops.
 """
 
+import contextlib
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -86,8 +89,31 @@ class SummaryManager:
 
     def flush(self) -> None:
         """Writes what `write_summaries` kept and flushes the writers to disk."""
+        if self.enabled:
+            self._write_kept(flushed_on_exit=None)
+
+    @contextlib.contextmanager
+    def writing(self):
+        """The summary dir's writer as the default for the block, then a `flush()`.
+
+        `tf.summary` calls in the block (in a loop's steps, in hooks) go to the
+        summary dir. TensorFlow's writer context flushes its writer on exit:
+        what `write_summaries` kept is written just before, so that one flush
+        covers both (`with summary_writer().as_default()` and then `flush()`
+        flush it twice, an eager call each).
+        """
         if not self.enabled:
+            yield
             return
+        root = self.summary_writer()
+        with root.as_default():  # Flushes on exit.
+            try:
+                yield
+            finally:
+                self._write_kept(flushed_on_exit="")
+
+    def _write_kept(self, flushed_on_exit: Optional[str]) -> None:
+        """Writes the kept rows and flushes every writer but `flushed_on_exit` (inside its context)."""
         self._last_flush = self._clock()
         pending, self._pending = self._pending, []
         for relative_path, writer in list(self._writers.items()):
@@ -95,7 +121,8 @@ class SummaryManager:
             if len(rows) >= self.BATCH_ROWS:
                 self._batch_writer(relative_path)(*_flattened(rows))  # Flushes too.
                 continue
-            with writer.as_default(), tf.summary.record_if(True):  # Flushes on exit.
+            with (contextlib.nullcontext() if relative_path == flushed_on_exit
+                  else writer.as_default()), tf.summary.record_if(True):  # Flushes on exit.
                 for step, scalars in rows:
                     tf.summary.experimental.write_raw_pb(
                         scalars_proto(scalars).SerializeToString(), step=step)

@@ -599,7 +599,9 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             # empty batch a replica gets when the eval set runs out) count right.
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
             loss = logs.pop("loss")
-            loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
+            if self.strategy.num_replicas_in_sync > 1:  # Only then can a batch be empty
+                # (its mean loss is NaN); with one replica the per-step op is left out.
+                loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
             self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
