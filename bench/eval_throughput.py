@@ -7,6 +7,13 @@ from a fresh iterator (as every evaluation does). ctl's goes through
 `Controller.evaluate`: metrics reset, the `tf.while_loop` eval loop, results
 read back and written as summaries. Each variant runs in `--instances`
 copies built in balanced order (`measure.build_balanced`).
+
+The target is on `ctl_twin`: the fused hand-written loop over the same model
+and eval dataset as ctl's copy (`loops.ctl_eval_and_twin`), so that the two
+differ in their loops alone. Separately built copies differ by themselves:
+`raw_fused_b`, a second build of `raw_fused`, is the A/A check that shows by
+how much (its `ratio_to_raw_fused` ran from 0.93 to 1.085 over six processes
+on 2026-11-25, as far from 1 as ctl's own gap).
 """
 
 import argparse
@@ -32,7 +39,9 @@ def main():
         runs = measure.build_balanced({
             "raw": lambda: loops.raw_eval(BenchTask(workload)),
             "raw_fused": lambda: loops.raw_eval(BenchTask(workload), fused=True),
-            "ctl": lambda: loops.ctl_eval(BenchTask(workload))}, args.instances)
+            "raw_fused_b": lambda: loops.raw_eval(BenchTask(workload), fused=True),
+            "ctl": lambda: loops.ctl_eval_and_twin(BenchTask(workload))}, args.instances)
+        runs["ctl"], runs["ctl_twin"], _ = map(list, zip(*runs["ctl"]))
 
         def repeat(instances):
             return lambda: [evaluate(args.eval_steps) for evaluate in instances for _ in range(evals)]
@@ -40,7 +49,8 @@ def main():
         cpu = {}
         times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu)
         steps = evals * args.eval_steps * args.instances
-        measure.emit_throughput("eval_throughput", times, cpu, steps, TARGET, workload=workload,
+        measure.emit_throughput("eval_throughput", times, cpu, steps, TARGET, reference="ctl_twin",
+                                workload=workload,
                                 eval_steps=args.eval_steps, evals_per_round=evals,
                                 rounds=args.rounds)
 

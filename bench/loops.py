@@ -87,12 +87,16 @@ def raw_pieces(task: BenchTask, steps_per_loop: int):
             ("eager metric read", lambda: _numpy(_results(metrics)))]
 
 
-def raw_eval(task: BenchTask, fused: bool = False):
-    """The hand-written eval loop; `fused` as in `raw_train`."""
-    model = task.build_model()
+def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None):
+    """The hand-written eval loop; `fused` as in `raw_train`.
+
+    `model`, `data`: evaluate that model on that dataset (another loop's: see
+    `ctl_eval_and_twin`) instead of building them from `task`.
+    """
+    model = model or task.build_model()
     loss_mean = keras.metrics.Mean("loss")
     metrics = [loss_mean, *task.build_metrics(training=False)]
-    data = task.build_inputs(training=False)
+    data = task.build_inputs(training=False) if data is None else data
 
     @tf.function
     def loop(iterator, num_steps):
@@ -230,13 +234,24 @@ def ctl_train(task: BenchTask, steps_per_loop: int, stop_check: str = "step", **
 
 
 def ctl_eval(task: BenchTask):
-    _, controller = ctl_controller(task, mode="eval")
+    return ctl_eval_and_twin(task)[0]
+
+
+def ctl_eval_and_twin(task: BenchTask):
+    """ctl's evaluation, its twin and the model they share.
+
+    The twin is the fused hand-written eval loop over the same model and eval
+    dataset (the trainer's), so that whatever the objects of one build cost or
+    save (bench/eval_throughput.py) is the same on both sides.
+    """
+    trainer, controller = ctl_controller(task, mode="eval")
 
     def evaluate(num_steps):
         return controller.evaluate(steps=num_steps)
 
     evaluate(10)
-    return evaluate
+    twin = raw_eval(task, fused=True, model=trainer.eval_model, data=trainer.eval_dataset)
+    return evaluate, twin, trainer.eval_model
 
 
 def _driver(controller, steps_per_loop):

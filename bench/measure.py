@@ -97,22 +97,23 @@ def difference(minuend: List[float], subtrahend: List[float]) -> float:
 
 
 def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
-                    ctl_fields=None, targeted=("ctl",), **fields) -> None:
+                    ctl_fields=None, targeted=("ctl",), reference=None, **fields) -> None:
     """One line per variant: steps/s and its ratios to "raw" and "raw_fused" (wall and CPU).
 
     The lines of the `targeted` variants (ctl's settings) get the target, on
-    their ratio to "raw_fused" (the best loop one writes by hand) when that
-    variant was measured, else to "raw"; ctl's line also gets `ctl_fields`.
-    Variants in `skip` are measured but get no line.
+    their ratio to `reference` (default: "raw_fused", the best loop one writes
+    by hand, when that variant was measured, else "raw"); ctl's line also gets
+    `ctl_fields`. Variants in `skip` are measured but get no line.
     """
-    reference = "raw_fused" if "raw_fused" in times else "raw"
+    reference = reference or ("raw_fused" if "raw_fused" in times else "raw")
     for name in (n for n in times if n not in skip):
         line = dict(variant=name, steps_per_sec=steps / median(times[name]),
                     ratio_to_raw=ratio(times["raw"], times[name]),
                     cpu_ratio_to_raw=ratio(cpu["raw"], cpu[name]))
-        if reference != "raw":
-            line.update(ratio_to_raw_fused=ratio(times[reference], times[name]),
-                        cpu_ratio_to_raw_fused=ratio(cpu[reference], cpu[name]))
+        for other in {"raw_fused", reference} - {"raw"}:
+            if other in times:
+                line.update({f"ratio_to_{other}": ratio(times[other], times[name]),
+                             f"cpu_ratio_to_{other}": ratio(cpu[other], cpu[name])})
         if name in targeted:
             line.update(target=f"ratio_to_{reference} >= {target}",
                         met=ratio(times[reference], times[name]) >= target,

@@ -115,3 +115,13 @@ def test_train_step_settings_reach_ctl_and_keras_fit():
     fit = loops.keras_fit(BenchTask("mlp"), steps_per_loop=5, steps_per_call=5,
                           mixed_precision="mixed_bfloat16")
     assert fit.__self__.model.layers[-1].compute_dtype == "bfloat16"
+
+
+def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
+    """Figure 2's target compares ctl's evaluation with this twin: their results are the same."""
+    ctl_evaluate, twin, model = loops.ctl_eval_and_twin(BenchTask("mlp"))
+    for variable in model.trainable_variables:  # Unlike a model built afresh from the task.
+        variable.assign(variable * 3.0)
+    ours, theirs = ctl_evaluate(3), twin(3)
+    assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
