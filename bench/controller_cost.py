@@ -24,6 +24,10 @@ seconds per checkpoint-and-evaluation. `save_blocks_share` is measured
 directly, not as a difference: the median time a `save()` call blocks
 training, times the saves per round, over training alone (for async saves the
 background write's competition for the CPU is only in `cost`).
+`paired_cost_without_eval` is the same cost as the median of each round's
+ratio (a variant's time over training alone's in the same round, measured
+one after the other), which cancels a drift of the loops' speed slower than
+a round.
 `direct_cost_without_eval` is measured within each round, free of the drift of
 the loops' speed from round to round (a few % here): the time outside the
 train loops (`trainer.train` calls) over the time inside them, minus the same
@@ -94,9 +98,11 @@ def controller_cost(args):
     for name in ("sync", "async"):
         cost = measure.ratio(times[name], times["alone"]) - 1
         cpu_cost = measure.ratio(cpu[name], cpu["alone"]) - 1
+        paired = measure.median([t / a for t, a in zip(times[name], times["alone"])]) - 1
         measure.emit(
             "controller_cost", workload="mlp", checkpoints=name, cost=cost,
             eval_share=eval_share, cost_without_eval=cost - eval_share,
+            paired_cost_without_eval=paired - eval_share,
             cpu_cost_without_eval=cpu_cost - eval_share,
             direct_cost_without_eval=outside[name] - outside["alone"] - eval_share,
             loops_slowdown=measure.ratio(in_loops.seconds[name], in_loops.seconds["alone"]) - 1,

@@ -12,8 +12,9 @@ The target is on `ctl_twin`: the fused hand-written loop over the same model
 and eval dataset as ctl's copy (`loops.ctl_eval_and_twin`), so that the two
 differ in their loops alone. Separately built copies differ by themselves:
 `raw_fused_b`, a second build of `raw_fused`, is the A/A check that shows by
-how much (its `ratio_to_raw_fused` ran from 0.93 to 1.085 over six processes
-on 2026-11-25, as far from 1 as ctl's own gap).
+how much (its `ratio_to_raw_fused` on the MLP ran from 0.92 to 1.02 over the
+three processes of `bench/results/2026-11-25b-throughput.json`: as far from
+1 as ctl's own gap).
 """
 
 import argparse

@@ -10,7 +10,9 @@ warmed up (traced) once before it is returned.
          issue's targets are ratios to this loop.
 - raw_fused: the same, written for speed: the resets and reads inside the
          loop's `tf.function`, one call per loop (what ctl's Trainer does);
-         a reference for what is left of ctl's own overhead.
+         a reference for what is left of ctl's own overhead. Its eval form
+         also comes as ctl's twin (`ctl_eval_and_twin`): over the model and
+         eval dataset of one ctl build.
 - orbit: `orbit.StandardTrainer` driven by `orbit.Controller`, used directly
          (no summaries, no checkpoints).
 - ctl:   ctl's `Trainer` and Controller as `ctl.run` builds them
@@ -93,7 +95,7 @@ def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None):
     `model`, `data`: evaluate that model on that dataset (another loop's: see
     `ctl_eval_and_twin`) instead of building them from `task`.
     """
-    model = model or task.build_model()
+    model = task.build_model() if model is None else model
     loss_mean = keras.metrics.Mean("loss")
     metrics = [loss_mean, *task.build_metrics(training=False)]
     data = task.build_inputs(training=False) if data is None else data

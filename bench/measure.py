@@ -98,7 +98,7 @@ def difference(minuend: List[float], subtrahend: List[float]) -> float:
 
 def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
                     ctl_fields=None, targeted=("ctl",), reference=None, **fields) -> None:
-    """One line per variant: steps/s and its ratios to "raw" and "raw_fused" (wall and CPU).
+    """One line per variant: steps/s and its ratios to "raw", "raw_fused" and `reference` (wall, CPU).
 
     The lines of the `targeted` variants (ctl's settings) get the target, on
     their ratio to `reference` (default: "raw_fused", the best loop one writes
@@ -110,8 +110,8 @@ def emit_throughput(figure: str, times, cpu, steps: int, target: float, skip=(),
         line = dict(variant=name, steps_per_sec=steps / median(times[name]),
                     ratio_to_raw=ratio(times["raw"], times[name]),
                     cpu_ratio_to_raw=ratio(cpu["raw"], cpu[name]))
-        for other in {"raw_fused", reference} - {"raw"}:
-            if other in times:
+        for other in dict.fromkeys(("raw_fused", reference)):  # In this order, once each.
+            if other in times and other != "raw":
                 line.update({f"ratio_to_{other}": ratio(times[other], times[name]),
                              f"cpu_ratio_to_{other}": ratio(cpu[other], cpu[name])})
         if name in targeted:

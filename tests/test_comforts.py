@@ -224,7 +224,8 @@ def test_everyday_output(run_dir):
 
 def test_metrics_lines_append_to_a_local_file_and_to_a_url(tmp_path):
     """A local path gets Python's own file (cheaper per line); a URL goes through tf.io.gfile."""
-    for path, local in [(str(tmp_path / "metrics.jsonl"), True), ("ram://ctl-test/metrics.jsonl", False)]:
+    for path, local in [(str(tmp_path / "metrics.jsonl"), True),
+                        (f"ram://{tmp_path.name}/metrics.jsonl", False)]:
         for line in ["a\n", "b\n"]:
             with open_to_append(path) as f:
                 assert isinstance(f, io.TextIOBase) == local

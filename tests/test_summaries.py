@@ -170,13 +170,17 @@ class _SummarizingEvalTask(RegressionTask):
         return logs
 
 
-def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path):
-    """The results and the eval step's own summaries, at once, without a later flush."""
+def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path, monkeypatch):
+    """The results and the eval step's own summaries, at once, with one flush of the writer."""
     experiment = ctl.Experiment(task=_SummarizingEvalTask(), schedule=ctl.Schedule(
         train_steps=10, eval_steps=2))
     built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
                                        experiment)
+    writer = built.controller.eval_summary_manager.summary_writer()
+    flushes = []
+    monkeypatch.setattr(writer, "flush", lambda flush=writer.flush: flushes.append(flush()))
     output = built.controller.evaluate(steps=2)
+    assert len(flushes) == 1
     written = {(tag, step): value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))}
     assert written[("loss", 0)] == pytest.approx(output["loss"])
     assert ("steps_per_second", 0) in written

@@ -251,22 +251,21 @@ class Controller:
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self.step
-        # The eval writer is the default for tf.summary calls in eval steps and eval
-        # actions; the results are written and flushed with it as the block ends.
+        # The eval writer is the default for tf.summary calls in the eval steps; the
+        # results are written with it, and flushed as the block ends.
         with self.eval_summary_manager.writing():
             start = time.perf_counter()
             output = self.evaluator.evaluate(self._loop_size(steps))
             elapsed = time.perf_counter() - start
             output = to_numpy(output or {})
-            self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
-            for action in self.eval_actions:
-                action(output)
-            if steps > 0:
-                output["steps_per_second"] = steps / elapsed
-            self.eval_summary_manager.write_summaries(output, step=step)
-        rate = f" ({steps / elapsed:.1f} steps/sec)" if steps > 0 else ""
-        console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed, rate,
-                     step=step)
+            rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
+            self.eval_summary_manager.write_summaries({**output, **rate}, step=step)
+        self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
+        for action in self.eval_actions:
+            action(output)
+        output.update(rate)
+        console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed,
+                     f" ({steps / elapsed:.1f} steps/sec)" if rate else "", step=step)
         return output
 
     def save_checkpoint(self) -> None:

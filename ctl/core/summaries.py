@@ -96,8 +96,8 @@ class SummaryManager:
     def writing(self):
         """The summary dir's writer as the default for the block, then a `flush()`.
 
-        `tf.summary` calls in the block (in a loop's steps, in hooks) go to the
-        summary dir. TensorFlow's writer context flushes its writer on exit:
+        `tf.summary` calls in the block (in a loop's steps) go to the summary
+        dir. TensorFlow's writer context flushes its writer on exit:
         what `write_summaries` kept is written just before, so that one flush
         covers both (`with summary_writer().as_default()` and then `flush()`
         flush it twice, an eager call each).
@@ -121,8 +121,12 @@ class SummaryManager:
             if len(rows) >= self.BATCH_ROWS:
                 self._batch_writer(relative_path)(*_flattened(rows))  # Flushes too.
                 continue
-            with (contextlib.nullcontext() if relative_path == flushed_on_exit
-                  else writer.as_default()), tf.summary.record_if(True):  # Flushes on exit.
+            if relative_path == flushed_on_exit:  # In its context already, which flushes it.
+                writer.set_as_default()  # (No flush; the context restores the previous default.)
+                writing = contextlib.nullcontext()
+            else:
+                writing = writer.as_default()  # Flushes on exit.
+            with writing, tf.summary.record_if(True):
                 for step, scalars in rows:
                     tf.summary.experimental.write_raw_pb(
                         scalars_proto(scalars).SerializeToString(), step=step)

@@ -548,7 +548,9 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
             if self._graph_eval_loop is None:
                 self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
-            self._last.eval = self._graph_eval_loop(iterator, tf.constant(steps, tf.int32))
+            if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
+                num_steps = tf.constant(steps, tf.int32)
+            self._last.eval = self._graph_eval_loop(iterator, num_steps)
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = (
@@ -599,9 +601,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             # empty batch a replica gets when the eval set runs out) count right.
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
             loss = logs.pop("loss")
-            if self.strategy.num_replicas_in_sync > 1:  # Only then can a batch be empty
-                # (its mean loss is NaN); with one replica the per-step op is left out.
-                loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
+            loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
             self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
