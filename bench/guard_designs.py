@@ -69,7 +69,8 @@ def main():
         def run():
             for _ in range(5):
                 results, step_now = call(iterator, num_steps)
-                {name: value.numpy() for name, value in results.items()}, int(step_now)
+                for value in [*results.values(), step_now]:  # Read back, as a controller does.
+                    value.numpy()
 
         run()
         return run

@@ -23,9 +23,8 @@ of 0.24 ms a loop. The controller flushes after each evaluation (in
 `writing()`, the evaluation's writer context, whose own flush on exit
 covers the evaluation's summaries), before each checkpoint, at the end of
 training, and otherwise every `FLUSH_SECONDS`, so a checkpoint's steps
-always have their summaries on disk. A value that is not a
-real scalar goes to `tf.summary.scalar`, after a flush, which rejects it as
-orbit's would.
+always have their summaries on disk. A value that is not a real scalar goes
+to `tf.summary.scalar`, after a flush, which rejects it as orbit's would.
 
 Everything here runs eagerly, between loops.
 """
@@ -97,10 +96,10 @@ class SummaryManager:
         """The summary dir's writer as the default for the block, then a `flush()`.
 
         `tf.summary` calls in the block (in a loop's steps) go to the summary
-        dir. TensorFlow's writer context flushes its writer on exit:
-        what `write_summaries` kept is written just before, so that one flush
-        covers both (`with summary_writer().as_default()` and then `flush()`
-        flush it twice, an eager call each).
+        dir. TensorFlow's writer context flushes its writer on exit: what
+        `write_summaries` kept is written just before, so that one flush covers
+        both (`with summary_writer().as_default()` and then `flush()` flush it
+        twice, an eager call each).
         """
         if not self.enabled:
             yield
