@@ -199,6 +199,7 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         config.save_config(model_dir)
 
     output = _run_mode(mode, controller, schedule)
+    controller.flush_summaries()  # An evaluation's rate, kept since.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import ctl
 from ctl import train_lib
+from ctl.core.controller import Controller
 from ctl.core.summaries import SummaryManager
 from tests.tasks import RegressionTask
 
@@ -171,17 +172,58 @@ class _SummarizingEvalTask(RegressionTask):
 
 
 def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path, monkeypatch):
-    """The results and the eval step's own summaries, at once, with one flush of the writer."""
+    """The results and the eval step's own summaries, written and flushed by the eval loop's
+    own call (no eager flush); the rate, kept, at the controller's next flush."""
     experiment = ctl.Experiment(task=_SummarizingEvalTask(), schedule=ctl.Schedule(
         train_steps=10, eval_steps=2))
     built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
                                        experiment)
     writer = built.controller.eval_summary_manager.summary_writer()
-    flushes = []
-    monkeypatch.setattr(writer, "flush", lambda flush=writer.flush: flushes.append(flush()))
-    output = built.controller.evaluate(steps=2)
-    assert len(flushes) == 1
-    written = {(tag, step): value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))}
-    assert written[("loss", 0)] == pytest.approx(output["loss"])
-    assert ("steps_per_second", 0) in written
-    assert ("in_eval_step", 7) in written
+    eager_flushes = []
+
+    def flush(flush=writer.flush):
+        eager_flushes.extend([True] if tf.executing_eagerly() else [])
+        return flush()
+
+    monkeypatch.setattr(writer, "flush", flush)
+    for evaluations in (1, 2):
+        output = built.controller.evaluate(steps=2)
+        assert eager_flushes == []
+        written = [(tag, step, value) for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))]
+        assert [value for tag, step, value in written if (tag, step) == ("loss", 0)] == (
+            pytest.approx([output["loss"]] * evaluations))
+        assert [tag for tag, step, _ in written].count("in_eval_step") == 2 * evaluations  # A step each.
+        assert "steps_per_second" not in [tag for tag, *_ in written]
+    built.controller.flush_summaries()
+    assert len(eager_flushes) == 1
+    written = [tag for _, tag, step, *_ in _events(str(tmp_path / "eval")) if step == 0]
+    assert written.count("steps_per_second") == 2
+
+
+class _OrbitEvaluator(orbit.StandardEvaluator):
+    """Another `orbit.AbstractEvaluator` than ctl's Trainer: sums its eval set."""
+
+    def __init__(self):
+        self.total = tf.Variable(0.0)
+        super().__init__(eval_dataset=tf.data.Dataset.range(10).map(
+            lambda x: tf.cast(x, tf.float32)).batch(2))
+
+    def eval_begin(self):
+        self.total.assign(0.0)
+
+    def eval_step(self, iterator):
+        self.total.assign_add(tf.reduce_sum(next(iterator)))
+
+    def eval_end(self):
+        return {"total": self.total}
+
+
+def test_another_orbit_evaluator_has_its_results_on_disk_when_evaluate_returns(tmp_path):
+    global_step = tf.Variable(3, dtype=tf.int64)
+    controller = Controller(global_step=global_step, evaluator=_OrbitEvaluator(),
+                            eval_summary_manager=SummaryManager(str(tmp_path), global_step))
+    assert controller.evaluate(steps=5)["total"] == 45.0
+    assert [(tag, step, value) for _, tag, step, value, *_ in _events(str(tmp_path))] == [
+        ("total", 3, 45.0)]
+    controller.flush_summaries()
+    assert [tag for _, tag, *_ in _events(str(tmp_path))] == ["steps_per_second", "total"]

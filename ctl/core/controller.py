@@ -52,7 +52,7 @@ from ctl import compat
 from ctl.core import console
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import TrainLoopEnd
+from ctl.core.trainer import TrainLoopEnd, Trainer
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
 Action = Callable[[dict], None]
@@ -162,10 +162,10 @@ class Controller:
                 if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
                     self._save(check_interval=True)
         except BaseException:
-            self.summary_manager.flush()  # What led up to the error is on disk.
+            self.flush_summaries()  # What led up to the error is on disk.
             raise
         if checkpoint_at_completion or self.stop.should_stop:  # The end of training.
-            self.summary_manager.flush()
+            self.flush_summaries()
             self._save(check_interval=False)
             self._wait_for_checkpoints()
         else:  # Training goes on after this call (train_and_evaluate): the once-a-second flush.
@@ -213,6 +213,7 @@ class Controller:
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()
+        self.eval_summary_manager.flush_if_due()
         return end.step
 
     def _loop_size(self, num_steps: int) -> tf.Tensor:
@@ -245,28 +246,44 @@ class Controller:
         """Runs one evaluation of `steps` batches (-1: the whole eval set); returns NumPy results.
 
         orbit's, with the same lines and summaries, and the host work after
-        the loop cut as in `_train_n_steps`.
+        the loop cut as in `_train_n_steps`: ctl's Trainer writes the results
+        and flushes them inside its loop's own call, so they are on disk when
+        this returns, with no eager op after the loop (`ctl.core.summaries`).
+        `steps_per_second` is kept for the next flush (`flush_summaries`).
         """
         self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
             raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
         step = self.step
-        # The eval writer is the default for tf.summary calls in the eval steps; the
-        # results are written with it, and flushed as the block ends.
-        with self.eval_summary_manager.writing():
-            start = time.perf_counter()
-            output = self.evaluator.evaluate(self._loop_size(steps))
+        summaries = self.eval_summary_manager
+        start = time.perf_counter()
+        if isinstance(self.evaluator, Trainer):  # Writes the results in its loop's own call.
+            output = self.evaluator.evaluate(self._loop_size(steps), summaries=summaries, step=step)
             elapsed = time.perf_counter() - start
             output = to_numpy(output or {})
-            rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
-            self.eval_summary_manager.write_summaries({**output, **rate}, step=step)
+        else:
+            with summaries.writing():  # The default for the eval steps; flushed at its end.
+                output = self.evaluator.evaluate(self._loop_size(steps))
+                elapsed = time.perf_counter() - start
+                output = to_numpy(output or {})
+                summaries.write_summaries(output, step=step)
+        # The results are on disk now; the rate is kept for the next flush (`flush_summaries`).
+        rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
+        if rate:
+            summaries.write_summaries(rate, step=step)
         self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
         for action in self.eval_actions:
             action(output)
         output.update(rate)
         console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed,
                      f" ({steps / elapsed:.1f} steps/sec)" if rate else "", step=step)
+        summaries.flush_if_due()
         return output
+
+    def flush_summaries(self) -> None:
+        """Puts on disk what the summary managers kept (loops' results, evaluations' rates)."""
+        self.summary_manager.flush()
+        self.eval_summary_manager.flush_kept()
 
     def save_checkpoint(self) -> None:
         self._require("checkpoint_manager", "save_checkpoint")
@@ -276,7 +293,7 @@ class Controller:
         """Saves a checkpoint (if due, with `check_interval`); hooks see it once complete."""
         if self.checkpoint_manager is None:
             return False
-        self.summary_manager.flush()  # A checkpoint's steps have their summaries on disk.
+        self.flush_summaries()  # A checkpoint's steps have their summaries on disk.
         path = self.checkpoint_manager.save(check_interval=check_interval,
                                             options=self._save_options)
         saved = path is not None

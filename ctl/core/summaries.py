@@ -19,14 +19,20 @@ per loop (`tf.summary.experimental.write_raw_pb`, one eager call each); a
 flush of `BATCH_ROWS` loops or more writes them all with one call of a
 `tf.function` per writer (`tf.summary.write` in a `tf.while_loop`), traced at
 its first such flush (0.1 s): about 0.6 ms a call and 0.03 ms a loop instead
-of 0.24 ms a loop. The controller flushes after each evaluation (in
-`writing()`, the evaluation's writer context, whose own flush on exit
-covers the evaluation's summaries), before each checkpoint, at the end of
-training, and otherwise every `FLUSH_SECONDS`, so a checkpoint's steps
+of 0.24 ms a loop. The controller flushes before each checkpoint, at the end
+of training, and otherwise every `FLUSH_SECONDS`, so a checkpoint's steps
 always have their summaries on disk. A value that is not a real scalar goes
 to `tf.summary.scalar`, after a flush, which rejects it as orbit's would.
 
-Everything here runs eagerly, between loops.
+An evaluation's results are on disk when it returns, written by the eval
+loop's own `tf.function` call: ctl's Trainer calls `write_in_graph` there
+(`tf.summary.write` and a flush, ops of that call), so no eager op follows
+the loop; what the loop cannot write is kept and flushed at once. Another
+orbit evaluator runs in `writing()`, the writer's context, whose flush on
+exit covers its results. An evaluation's `steps_per_second`, timed on the
+host after the call, is kept for the next flush.
+
+Everything else here runs eagerly, between loops.
 """
 
 import contextlib
@@ -130,6 +136,31 @@ class SummaryManager:
                     tf.summary.experimental.write_raw_pb(
                         scalars_proto(scalars).SerializeToString(), step=step)
 
+    @property
+    def kept(self) -> int:
+        """How many rows `write_summaries` kept since the last flush."""
+        return len(self._pending)
+
+    def flush_kept(self) -> None:
+        """`flush()` if `write_summaries` kept anything since the last one (no eager op otherwise)."""
+        if self._pending:
+            self.flush()
+
+    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "") -> None:
+        """Inside a `tf.function`: writes the values of `values` that `in_graph()` takes, at `step`
+        (an int64 tensor), to the writer of `relative_path`, then flushes it: ops of the function.
+
+        What lands on disk is what `write_summaries` and `flush` write (float32
+        scalars, the scalar plugin's metadata). The other values are the
+        caller's to keep with `write_summaries`.
+        """
+        if not self.enabled:
+            return
+        with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(True):
+            for name, value in values.items():  # The context's exit flushes, in the graph.
+                if in_graph(value):
+                    tf.summary.write(name, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
+
     def flush_if_due(self) -> None:
         """Flushes if the last flush is `FLUSH_SECONDS` old."""
         if self._pending and self._clock() - self._last_flush >= self.FLUSH_SECONDS:
@@ -166,6 +197,13 @@ def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, 
         else:
             found.setdefault(relative_path, {})[name] = value
     return found
+
+
+def in_graph(value) -> bool:
+    """Whether `write_in_graph` writes `value`: a real or integer scalar tensor (the rest goes
+    through `write_summaries`, which says what is wrong with a value that is no scalar)."""
+    return (tf.is_tensor(value) and value.shape.rank == 0
+            and (value.dtype.is_floating or value.dtype.is_integer))
 
 
 def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:

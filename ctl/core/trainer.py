@@ -48,6 +48,8 @@ One evaluation (`evaluate`), from the start of the eval set:
         state = eval_reduce(state, outputs) # eager; only if the task aggregates
                                             # (ctl.core.aggregation)
       read eval loss and metrics
+      write them to the eval summaries      # only with Controller.evaluate's summaries:
+                                            # tf.summary ops and a flush in the same call
     return eval_end(state)                  # eager: {loss, metrics, task results}
 
 The first dimension of every input tensor is the batch: the eval loss is a mean
@@ -69,6 +71,7 @@ tasks that aggregate logs on the host, always use the host loop.
 """
 
 import collections
+import contextlib
 import functools
 import itertools
 from typing import Any, Dict, NamedTuple, Optional, Protocol
@@ -81,6 +84,7 @@ import tensorflow as tf
 from ctl.core import aggregation, checkpoint_contents, precision, xla
 from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
+from ctl.core.summaries import SummaryManager, in_graph
 from ctl.core.task import Task
 from ctl.core.train_step import GradientPipeline
 
@@ -134,6 +138,14 @@ class _LastResults:
     def __init__(self):
         self.train: Optional[Logs] = None
         self.eval: Optional[Logs] = None
+
+
+class _EvalWriting(NamedTuple):
+    """Where an evaluation's results go (`Trainer.evaluate(summaries=, step=)`)."""
+
+    summaries: SummaryManager
+    step: int
+    step_tensor: tf.Tensor  # The same, int64, for the writing loop's calls.
 
 
 class TrainLoopEnd(NamedTuple):
@@ -205,6 +217,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         self._train_loop = None  # Built on first use (create_train_loop_fn).
         self._train_iterator = None  # (dataset, its iterator): made anew when the dataset changes.
         self._graph_eval_loop = None  # Built on first use.
+        self._writing_eval_loops = {}  # The same, writing its results: per summaries and set.
         self._host_eval_parts = None
         # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
         self.step_guard: Optional[StepGuard] = None
@@ -511,7 +524,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
 
     # Evaluation.
 
-    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=(),
+                 summaries: Optional[SummaryManager] = None, step: Optional[int] = None) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
         Returns the logs of the one unnamed set, or `{name: logs}` for the
@@ -521,36 +535,68 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
         see `on_test_begin`/`on_test_end` around each set and
         `on_test_batch_begin/end` around each step of a host loop.
+
+        `summaries` (ctl's Controller passes its eval summaries): the results
+        are written there at `step`, a named set's in its subdirectory, and
+        are on disk when this returns, and its writer is the default for the
+        eval steps' own `tf.summary` calls. The one-call loop writes them and
+        flushes as ops of that call (no eager TensorFlow op after it); what it
+        cannot write (a task's aggregations, a value that is no scalar) and a
+        host loop's results are written eagerly after.
         """
         if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
         if self.ema is not None:
             self.ema.follow_weights_if_unstarted()
+        writing = None
+        if summaries is not None and summaries.enabled:
+            writing = _EvalWriting(summaries, step, tf.constant(step, tf.int64))
+            kept = summaries.kept
         if list(self.eval_sets) == [None]:
-            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
-        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
-                for name, dataset in self.eval_sets.items()}
+            logs = self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks, writing)
+        else:
+            logs = {name: self.evaluate_set(dataset, num_steps, batch_callbacks, writing, name)
+                    for name, dataset in self.eval_sets.items()}
+        if writing is not None and summaries.kept > kept:  # Results the loop could not write.
+            summaries.flush()
+        return logs
 
-    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
-        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=(),
+                     writing: Optional["_EvalWriting"] = None, name: Optional[str] = None) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset` (set `name`).
+
+        `writing`: where its results go (`evaluate`); those it leaves are kept in its summaries.
+        """
         self.eval_dataset = dataset
         for callback in batch_callbacks:
             callback.on_test_begin()
-        logs = self._evaluate_dataset(num_steps, batch_callbacks)
+        logs, written = self._evaluate_dataset(num_steps, batch_callbacks, writing, name or "")
+        if writing is not None:
+            rest = {key: value for key, value in logs.items() if key not in written}
+            if rest:
+                writing.summaries.write_summaries({name: rest} if name else rest, writing.step)
         for callback in batch_callbacks:
             callback.on_test_end(_python_logs(logs))
         return logs
 
-    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks,
+                          writing: Optional["_EvalWriting"], set_path: str):
+        """The set's logs, and the names of those its loop wrote to `writing` (in the graph)."""
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
+        written = ()
         if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
-            if self._graph_eval_loop is None:
-                self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
             if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
                 num_steps = tf.constant(steps, tf.int32)
-            self._last.eval = self._graph_eval_loop(iterator, num_steps)
+            if writing is None:
+                if self._graph_eval_loop is None:
+                    self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+                self._last.eval = self._graph_eval_loop(iterator, num_steps)
+            else:
+                self._last.eval = self._writing_eval_loop(writing.summaries, set_path)(
+                    iterator, num_steps, writing.step_tensor)
+                written = [key for key, value in self._last.eval.items() if in_graph(value)]
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = (
@@ -559,12 +605,31 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                     self._maybe_tf_function(self._eval_results),
                 )
             step_fn, reset, read = self._host_eval_parts
-            reset()
-            loop = orbit.utils.create_loop_fn(_with_batch_callbacks(step_fn, batch_callbacks))
-            state = loop(iterator, steps, state=state,
-                         reduce_fn=self.eval_reduce if state is not None else None)
-            self._last.eval = read()
-        return self.eval_end(state) if state is not None else self.eval_end()
+            # The eval steps' own summaries go to the eval summaries, flushed at the end.
+            with (writing.summaries.summary_writer().as_default() if writing is not None
+                  else contextlib.nullcontext()):
+                reset()
+                loop = orbit.utils.create_loop_fn(_with_batch_callbacks(step_fn, batch_callbacks))
+                state = loop(iterator, steps, state=state,
+                             reduce_fn=self.eval_reduce if state is not None else None)
+                self._last.eval = read()
+        return (self.eval_end(state) if state is not None else self.eval_end()), written
+
+    def _writing_eval_loop(self, summaries: SummaryManager, set_path: str):
+        """The one-call eval loop that also writes its results to `summaries` (`set_path`)."""
+        key = f"{id(summaries)}/{set_path}"  # (A string: the Trainer tracks its attributes.)
+        loop = self._writing_eval_loops.get(key)
+        if loop is None:
+            def loop_and_write(iterator, num_steps, step):
+                # The eval steps' own tf.summary calls go to the root writer; its context's
+                # exit flushes it, and write_in_graph flushes the set's: ops of this call.
+                with summaries.summary_writer().as_default():
+                    results = self._eval_loop_with_metrics(iterator, num_steps)
+                    summaries.write_in_graph(results, step, set_path)
+                return results
+
+            loop = self._writing_eval_loops[key] = tf.function(loop_and_write)
+        return loop
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
         self._reset_eval_metrics()
