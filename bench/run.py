@@ -35,7 +35,7 @@ FIGURES = {
     "eval_throughput": (["-m", "bench.eval_throughput"],
                         ["--rounds", "15"], ["--rounds", "3"]),
     "controller_cost": (["-m", "bench.controller_cost", "--figures", "controller_cost"],
-                        ["--rounds", "7", "--train_steps", "30000"],
+                        ["--rounds", "11", "--train_steps", "30000"],
                         ["--rounds", "2", "--train_steps", "2000", "--interval", "1000"]),
     "checkpoint_stall": (["-m", "bench.controller_cost", "--figures", "checkpoint_stall"],
                          ["--rounds", "5"], ["--rounds", "2", "--saves", "2"]),
