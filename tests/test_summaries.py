@@ -12,7 +12,7 @@ import ctl
 from ctl import train_lib
 from ctl.core.controller import Controller
 from ctl.core.summaries import SummaryManager
-from tests.tasks import RegressionTask
+from tests.tasks import PredictionsTask, RegressionTask
 
 
 def _events(directory):
@@ -198,6 +198,51 @@ def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path, monke
     assert len(eager_flushes) == 1
     written = [tag for _, tag, step, *_ in _events(str(tmp_path / "eval")) if step == 0]
     assert written.count("steps_per_second") == 2
+
+
+
+class _HostValueTrainer(ctl.Trainer):
+    """Adds a value of its own to the one-call loop's results (on the host, in `eval_end`)."""
+
+    def eval_end(self, aggregated_logs=None):
+        return {**super().eval_end(aggregated_logs), "host_value": 2.5}
+
+
+@pytest.mark.parametrize("task, trainer_cls", [
+    (PredictionsTask, ctl.Trainer),  # Aggregates on the host: the host loop.
+    (RegressionTask, _HostValueTrainer),  # The one-call loop, and a value it cannot write.
+], ids=["aggregating_task", "eval_end_adds_a_value"])
+def test_results_the_eval_loop_cannot_write_are_on_disk_when_evaluate_returns(
+        tmp_path, task, trainer_cls):
+    experiment = ctl.Experiment(task=task(), trainer_cls=trainer_cls,
+                                schedule=ctl.Schedule(train_steps=10, eval_steps=2))
+    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+                                       experiment)
+    output = built.controller.evaluate(steps=2)
+    written = {tag: value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))
+               if step == 0}
+    assert set(output) - {"steps_per_second"} == set(written) > {"loss", "examples"}
+    for tag, value in written.items():
+        assert value == pytest.approx(float(output[tag]))
+
+
+
+class _OrbitSignatureTrainer(ctl.Trainer):
+    """Overrides `evaluate` with orbit's signature, as a subclass written for orbit would."""
+
+    def evaluate(self, num_steps):
+        return super().evaluate(num_steps)
+
+
+def test_a_trainer_overriding_evaluate_with_orbit_s_signature_still_has_its_results_written(
+        tmp_path):
+    experiment = ctl.Experiment(task=RegressionTask(), trainer_cls=_OrbitSignatureTrainer,
+                                schedule=ctl.Schedule(train_steps=10, eval_steps=2))
+    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+                                       experiment)
+    output = built.controller.evaluate(steps=2)
+    written = {tag: value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))}
+    assert written == pytest.approx({"loss": output["loss"], "examples": output["examples"]})
 
 
 class _OrbitEvaluator(orbit.StandardEvaluator):

@@ -43,6 +43,7 @@ all work from that step; nothing else keeps a copy that could go stale.
       save checkpoint                          # on_checkpoint_end(path)
 """
 
+import inspect
 import time
 from typing import Callable, Iterable, Optional
 
@@ -90,6 +91,10 @@ class Controller:
                              f"multiple of `steps_per_loop` ({steps_per_loop}).")
         self.trainer = trainer
         self.evaluator = evaluator
+        # ctl's Trainer writes an evaluation's results inside its loop's own call (a
+        # subclass that overrides `evaluate` with orbit's signature gets the writer context).
+        self._evaluator_writes = isinstance(evaluator, Trainer) and (
+            "summaries" in inspect.signature(evaluator.evaluate).parameters)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.global_step = global_step
         self.steps_per_loop = steps_per_loop
@@ -257,7 +262,7 @@ class Controller:
         step = self.step
         summaries = self.eval_summary_manager
         start = time.perf_counter()
-        if isinstance(self.evaluator, Trainer):  # Writes the results in its loop's own call.
+        if self._evaluator_writes:
             output = self.evaluator.evaluate(self._loop_size(steps), summaries=summaries, step=step)
             elapsed = time.perf_counter() - start
             output = to_numpy(output or {})
