@@ -198,8 +198,10 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         ModelDir(model_dir).clear_finished()
         config.save_config(model_dir)
 
-    output = _run_mode(mode, controller, schedule)
-    controller.flush_summaries()  # An evaluation's rate, kept since.
+    try:
+        output = _run_mode(mode, controller, schedule)
+    finally:
+        controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint)

@@ -227,6 +227,40 @@ def test_results_the_eval_loop_cannot_write_are_on_disk_when_evaluate_returns(
 
 
 
+
+class _ReplacingTrainer(ctl.Trainer):
+    """Puts a value of its own in place of the loss the one-call loop wrote."""
+
+    def eval_end(self, aggregated_logs=None):
+        return {**super().eval_end(aggregated_logs), "loss": 123.0}
+
+
+def test_a_value_eval_end_puts_in_place_of_the_loop_s_is_the_one_on_disk_last(tmp_path):
+    experiment = ctl.Experiment(task=RegressionTask(), trainer_cls=_ReplacingTrainer,
+                                schedule=ctl.Schedule(train_steps=10, eval_steps=2))
+    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+                                       experiment)
+    assert built.controller.evaluate(steps=2)["loss"] == 123.0
+    paths = sorted(glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*")))
+    losses = [float(tf.make_ndarray(value.tensor)) for path in paths
+              for event in tf.compat.v1.train.summary_iterator(path)
+              for value in event.summary.value if value.tag == "loss"]
+    assert losses[-1] == 123.0
+
+
+class _FailingEvalHook(ctl.Hook):
+    def on_eval_end(self, logs):
+        raise RuntimeError("the hook failed")
+
+
+def test_an_evaluation_s_rate_is_on_disk_when_the_run_fails_after_it(tmp_path):
+    experiment = ctl.Experiment(task=RegressionTask(), hooks=[_FailingEvalHook()],
+                                schedule=ctl.Schedule(train_steps=10, eval_steps=2))
+    with pytest.raises(RuntimeError, match="the hook failed"):
+        ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment)
+    assert "steps_per_second" in [tag for _, tag, *_ in _events(str(tmp_path / "eval"))]
+
+
 class _OrbitSignatureTrainer(ctl.Trainer):
     """Overrides `evaluate` with orbit's signature, as a subclass written for orbit would."""
 

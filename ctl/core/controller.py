@@ -251,10 +251,13 @@ class Controller:
         """Runs one evaluation of `steps` batches (-1: the whole eval set); returns NumPy results.
 
         orbit's, with the same lines and summaries, and the host work after
-        the loop cut as in `_train_n_steps`: ctl's Trainer writes the results
-        and flushes them inside its loop's own call, so they are on disk when
-        this returns, with no eager op after the loop (`ctl.core.summaries`).
-        `steps_per_second` is kept for the next flush (`flush_summaries`).
+        the loop cut as in `_train_n_steps`. The results are on disk when this
+        returns: ctl's Trainer writes and flushes them inside its loop's own
+        call when the evaluation is that one call (a fixed number of steps, no
+        host aggregation), so that no eager op follows the loop, and eagerly
+        after a host loop (`ctl.core.summaries`). `steps_per_second` is kept
+        for the next flush (after a train loop, at a checkpoint, at the end:
+        `flush_summaries`).
         """
         self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
@@ -282,7 +285,6 @@ class Controller:
         output.update(rate)
         console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed,
                      f" ({steps / elapsed:.1f} steps/sec)" if rate else "", step=step)
-        summaries.flush_if_due()
         return output
 
     def flush_summaries(self) -> None:

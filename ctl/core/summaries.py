@@ -146,20 +146,21 @@ class SummaryManager:
         if self._pending:
             self.flush()
 
-    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "") -> None:
+    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "") -> List[str]:
         """Inside a `tf.function`: writes the values of `values` that `in_graph()` takes, at `step`
         (an int64 tensor), to the writer of `relative_path`, then flushes it: ops of the function.
 
-        What lands on disk is what `write_summaries` and `flush` write (float32
-        scalars, the scalar plugin's metadata). The other values are the
-        caller's to keep with `write_summaries`.
+        Returns the names it wrote. What lands on disk is what `write_summaries`
+        and `flush` write (float32 scalars, the scalar plugin's metadata). The
+        other values are the caller's to keep with `write_summaries`.
         """
         if not self.enabled:
-            return
+            return []
+        written = [name for name, value in values.items() if in_graph(value)]
         with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(True):
-            for name, value in values.items():  # The context's exit flushes, in the graph.
-                if in_graph(value):
-                    tf.summary.write(name, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
+            for name in written:  # The context's exit flushes, in the graph.
+                tf.summary.write(name, tf.cast(values[name], tf.float32), metadata=_SCALAR_METADATA)
+        return written
 
     def flush_if_due(self) -> None:
         """Flushes if the last flush is `FLUSH_SECONDS` old."""

@@ -74,7 +74,7 @@ import collections
 import contextlib
 import functools
 import itertools
-from typing import Any, Dict, NamedTuple, Optional, Protocol
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol
 
 import gin
 import numpy as np
@@ -146,6 +146,14 @@ class _EvalWriting(NamedTuple):
     summaries: SummaryManager
     step: int
     step_tensor: tf.Tensor  # The same, int64, for the writing loop's calls.
+
+
+class _WritingEvalLoop:
+    """An eval loop's `tf.function` that writes its results, and the names it writes (traced)."""
+
+    def __init__(self):
+        self.function = None
+        self.written: List[str] = []
 
 
 class TrainLoopEnd(NamedTuple):
@@ -550,6 +558,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self.ema.follow_weights_if_unstarted()
         writing = None
         if summaries is not None and summaries.enabled:
+            step = int(self.global_step.numpy()) if step is None else step
             writing = _EvalWriting(summaries, step, tf.constant(step, tf.int64))
             kept = summaries.kept
         if list(self.eval_sets) == [None]:
@@ -594,9 +603,9 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                     self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
                 self._last.eval = self._graph_eval_loop(iterator, num_steps)
             else:
-                self._last.eval = self._writing_eval_loop(writing.summaries, set_path)(
-                    iterator, num_steps, writing.step_tensor)
-                written = [key for key, value in self._last.eval.items() if in_graph(value)]
+                loop = self._writing_eval_loop(writing.summaries, set_path)
+                self._last.eval = loop.function(iterator, num_steps, writing.step_tensor)
+                written = loop.written
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = (
@@ -613,22 +622,27 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 state = loop(iterator, steps, state=state,
                              reduce_fn=self.eval_reduce if state is not None else None)
                 self._last.eval = read()
-        return (self.eval_end(state) if state is not None else self.eval_end()), written
+        logs = self.eval_end(state) if state is not None else self.eval_end()
+        # Written by the loop, unless eval_end put another value in its place.
+        return logs, [key for key in written if logs.get(key) is self._last.eval[key]]
 
-    def _writing_eval_loop(self, summaries: SummaryManager, set_path: str):
+    def _writing_eval_loop(self, summaries: SummaryManager, set_path: str) -> "_WritingEvalLoop":
         """The one-call eval loop that also writes its results to `summaries` (`set_path`)."""
         key = f"{id(summaries)}/{set_path}"  # (A string: the Trainer tracks its attributes.)
         loop = self._writing_eval_loops.get(key)
         if loop is None:
+            loop = _WritingEvalLoop()
+
             def loop_and_write(iterator, num_steps, step):
                 # The eval steps' own tf.summary calls go to the root writer; its context's
                 # exit flushes it, and write_in_graph flushes the set's: ops of this call.
                 with summaries.summary_writer().as_default():
                     results = self._eval_loop_with_metrics(iterator, num_steps)
-                    summaries.write_in_graph(results, step, set_path)
+                    loop.written = summaries.write_in_graph(results, step, set_path)
                 return results
 
-            loop = self._writing_eval_loops[key] = tf.function(loop_and_write)
+            loop.function = tf.function(loop_and_write)
+            self._writing_eval_loops[key] = loop
         return loop
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
