@@ -2,7 +2,6 @@
 comforts: through the CLI on real runs, plus the hook protocol in-process."""
 
 import glob
-import io
 import json
 import os
 import re
@@ -17,7 +16,6 @@ import ctl
 from ctl.comforts.exporting import FinalExporter
 from ctl.core.hooks import Hook
 from ctl.comforts.progress import read_metrics
-from ctl.core.model_dir import open_to_append
 from ctl.core import config
 from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
 from tests.comfort_tasks import EncoderTask
@@ -220,18 +218,6 @@ def test_everyday_output(run_dir):
         (kind, step) for step in (10, 20, 30, 40) for kind in ("train", "eval")]
     assert "loss" in records[0] and "mae" in records[0] and records[-1]["examples"] == 10
     assert re.search(r"^train \| step: +40/40 \| loss: .* \| ETA 0:00:00$", stdout, re.M)
-
-
-def test_metrics_lines_append_to_a_local_file_and_to_a_url(tmp_path):
-    """A local path gets Python's own file (cheaper per line); a URL goes through tf.io.gfile."""
-    for path, local in [(str(tmp_path / "metrics.jsonl"), True),
-                        (f"ram://{tmp_path.name}/metrics.jsonl", False)]:
-        for line in ["a\n", "b\n"]:
-            with open_to_append(path) as f:
-                assert isinstance(f, io.TextIOBase) == local
-                f.write(line)
-        with tf.io.gfile.GFile(path) as f:
-            assert f.read() == "a\nb\n"
 
 
 @pytest.mark.slow

@@ -14,10 +14,11 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import orbit
+import tensorflow as tf
 
 from ctl.comforts.hooks import flat_logs
 from ctl.core.hooks import Hook, Run
-from ctl.core.model_dir import ModelDir, open_to_append, read_json_lines
+from ctl.core.model_dir import ModelDir, read_json_lines
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -61,7 +62,9 @@ class MetricsLog(Hook):
     def append(self, kind: str, logs: Any) -> None:
         record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         if self._file is None:
-            self._file = open_to_append(self.path)
+            # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran 3%
+            # slower (BUILD.md), though a line alone cost less (0.02 ms against 0.08).
+            self._file = tf.io.gfile.GFile(self.path, "a")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

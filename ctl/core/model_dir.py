@@ -130,12 +130,6 @@ def append_json_line(path: str, record: Dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def open_to_append(path: str):
-    """`path` opened to append text: Python's own file for a local path (a line and its
-    flush cost 0.02 ms, against 0.08 ms through `tf.io.gfile`), `tf.io.gfile` for a URL."""
-    return tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a")
-
-
 def read_json_lines(path: str) -> List[Dict[str, Any]]:
     """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
     if not tf.io.gfile.exists(path):
