@@ -35,6 +35,14 @@ class ProbeTask(RegressionTask):
         replica per worker).
       progress_in_step: False leaves writing the progress to the trainer
         (`ProgressTrainer`), e.g. when XLA compiles the step.
+
+    Steps are counted by the optimizer's iterations (+ 1), unless a
+    `GlobalStepTrainer` gave the task its `global_step`: then `nan_at_steps` are
+    global steps, each poisoning the first step that starts at or past it
+    (transient only). Under parameter servers the optimizer's iterations lose
+    increments of concurrent steps (docs/faults.md) and two concurrent steps
+    may start at the same global step, so only "at or past a global step" names
+    a step there.
     """
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
@@ -52,6 +60,7 @@ class ProbeTask(RegressionTask):
         # Hits per poisoned step, only ever added to: concurrent parameter-server steps
         # cannot undo another step's hit (a read-modify-write of a flag could).
         self.fired = tf.Variable(tf.zeros_like(self.nan_at_steps, tf.int32), trainable=False)
+        self.global_step = None  # Set by GlobalStepTrainer.
 
     def build_model(self):
         layers = [keras.Input((3,))]
@@ -83,7 +92,8 @@ class ProbeTask(RegressionTask):
             outputs = tf.cast(model(features, training=True), tf.float32)
             loss = self.build_losses(labels, outputs)
             if self.nan_replica is None or replica == self.nan_replica:
-                loss *= self._poison(step)
+                loss *= self._poison(step if self.global_step is None else
+                                     tf.cast(self.global_step.read_value(), tf.int64) + 1)
             scaled_loss = optimizer.scale_loss(loss)  # / replicas (* the loss scale)
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
@@ -92,7 +102,12 @@ class ProbeTask(RegressionTask):
         return {"loss": loss}
 
     def _poison(self, step):
-        now = tf.equal(self.nan_at_steps, step)
+        if self.global_step is None:
+            now = tf.equal(self.nan_at_steps, step)
+        elif self.transient:
+            now = step >= self.nan_at_steps  # The first step there hits; `fired` stops the others.
+        else:
+            raise ValueError("ProbeTask counts global steps only with transient=True")
         hit = tf.reduce_any(now & (self.fired.read_value() == 0)) if self.transient else tf.reduce_any(now)
         if self.transient:
             self.fired.assign_add(tf.cast(now, tf.int32))
@@ -102,6 +117,15 @@ class ProbeTask(RegressionTask):
 def _data(count):
     features = np.random.default_rng(0).normal(size=(count, 3)).astype(np.float32)
     return features, features @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+
+@gin.configurable
+class GlobalStepTrainer(ctl.Trainer):
+    """A Trainer that gives its ProbeTask its `global_step`: `nan_at_steps` then count global steps."""
+
+    def __init__(self, task, *args, **kwargs):
+        super().__init__(task, *args, **kwargs)
+        task.global_step = self.global_step
 
 
 @gin.configurable
