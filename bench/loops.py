@@ -257,13 +257,24 @@ def ctl_eval_and_twin(task: BenchTask):
 
 
 def _driver(controller, steps_per_loop):
-    # The controller's host copy of the step: an eager read of the variable, right after the
-    # last round's loop, cost 0.3-0.45 ms a round that no other variant pays.
+    """`run(num_steps)`: `controller.train` to `num_steps` past the step it is at.
+
+    ctl's Controller keeps that step on the host (`step`); an eager read of the
+    variable right after the last round's loop costs 0.3-0.45 ms a round here,
+    which the hand-written loops do not pay. orbit's reads its variable
+    itself in every `train` call, so the driver does too.
+    """
+    def current_step():
+        if isinstance(controller, Controller):
+            return controller.step
+        return int(controller.global_step.numpy())
+
     def run(num_steps):
-        target = controller.step + num_steps
+        target = current_step() + num_steps
         controller.train(steps=target, checkpoint_at_completion=False)
 
     run(steps_per_loop)
+    run.global_step = controller.global_step  # It counts the steps run (tests/test_bench.py).
     return run
 
 

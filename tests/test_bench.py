@@ -45,7 +45,10 @@ def test_every_loop_trains_the_steps_it_is_asked_for():
     assert int(trainer.optimizer.iterations.numpy()) == 20
     assert any(not np.array_equal(a, b.numpy())
                for a, b in zip(before, trainer.model.trainable_variables))
-    loops.ctl_train(task, steps_per_loop=10)(20)  # The figures' driver (a warm-up loop, then 20 steps).
+    # The figures' driver, over ctl's and orbit's controllers: a warm-up loop, then 20 steps.
+    for train in (loops.ctl_train(task, steps_per_loop=10), loops.orbit_train(task, steps_per_loop=10)):
+        train(20)
+        assert int(train.global_step.numpy()) == 30
     for fused in (False, True):
         raw = loops.raw_train(task, steps_per_loop=10, fused=fused)  # Warm-up: one loop.
         raw(20)
