@@ -15,7 +15,9 @@ processes disturbs less). ctl's target is on `ratio_to_raw_fused`.
 
 `ctl_stop_per_loop` is ctl with `ctl.FaultTolerance.stop_check = 'loop'`: no
 per-step stop/NaN guard, signals and bad losses looked for after each loop;
-the guard's cost (`guard_cost`) is ctl's ratio over it, minus one. `--xla` adds Keras `fit(jit_compile=True)` and, if
+the guard's cost (`guard_cost`) is ctl's ratio over it, minus one. `raw_fused_b`, a
+second build of `raw_fused`, is the A/A check: its ratio to `raw_fused` is what
+separately built copies of one loop differ by. `--xla` adds Keras `fit(jit_compile=True)` and, if
 this ctl has `ctl.Trainer(jit_compile=...)`, ctl with XLA.
 """
 
@@ -30,6 +32,9 @@ from bench.workloads import BenchTask
 BUILDERS = {
     "raw": loops.raw_train,
     "raw_fused": functools.partial(loops.raw_train, fused=True),
+    # The A/A check: a second build of raw_fused, which shows by how much separately built
+    # copies of one loop differ here (figure 2 has its own).
+    "raw_fused_b": functools.partial(loops.raw_train, fused=True),
     "ctl": loops.ctl_train,
     "ctl_stop_per_loop": functools.partial(loops.ctl_train, stop_check="loop"),
     "orbit": loops.orbit_train,
