@@ -6,7 +6,7 @@ Not one of the issue's figures (`bench.run` does not run it). One process,
 one model, optimizer and iterator (the bench MLP); each loop design is traced
 `copies` times (separately traced copies of one loop run up to 5% apart here,
 so each design gets several) in balanced order, and all are called in turn,
-the order rotating each round, 5 loops of 100 steps a call. Designs:
+in the orders of `measure.interleave`, 5 loops of 100 steps a call. Designs:
 
 - none:     `for _ in tf.range(n)`-style loop, no guard (`i < n`);
 - previous: ctl's guard until 2026-11-24: `i < n and not stop_requested`, the

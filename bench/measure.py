@@ -1,9 +1,12 @@
 """Interleaved timing and one-JSON-line-per-figure output, shared by the figures.
 
-Each figure script runs its variants round-robin (the order rotates each
-round), so that load from other processes on the machine falls on all of them
-alike, and reports medians: a ratio or a difference is taken between the
-variants' median times, which a burst of load in one round does not move.
+Each figure script runs its variants round-robin, so that load from other
+processes on the machine falls on all of them alike, and reports medians: a
+ratio or a difference is taken between the variants' median times, which a
+burst of load in one round does not move. The order changes every round so
+that each variant follows every other equally often (`balanced_orders`), and
+a pause after each variant's call lets its background work finish before the
+next variant's clock starts (`SETTLE_S`).
 
 orbit's Controller prints a line per loop on stdout; a figure calls
 `claim_stdout()` first, so that those lines go to stderr and stdout carries
@@ -42,24 +45,56 @@ def _round(value):
     return value
 
 
+SETTLE_S = 0.05
+"""The untimed pause after each timed call. Without it the next variant pays for
+the last one's background threads (its prefetch refilling, TensorFlow's pools
+spinning down). ctl's MLP loop over the mean of three copies of `raw_fused`:
+median 0.937 (0.92-0.99) over five processes without the pause, 0.990
+(0.97-1.01) over four with it, in a scratch run; the full run after it, on a host
+at about half its usual speed, did not show it (2026-11-25e, BUILD.md)."""
+
+
+def balanced_orders(count: int) -> List[List[int]]:
+    """Orders of `count` variants in which each follows every other equally often.
+
+    A Williams design: the first order is 0, 1, n-1, 2, n-2, ...; the others
+    add 1, 2, ... to it (mod n); for an odd count the reversed orders follow.
+    Rotating one order instead gives every variant the same predecessor in
+    every round, and whatever that one leaves behind falls on it alone.
+    """
+    first, low, high = [0], 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    orders = [[(index + shift) % count for index in first] for shift in range(count)]
+    return orders + [order[::-1] for order in orders] if count % 2 else orders
+
+
 def interleave(variants: Dict[str, Callable[[], None]], rounds: int,
-               cpu: Dict[str, List[float]] = None) -> Dict[str, List[float]]:
-    """Times each variant's callable once per round, rotating the order.
+               cpu: Dict[str, List[float]] = None,
+               settle_s: float = SETTLE_S) -> Dict[str, List[float]]:
+    """Times each variant's callable once per round, in the orders of `balanced_orders`.
 
     Returns the wall times in seconds, per variant, in round order; if `cpu`
-    is given, appends this process's CPU time (all threads) to `cpu[name]`.
+    is given, appends this process's CPU time (all threads) to `cpu[name]`,
+    including what its background threads use during the pause after its call.
     CPU time is far less disturbed by other processes than wall time.
     """
     names = list(variants)
+    orders = balanced_orders(len(names))
     times = {name: [] for name in names}
     for name in names if cpu is not None else ():
         cpu.setdefault(name, [])
+    time.sleep(settle_s)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in (names[index] for index in orders[r % len(orders)]):
             start, start_cpu = time.perf_counter(), time.process_time()
             variants[name]()
             times[name].append(time.perf_counter() - start)
+            time.sleep(settle_s)
             if cpu is not None:
                 cpu[name].append(time.process_time() - start_cpu)
     return times

@@ -4,7 +4,7 @@
 
 Per workload (mlp: overhead-bound, cnn: compute-bound), every variant trains
 `loops * steps_per_loop` steps per round (cnn: a fifth of the loops), in calls
-of `steps_per_loop` steps, interleaved with the order rotating each round;
+of `steps_per_loop` steps, interleaved (`measure.interleave`: balanced orders, a pause between calls);
 each variant is set up once (in `--instances` copies, built in balanced order, each
 round running every copy) and keeps its iterator (and its prefetch threads)
 for the whole comparison, Keras `fit` included (one `fit` call, an epoch per

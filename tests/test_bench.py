@@ -1,7 +1,9 @@
 """The benchmark suite's plumbing: what it runs and reports, not how fast."""
 
+import collections
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,11 +19,27 @@ def _restore_signal_handlers():
     loops.release_watcher()  # The benchmarks install ctl's SIGTERM watcher for the process.
 
 
-def test_interleave_rotates_the_order_every_round():
+@pytest.mark.parametrize("count", [2, 3, 4, 7])
+def test_interleave_has_each_variant_follow_every_other_equally_often(count):
+    names = "abcdefg"[:count]
     calls = []
-    times = measure.interleave({n: (lambda n=n: calls.append(n)) for n in "abc"}, rounds=3)
-    assert calls == list("abc" "bca" "cab")
-    assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
+    orders = measure.balanced_orders(count)
+    times = measure.interleave({n: (lambda n=n: calls.append(n)) for n in names},
+                               rounds=len(orders), settle_s=0)
+    rounds = [calls[i:i + count] for i in range(0, len(calls), count)]
+    assert all(sorted(order) == list(names) for order in rounds)
+    pairs = collections.Counter((a, b) for order in rounds for a, b in zip(order, order[1:]))
+    assert set(pairs) == {(a, b) for a in names for b in names if a != b}
+    assert len(set(pairs.values())) == 1, pairs
+    assert {n: len(t) for n, t in times.items()} == {n: len(orders) for n in names}
+
+
+def test_interleave_pauses_after_each_call_outside_its_time():
+    started = []
+    times = measure.interleave({n: (lambda: started.append(time.perf_counter())) for n in "ab"},
+                               rounds=2, settle_s=0.05)
+    assert all(t < 0.05 for values in times.values() for t in values), times
+    assert min(b - a for a, b in zip(started, started[1:])) >= 0.05
 
 
 def test_variants_are_built_forward_then_backward():
