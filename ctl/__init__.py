@@ -2,37 +2,64 @@
 
 The public API: subclass `Task`, configure an `Experiment` with gin, and call
 `run_experiment` (or `python -m ctl.run`).
+
+`import ctl` itself is cheap: the first use of any public name imports the
+whole API (TensorFlow and every gin configurable with it), so that a tool
+that needs no TensorFlow (`ctl.launch`, `ctl.report`) starts in a fraction of
+a second, while code that touches `ctl.<anything>` sees the package as if it
+had been imported eagerly.
 """
 
+import importlib
 import os
 
 # TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
 # loop's own log; keep warnings and errors. A value the user set wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from ctl.adapters.keras_model import KerasModelTask  # noqa: E402
-from ctl.adapters.model_garden import ModelGardenTask
-from ctl.comforts.best import BestCheckpoint
-from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
-from ctl.comforts.hooks import EarlyStopping
-from ctl.comforts.keras_callbacks import KerasCallbacks
-from ctl.comforts.profile import Profile
-from ctl.comforts.warm_start import WarmStart
-from ctl.core.aggregation import Reducer
-from ctl.core.errors import UserError
-from ctl.core.hooks import Hook, Run, StopRequest
-from ctl.core.schedules import WarmUp, register_schedules
-from ctl.core.task import Task
-from ctl.core.trainer import Trainer
-from ctl.experiment import Experiment, Schedule
-from ctl.faults.handler import FaultTolerance
-from ctl.sidecar.scheduler import ContinuousEval
-from ctl.train_lib import MODES, run_experiment
+_MODULES = {  # module -> the public names it defines
+    "ctl.adapters.keras_model": ["KerasModelTask"],
+    "ctl.adapters.model_garden": ["ModelGardenTask"],
+    "ctl.comforts.best": ["BestCheckpoint"],
+    "ctl.comforts.exporting": ["BestExporter", "CheckpointExporter", "FinalExporter",
+                               "LatestExporter"],
+    "ctl.comforts.hooks": ["EarlyStopping"],
+    "ctl.comforts.keras_callbacks": ["KerasCallbacks"],
+    "ctl.comforts.profile": ["Profile"],
+    "ctl.comforts.warm_start": ["WarmStart"],
+    "ctl.core.aggregation": ["Reducer"],
+    "ctl.core.errors": ["UserError"],
+    "ctl.core.hooks": ["Hook", "Run", "StopRequest"],
+    "ctl.core.schedules": ["WarmUp", "register_schedules"],
+    "ctl.core.task": ["Task"],
+    "ctl.core.trainer": ["Trainer"],
+    "ctl.experiment": ["Experiment", "Schedule"],
+    "ctl.faults.handler": ["FaultTolerance"],
+    "ctl.sidecar.scheduler": ["ContinuousEval"],
+    "ctl.train_lib": ["MODES", "run_experiment"],
+}
 
-__all__ = [
-    "BestCheckpoint", "BestExporter", "CheckpointExporter", "ContinuousEval",
-    "EarlyStopping", "Experiment", "FaultTolerance", "FinalExporter", "Hook",
-    "KerasCallbacks", "KerasModelTask", "LatestExporter", "MODES", "ModelGardenTask", "Profile",
-    "Reducer", "Run", "Schedule", "StopRequest", "Task", "Trainer", "UserError", "WarmStart", "WarmUp",
-    "register_schedules", "run_experiment",
-]
+__all__ = sorted(name for names in _MODULES.values() for name in names)
+
+
+def import_api() -> None:
+    """Imports every public name, and so registers every gin configurable of ctl.
+
+    Called by the first use of a public name, and by `ctl.run` before it
+    parses a gin file (which may bind `ctl.` names no user module touched).
+    """
+    for module, names in _MODULES.items():
+        loaded = importlib.import_module(module)
+        for name in names:
+            globals()[name] = getattr(loaded, name)
+
+
+def __getattr__(name):
+    if name not in __all__:
+        raise AttributeError(f"module 'ctl' has no attribute {name!r}")
+    import_api()
+    return globals()[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -24,7 +24,6 @@ from typing import Dict, List, Tuple
 from absl import app, flags, logging
 
 from ctl.core.errors import EXIT_USER_ERROR, UserError
-from ctl.core.model_dir import ModelDir
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -136,6 +135,8 @@ def plot_panels(panels, path: str) -> None:
 
 def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
+    from ctl.core.model_dir import ModelDir  # TensorFlow: not for a bad flag.
+
     directory = ModelDir(model_dir)
     if not os.path.isdir(model_dir):
         raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
@@ -162,6 +163,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
     from ctl.core import config
+    from ctl.core.model_dir import ModelDir
 
     runs = []
     for model_dir in model_dirs:

@@ -22,6 +22,7 @@ import sys
 
 from absl import app, flags, logging
 
+import ctl
 from ctl import smoke, train_lib
 from ctl.cluster import distribute, peers, tf_config as cluster
 from ctl.core import config, console
@@ -87,6 +88,7 @@ def main(argv):
     if not FLAGS.model_dir and FLAGS.mode != smoke.MODE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
     _set_up_console()
+    ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         if plan.mode != FLAGS.mode:

@@ -1,4 +1,5 @@
-"""The architecture as checked facts: one direction of dependency, and BUILD.md's layout.
+"""The architecture as checked facts: one direction of dependency, BUILD.md's layout, and a
+`ctl` package that imports TensorFlow only when a public name is used.
 
 The import-linter contracts live in pyproject.toml (`[tool.importlinter]`):
 entry points above the composition root, above the subsystems (sidecar,
@@ -72,3 +73,33 @@ def test_build_md_layout_names_every_module_of_ctl():
         (name == "__init__.py" and dirpath == os.path.join(ROOT, "ctl"))
     }
     assert _layout_modules() == on_disk
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_tools_that_need_no_tensorflow_start_without_it():
+    """`import ctl`, the launcher and the report's flag handling leave TensorFlow unimported."""
+    result = _python("import sys, ctl, ctl.launch, ctl.report; "
+                     "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                     "('tensorflow', 'keras', 'tf_keras', 'orbit')))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_first_public_name_imports_the_whole_api():
+    result = _python("import ctl; ctl.Task; import gin; "
+                     "print(gin.get_configurable('ctl.WarmUp'), gin.get_configurable('ctl.Profile'))")
+    assert result.returncode == 0, result.stderr
+
+
+def test_ctl_run_knows_every_ctl_configurable_before_it_parses(tmp_path):
+    """A binding of a configurable no imported module touched (ctl.WarmUp) is not 'unknown'."""
+    result = _python(None, "-m", "ctl.run", "--mode=train", f"--model_dir={tmp_path / 'run'}",
+                     "--gin_bindings=ctl.WarmUp.warmup_steps=1",
+                     "--gin_bindings=keras.optimizers.schedules.CosineDecay.decay_steps=5")
+    assert result.returncode == 2
+    assert "Required bindings for `Experiment` not provided in config: ['task']" in result.stderr
+    assert "No configurable matching" not in result.stderr
