@@ -1,5 +1,7 @@
 """The Trainer's loops through the public API: strategies, loop kinds, Keras flavors."""
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -121,3 +123,56 @@ def test_one_device_strategy_trains():
     trainer, _, weights = train_weights(strategy, RegressionTask())
     assert "CPU:1" in trainer.global_step.device
     np.testing.assert_allclose(weights, TRUE_WEIGHTS, atol=0.15)
+
+
+class EndsSlowlyTask(RegressionTask):
+    """Its eval pipeline's batches after the first two wait for `release`, in a parallel map.
+
+    One step reads one batch, or one per replica (two replicas at most here).
+
+    Ending such an iterator waits for those calls, as ending any pipeline
+    waits for its threads' work in flight.
+    """
+
+    def __init__(self, release: threading.Event):
+        super().__init__(eval_examples=64)
+        self.release = release
+
+    def build_inputs(self, training, input_context=None):
+        dataset = super().build_inputs(training, input_context)
+        if training:
+            return dataset
+        def wait_after_two(index, features):
+            if index >= 2:
+                self.release.wait(timeout=300)  # A bound; the test sets it.
+            return features
+
+        def slow(index, batch):
+            features, targets = batch
+            waited = tf.py_function(wait_after_two, [index, features], tf.float32)
+            return tf.ensure_shape(waited, features.shape), targets
+
+        return dataset.enumerate().map(slow, num_parallel_calls=2).prefetch(1)
+
+
+@pytest.mark.parametrize("use_tf_while_loop", [True, False], ids=["while_loop", "host_loop"])
+def test_an_evaluation_does_not_wait_for_its_input_pipeline_to_end(strategy, use_tf_while_loop):
+    """The finished eval iterator ends on another thread (`trainer._IteratorEnder`)."""
+    release = threading.Event()
+    trainer = Trainer(EndsSlowlyTask(release), strategy=strategy,
+                      use_tf_while_loop=use_tf_while_loop)
+    returned = threading.Event()
+    logs = {}
+
+    def evaluate():
+        logs.update(trainer.evaluate(tf.constant(1)))
+        returned.set()
+
+    thread = threading.Thread(target=evaluate, daemon=True)
+    thread.start()
+    try:
+        assert returned.wait(timeout=60), "evaluate waited for its pipeline's work in flight"
+    finally:
+        release.set()
+        thread.join(timeout=300)
+    assert float(logs["examples"]) == 8
