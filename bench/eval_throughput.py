@@ -10,7 +10,12 @@ copies built in balanced order (`measure.build_balanced`).
 
 The target is on `ctl_twin`: the fused hand-written loop over the same model
 and eval dataset as ctl's copy (`loops.ctl_eval_and_twin`), so that the two
-differ in their loops alone. Separately built copies differ by themselves:
+differ in their loops alone. Like ctl, the twin ends each finished iterator on
+a thread of its own: winding down a pipeline's threads on the caller's path
+took 0.5-1.6 ms an MLP evaluation in one process, and ctl's CNN evaluations of
+this figure ran 1.25 times as fast once it stopped (2026-11-25f), so a twin
+without it is not the best hand-written loop. `ctl_twin_in_place` is that
+twin ending its iterators in place, as the raw loops do. Separately built copies differ by themselves:
 `raw_fused_b`, a second build of `raw_fused`, is the A/A check that shows by
 how much (its `ratio_to_raw_fused` on the MLP ran from 0.92 to 1.02 over the
 three processes of `bench/results/2026-11-25b-throughput.json`: as far from
@@ -42,7 +47,7 @@ def main():
             "raw_fused": lambda: loops.raw_eval(BenchTask(workload), fused=True),
             "raw_fused_b": lambda: loops.raw_eval(BenchTask(workload), fused=True),
             "ctl": lambda: loops.ctl_eval_and_twin(BenchTask(workload))}, args.instances)
-        runs["ctl"], runs["ctl_twin"], _ = map(list, zip(*runs["ctl"]))
+        runs["ctl"], runs["ctl_twin"], runs["ctl_twin_in_place"], _ = map(list, zip(*runs["ctl"]))
 
         def repeat(instances):
             return lambda: [evaluate(args.eval_steps) for evaluate in instances for _ in range(evals)]

@@ -12,7 +12,8 @@ warmed up (traced) once before it is returned.
          loop's `tf.function`, one call per loop (what ctl's Trainer does);
          a reference for what is left of ctl's own overhead. Its eval form
          also comes as ctl's twin (`ctl_eval_and_twin`): over the model and
-         eval dataset of one ctl build.
+         eval dataset of one ctl build, ending each finished iterator on a
+         thread of its own as ctl does (and once more ending it in place).
 - orbit: `orbit.StandardTrainer` driven by `orbit.Controller`, used directly
          (no summaries, no checkpoints).
 - ctl:   ctl's `Trainer` and Controller as `ctl.run` builds them
@@ -23,6 +24,7 @@ warmed up (traced) once before it is returned.
 """
 
 import functools
+import queue
 import tempfile
 import threading
 
@@ -89,11 +91,14 @@ def raw_pieces(task: BenchTask, steps_per_loop: int):
             ("eager metric read", lambda: _numpy(_results(metrics)))]
 
 
-def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None):
+def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None,
+             end_off_path: bool = False):
     """The hand-written eval loop; `fused` as in `raw_train`.
 
     `model`, `data`: evaluate that model on that dataset (another loop's: see
     `ctl_eval_and_twin`) instead of building them from `task`.
+    `end_off_path`: end each finished iterator on a thread of its own, as ctl
+    does (`_end_off_path`), instead of on the caller's path.
     """
     model = task.build_model() if model is None else model
     loss_mean = keras.metrics.Mean("loss")
@@ -113,14 +118,36 @@ def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None):
         return _results(metrics) if fused else None
 
     def evaluate(num_steps):
+        iterator = iter(data)
         if fused:
-            return _numpy(loop(iter(data), tf.constant(num_steps)))
-        _reset(metrics)
-        loop(iter(data), tf.constant(num_steps))
-        return _numpy(_results(metrics))
+            results = _numpy(loop(iterator, tf.constant(num_steps)))
+        else:
+            _reset(metrics)
+            loop(iterator, tf.constant(num_steps))
+            results = _numpy(_results(metrics))
+        if end_off_path:
+            _end_off_path(iterator)
+        return results
 
     evaluate(10)
     return evaluate
+
+
+_ENDING = queue.SimpleQueue()
+_ENDER = []
+
+
+def _end_off_path(iterator):
+    """Hands `iterator` to a thread that drops it: its pipeline winds down there."""
+    if not _ENDER:
+        _ENDER.append(threading.Thread(target=_drop_each, daemon=True, name="bench-end-iterators"))
+        _ENDER[0].start()
+    _ENDING.put(iterator)
+
+
+def _drop_each():
+    while True:
+        _ENDING.get()  # Dropped at once: the iterator ends on this thread.
 
 
 def _reset(metrics):
@@ -240,11 +267,13 @@ def ctl_eval(task: BenchTask):
 
 
 def ctl_eval_and_twin(task: BenchTask):
-    """ctl's evaluation, its twin and the model they share.
+    """ctl's evaluation, its twin, the twin ending its iterators in place, and their model.
 
     The twin is the fused hand-written eval loop over the same model and eval
     dataset (the trainer's), so that whatever the objects of one build cost or
-    save (bench/eval_throughput.py) is the same on both sides.
+    save (bench/eval_throughput.py) is the same on both sides. It ends each
+    finished iterator on a thread of its own, as ctl does; the third loop ends
+    it on the caller's path, as figure 2's twin did until 2026-11-25f.
     """
     trainer, controller = ctl_controller(task, mode="eval")
 
@@ -252,8 +281,10 @@ def ctl_eval_and_twin(task: BenchTask):
         return controller.evaluate(steps=num_steps)
 
     evaluate(10)
-    twin = raw_eval(task, fused=True, model=trainer.eval_model, data=trainer.eval_dataset)
-    return evaluate, twin, trainer.eval_model
+    twin, in_place = (raw_eval(task, fused=True, model=trainer.eval_model,
+                               data=trainer.eval_dataset, end_off_path=off_path)
+                      for off_path in (True, False))
+    return evaluate, twin, in_place, trainer.eval_model
 
 
 def _driver(controller, steps_per_loop):

@@ -140,9 +140,10 @@ def test_train_step_settings_reach_ctl_and_keras_fit():
 
 def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
     """Figure 2's target compares ctl's evaluation with this twin: their results are the same."""
-    ctl_evaluate, twin, model = loops.ctl_eval_and_twin(BenchTask("mlp"))
+    ctl_evaluate, twin, in_place, model = loops.ctl_eval_and_twin(BenchTask("mlp"))
     for variable in model.trainable_variables:  # Unlike a model built afresh from the task.
         variable.assign(variable * 3.0)
-    ours, theirs = ctl_evaluate(3), twin(3)
-    assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
-    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+    ours = ctl_evaluate(3)
+    for theirs in (twin(3), in_place(3)):
+        assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)

@@ -71,6 +71,7 @@ is its own `tf.function` call. Evaluations over the whole eval set, and of
 tasks that aggregate logs on the host, always use the host loop.
 """
 
+import atexit
 import collections
 import contextlib
 import functools
@@ -759,13 +760,20 @@ class _IteratorEnder:
                 self._thread = threading.Thread(target=self._end_each, daemon=True,
                                                 name="ctl-end-eval-iterators")
                 self._thread.start()
+                # The process does not exit while TensorFlow is ending one.
+                atexit.register(self._finish, timeout_s=_END_AT_EXIT_S)
         self._queue.put(iterator)
 
     def _end_each(self) -> None:
-        while True:
-            self._queue.get()  # Dropped here: the iterator ends on this thread.
+        while self._queue.get() is not None:  # Dropped at once: the iterator ends here.
+            pass
+
+    def _finish(self, timeout_s: float) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout_s)
 
 
+_END_AT_EXIT_S = 10.0  # A bound: ending an iterator waits for its pipeline's work in flight.
 _ITERATORS_TO_END = _IteratorEnder()
 
 
