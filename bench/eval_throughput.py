@@ -15,8 +15,8 @@ a thread of its own: winding down a pipeline's threads on the caller's path
 took 0.5-1.6 ms an MLP evaluation in one process, and ctl's CNN evaluations of
 this figure ran 1.25 times as fast once it stopped (2026-11-25f), so a twin
 without it is not the best hand-written loop. `ctl_twin_in_place` is that
-twin ending its iterators in place, as the raw loops do. Separately built copies differ by themselves:
-`raw_fused_b`, a second build of `raw_fused`, is the A/A check that shows by
+twin ending its iterators in place, as the raw loops do. Separately built
+copies differ by themselves: `raw_fused_b`, a second build of `raw_fused`, is the A/A check that shows by
 how much (its `ratio_to_raw_fused` on the MLP ran from 0.92 to 1.02 over the
 three processes of `bench/results/2026-11-25b-throughput.json`: as far from
 1 as ctl's own gap).

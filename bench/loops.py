@@ -24,7 +24,6 @@ warmed up (traced) once before it is returned.
 """
 
 import functools
-import queue
 import tempfile
 import threading
 
@@ -36,6 +35,7 @@ import ctl
 from ctl import train_lib
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
+from ctl.core.trainer import end_off_path as _end_off_path
 from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
@@ -97,8 +97,8 @@ def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None,
 
     `model`, `data`: evaluate that model on that dataset (another loop's: see
     `ctl_eval_and_twin`) instead of building them from `task`.
-    `end_off_path`: end each finished iterator on a thread of its own, as ctl
-    does (`_end_off_path`), instead of on the caller's path.
+    `end_off_path`: end each finished iterator on a thread of its own, with
+    ctl's own `end_off_path`, instead of on the caller's path.
     """
     model = task.build_model() if model is None else model
     loss_mean = keras.metrics.Mean("loss")
@@ -131,23 +131,6 @@ def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None,
 
     evaluate(10)
     return evaluate
-
-
-_ENDING = queue.SimpleQueue()
-_ENDER = []
-
-
-def _end_off_path(iterator):
-    """Hands `iterator` to a thread that drops it: its pipeline winds down there."""
-    if not _ENDER:
-        _ENDER.append(threading.Thread(target=_drop_each, daemon=True, name="bench-end-iterators"))
-        _ENDER[0].start()
-    _ENDING.put(iterator)
-
-
-def _drop_each():
-    while True:
-        _ENDING.get()  # Dropped at once: the iterator ends on this thread.
 
 
 def _reset(metrics):

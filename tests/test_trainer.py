@@ -129,7 +129,6 @@ class EndsSlowlyTask(RegressionTask):
     """Its eval pipeline's batches after the first two wait for `release`, in a parallel map.
 
     One step reads one batch, or one per replica (two replicas at most here).
-
     Ending such an iterator waits for those calls, as ending any pipeline
     waits for its threads' work in flight.
     """
@@ -142,6 +141,7 @@ class EndsSlowlyTask(RegressionTask):
         dataset = super().build_inputs(training, input_context)
         if training:
             return dataset
+
         def wait_after_two(index, features):
             if index >= 2:
                 self.release.wait(timeout=300)  # A bound; the test sets it.
@@ -157,7 +157,7 @@ class EndsSlowlyTask(RegressionTask):
 
 @pytest.mark.parametrize("use_tf_while_loop", [True, False], ids=["while_loop", "host_loop"])
 def test_an_evaluation_does_not_wait_for_its_input_pipeline_to_end(strategy, use_tf_while_loop):
-    """The finished eval iterator ends on another thread (`trainer._IteratorEnder`)."""
+    """The finished eval iterator ends on another thread (`ctl.core.trainer.end_off_path`)."""
     release = threading.Event()
     trainer = Trainer(EndsSlowlyTask(release), strategy=strategy,
                       use_tf_while_loop=use_tf_while_loop)

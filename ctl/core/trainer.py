@@ -626,7 +626,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 state = loop(iterator, steps, state=state,
                              reduce_fn=self.eval_reduce if state is not None else None)
                 self._last.eval = read()
-        _ITERATORS_TO_END.put(iterator)
+        end_off_path(iterator)
         del iterator
         logs = self.eval_end(state) if state is not None else self.eval_end()
         # Written by the loop, unless eval_end put another value in its place.
@@ -774,7 +774,12 @@ class _IteratorEnder:
 
 
 _END_AT_EXIT_S = 10.0  # A bound: ending an iterator waits for its pipeline's work in flight.
-_ITERATORS_TO_END = _IteratorEnder()
+_ENDER = _IteratorEnder()
+
+
+def end_off_path(iterator) -> None:
+    """Ends `iterator` on the ender's thread, once the caller has dropped its own references."""
+    _ENDER.put(iterator)
 
 
 def _python_logs(logs) -> Logs:
