@@ -10,9 +10,16 @@ Prints one JSON line per piece with its median and mean in milliseconds
 (the mean includes the summary flushes, every 5 s). Every piece
 runs where it runs in a real loop, while TensorFlow's thread pools are still
 busy, which is why they cost more here than timed alone.
+
+Then, per call of a one-step `raw_fused` loop (interleaved, `--calls` a round):
+what calling the loop costs through its `tf.function` (which finds its trace
+again on every call), through the public call of its concrete function, and
+through `ctl.core.direct_call.DirectCall` (the concrete function on its flat
+inputs), as ctl's Trainer calls its loops.
 """
 
 import argparse
+import functools
 import time
 
 import tensorflow as tf
@@ -20,11 +27,14 @@ import tensorflow as tf
 from bench import loops, measure
 from bench.workloads import BenchTask
 from ctl.core.controller import to_numpy
+from ctl.core.direct_call import DirectCall
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--loops", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=300, help="one-step loop calls a round")
+    parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     measure.claim_stdout()
     trainer, controller = loops.ctl_controller(BenchTask("mlp"), steps_per_loop=100)
@@ -63,6 +73,29 @@ def main():
     for name, values in times.items():
         measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values),
                      mean_ms=1e3 * sum(values) / len(values))
+    calls(args.calls, args.rounds)
+
+
+def calls(count: int, rounds: int) -> None:
+    """Times a one-step loop's call three ways (see the module docstring)."""
+    task = BenchTask("mlp")
+    loop, iterator, _, _ = loops.raw_train_loop(task, fused=True)
+    one = tf.constant(1)
+    concrete = loop.get_concrete_function(iterator, one)
+    direct, key = DirectCall(loop), object()  # One iterator all along: any key that stays.
+    ways = {"call: through tf.function": lambda: loop(iterator, one),
+            "call: concrete function, public call": lambda: concrete(iterator, one),
+            "call: DirectCall (ctl's loops)": lambda: direct(iterator, one, key=key)}
+
+    def repeat(call):
+        for _ in range(count):
+            call()
+
+    times = measure.interleave({name: functools.partial(repeat, call)
+                                for name, call in ways.items()}, rounds)
+    for name, values in times.items():
+        measure.emit("host_overhead", piece=name, median_ms=1e3 * measure.median(values) / count,
+                     mean_ms=1e3 * sum(values) / len(values) / count)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from bench.workloads import BenchTask, dataset
 NEVER = 10**9
 
 
-def _raw_train_loop(task: BenchTask, fused: bool):
+def raw_train_loop(task: BenchTask, fused: bool):
     """The hand-written train loop over `task`: `(loop, iterator, metrics, optimizer)`, the loss
     mean first among the metrics."""
     model, optimizer = task.build_model(), task.build_optimizer()
@@ -64,7 +64,7 @@ def _raw_train_loop(task: BenchTask, fused: bool):
 
 def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
     """The hand-written loop; `fused`: metric resets and reads inside its `tf.function` too."""
-    loop, iterator, metrics, optimizer = _raw_train_loop(task, fused)
+    loop, iterator, metrics, optimizer = raw_train_loop(task, fused)
     num_steps = tf.constant(steps_per_loop)
 
     def run(steps):
@@ -83,7 +83,7 @@ def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
 
 def raw_pieces(task: BenchTask, steps_per_loop: int):
     """The unfused raw loop's three host steps, as (name, callable) for `bench.host_overhead`."""
-    loop, iterator, metrics, _ = _raw_train_loop(task, fused=False)
+    loop, iterator, metrics, _ = raw_train_loop(task, fused=False)
     num_steps = tf.constant(steps_per_loop)
     loop(iterator, num_steps)
     return [("eager metric reset", lambda: _reset(metrics)),

@@ -86,6 +86,7 @@ import orbit
 import tensorflow as tf
 
 from ctl.core import aggregation, checkpoint_contents, precision, xla
+from ctl.core.direct_call import DirectCall
 from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
 from ctl.core.summaries import SummaryManager, in_graph
@@ -439,14 +440,16 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(
                 self.train_step)
 
-            @tf.function
             def loop_with_metrics(iterator, num_steps):
                 self._reset_train_metrics()
                 loop(iterator, num_steps)
                 return self._train_results(), self._loop_end_values()
 
+            loop_with_metrics = DirectCall(tf.function(loop_with_metrics))
+
             def graph_loop(iterator, num_steps):
-                self._last.train, end = loop_with_metrics(iterator, num_steps)
+                self._last.train, end = loop_with_metrics(iterator, num_steps,
+                                                          key=self.train_dataset)
                 return end
 
             return graph_loop
@@ -604,11 +607,13 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 num_steps = tf.constant(steps, tf.int32)
             if writing is None:
                 if self._graph_eval_loop is None:
-                    self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
-                self._last.eval = self._graph_eval_loop(iterator, num_steps)
+                    self._graph_eval_loop = DirectCall(tf.function(self._eval_loop_with_metrics))
+                self._last.eval = self._graph_eval_loop(iterator, num_steps,
+                                                        key=self.eval_dataset)
             else:
                 loop = self._writing_eval_loop(writing.summaries, set_path)
-                self._last.eval = loop.function(iterator, num_steps, writing.step_tensor)
+                self._last.eval = loop.function(iterator, num_steps, writing.step_tensor,
+                                                key=self.eval_dataset)
                 written = loop.written
         else:
             if self._host_eval_parts is None:
@@ -647,7 +652,7 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                     loop.written = summaries.write_in_graph(results, step, set_path)
                 return results
 
-            loop.function = tf.function(loop_and_write)
+            loop.function = DirectCall(tf.function(loop_and_write))
             self._writing_eval_loops[key] = loop
         return loop
 
