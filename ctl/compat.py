@@ -25,8 +25,8 @@ the dependency, its version and the entry.
    checkpoint format; its key and proto are not exported under `tf.*`.
 4. `flat_caller(concrete)`: calling a traced loop's `ConcreteFunction` on its
    flat input tensors. The public call (`concrete(*args)`) binds and converts
-   the structured arguments again on every call: 0.3-0.45 ms of host time per
-   train loop call here, as much again as the `tf.function` lookup that
+   the structured arguments again on every call: 0.2-0.45 ms of host time per
+   train loop call here, about as much as the `tf.function` lookup that
    `ctl.core.direct_call` saves. `ConcreteFunction._call_flat` is where that
    public call ends. Without it, ctl uses the public call.
 """

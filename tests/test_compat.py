@@ -112,7 +112,7 @@ def test_a_concrete_function_still_runs_on_its_flat_inputs():
     concrete = loop.get_concrete_function(iter(dataset), tf.constant(2, tf.int64))
     call = compat.flat_caller(concrete)
     assert call is not None, (f"{TF}: ConcreteFunction has no `_call_flat`; ctl.core.direct_call "
-                              "falls back to the public call (0.3-0.45 ms more a loop).")
+                              "falls back to the public call (0.2-0.45 ms more a loop).")
     iterator = iter(dataset)
     flat = tf.nest.flatten((iterator, tf.constant(3, tf.int64)), expand_composites=True)
     try:

@@ -4,9 +4,9 @@ Every call of a `tf.function` finds its trace afresh: it binds the
 arguments, works out their types (an iterator's among them) and hashes them,
 with the call's context, against its cache; the public call of the concrete
 function it finds then binds and converts the arguments again. For a train
-loop that captures a model, an optimizer and metrics, that is 0.6-0.85 ms of
+loop that captures a model, an optimizer and metrics, that is 0.3-0.85 ms of
 host time a call here (`python -m bench.host_overhead`, its `call:` lines),
-1-4% of a 100-step loop of a small model. A loop is called over and over with
+up to 4% of a 100-step loop of a small model. A loop is called over and over with
 inputs of the same types, so `DirectCall` keeps the concrete function of
 each kind of call and runs it on the call's flat input tensors
 (`ctl.compat.flat_caller`; the public call where that entry is missing):
