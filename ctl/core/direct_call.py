@@ -6,9 +6,9 @@ with the call's context, against its cache; the public call of the concrete
 function it finds then binds and converts the arguments again. For a train
 loop that captures a model, an optimizer and metrics, that is 0.3-0.85 ms of
 host time a call here (`python -m bench.host_overhead`, its `call:` lines),
-up to 4% of a 100-step loop of a small model. A loop is called over and over with
-inputs of the same types, so `DirectCall` keeps the concrete function of
-each kind of call and runs it on the call's flat input tensors
+up to 4% of a 100-step loop of a small model. A loop is called over and over
+with inputs of the same types, so `DirectCall` keeps the concrete function
+of each kind of call and runs it on the call's flat input tensors
 (`ctl.compat.flat_caller`; the public call where that entry is missing):
 
     loop = DirectCall(tf.function(loop_fn))
@@ -19,9 +19,10 @@ A call is of a kept kind when its key is the same object (the key stands for
 the iterators among the arguments: the dataset they were made from; every
 iterator of one dataset has its types), its tensors have the same dtypes and
 shapes, its Python numbers and strings the same values (in lists, tuples and
-dicts alike), every other argument is the same object, and it is in a strategy's scope or not alike. Any other
-call goes through the `tf.function`, which traces or finds the trace for it,
-and its kind is kept too (the `KEPT` most recent kinds); every call does
+dicts alike), every other argument is the same object, and it is made inside
+a strategy's scope or outside alike. Any other call goes through the
+`tf.function`, which traces or finds the trace for it, and its kind is kept
+too (the `KEPT` most recent kinds). Every call goes through the `tf.function`
 while `tf.config.run_functions_eagerly(True)`.
 """
 

@@ -68,7 +68,10 @@ step reads K batches, and every interval of the `Schedule` is in updates.
 number of steps) as one `tf.while_loop` inside one `tf.function` call, metric
 resets and reads included; with `False` the host drives the loop and each step
 is its own `tf.function` call. Evaluations over the whole eval set, and of
-tasks that aggregate logs on the host, always use the host loop.
+tasks that aggregate logs on the host, always use the host loop. The one-call
+loops are called through `ctl.core.direct_call.DirectCall`: the traced
+function kept for calls of that kind, on its flat inputs, without `tf.function`'s
+lookup each time.
 """
 
 import atexit
