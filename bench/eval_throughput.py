@@ -38,7 +38,11 @@ def main():
     parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--instances", type=int, default=2,
                         help="copies of each variant, built in balanced order (measure.build_balanced)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the variants' places in the build and round orders (measure.shuffled); "
+                             "default: drawn anew, reported as order_seed")
     args = parser.parse_args()
+    seed = measure.draw_seed() if args.seed is None else args.seed
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         evals = args.evals if workload == "mlp" else max(1, args.evals // 5)
@@ -46,19 +50,20 @@ def main():
             "raw": lambda: loops.raw_eval(BenchTask(workload)),
             "raw_fused": lambda: loops.raw_eval(BenchTask(workload), fused=True),
             "raw_fused_b": lambda: loops.raw_eval(BenchTask(workload), fused=True),
-            "ctl": lambda: loops.ctl_eval_and_twin(BenchTask(workload))}, args.instances)
+            "ctl": lambda: loops.ctl_eval_and_twin(BenchTask(workload))}, args.instances, seed)
         runs["ctl"], runs["ctl_twin"], runs["ctl_twin_in_place"], _ = map(list, zip(*runs["ctl"]))
 
         def repeat(instances):
             return lambda: [evaluate(args.eval_steps) for evaluate in instances for _ in range(evals)]
 
         cpu = {}
-        times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu)
+        times = measure.interleave({n: repeat(e) for n, e in runs.items()}, args.rounds, cpu=cpu,
+                                   seed=seed)
         steps = evals * args.eval_steps * args.instances
         measure.emit_throughput("eval_throughput", times, cpu, steps, TARGET, reference="ctl_twin",
                                 workload=workload,
                                 eval_steps=args.eval_steps, evals_per_round=evals,
-                                rounds=args.rounds)
+                                rounds=args.rounds, instances=args.instances, order_seed=seed)
 
 
 if __name__ == "__main__":

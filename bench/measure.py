@@ -14,10 +14,11 @@ only the JSON lines of `emit`.
 """
 
 import json
+import random
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, TypeVar
+from typing import Callable, Dict, List, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -73,19 +74,45 @@ def balanced_orders(count: int) -> List[List[int]]:
     return orders + [order[::-1] for order in orders] if count % 2 else orders
 
 
+def draw_seed() -> int:
+    """A seed for `shuffled`, new in every process (a figure reports it as `order_seed`)."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def shuffled(names: List[str], seed: Optional[int], purpose: str) -> List[str]:
+    """`names` in an order drawn from `seed` and `purpose` (`None`: as given).
+
+    Which variant gets which place in the build order and in the rounds'
+    orders moves its speed by itself, the same way in every process run from
+    one fixed order: of six builds of one `raw_fused` loop sharing a model,
+    the fourth ran 8-20% below the others in five of six processes (MLP,
+    2026-11-25i; not with a different number of variants). A figure that draws
+    the places anew in each process (`draw_seed`) hands that effect to a
+    different variant each time, and the median of several processes averages
+    it out instead of charging it to one variant run after run.
+    """
+    names = list(names)
+    if seed is not None:
+        random.Random(f"{seed}:{purpose}").shuffle(names)
+    return names
+
+
 def interleave(variants: Dict[str, Callable[[], None]], rounds: int,
                cpu: Dict[str, List[float]] = None,
-               settle_s: float = SETTLE_S) -> Dict[str, List[float]]:
+               settle_s: float = SETTLE_S, seed: Optional[int] = None) -> Dict[str, List[float]]:
     """Times each variant's callable once per round, in the orders of `balanced_orders`.
+
+    `seed`: which variant takes which index of those orders (`shuffled`);
+    `None`: the variants' own order.
 
     Returns the wall times in seconds, per variant, in round order; if `cpu`
     is given, appends this process's CPU time (all threads) to `cpu[name]`,
     including what its background threads use during the pause after its call.
     CPU time is far less disturbed by other processes than wall time.
     """
-    names = list(variants)
+    names = shuffled(variants, seed, "rounds")
     orders = balanced_orders(len(names))
-    times = {name: [] for name in names}
+    times = {name: [] for name in variants}
     for name in names if cpu is not None else ():
         cpu.setdefault(name, [])
     time.sleep(settle_s)
@@ -100,8 +127,11 @@ def interleave(variants: Dict[str, Callable[[], None]], rounds: int,
     return times
 
 
-def build_balanced(builders: Dict[str, Callable[[], T]], instances: int) -> Dict[str, List[T]]:
+def build_balanced(builders: Dict[str, Callable[[], T]], instances: int,
+                   seed: Optional[int] = None) -> Dict[str, List[T]]:
     """Each variant built `instances` times, the build order reversed on every pass.
+
+    `seed`: the first pass's order (`shuffled`); `None`: the builders' own order.
 
     Where in the build order an object was made moves its speed: four identical
     `raw_fused` loops built one after the other in one process ran up to 3% apart,
@@ -109,8 +139,8 @@ def build_balanced(builders: Dict[str, Callable[[], T]], instances: int) -> Dict
     each variant on alternate passes forward and backward spreads that bias over
     every variant alike instead of handing it to the first one.
     """
-    names = list(builders)
-    built: Dict[str, List[T]] = {name: [] for name in names}
+    names = shuffled(builders, seed, "builds")
+    built: Dict[str, List[T]] = {name: [] for name in builders}
     for index in range(instances):
         for name in names if index % 2 == 0 else reversed(names):
             built[name].append(builders[name]())

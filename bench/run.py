@@ -89,12 +89,16 @@ def run_figure(name, quick):
     return records
 
 
+LISTED = ("order_seed",)  # Numbers that say how a run was made, not what it measured.
+
+
 def combine(runs):
     """The records of repeated runs of one figure, one per line identity, as medians with spread.
 
     A line's identity is its figure and its non-numeric fields (variant,
     workload, ...); numbers become their median over the runs, with
-    `spread[field] = [min, max]`.
+    `spread[field] = [min, max]`, except those in `LISTED`, which become the
+    list of each run's value.
     """
     groups = {}
     for records in runs:
@@ -108,7 +112,9 @@ def combine(runs):
         spread = {}
         for field in records[0]:
             values = [r[field] for r in records if _numeric(r.get(field))]
-            if values and _numeric(records[0][field]):
+            if field in LISTED:
+                line[field] = values
+            elif values and _numeric(records[0][field]):
                 line[field] = statistics.median(values)
                 if len(values) > 1:
                     spread[field] = [min(values), max(values)]

@@ -42,7 +42,9 @@ BUILDERS = {
 TARGET = 0.98
 
 
-def builders(steps_per_round: int, xla: bool):
+def builders(steps_per_round: int, xla: bool, variants: str = None):
+    """The variants to build; `variants`: a comma-separated subset (raw and raw_fused, the
+    references, are always kept)."""
     chosen = dict(BUILDERS)
     chosen["keras_fit"] = functools.partial(loops.keras_fit, steps_per_call=steps_per_round)
     if xla:
@@ -50,7 +52,13 @@ def builders(steps_per_round: int, xla: bool):
             loops.keras_fit, steps_per_call=steps_per_round, jit_compile=True)
         if "jit_compile" in inspect.signature(ctl.Trainer.__init__).parameters:
             chosen["ctl_xla"] = functools.partial(loops.ctl_train, jit_compile=True)
-    return chosen
+    if variants is None:
+        return chosen
+    wanted = {"raw", "raw_fused", *variants.split(",")}
+    unknown = wanted - set(chosen)
+    if unknown:
+        raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from {sorted(chosen)}")
+    return {name: build for name, build in chosen.items() if name in wanted}
 
 
 def main():
@@ -62,22 +70,30 @@ def main():
     parser.add_argument("--xla", action="store_true", help="add Keras fit and ctl with XLA")
     parser.add_argument("--instances", type=int, default=2,
                         help="copies of each variant, built in balanced order (measure.build_balanced)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated subset of the variants (raw and raw_fused always run)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the variants' places in the build and round orders (measure.shuffled); "
+                             "default: drawn anew, reported as order_seed")
     args = parser.parse_args()
+    seed = measure.draw_seed() if args.seed is None else args.seed
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         loops_per_round = args.loops if workload == "mlp" else max(1, args.loops // 5)
         steps = loops_per_round * args.steps_per_loop
         runs = measure.build_balanced(
             {name: functools.partial(build, BenchTask(workload), args.steps_per_loop)
-             for name, build in builders(steps, args.xla).items()}, args.instances)
+             for name, build in builders(steps, args.xla, args.variants).items()},
+            args.instances, seed)
         cpu = {}
         times = measure.interleave({n: functools.partial(_each, r, steps) for n, r in runs.items()},
-                                   args.rounds, cpu=cpu)
+                                   args.rounds, cpu=cpu, seed=seed)
         measure.emit_throughput(
             "train_throughput", times, cpu, steps * args.instances, TARGET, workload=workload,
             steps_per_loop=args.steps_per_loop, steps_per_round=steps, rounds=args.rounds,
-            instances=args.instances, targeted=("ctl", "ctl_stop_per_loop"),
-            ctl_fields=dict(guard_cost=measure.ratio(times["ctl"], times["ctl_stop_per_loop"]) - 1))
+            instances=args.instances, order_seed=seed, targeted=("ctl", "ctl_stop_per_loop"),
+            ctl_fields=(dict(guard_cost=measure.ratio(times["ctl"], times["ctl_stop_per_loop"]) - 1)
+                        if {"ctl", "ctl_stop_per_loop"} <= set(times) else None))
 
 
 def _each(instances, steps):

@@ -50,6 +50,28 @@ def test_variants_are_built_forward_then_backward():
     assert built == {"a": ["a1", "a6", "a7"], "b": ["b2", "b5", "b8"], "c": ["c3", "c4", "c9"]}
 
 
+def test_a_seed_draws_each_variant_s_places_and_keeps_the_orders_balanced():
+    names = "abcdef"
+
+    def run(seed):
+        built, calls = [], []
+        measure.build_balanced({n: (lambda n=n: built.append(n)) for n in names}, 2, seed)
+        measure.interleave({n: (lambda n=n: calls.append(n)) for n in names}, rounds=6,
+                           settle_s=0, seed=seed)
+        return built, calls
+
+    draws = [run(seed) for seed in range(8)]
+    assert run(3) == draws[3]  # The reported seed reproduces the run's orders.
+    firsts = {built[0] for built, _ in draws}
+    assert len(firsts) > 2, firsts  # Not the given order, nor one fixed other.
+    assert {calls[0] for _, calls in draws} != {"a"}
+    for built, calls in draws:
+        assert built[:6] == built[6:][::-1] and sorted(built[:6]) == list(names)
+        rounds = [calls[i:i + 6] for i in range(0, 36, 6)]
+        pairs = collections.Counter((a, b) for order in rounds for a, b in zip(order, order[1:]))
+        assert len(pairs) == 30 and set(pairs.values()) == {1}
+
+
 def test_ratios_and_differences_are_of_medians():
     assert measure.ratio([1.0, 2.0, 90.0], [1.0, 1.0, 50.0]) == 2.0
     assert measure.difference([3.0, 5.0, 4.0], [1.0, 1.0, 9.0]) == 3.0
@@ -106,10 +128,12 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
 
 
 def test_repeated_runs_are_combined_into_medians_with_spread():
-    runs = [[{"figure": "f", "variant": "ctl", "ratio": r, "met": r >= 1.0},
-             {"figure": "f", "variant": "raw", "ratio": 1.0}] for r in (0.9, 1.2, 1.0)]
+    runs = [[{"figure": "f", "variant": "ctl", "ratio": r, "met": r >= 1.0, "order_seed": seed},
+             {"figure": "f", "variant": "raw", "ratio": 1.0}]
+            for r, seed in ((0.9, 7), (1.2, 3), (1.0, 5))]
     ctl_line, raw_line = run.combine(runs)
     assert ctl_line["variant"] == "ctl" and ctl_line["ratio"] == 1.0
+    assert ctl_line["order_seed"] == [7, 3, 5]  # Each run's, not a median of them.
     assert ctl_line["spread"] == {"ratio": [0.9, 1.2]}
     assert ctl_line["met_runs"] == "2/3" and ctl_line["met"] is True
     assert raw_line["repeats"] == 3 and raw_line["spread"] == {"ratio": [1.0, 1.0]}
