@@ -1,10 +1,11 @@
 """Figure 1: train throughput of ctl, orbit and Keras `fit`, as ratios to hand-written loops.
 
-    python -m bench.train_throughput [--rounds 15] [--loops 5] [--xla]
+    python -m bench.train_throughput [--rounds 15] [--loops 5] [--xla] [--variants ctl,orbit] [--seed N]
 
 Per workload (mlp: overhead-bound, cnn: compute-bound), every variant trains
 `loops * steps_per_loop` steps per round (cnn: a fifth of the loops), in calls
-of `steps_per_loop` steps, interleaved (`measure.interleave`: balanced orders, a pause between calls);
+of `steps_per_loop` steps, interleaved (`measure.interleave`: balanced orders, a pause between calls;
+each variant's places in the build and round orders drawn anew per process, `order_seed`);
 each variant is set up once (in `--instances` copies, built in balanced order, each
 round running every copy) and keeps its iterator (and its prefetch threads)
 for the whole comparison, Keras `fit` included (one `fit` call, an epoch per

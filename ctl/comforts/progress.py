@@ -63,7 +63,7 @@ class MetricsLog(Hook):
         record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         if self._file is None:
             # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran 3%
-            # slower (BUILD.md), though a line alone cost less (0.02 ms against 0.08).
+            # slower (docs/bench-history.md), though a line alone cost less (0.02 ms against 0.08).
             self._file = tf.io.gfile.GFile(self.path, "a")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
