@@ -18,7 +18,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, Dict, Iterable, List, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -79,17 +79,18 @@ def draw_seed() -> int:
     return random.SystemRandom().randrange(2**31)
 
 
-def shuffled(names: List[str], seed: Optional[int], purpose: str) -> List[str]:
+def shuffled(names: Iterable[str], seed: Optional[int], purpose: str) -> List[str]:
     """`names` in an order drawn from `seed` and `purpose` (`None`: as given).
 
     Which variant gets which place in the build order and in the rounds'
     orders moves its speed by itself, the same way in every process run from
     one fixed order: of six builds of one `raw_fused` loop sharing a model,
-    the fourth ran 8-20% below the others in five of six processes (MLP,
-    2026-11-25i; not with a different number of variants). A figure that draws
-    the places anew in each process (`draw_seed`) hands that effect to a
-    different variant each time, and the median of several processes averages
-    it out instead of charging it to one variant run after run.
+    the fourth was the slowest in 14 of 15 processes, by up to 20% (MLP,
+    2026-11-25i, with and without Python's garbage collector; not seen in a
+    run of 36 variants, six loops crossed with six iterators). A figure that
+    draws the places anew in each process (`draw_seed`) hands that effect to
+    a different variant each time, and the median of several processes
+    averages it out instead of charging it to one variant run after run.
     """
     names = list(names)
     if seed is not None:
