@@ -38,11 +38,9 @@ def main():
     parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--instances", type=int, default=2,
                         help="copies of each variant, built in balanced order (measure.build_balanced)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="the variants' places in the build and round orders (measure.shuffled); "
-                             "default: drawn anew, reported as order_seed")
+    measure.add_seed_flag(parser)
     args = parser.parse_args()
-    seed = measure.draw_seed() if args.seed is None else args.seed
+    seed = measure.draw_seed(args.seed)
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         evals = args.evals if workload == "mlp" else max(1, args.evals // 5)

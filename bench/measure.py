@@ -74,9 +74,16 @@ def balanced_orders(count: int) -> List[List[int]]:
     return orders + [order[::-1] for order in orders] if count % 2 else orders
 
 
-def draw_seed() -> int:
-    """A seed for `shuffled`, new in every process (a figure reports it as `order_seed`)."""
-    return random.SystemRandom().randrange(2**31)
+def add_seed_flag(parser) -> None:
+    """`--seed`, a figure's seed for `shuffled` (see `draw_seed`)."""
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the variants' places in the build and round orders (measure.shuffled); "
+                             "default: drawn anew, reported as order_seed")
+
+
+def draw_seed(given: Optional[int] = None) -> int:
+    """`given`, or a seed for `shuffled` new in every process (a figure reports it as `order_seed`)."""
+    return random.SystemRandom().randrange(2**31) if given is None else given
 
 
 def shuffled(names: Iterable[str], seed: Optional[int], purpose: str) -> List[str]:

@@ -25,6 +25,7 @@ this ctl has `ctl.Trainer(jit_compile=...)`, ctl with XLA.
 import argparse
 import functools
 import inspect
+from typing import Optional
 
 import ctl
 from bench import loops, measure
@@ -43,7 +44,7 @@ BUILDERS = {
 TARGET = 0.98
 
 
-def builders(steps_per_round: int, xla: bool, variants: str = None):
+def builders(steps_per_round: int, xla: bool, variants: Optional[str] = None):
     """The variants to build; `variants`: a comma-separated subset (raw and raw_fused, the
     references, are always kept)."""
     chosen = dict(BUILDERS)
@@ -73,11 +74,9 @@ def main():
                         help="copies of each variant, built in balanced order (measure.build_balanced)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated subset of the variants (raw and raw_fused always run)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="the variants' places in the build and round orders (measure.shuffled); "
-                             "default: drawn anew, reported as order_seed")
+    measure.add_seed_flag(parser)
     args = parser.parse_args()
-    seed = measure.draw_seed() if args.seed is None else args.seed
+    seed = measure.draw_seed(args.seed)
     measure.claim_stdout()
     for workload in args.workloads.split(","):
         loops_per_round = args.loops if workload == "mlp" else max(1, args.loops // 5)
