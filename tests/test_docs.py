@@ -24,6 +24,7 @@ A page's blocks are checked in order in a work dir of its own, which holds links
 use the files earlier blocks wrote (the tutorial writes its data, its task and its gin file, then trains).
 """
 
+import concurrent.futures
 import functools
 import glob
 import importlib.util
@@ -97,12 +98,14 @@ def commands(text: str) -> List[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def flag_spec(module: str):
+def flag_specs():
+    """The flags of ctl.run, ctl.report and ctl.launch (each program asked once, the three at a time)."""
     spec = importlib.util.spec_from_file_location("docs_reference",
                                                   os.path.join(ROOT, "tools", "docs_reference.py"))
     docs_reference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(docs_reference)
-    return docs_reference.flag_spec(module)
+    with concurrent.futures.ThreadPoolExecutor(len(docs_reference.CLIS)) as pool:
+        return dict(zip(docs_reference.CLIS, pool.map(docs_reference.flag_spec, docs_reference.CLIS)))
 
 
 def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
@@ -111,7 +114,7 @@ def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
         split = args.index("--")
         check_flags("ctl.run", args[split + 1:], where, workdir)
         args = args[:split]
-    known = flag_spec(module)
+    known = flag_specs()[module]
     for arg in args:
         if not arg.startswith("--"):
             continue
@@ -140,11 +143,17 @@ def run(argv: List[str], where: str, workdir: str) -> None:
 GIN_PARSER = """
 import sys, gin, ctl
 ctl.import_api()
-gin.parse_config_file(sys.argv[1], skip_unknown=False)
+for path in sys.argv[1:]:
+    gin.clear_config()
+    try:
+        gin.parse_config_file(path, skip_unknown=False)
+    except Exception as error:
+        sys.exit(f"{path}: {error}")
 """
 
 
-def check_block(block: Block, workdir: str) -> None:
+def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
+    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others."""
     marker = block.marker
     kind = marker.group(0).split("docs-test: ")[1].split()[0] if marker else None
     if kind == "skip":
@@ -154,22 +163,25 @@ def check_block(block: Block, workdir: str) -> None:
         with open(path, "w") as f:
             f.write(block.text)
         if block.lang == "gin":
-            run([sys.executable, "-c", GIN_PARSER, path], block.where(), workdir)
+            gin_files.append(path)
         return
     if block.lang == "python":
         run([sys.executable, "-c", block.text], block.where(), workdir)
     elif block.lang == "gin":
-        path = os.path.join(workdir, "_block.gin")
+        path = os.path.join(workdir, f"_line_{block.line}.gin")
         with open(path, "w") as f:
             f.write(block.text)
-        run([sys.executable, "-c", GIN_PARSER, path], block.where(), workdir)
+        gin_files.append(path)
     elif block.lang == "yaml":
         import yaml
         list(yaml.safe_load_all(block.text))
-    elif block.lang == "json":
-        for line in block.text.splitlines():
-            if line.strip():
-                json.loads(line)
+    elif block.lang == "json":  # A JSON document, or JSON lines.
+        try:
+            json.loads(block.text)
+        except ValueError:
+            for line in block.text.splitlines():
+                if line.strip():
+                    json.loads(line)
     elif block.lang in ("sh", "bash"):
         for command in commands(block.text):
             argv = shlex.split(command, comments=True)
@@ -186,8 +198,11 @@ def check_block(block: Block, workdir: str) -> None:
 def test_every_snippet_runs(page, tmp_path):
     for name in ("configs", "experiments"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    gin_files = []
     for block in blocks(page):
-        check_block(block, str(tmp_path))
+        check_block(block, str(tmp_path), gin_files)
+    if gin_files:
+        run([sys.executable, "-c", GIN_PARSER, *gin_files], f"{page} (gin blocks)", str(tmp_path))
 
 
 def test_the_markers_are_understood():
@@ -256,3 +271,34 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
         html = os.path.splitext(page)[0] + ".html"
         assert (site / html).exists(), f"{page} was not built"
         assert html in hrefs, f"{page} is not linked from the site's navigation"
+
+
+def _hand_written(page: str) -> str:
+    with open(os.path.join(ROOT, "docs", page)) as f:
+        return f.read()
+
+
+def test_every_exit_status_in_the_code_is_explained():
+    """An `EXIT_*` constant added to ctl (the generated table lists it) needs a row saying what to do."""
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    explained = set(re.findall(r"^\| (\d+) \|", _hand_written("reference/exit-statuses.md"), re.M))
+    constants = docs_reference.exit_constants()
+    assert constants, "no EXIT_* constant found in ctl"
+    missing = [f"{name} = {value} ({module})" for value, name, module in constants
+               if str(value) not in explained]
+    assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
+
+
+def test_every_file_of_the_model_dir_is_in_the_reference():
+    """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
+    from ctl.core import model_dir
+
+    names = {value for name, value in vars(model_dir).items()
+             if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
+    assert names, "no *_FILE or *_DIR constant in ctl.core.model_dir"
+    rows = _hand_written("reference/model-dir.md")
+    missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
+    assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

@@ -16,6 +16,7 @@ the next build. The functions return Markdown and are called by
 `tests/test_docs.py` too.
 """
 
+import dataclasses
 import html
 import importlib
 import inspect
@@ -34,12 +35,12 @@ SECTION_MARKER = re.compile(r'<!-- generated: ([\w.]+) "(#+ [^"]+)" -->')
 
 
 def _cell(text: str) -> str:
-    """`text` made safe for one cell of a Markdown table."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Plain `text` made safe for one cell of a Markdown table (`<model_dir>` stays text, not a tag)."""
+    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
 
 
 def _code(text: str) -> str:
-    text = _cell(text)
+    text = " ".join(str(text).split()).replace("|", "\\|")
     return f"`{text}`" if text else ""
 
 
@@ -69,7 +70,8 @@ def cli_flags(module: str) -> Tuple[str, List[Dict[str, str]], str]:
                 "name": flag.findtext("name", ""),
                 "type": flag.findtext("type", ""),
                 "default": flag.findtext("default", ""),
-                "meaning": flag.findtext("meaning", "").split(";\n")[0],
+                # absl starts an enum's meaning with "<a|b|c>: "; the values get a sentence of their own.
+                "meaning": re.sub(r"^<[^>]*>: ", "", flag.findtext("meaning", "").split(";\n")[0]),
                 "values": ", ".join(v.text for v in flag.iter("enum_value")),
             })
         return tree.findtext("usage", ""), sorted(found, key=lambda f: f["name"]), ""
@@ -136,6 +138,27 @@ def _first_paragraph(obj) -> str:
     return doc.split("\n\n")[0]
 
 
+def _default_factories(wrapped) -> Dict[str, object]:
+    """A dataclass's `default_factory` per field (inspect shows those defaults as `<factory>`)."""
+    if not dataclasses.is_dataclass(wrapped):
+        return {}
+    return {f.name: f.default_factory for f in dataclasses.fields(wrapped)
+            if f.default_factory is not dataclasses.MISSING}
+
+
+def _default(parameter, factory) -> str:
+    """How the reference shows a parameter's default."""
+    if factory is not None:
+        return f"a new `{getattr(factory, '__qualname__', factory)}()`"
+    import gin
+
+    if parameter.default is parameter.empty or parameter.default is gin.REQUIRED:
+        return "*required*"
+    if inspect.isclass(parameter.default) or inspect.isfunction(parameter.default):
+        return f"`{parameter.default.__module__}.{parameter.default.__qualname__}`"
+    return _code(repr(parameter.default))
+
+
 def gin_page() -> str:
     lines = ["# Gin configurables", "",
              "Generated from the code at build time: every name ctl registers with gin "
@@ -156,9 +179,9 @@ def gin_page() -> str:
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if rows:
             lines += ["| parameter | default |", "|---|---|"]
+            factories = _default_factories(wrapped)
             for p in rows:
-                default = "*required*" if p.default is p.empty else _code(repr(p.default))
-                lines.append(f"| `{name}.{p.name}` | {default} |")
+                lines.append(f"| `{name}.{p.name}` | {_default(p, factories.get(p.name))} |")
             lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -200,8 +223,8 @@ def exit_constants() -> List[Tuple[int, str, str]]:
             continue
         for attr, value in vars(module).items():
             if attr.startswith("EXIT_") and isinstance(value, int) and not isinstance(value, bool):
-                owner = _defining_module(module, attr) or info.name
-                found.add((value, attr, owner))
+                if _defining_module(module, attr):  # Not a module that imported it.
+                    found.add((value, attr, info.name))
     return sorted(found)
 
 
@@ -215,9 +238,8 @@ def _defining_module(module, attr: str) -> str:
 
 
 def exit_table() -> str:
-    rows = [(v, n, m) for v, n, m in exit_constants() if m]
     lines = ["| status | constant | defined in |", "|---|---|---|"]
-    lines += [f"| {value} | `{name}` | `{module}` |" for value, name, module in rows]
+    lines += [f"| {value} | `{name}` | `{module}` |" for value, name, module in exit_constants()]
     return "\n".join(lines)
 
 
