@@ -4,8 +4,8 @@ and the site builds in strict mode with every page in its navigation.
 How a code block is checked follows its fence's language:
 
 - `python`: run in a fresh process;
-- `gin`: parsed by gin in a fresh process, after `ctl.import_api()` registered ctl's configurables
-  (`skip_unknown=False`: an unknown name or parameter fails);
+- `gin`: parsed by gin after `ctl.import_api()` registered ctl's configurables (`skip_unknown=False`: an
+  unknown name or parameter fails), once the page's other blocks ran (its modules are written);
 - `sh`: each command `python -m ctl.run|ctl.report|ctl.launch` in it has its flags checked against the
   flags the program defines (`--helpxml` / `--help`), enum values included, and a `--gin_file` must exist;
   other commands (pip, tensorboard, kubectl) are not run;
@@ -140,16 +140,22 @@ def run(argv: List[str], where: str, workdir: str) -> None:
                                   f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
 
 
-GIN_PARSER = """
-import sys, gin, ctl
-ctl.import_api()
-for path in sys.argv[1:]:
-    gin.clear_config()
+def parse_gin(paths: List[str], where: str) -> None:
+    """Parses each gin file with ctl's configurables registered, as `ctl.run` would (in this process:
+    the test's working directory and `sys.path` are the page's work dir, so its modules import)."""
+    import gin
+    import ctl
+
+    ctl.import_api()
     try:
-        gin.parse_config_file(path, skip_unknown=False)
-    except Exception as error:
-        sys.exit(f"{path}: {error}")
-"""
+        for path in paths:
+            gin.clear_config()
+            try:
+                gin.parse_config_file(path, skip_unknown=False)
+            except Exception as error:  # noqa: BLE001 - any failure is the block's.
+                raise AssertionError(f"{where}: {os.path.basename(path)}: {error}") from error
+    finally:
+        gin.clear_config()
 
 
 def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
@@ -195,14 +201,16 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
-def test_every_snippet_runs(page, tmp_path):
+def test_every_snippet_runs(page, tmp_path, monkeypatch):
     for name in ("configs", "experiments"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     gin_files = []
     for block in blocks(page):
         check_block(block, str(tmp_path), gin_files)
     if gin_files:
-        run([sys.executable, "-c", GIN_PARSER, *gin_files], f"{page} (gin blocks)", str(tmp_path))
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        parse_gin(gin_files, page)
 
 
 def test_the_markers_are_understood():

@@ -206,8 +206,8 @@ def api_page() -> str:
             lines += [f"## `ctl.{name}`", "", f"`{obj!r}`", ""]
             continue
         lines += [f"## `ctl.{name}`", "", f"::: {module}.{getattr(obj, '__qualname__', name)}",
-                  "    options:", "      heading_level: 3", "      show_root_heading: false",
-                  "      show_root_toc_entry: false", ""]
+                  "    options:", "      heading_level: 3", "      show_root_heading: true",
+                  "      show_root_full_path: false", "      show_root_toc_entry: false", ""]
     return "\n".join(lines) + "\n"
 
 
