@@ -205,9 +205,11 @@ def api_page() -> str:
         if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not module:
             lines += [f"## `ctl.{name}`", "", f"`{obj!r}`", ""]
             continue
-        lines += [f"## `ctl.{name}`", "", f"::: {module}.{getattr(obj, '__qualname__', name)}",
-                  "    options:", "      heading_level: 3", "      show_root_heading: true",
-                  "      show_root_full_path: false", "      show_root_toc_entry: false", ""]
+        # mkdocstrings' own heading (`ctl.NAME`, then the signature), at the page's second level.
+        lines += [f"::: {module}.{getattr(obj, '__qualname__', name)}", "    options:",
+                  "      heading_level: 2", "      show_root_heading: true",
+                  "      show_root_full_path: false", f"      heading: ctl.{name}",
+                  f"      toc_label: ctl.{name}", ""]
     return "\n".join(lines) + "\n"
 
 
