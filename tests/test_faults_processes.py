@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -33,10 +34,23 @@ class Trainer:
                 *flags, *(f"--gin_bindings={b}" for b in bindings)]
         self.progress = progress
         self.earlier = len(read_steps(progress))  # Lines of earlier processes on the same file.
+        self.stdout = tempfile.TemporaryFile("w+")  # ctl's console lines.
         self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            args, cwd=ROOT, stdout=self.stdout, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
         )
+
+    def wait_for_output(self, text, timeout=60):
+        """Waits until the process has printed `text` on stdout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.stdout.seek(0)
+            if text in self.stdout.read():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the process ended without printing {text!r}")
+            time.sleep(0.02)
+        raise TimeoutError(f"{text!r} not printed in {timeout}s")
 
     def wait_for_step(self, step, timeout=120):
         """Waits until the task has started `step`; False if the process ended first."""
@@ -104,14 +118,20 @@ def run_to_end(model_dir, progress, *bindings, flags=()):
 ], ids=["SIGTERM-tf_while_loop", "SIGINT-host_loop", "SIGTERM-tf_while_loop-mirrored"])
 def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum, while_loop, flags):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    release = tmp_path / "release"
     # One loop of 100,000 steps: the signal must not wait for it to end.
     long_run = ("ctl.Schedule.train_steps=1000000", "ctl.Schedule.steps_per_loop=100000",
                 "ctl.Schedule.checkpoint_interval=100000",
                 f"ctl.Trainer.use_tf_while_loop={while_loop}")
-    trainer = Trainer(model_dir, progress, *long_run, flags=flags)
+    # Step 300 waits for `release`: the signal arrives while it runs, and is taken
+    # (the process says so) before it ends.
+    hold = ("ProbeTask.hold_at_step=300", f"ProbeTask.hold_file='{release}'")
+    trainer = Trainer(model_dir, progress, *long_run, *hold, flags=flags)
     try:
         assert trainer.wait_for_step(300), trainer.finish()[1]
         trainer.proc.send_signal(signum)
+        trainer.wait_for_output(f"received {signal.Signals(signum).name}")
+        release.touch()
         returncode, stderr = trainer.finish(timeout=120)
     finally:
         trainer.kill()
@@ -120,9 +140,10 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
     assert lines[-1].startswith("ctl.run: preempted: stopped by " + signal.Signals(signum).name), stderr
     saved = latest_step(model_dir)
     started = read_steps(progress)
-    # Every step that started was completed and is in the checkpoint; the loop was cut short.
+    # Every step that started was completed and is in the checkpoint; none started after
+    # the one the signal arrived in.
     assert started == list(range(1, saved + 1))
-    assert 300 <= saved < 100000
+    assert saved == 300
     assert f"ckpt-{saved}" in lines[-1]
 
     run_to_end(model_dir, progress, *long_run[1:], f"ctl.Schedule.train_steps={saved + 10}",
