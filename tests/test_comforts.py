@@ -1,12 +1,13 @@
 """Exporters, best checkpoint, hooks, early stopping, warm start, smoke mode, report, gin
 comforts: through the CLI on real runs, plus the hook protocol in-process."""
 
+import ctypes
 import glob
 import json
 import os
 import re
 import shutil
-import threading
+import struct
 
 import numpy as np
 import pytest
@@ -372,43 +373,63 @@ def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
         "step/.ATTRIBUTES/VARIABLE_VALUE") == 7
 
 
-class _BigTask(RegressionTask):
-    """A 16 MB model: its SavedModel takes long enough to write to be watched."""
+class DirectoryEvents:
+    """The entries created in, or renamed into, one local directory, as Linux's inotify
+    queues them: every event, in order, none missed (no polling)."""
 
-    def build_model(self):
-        return self.k.Sequential([self.k.Input((3,)), self.k.layers.Dense(2048),
-                                  self.k.layers.Dense(2048), self.k.layers.Dense(1)])
+    CREATE, MOVED_TO, NONBLOCK = 0x100, 0x80, 0o4000
 
+    def __init__(self, directory):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(self.NONBLOCK)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        watch = self.libc.inotify_add_watch(self.fd, os.fsencode(directory),
+                                            self.CREATE | self.MOVED_TO)
+        assert watch >= 0, os.strerror(ctypes.get_errno())
 
-def _watch(directory, seen, done):
-    """Records, for each moment `directory` exists, whether it holds a whole SavedModel."""
-    while not done.is_set():
-        if os.path.isdir(directory):
-            seen.add(os.path.exists(os.path.join(directory, "saved_model.pb")))
+    def read(self):
+        """[(name, "created" or "renamed in")] since the last read."""
+        events, data = [], b""
+        while True:
+            try:
+                data += os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+        while data:
+            _, mask, _, length = struct.unpack_from("iIII", data)
+            name = data[16:16 + length].rstrip(b"\0").decode()
+            events.append((name, "created" if mask & self.CREATE else "renamed in"))
+            data = data[16 + length:]
+        return events
+
+    def close(self):
+        os.close(self.fd)
 
 
 def test_an_export_appears_whole_and_once_per_step(tmp_path):
     """Why ctl keeps its own exporter (BUILD.md): orbit's `ExportSavedModel` writes
     into the final directory (a reader or a crash can see half a SavedModel) and, on
     a restart, exports the same step again under the next counter."""
-    final_dir = os.path.join(tmp_path, "export", "latest", "3")
-    task = _BigTask()
+    parent = os.path.join(tmp_path, "export", "latest")
+    final_dir = os.path.join(parent, "3")
+    task = RegressionTask()
     step = tf.Variable(3, dtype=tf.int64)
     model = task.build_model()
     run = ctl.Run(model_dir=str(tmp_path), model=model, checkpoint=None, global_step=step,
                   task=task)
-    seen, done = set(), threading.Event()
-    watcher = threading.Thread(target=_watch, args=(final_dir, seen, done), daemon=True)
-    watcher.start()
+    os.makedirs(parent)
+    events = DirectoryEvents(parent)
     try:
         for _ in range(2):  # The second: a restart that evaluates the same step again.
             exporter = ctl.LatestExporter()
             exporter.bind(run)
             exporter.on_eval_end({})
+        seen = events.read()
     finally:
-        done.set()
-        watcher.join(timeout=10)
-    assert False not in seen  # Whenever the watcher saw the directory, it was whole.
+        events.close()
+    # The step's directory appeared once, by a rename of a whole SavedModel: it was never
+    # created in place, where a reader could see it half written.
+    assert [event for event in seen if event[0] == "3"] == [("3", "renamed in")], seen
     assert exported(str(tmp_path), "latest") == [3]
     assert not glob.glob(os.path.join(tmp_path, "export", "latest", ".tmp*"))
     np.testing.assert_allclose(served(final_dir, FEATURES), model(FEATURES).numpy(), rtol=1e-5)
