@@ -205,7 +205,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
-                                          controller.checkpoint_manager.latest_checkpoint)
+                                          controller.checkpoint_manager.latest_checkpoint,
+                                          schedule.train_steps)
     hooks.call("on_trial_close", output)
     return output
 

@@ -254,6 +254,26 @@ def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path,
     assert "finished: the trainer's final checkpoint (number 50) is evaluated" in log
 
 
+def test_a_sidecar_for_an_extended_run_does_not_take_the_old_finished_marker(run_dir, processes):
+    """`run_dir` finished at step 40 (its marker says so). A sidecar started with the
+    extended run's config (60 steps) while that marker is still there (here: before the
+    trainer even starts, the extreme of the seconds before a trainer clears it) waits
+    for the trainer and evaluates up to its new final checkpoint."""
+    extended = (f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps = 60",
+                "--gin_bindings=ctl.Schedule.max_checkpoints = 10")
+    evaluator = processes.start("evaluator", "--mode=continuous_eval", f"--model_dir={run_dir}",
+                                *extended)
+    wait_until(lambda: evaluator.poll() is not None or "marks a run of fewer steps than "
+               "ctl.Schedule.train_steps (60)" in evaluator.log.read_text(),
+               "the evaluator to see the old marker")
+    trainer = processes.start("trainer", "--mode=train", f"--model_dir={run_dir}", *extended)
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
+    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
+    assert evaluated_numbers(run_dir) == [10, 20, 30, 40, 50, 60]
+    assert ("finished: the trainer's final checkpoint (number 60) is evaluated"
+            in evaluator.log.read_text())
+
+
 def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):
     data = os.path.join(run_dir, "ckpt-20.data-00000-of-00001")
     with open(data, "r+b") as f:

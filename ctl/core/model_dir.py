@@ -7,7 +7,7 @@
       operative_config.gin          the values actually used (the trainer, after its first loop)
       trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.core.claims`)
       eval_hooks.lock               which process runs the eval-side hooks (`ctl.core.claims`)
-      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint"}
+      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
@@ -336,10 +336,13 @@ class ModelDir:
 
     # The run-finished marker.
 
-    def mark_finished(self, step: int, final_checkpoint: Optional[str]) -> None:
-        """Records (atomically) that training ended, and its final checkpoint."""
+    def mark_finished(self, step: int, final_checkpoint: Optional[str],
+                      train_steps: Optional[int] = None) -> None:
+        """Records (atomically) that training ended, its final checkpoint, and the
+        `train_steps` it was asked for (an early stop ends before them)."""
         text = json.dumps({"final_step": step, "final_checkpoint":
-                           final_checkpoint and os.path.basename(final_checkpoint)})
+                           final_checkpoint and os.path.basename(final_checkpoint),
+                           "train_steps": train_steps})
         write_atomically(self.finished_file, text + "\n")
 
     def clear_finished(self) -> None:
@@ -347,10 +350,17 @@ class ModelDir:
         if tf.io.gfile.exists(self.finished_file):
             tf.io.gfile.remove(self.finished_file)
 
-    def final_checkpoint_number(self) -> Optional[int]:
-        """The number of the trainer's final checkpoint, once it marked the run finished."""
+    def final_checkpoint_number(self, train_steps: Optional[int] = None) -> Optional[int]:
+        """The number of the trainer's final checkpoint, once it marked the run finished.
+
+        With `train_steps`, a marker of a run asked for fewer steps is stale (the
+        run is being extended and its trainer has not cleared it yet): None.
+        """
         data = read_json(self.finished_file)
         if not isinstance(data, dict):
+            return None
+        finished_for = data.get("train_steps")
+        if train_steps is not None and isinstance(finished_for, int) and finished_for < train_steps:
             return None
         match = _INDEX.match(f"{data.get('final_checkpoint')}.index")
         if match:
