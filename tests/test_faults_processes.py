@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 from ctl.faults.preemption import EXIT_PREEMPTED
-from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, snapshot
+from ctl.comforts.progress import read_metrics
+from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, scalars, snapshot
 
 pytestmark = pytest.mark.slow
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -28,8 +29,8 @@ MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
 class Trainer:
     """One `python -m ctl.run --mode=train` process on `model_dir`."""
 
-    def __init__(self, model_dir, progress, *bindings, flags=()):
-        args = [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
+    def __init__(self, model_dir, progress, *bindings, flags=(), mode="train"):
+        args = [sys.executable, "-m", "ctl.run", f"--mode={mode}", f"--model_dir={model_dir}",
                 f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{progress}'",
                 *flags, *(f"--gin_bindings={b}" for b in bindings)]
         self.progress = progress
@@ -150,6 +151,40 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
                flags=flags)
     assert latest_step(model_dir) == saved + 10
     assert read_steps(progress) == list(range(1, saved + 11))  # Resumed at saved + 1.
+
+
+@pytest.mark.parametrize("eval_steps", [None, 500], ids=["whole_set-host_loop", "fixed-tf_while_loop"])
+def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_steps):
+    """SIGTERM during a 1,000-step evaluation of step 10: no eval step after the one it
+    arrived in, exit 75 with the checkpoint of step 10, and the incomplete results written
+    nowhere."""
+    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    eval_progress, release = str(tmp_path / "eval_progress"), tmp_path / "release"
+    bindings = ["ctl.Schedule.train_steps=20", "ctl.Schedule.eval_interval=10",
+                "ProbeTask.eval_examples=8000", f"ProbeTask.eval_progress_file='{eval_progress}'",
+                "ProbeTask.hold_at_eval_step=5", f"ProbeTask.hold_file='{release}'"]
+    if eval_steps:
+        bindings.append(f"ctl.Schedule.eval_steps={eval_steps}")
+    trainer = Trainer(model_dir, progress, *bindings, mode="train_and_eval")
+    try:
+        deadline = time.monotonic() + 120
+        while read_steps(eval_progress)[-1:] != [5]:  # Eval step 5 runs, and waits.
+            assert trainer.proc.poll() is None and time.monotonic() < deadline, trainer.finish()[1]
+            time.sleep(0.02)
+        trainer.proc.send_signal(signal.SIGTERM)
+        trainer.wait_for_output("received SIGTERM")
+        release.touch()
+        returncode, stderr = trainer.finish(timeout=120)
+    finally:
+        trainer.kill()
+    assert returncode == EXIT_PREEMPTED, stderr
+    lines = ctl_stderr_lines(stderr)
+    assert lines[-1].startswith("ctl.run: preempted: stopped by SIGTERM at step 10;"), stderr
+    assert "ckpt-10" in lines[-1] and latest_step(model_dir) == 10
+    assert read_steps(eval_progress) == [1, 2, 3, 4, 5]
+    eval_dir = os.path.join(model_dir, "eval")
+    assert not os.path.isdir(eval_dir) or "loss" not in scalars(eval_dir)
+    assert not [r for r in read_metrics(model_dir, "eval")]
 
 
 @pytest.mark.parametrize("flags", [(), MIRRORED], ids=["default", "mirrored"])

@@ -111,6 +111,10 @@ their steps up to 0, compare their count with: one comparison a step.
         os.close(read_fd)
         self._pipe = None
 
+    def requested(self) -> bool:
+        """Whether a signal came (eager, any thread; a Python read)."""
+        return self.signum is not None
+
     def request_stop(self, signum: int) -> None:
         """Records `signum` and asks the train loop to stop (any thread)."""
         if self.signum is not None:
