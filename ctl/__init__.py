@@ -11,11 +11,6 @@ had been imported eagerly.
 """
 
 import importlib
-import os
-
-# TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
-# loop's own log; keep warnings and errors. A value the user set wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],

@@ -75,9 +75,23 @@ def test_build_md_layout_names_every_module_of_ctl():
     assert _layout_modules() == on_disk
 
 
-def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = ROOT
+    result = _python("import os, ctl; ctl.Task; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))",
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "None"
+    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out.
+    result = _python(None, "-m", "ctl.run", "--mode=trian", env=env)
+    assert result.returncode == 2 and "--mode" in result.stderr, result.stderr
+    assert "oneDNN custom operations" not in result.stderr
+    assert "oneDNN custom operations" in _python("import tensorflow", env=env).stderr
 
 
 def test_the_tools_that_need_no_tensorflow_start_without_it():
