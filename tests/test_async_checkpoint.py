@@ -57,7 +57,7 @@ def test_async_train_and_eval_resumes_from_its_checkpoint(tmp_path):
     # nothing, and evaluates what the first run trained.
     seen = []
 
-    class Recorder(ctl.Hook):
+    class Recorder(ctl.hooks.Hook):
         def on_checkpoint_load(self, path):
             seen.append(("load", os.path.basename(path), self.run.step))
 

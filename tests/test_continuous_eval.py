@@ -338,7 +338,7 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     recorder = RecordingCallback()
     settings = ctl.ContinuousEval(callbacks=[recorder])
     sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
-        experiment(task), hooks=[ctl.BestCheckpoint(metric="far/loss")])
+        experiment(task), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
     continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
                                           settings=settings)
     records = continuous_eval.read_metrics(model_dir)

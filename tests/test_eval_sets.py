@@ -25,7 +25,7 @@ def experiment(**kwargs):
 def test_named_eval_sets_in_line(tmp_path, strategy):
     model_dir = str(tmp_path)
     results = ctl.run_experiment("train_and_eval", model_dir, strategy, experiment(
-        hooks=[ctl.BestCheckpoint(metric="far/loss")]))
+        hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")]))
     assert set(results) >= {"near", "far"}
     assert results["near"]["examples"] == 6 and results["far"]["examples"] == 10
     # Each set's summaries in its own directory, as the sidecar writes them.
@@ -56,7 +56,7 @@ def test_a_hook_naming_an_unnamed_metric_lists_the_sets(tmp_path):
     with pytest.raises(ctl.UserError, match=r"'loss' is not among the evaluation results "
                        r"\(far/examples, far/loss, near/examples, near/loss"):
         ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment(
-            hooks=[ctl.BestCheckpoint(metric="loss")]))
+            hooks=[ctl.hooks.BestCheckpoint(metric="loss")]))
 
 
 class ChangingEvalSetsTask(TwoEvalSetsTask):

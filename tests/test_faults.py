@@ -158,7 +158,7 @@ def test_a_pipeline_with_unsaveable_state_is_named_at_start():
     assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())
 
 
-class _SignalAfterStep(ctl.Hook):
+class _SignalAfterStep(ctl.hooks.Hook):
     """Sends this process SIGTERM from the train actions of the loop that ends at `step`."""
 
     def __init__(self, step):

@@ -32,7 +32,7 @@ def checkpoint_step(model_dir):
     return int(tf.train.load_checkpoint(path).get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
-class Weights(ctl.Hook):
+class Weights(ctl.hooks.Hook):
     """The model's weights as ctl restored them and as its run ended."""
 
     restored = trained = None

@@ -9,11 +9,11 @@
       eval_hooks.lock               which process runs the eval-side hooks (`ctl.core.claims`)
       ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
-      early_stopping.json           `ctl.EarlyStopping`'s count
+      early_stopping.json           `ctl.hooks.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.BestCheckpoint` (published whole: `publish_directory`)
+      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publish_directory`)
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
 
@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 
 CHECKPOINT_STATE_FILE = "checkpoint"
 CONFIG_FILE = "config.gin"
@@ -106,7 +106,7 @@ def read_text(path: str) -> Optional[str]:
         with tf.io.gfile.GFile(path, "rb") as f:
             data = f.read()
     except tf.errors.OpError as error:
-        raise ValueError(f"cannot read it: {_first_line(error)}") from error
+        raise ValueError(f"cannot read it: {first_line(error)}") from error
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -274,7 +274,7 @@ class ModelDir:
         try:
             tf.io.gfile.makedirs(self.path)
         except (tf.errors.OpError, OSError) as error:
-            raise UserError(f"cannot write to --model_dir={self.path} ({_first_line(error)}); "
+            raise UserError(f"cannot write to --model_dir={self.path} ({first_line(error)}); "
                             "choose a directory you can write to.") from error
 
     # What lives where.
@@ -392,7 +392,7 @@ class ModelDir:
                 return CheckpointState()
             fields = _parse_checkpoint_state(text)
         except ValueError as error:
-            return CheckpointState(problem=f"{path} is unreadable ({_first_line(error)})")
+            return CheckpointState(problem=f"{path} is unreadable ({first_line(error)})")
         latest = fields.get("model_checkpoint_path")
         if not latest:
             return CheckpointState(problem=f"{path} names no checkpoint")
@@ -512,8 +512,3 @@ def _parse_checkpoint_state(text: str) -> Dict[str, List[str]]:
         if match.group(1):
             fields.setdefault(match.group(1), []).append(json.loads(match.group(2)))
     return fields
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:160] if text else type(error).__name__

@@ -35,7 +35,7 @@ import tensorflow as tf
 from ctl.core import config, console, model_dir as files
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
@@ -110,7 +110,7 @@ class CheckpointEvaluator:
             step = saved_step(reader, graph, self.trainer.optimizer)
         except (tf.errors.OpError, IndexError, ValueError) as error:
             raise UnreadableCheckpointError(
-                f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
+                f"cannot read checkpoint {path} ({first_line(error)})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
         if step is None:
