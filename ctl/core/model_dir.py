@@ -474,13 +474,14 @@ class ModelDir:
             f"the damaged files ({names}) to train from scratch, or use a new --model_dir."
         )
 
-    def write_checkpoint_state(self, restored: Restored) -> None:
+    def write_checkpoint_state(self, restored: Restored, quiet: bool = False,
+                               stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
         name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
-        stamps = []
-        for path in restored.keep:
+        known, stamps = stamps or {}, []
+        for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
-                stamps.append(tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
+                stamps.append(known.get(path) or tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
             except tf.errors.NotFoundError:
                 stamps.append(time.time())
         lines = [f"model_checkpoint_path: {json.dumps(os.path.basename(restored.path))}"]
@@ -489,8 +490,9 @@ class ModelDir:
         lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
         lines.append(f"last_preserved_timestamp: {min(stamps, default=time.time()) - 1!r}")
         write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
-        console.info("ckpt", "rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
-                     os.path.basename(restored.path))
+        if not quiet:
+            console.info("ckpt", "rewrote %s: the latest checkpoint is %s",
+                         self.file(CHECKPOINT_STATE_FILE), os.path.basename(restored.path))
 
 
 _STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'
