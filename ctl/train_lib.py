@@ -79,6 +79,8 @@ def run_experiment(
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
     lock = ModelDirLock(model_dir) if train and chief else None
+    if lock is not None:
+        lock.check()  # Before reading checkpoints that a live trainer is retiring meanwhile.
     with contextlib.ExitStack() as stack:
         if lock is not None:
             stack.callback(lock.release)

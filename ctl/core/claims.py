@@ -111,6 +111,22 @@ class FileLock:
         self._fd = fd
         return True
 
+    def held_elsewhere(self) -> bool:
+        """Whether another live process holds it now; creates and changes nothing."""
+        if self._fd is not None or not os.path.exists(self.path):
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return True
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -169,6 +185,17 @@ class Lease:
                                          name=f"ctl-lease-{self.role}")
         self._renewer.start()
         return True
+
+    def held_elsewhere(self) -> bool:
+        """Whether another live process holds it now (with `wait`: watched until renewed or
+        stale); writes nothing."""
+        if self.held:
+            return False
+        record = self._read()
+        if not record or self._stale(record):
+            return False
+        self._seen = record
+        return not (self.wait and self._watch_until_stale(record))
 
     def release(self) -> None:
         if self._stop is None:
