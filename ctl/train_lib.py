@@ -24,7 +24,7 @@ from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console
+from ctl.core import config, console, contract
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -188,6 +188,7 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     )
     if eval_side is not None:
         stack.callback(eval_side.release)
+    contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
     if chief:
         ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:
