@@ -28,6 +28,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.comforts.profile": ["Profile"],
     "ctl.comforts.warm_start": ["WarmStart"],
     "ctl.core.aggregation": ["Reducer"],
+    "ctl.core.checkpointing": ["restore_model"],
     "ctl.core.errors": ["UserError"],
     "ctl.core.hooks": ["Hook", "Run", "StopRequest"],
     "ctl.core.schedules": ["WarmUp", "register_schedules"],

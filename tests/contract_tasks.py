@@ -5,6 +5,7 @@ would make it; gin-registered so that the CLI tests can name them.
 """
 
 import gin
+import keras
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -63,9 +64,10 @@ class MismatchedBatchesTask(RegressionTask):
 
     def build_inputs(self, training, input_context=None):
         features, targets = regression_data(64)
-        return tf.data.Dataset.zip(
+        dataset = tf.data.Dataset.zip(
             (tf.data.Dataset.from_tensor_slices(features).batch(8, drop_remainder=True),
-             tf.data.Dataset.from_tensor_slices(targets).batch(4, drop_remainder=True))).repeat()
+             tf.data.Dataset.from_tensor_slices(targets).batch(4, drop_remainder=True)))
+        return dataset.repeat() if training else dataset
 
 
 @gin.configurable
@@ -230,3 +232,21 @@ class RegularizedTask(RegressionTask):
         predictions = features @ kernel + bias
         return float(np.mean((targets - predictions) ** 2) + self.L2 * np.sum(kernel ** 2))
 
+
+
+# Plain functions (no gin decorator), as a fit user has them: ctl.KerasModelTask takes them by path.
+
+
+def plain_model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        1, kernel_regularizer=keras.regularizers.L2(0.01))])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def plain_train_data():
+    return regression_data(64)
+
+
+def plain_eval_data():
+    return regression_data(20, seed=1)

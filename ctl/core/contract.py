@@ -218,7 +218,8 @@ def _say_aux(task, inputs, model) -> None:
     features, labels = inputs
     outputs = model(features, training=True)
     _, ignored = loss_and_ignored_aux(task, labels, outputs, model.losses)
-    if ignored and tf.distribute.get_replica_context().replica_id_in_sync_group == 0:
+    replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+    if ignored and not replica:  # Once: replica 0 (or a replica id known only when run).
         console.info("setup", "%s.build_losses ignores aux_losses: ctl adds the model's %d "
                      "regularization loss(es) to its loss, as Keras fit does", _name(task),
                      len(model.losses))
