@@ -250,3 +250,12 @@ def plain_train_data():
 
 def plain_eval_data():
     return regression_data(20, seed=1)
+
+
+@gin.configurable
+class DynamicBatchTask(RegressionTask):
+    """Keeps the remainder batch of each pass of its train set: no static batch size."""
+
+    def build_inputs(self, training, input_context=None):
+        dataset, batch_size = _batched(training, input_context, self.batch_size, count=60)
+        return dataset.batch(batch_size).repeat()

@@ -91,6 +91,13 @@ def test_a_train_set_that_ends_is_repeated_as_fit_runs_epochs(task, strategy, tm
                 "repeats it (a pass every 8 global batches)") in said
 
 
+def test_train_batches_without_a_static_size_are_named_in_a_warning(tmp_path, caplog):
+    experiment = ctl.Experiment(task=tasks.DynamicBatchTask(), schedule=ctl.Schedule(**SCHEDULE))
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("DynamicBatchTask's train batches have no static size" in w for w in warnings)
+
+
 def test_a_repeated_eval_set_is_read_for_eval_steps(strategy, tmp_path):
     experiment = ctl.Experiment(task=tasks.RepeatedEvalSetTask(),
                                 schedule=ctl.Schedule(**SCHEDULE, eval_steps=3))

@@ -11,7 +11,9 @@ be (docs/guide/writing-a-task.md lists every check and its message):
       inputs(...)        every dataset build_inputs() returns, per input pipeline:
                          a tf.data.Dataset; with the default steps, (features, labels)
                          elements; every tensor batched, one batch size; not empty;
-                         a train set that ends (finite or unknown length) is repeated
+                         a train set that ends (finite or unknown length) is repeated;
+                         train batches without a static size: a WARNING (a resume at
+                         another size needs one, ctl.faults.run_size)
     check_run (train_lib, before the model dir is written):
       an eval set that never ends needs ctl.Schedule.eval_steps
       one trace (no step runs) of the task's train_step and validation_step on
@@ -110,6 +112,10 @@ def inputs(task, training: bool, input_context: Optional[tf.distribute.InputCont
                         "(features, labels) batches, e.g. "
                         "tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).")
     check_elements(task, dataset.element_spec, training, where)
+    if announce and training and _batch_size(dataset.element_spec) is None:
+        console.warning("input", "%s's train batches have no static size (batch them with "
+                        "drop_remainder=True for one): a resume at another replica or worker "
+                        "count cannot find its place in the data", _name(task))
     if not tf.executing_eagerly():  # Parameter servers build it inside a tf.function.
         return dataset.repeat() if training else dataset
     length = int(dataset.cardinality())
@@ -153,6 +159,15 @@ def check_elements(task, spec, training: bool, where: str) -> None:
     if len(sizes) > 1:
         raise UserError(f"{where} yields batches whose tensors have different batch sizes "
                         f"{sorted(sizes)} (first dimension); batch features and labels together.")
+
+
+def _batch_size(spec) -> Optional[int]:
+    """The static batch size of the first batched tensor of an element, or None."""
+    for _, component in _flat_with_paths(spec):
+        shape = getattr(component, "shape", None)
+        if isinstance(shape, tf.TensorShape) and shape.rank:
+            return shape[0]
+    return None
 
 
 # One trace of the steps (train_lib, before the first write).
