@@ -68,16 +68,11 @@ def run_smoke(strategy=None, experiment=None) -> float:
         except Exception as error:  # noqa: BLE001 - any failure is the answer here.
             console.info("smoke", "failed at %s:\n%s", stage, traceback.format_exc())
             raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
-                            f"{describe(error)} (traceback on stdout)") from error
+                            f"{one_line(error)} (traceback on stdout)") from error
     seconds = time.monotonic() - start
     console.info("smoke", "PASS in %.1fs (%d train steps, eval, checkpoint, restore, export)",
                  seconds, SMOKE_STEPS)
     return seconds
-
-
-def describe(error: Exception, limit: int = 400) -> str:
-    """The telling part of an error's message, on one line (`ctl.core.errors.one_line`)."""
-    return one_line(error, limit)
 
 
 def _export_and_compare(task, trainer, model_dir: str) -> None:
