@@ -25,6 +25,7 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
 from ctl.core import config, console, contract
+from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -187,6 +188,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         mode, model_dir, strategy, experiment,
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
+    stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
+    stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
     contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
