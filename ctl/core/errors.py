@@ -7,6 +7,7 @@ its traceback.
 """
 
 import re
+from typing import Optional
 
 EXIT_USER_ERROR = 2
 
@@ -59,3 +60,10 @@ def one_line(error: BaseException, limit: int = 400) -> str:
     if len(text) <= limit:
         return text
     return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def first_line(error: BaseException, limit: Optional[int] = 160) -> str:
+    """The first line of `error`'s message (at most `limit` characters), or its type's
+    name if it has none: what a one-line `UserError` quotes of an underlying error."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
