@@ -24,7 +24,7 @@ from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console
+from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
@@ -194,6 +194,7 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
+    contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
     if chief:
         ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:

@@ -233,6 +233,28 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
     return status
 
 
+def restore_model(model, model_dir: str):
+    """Reads the trained weights of the newest checkpoint in `model_dir` into `model`; returns it.
+
+        model = ctl.restore_model(my_model(), "/tmp/run")   # then model.predict(...), model.save(...)
+
+    `model` is built as the run's task built it (the same function, e.g. the
+    `model_fn` of `ctl.KerasModelTask`, or `MyTask().build_model()`), Keras 3
+    or tf_keras, compiled or not. The weights are the trained ones (with
+    `ctl.Trainer.ema_decay`, not the moving average). A damaged newest
+    checkpoint is skipped as a resume skips it; a model of another shape, or
+    a dir without checkpoints, is a `UserError`. Reads only.
+    """
+    checkpoint = tf.train.Checkpoint(model=model)
+    fix = "build `model` as the run's task built it (the same function and settings)"
+    restored = ModelDir(model_dir).restore_newest(
+        lambda path: restore(checkpoint, path, model_dir, fix=fix))
+    if restored.path is None:
+        raise UserError(f"model_dir={model_dir!r} holds no checkpoint; name the model dir of a "
+                        "run that trained (python -m ctl.run --model_dir=...).")
+    return model
+
+
 def _step_of(path: Optional[str]) -> Optional[int]:
     if path is None:
         return None

@@ -47,7 +47,11 @@ def _suggest(message: str) -> str:
     if unknown:
         matches = difflib.get_close_matches(unknown.group(1), _registered_names(), n=3,
                                             cutoff=0.6)
-        return f" Did you mean {', '.join(matches)}?" if matches else ""
+        if matches:
+            return f" Did you mean {', '.join(matches)}?"
+        return (" A function of yours needs @gin.configurable (or gin.external_configurable) in "
+                "a module the gin file imports; ctl.KerasModelTask's model_fn, train_data and "
+                "eval_data also take a 'package.module.function' string.")
     parameter = re.match(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'",
                          message)
     if parameter:

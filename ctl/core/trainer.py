@@ -87,7 +87,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.core import aggregation, checkpoint_contents, precision, xla
+from ctl.core import aggregation, checkpoint_contents, contract, precision, xla
 from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
 from ctl.core.summaries import SummaryManager, in_graph
@@ -260,12 +260,10 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 # (KerasModelTask) then holds the one that trains.
                 average_model = task.build_model() if ema_decay is not None else None
                 self.model = task.build_model()
-            if not self.model.trainable_variables:
-                raise UserError(
-                    f"{type(task).__name__}.build_model() returned a model without "
-                    "variables; build it (e.g. start it with an Input layer)."
-                )
-            self.optimizer = precision.wrap_optimizer(task.build_optimizer(), mixed_precision)
+            contract.check_model(task, self.model)
+            optimizer = task.build_optimizer()
+            contract.check_optimizer(task, optimizer, self.model)
+            self.optimizer = precision.wrap_optimizer(optimizer, mixed_precision)
             # Keras 3 optimizers must own their slots before a strategy traces
             # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
             # optimizers (Model Garden's) have no `build`: they make slots as they go.
@@ -278,8 +276,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self.ema = (MovingAverage(self.model, average_model, ema_decay)
                         if average_model is not None else None)
             self.global_step = orbit.utils.create_global_step()
-            self.train_metrics = list(task.build_metrics(training=True))
-            self.eval_metrics = list(task.build_metrics(training=False))
+            self.train_metrics = contract.check_metrics(task, task.build_metrics(training=True), True)
+            self.eval_metrics = contract.check_metrics(task, task.build_metrics(training=False), False)
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
         self._task_step = xla.compile_if(jit_compile, self._task_train_step)
@@ -298,7 +296,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             ema=self.ema.state if self.ema is not None else None)
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
-            self.distribute_dataset(task.build_inputs, training=True) if train else None)
+            self.distribute_dataset(self.checked_inputs, training=True, announce=True)
+            if train else None)
         # Every eval set of the task, distributed: {None: dataset} for the one
         # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
         self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
@@ -312,9 +311,14 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         """
         names = tuple(self.task.eval_datasets())
         if not names:
-            return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
-        return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
+            return {None: self.distribute_dataset(self.checked_inputs, training=False)}
+        return {name: self.distribute_dataset(self.checked_inputs, training=False, name=name)
                 for name in names}
+
+    def checked_inputs(self, training: bool, input_context=None, **kwargs):
+        """`task.build_inputs(...)` as ctl reads it: checked, the train set repeated
+        (`ctl.core.contract.inputs`)."""
+        return contract.inputs(self.task, training, input_context, **kwargs)
 
     @property
     def eval_model(self):
