@@ -146,10 +146,15 @@ class CheckpointManager:
     def _upload(self, local: str) -> None:
         """On the uploads thread: the files of the staged checkpoint `local`, its index last, then
         the state file, then the retirement of checkpoints beyond `max_to_keep`."""
+        released = False
         try:
             self._upload_files(local)
+            self._uploading.release()  # Readable where the state file says: the next save may go.
+            released = True
+            self._retire()
         finally:
-            self._uploading.release()
+            if not released:
+                self._uploading.release()
 
     def _upload_files(self, local: str) -> None:
         name = os.path.basename(local)
@@ -166,16 +171,23 @@ class CheckpointManager:
         path = os.path.join(self.directory, name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
-        newest = sorted(self._remote)
-        kept = newest[-self._max_to_keep:] if self._max_to_keep else newest
+        kept = self._kept()
         model_dir.write_checkpoint_state(Restored(path, keep=[self._remote[n] for n in kept]),
                                          quiet=True, stamps=self._uploaded_at)
-        for number in newest:
+        for file in files:  # Uploaded: the local copy is not needed any more.
+            os.remove(os.path.join(self._staging, file))
+
+    def _kept(self):
+        newest = sorted(self._remote)
+        return newest[-self._max_to_keep:] if self._max_to_keep else newest
+
+    def _retire(self) -> None:
+        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread)."""
+        kept = self._kept()
+        for number in sorted(self._remote):
             if number not in kept:
                 for file in tf.io.gfile.glob(self._remote.pop(number) + ".*"):
                     tf.io.gfile.remove(file)
-        for file in files:  # Uploaded: the local copy is not needed any more.
-            os.remove(os.path.join(self._staging, file))
 
     def close(self) -> None:
         """Waits for the uploads and removes the staging directory (object stores)."""

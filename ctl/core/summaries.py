@@ -76,6 +76,7 @@ class SummaryManager:
         self._local = (tempfile.mkdtemp(prefix="ctl-summaries-")
                        if self.enabled and is_object_store(summary_dir) else None)
         self._uploaded: Dict[str, int] = {}  # Local file -> the size uploaded (uploads thread).
+        self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
 
     def summary_writer(self, relative_path: str = ""):
         """The writer of `relative_path` under the summary dir (a no-op writer if disabled)."""
@@ -160,17 +161,20 @@ class SummaryManager:
         Called after each flush of `flush()`, and by whoever flushed a writer
         otherwise (an evaluation's in-graph write, the end of `writing()`).
         """
-        if self._local is not None:
+        if self._local is not None and not self._mirror_queued:
+            self._mirror_queued = True
             uploads().submit(self._upload_grown)
 
     def _upload_grown(self) -> None:
+        self._mirror_queued = False  # A flush from now on queues the next mirror.
         for directory, _, names in tf.io.gfile.walk(self._local):
             for name in names:
                 local = os.path.join(directory, name)
                 size = os.path.getsize(local)
                 if self._uploaded.get(local) != size:
                     remote = os.path.join(self.summary_dir, os.path.relpath(local, self._local))
-                    tf.io.gfile.makedirs(os.path.dirname(remote))
+                    if local not in self._uploaded:  # Its directory, once.
+                        tf.io.gfile.makedirs(os.path.dirname(remote))
                     tf.io.gfile.copy(local, remote, overwrite=True)
                     self._uploaded[local] = size
 
