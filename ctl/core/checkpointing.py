@@ -84,13 +84,17 @@ class CheckpointManager:
         step = int(self._step.numpy())
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
+        if options is None or not options.enable_async:
+            # An asynchronous save still writing names its checkpoint in the state file
+            # when it finishes: after this save's, which it would hide.
+            self.sync()
         path = self._tf_manager().save(checkpoint_number=step, options=options)
         self._saved_step = step
         self.latest_checkpoint = self.last_saved_path = path
         return path
 
     def sync(self) -> None:
-        """Waits for an asynchronous save to finish."""
+        """Waits for an asynchronous save to finish (its error, if any, is raised here)."""
         if self._manager is not None:
             self._manager.sync()
 

@@ -139,6 +139,7 @@ class FaultHandler:
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
+            self.manager.sync()  # The checkpoint named below may be an async save still writing.
             if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
                 path = os.path.join(self.manager.restore_directory, os.path.basename(path))
             raise Preempted(self.watcher.signum, end.step, path)
