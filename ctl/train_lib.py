@@ -25,11 +25,13 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
 from ctl.core import config, console
+from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
 from ctl.core.hooks import Hooks, OwnedActions, Run
-from ctl.core.model_dir import ModelDir, claim_eval_hooks
+from ctl.core.claims import eval_hooks_claim
+from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
@@ -152,7 +154,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     eval_side = None
     if evaluate and chief:  # One process runs the eval-side hooks of a model dir.
         eval_side = OwnedActions(hooks.actions("on_eval_end", builtin=False),
-                                 claim_eval_hooks(model_dir, "trainer"))
+                                 eval_hooks_claim(model_dir, "trainer"))
         eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     controller = Controller(
         strategy=strategy,
@@ -186,6 +188,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         mode, model_dir, strategy, experiment,
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
+    stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
+    stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
     if chief:
