@@ -145,16 +145,18 @@ FEW_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY
 @pytest.mark.slow
 def test_an_object_store_answering_errors_during_a_save(gcs, gcs_dir, straight_run):
     # Every upload of ckpt-30's files fails (503 Service Unavailable, retried, then given up);
-    # the rest of the run's traffic goes through.
+    # the rest of the run's traffic goes through. ckpt-30 is the run's last save: uploads of
+    # later checkpoints would go on after the failure and name theirs.
     gcs.inject_faults([{"status": 503, "methods": ["POST", "PUT"], "path_contains": "ckpt-30"}])
-    result = train(gcs_dir, 40, env=FEW_RETRIES)
+    result = train(gcs_dir, 30, env=FEW_RETRIES)
     assert_ended_cleanly(result, f"{gcs_dir}/ckpt-30", "HTTP response code 503", f"{gcs_dir}/ckpt-20")
     assert tf.train.latest_checkpoint(gcs_dir) == f"{gcs_dir}/ckpt-20"
+    assert_same_checkpoint(f"{gcs_dir}/ckpt-20", f"{straight_run}/ckpt-20")
 
     gcs.reset()
-    again = train(gcs_dir, 40)
+    again = train(gcs_dir, 30)
     assert again.returncode == 0, again.stderr
-    assert_same_checkpoint(f"{gcs_dir}/ckpt-40", f"{straight_run}/ckpt-40")
+    assert_same_checkpoint(f"{gcs_dir}/ckpt-30", f"{straight_run}/ckpt-30")
 
 
 def test_only_errors_naming_the_model_dir_or_a_refusing_errno_are_storage_faults():
