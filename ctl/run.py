@@ -15,6 +15,9 @@ exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
 and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
 command again to resume. In a multi-worker cluster, a worker that loses a peer
 exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
+A full disk, a refused write or an object store's errors end in one line naming the
+path and the cause and exit status 74 (`ctl.faults.storage.EXIT_STORAGE_FAULT`): fix
+the storage and run the same command again.
 """
 
 import os
@@ -35,6 +38,7 @@ from ctl.cluster import distribute, peers, tf_config as cluster
 from ctl.core import config, console
 from ctl.core.errors import EXIT_USER_ERROR, UserError
 from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
+from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
 from ctl.sidecar import continuous_eval
 from ctl.sidecar.scheduler import ContinuousEval
 
@@ -128,6 +132,12 @@ def main(argv):
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])
+    except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
+        fault = storage_fault_within(error, FLAGS.model_dir)
+        if fault is None:
+            raise  # A bug keeps its traceback.
+        print(f"ctl.run: storage error: {fault.message(FLAGS.model_dir)}", file=sys.stderr)
+        sys.exit(EXIT_STORAGE_FAULT)
 
 
 if __name__ == "__main__":

@@ -14,18 +14,25 @@ TEST_GIN = os.path.join(ROOT, "tests", "regression.gin")
 _TF_NATIVE_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ")
 
 
-def run_ctl(*args, timeout=300, env=None):
-    """Runs ctl.run with `args`; returns the CompletedProcess (text)."""
+def run_ctl(*args, timeout=300, env=None, wrapper=()):
+    """Runs ctl.run with `args` (under the command `wrapper`, if any); returns the
+    CompletedProcess (text)."""
     return subprocess.run(
-        [sys.executable, "-m", "ctl.run", *args],
+        [*wrapper, sys.executable, "-m", "ctl.run", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
     )
 
 
 def ctl_stderr_lines(stderr: str):
-    """stderr without TensorFlow's native log lines: what ctl itself said."""
-    return [line for line in stderr.splitlines() if line.strip() and not _TF_NATIVE_LOG.match(line)]
+    """stderr without TensorFlow's native log lines (and their tab-indented continuation
+    lines): what ctl itself said."""
+    lines, native = [], False
+    for line in stderr.splitlines():
+        native = bool(_TF_NATIVE_LOG.match(line)) or (native and line.startswith("\t"))
+        if line.strip() and not native:
+            lines.append(line)
+    return lines
 
 
 def snapshot(directory: str):

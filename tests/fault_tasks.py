@@ -37,6 +37,8 @@ class ProbeTask(RegressionTask):
         replica per worker).
       progress_in_step: False leaves writing the progress to the trainer
         (`ProgressTrainer`), e.g. when XLA compiles the step.
+      ballast_kb: if set, the model also holds a frozen weight of this many KiB,
+        so that each checkpoint is at least that big (full-disk and slow-save tests).
       hold_at_step, hold_file: step `hold_at_step`, once it has written its
         progress, waits (up to 120 s) until `hold_file` exists: a test may act
         while it runs (signal the process) and then let it end.
@@ -56,7 +58,7 @@ class ProbeTask(RegressionTask):
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
                  train_examples=120, nan_replica=None, print_steps=False,
                  progress_in_step=True, hold_at_step=None, hold_file=None,
-                 eval_progress_file=None, hold_at_eval_step=None, **kwargs):
+                 eval_progress_file=None, hold_at_eval_step=None, ballast_kb=0, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
         self.hold_at_step = hold_at_step
         self.hold_file = hold_file
@@ -69,6 +71,7 @@ class ProbeTask(RegressionTask):
         self.transient = transient
         self.nan_replica = nan_replica
         self.print_steps = print_steps
+        self.ballast_kb = ballast_kb
         self.nan_at_steps = tf.constant(list(nan_at_steps) or [-1], tf.int64)
         # Not in any checkpoint: a restored run remembers which glitches fired.
         # Hits per poisoned step, only ever added to: concurrent parameter-server steps
@@ -80,6 +83,8 @@ class ProbeTask(RegressionTask):
         layers = [keras.Input((3,))]
         if self.dropout:
             layers.append(keras.layers.Dropout(self.dropout, seed=3))
+        if self.ballast_kb:
+            layers.append(_Ballast(self.ballast_kb))
         layers.append(keras.layers.Dense(1, kernel_initializer="zeros"))
         return keras.Sequential(layers)
 
@@ -149,6 +154,20 @@ class ProbeTask(RegressionTask):
         if self.transient:
             self.fired.assign_add(tf.cast(now, tf.int32))
         return tf.where(hit, tf.constant(np.nan, tf.float32), tf.constant(1.0, tf.float32))
+
+
+class _Ballast(keras.layers.Layer):
+    """Passes its input through; holds a frozen weight of `kb` KiB (in every checkpoint)."""
+
+    def __init__(self, kb, **kwargs):
+        super().__init__(**kwargs)
+        self.kb = kb
+
+    def build(self, input_shape):
+        self.ballast = self.add_weight(shape=(self.kb * 256,), initializer="ones", trainable=False)
+
+    def call(self, inputs):
+        return inputs
 
 
 def _data(count):

@@ -110,6 +110,10 @@ class CheckpointManager:
         step = int(self._step.numpy())
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
+        if options is None or not options.enable_async:
+            # An asynchronous save still writing names its checkpoint in the state file
+            # when it finishes: after this save's, which it would hide.
+            self.sync(uploaded=False)  # Uploads keep their order (one FIFO thread).
         path = self._tf_manager().save(checkpoint_number=step, options=options)
         if self._staging is not None:
             self._manager.sync()  # The local files are whole before they are uploaded.

@@ -1,0 +1,111 @@
+"""Storage faults end a run with one line, a status of their own, and nothing lost.
+
+A full disk, a write the file system refuses (permission denied, read-only), or an
+object store answering errors during a save reaches `python -m ctl.run` as an
+`OSError` or a `tf.errors.OpError`, raised by Python's I/O, by TensorFlow's file
+systems (`tf.io.gfile`, checkpoint and summary ops) or by an asynchronous
+checkpoint's writer at the next save. `storage_fault_within(error, model_dir)`
+recognises them and returns a `StorageFault` naming the path and the cause; the
+CLI prints its one line and exits with `EXIT_STORAGE_FAULT` (74, `EX_IOERR` in
+`sysexits.h`: "an error occurred while doing I/O"), which a scheduler can tell
+from a preemption (75, retry now) and a user error (2).
+
+Nothing is repaired here and nothing needs to be: TensorFlow writes a checkpoint's
+files first and the `checkpoint` state file last, so a save cut short leaves the
+newest complete checkpoint named and intact (docs/faults.md). Once the cause is
+fixed, the same command resumes from it.
+
+What counts as a storage fault:
+- an `OSError` whose errno says the storage refused: no space (ENOSPC, EDQUOT,
+  EFBIG), no permission (EACCES, EPERM), a read-only file system (EROFS), an I/O
+  error (EIO);
+- a `tf.errors.OpError` of a kind a file system or an object store raises
+  (resource exhausted, permission denied, unavailable, aborted after retries,
+  data loss, failed precondition, unknown, internal, deadline exceeded) whose
+  message names a path in the model dir. An out-of-memory error names no path:
+  it keeps its traceback, as every bug does.
+"""
+
+import dataclasses
+import errno
+import os
+import re
+from typing import Optional
+
+import tensorflow as tf
+
+EXIT_STORAGE_FAULT = 74
+
+_REFUSING_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
+                    errno.EROFS, errno.EIO}
+_STORAGE_OP_ERRORS = (
+    tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError, tf.errors.UnavailableError,
+    tf.errors.AbortedError, tf.errors.DataLossError, tf.errors.FailedPreconditionError,
+    tf.errors.UnknownError, tf.errors.InternalError, tf.errors.DeadlineExceededError,
+)
+# The causes TensorFlow's messages carry: the C library's words, or an HTTP status.
+_CAUSES = re.compile("|".join(
+    [re.escape(os.strerror(code)) for code in sorted(_REFUSING_ERRNOS)]
+    + [r"HTTP response code \d+", r"All \d+ retry attempts failed"]))
+_TEMPSTATE = re.compile(r"\.tempstate\d+$")  # TensorFlow's suffix while it writes a file.
+_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageFault:
+    """The storage refused `path`, for `cause` (e.g. "No space left on device")."""
+
+    path: str
+    cause: str
+
+    def message(self, model_dir: str) -> str:
+        """One line: what failed, and what to do, naming the newest complete checkpoint."""
+        newest = _newest_checkpoint(model_dir)
+        kept = (f"the newest complete checkpoint, {newest}, is intact" if newest
+                else "no checkpoint was complete yet")
+        return (f"{self.path}: {self.cause}; {kept}. Fix the storage (free space, "
+                f"permissions, the object store), then run the same command again to resume.")
+
+
+def storage_fault_within(error: BaseException, model_dir: str) -> Optional[StorageFault]:
+    """The storage fault behind `error` (itself, its cause or its context), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        fault = _as_storage_fault(error, model_dir)
+        if fault is not None:
+            return fault
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _as_storage_fault(error: BaseException, model_dir: str) -> Optional[StorageFault]:
+    if isinstance(error, OSError) and error.errno in _REFUSING_ERRNOS:
+        return StorageFault(str(error.filename or model_dir), os.strerror(error.errno))
+    if isinstance(error, _STORAGE_OP_ERRORS) and model_dir:
+        text = _NOISE.sub("", str(getattr(error, "message", "") or error)).strip()
+        path = _path_in(text, model_dir)
+        if path is None:
+            return None
+        causes = _CAUSES.findall(text)
+        cause = causes[-1] if causes else type(error).__name__
+        return StorageFault(path, cause)
+    return None
+
+
+def _path_in(text: str, model_dir: str) -> Optional[str]:
+    """The first path under `model_dir` that `text` names, or None."""
+    root = model_dir.rstrip("/")
+    for token in re.split(r"[\s'\"]+", text):
+        token = _TEMPSTATE.sub("", token.rstrip(";:,."))
+        if token == root or token.startswith(root + "/"):
+            return token
+    return None
+
+
+def _newest_checkpoint(model_dir: str) -> Optional[str]:
+    """What the state file names, if the storage still answers a read."""
+    try:
+        return tf.train.latest_checkpoint(model_dir)
+    except (OSError, tf.errors.OpError):
+        return None
