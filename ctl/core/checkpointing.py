@@ -125,11 +125,13 @@ class CheckpointManager:
             if self._repair is not None:
                 ModelDir(self.directory).write_checkpoint_state(self._repair)
                 self._repair = None
-            directory = self.directory
+            directory, kwargs = self.directory, self._manager_kwargs
             if is_object_store(self.directory):
                 directory = self._staging = tempfile.mkdtemp(prefix="ctl-checkpoints-")
-            self._manager = tf.train.CheckpointManager(
-                self.checkpoint, directory, **self._manager_kwargs)
+                # Staged files leave once uploaded (`_upload`), retirement is the store's:
+                # TensorFlow's retention here would delete a checkpoint still queued.
+                kwargs = dict(kwargs, max_to_keep=None)
+            self._manager = tf.train.CheckpointManager(self.checkpoint, directory, **kwargs)
         return self._manager
 
     def _upload(self, local: str) -> None:
