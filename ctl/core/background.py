@@ -15,8 +15,8 @@ process's `Uploads`:
 One thread runs the uploads first in, first out, so what was submitted first
 is in the store first (a checkpoint's summaries before the checkpoint, the
 data files before the index). The first error is raised again on the caller's
-thread by the next `submit` or `wait`, so a failing store ends the run like a
-failing local disk. A run waits for its uploads before it ends, and before
+thread by the next `submit`, `wait` or `check`, so a failing store ends the
+run like a failing local disk. A run waits for its uploads before it ends, and before
 exit 75 after a signal; a SIGKILL loses the uploads still queued (the last
 checkpoint named in the bucket's state file is whole: its index and state
 file are uploaded after its data).
@@ -41,7 +41,7 @@ class Uploads:
 
     def submit(self, fn: Callable, *args) -> None:
         """Queues `fn(*args)`; raises the error of an earlier upload, if one failed."""
-        self._raise_error()
+        self.check()
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -52,14 +52,15 @@ class Uploads:
         """Returns once every upload submitted so far ran; raises the first error of one."""
         if self._thread is not None:
             self._queue.join()
-        self._raise_error()
+        self.check()
 
     @property
     def pending(self) -> int:
         """Uploads submitted and not yet done (the one running included)."""
         return self._queue.unfinished_tasks
 
-    def _raise_error(self) -> None:
+    def check(self) -> None:
+        """Raises the error of an upload that failed since the last check (once)."""
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -68,10 +69,10 @@ class Uploads:
         while True:
             task = self._queue.get()
             try:
-                if self._error is None:  # After a failure, the rest is dropped: raised once.
-                    task()
+                task()
             except BaseException as error:  # noqa: B902 - raised on the caller's thread.
-                self._error = error
+                if self._error is None:  # The first one is what the caller hears of.
+                    self._error = error
             finally:
                 self._queue.task_done()
 

@@ -25,6 +25,7 @@ state file names it; `sync()` waits for the uploads.
 import os
 import shutil
 import tempfile
+import threading
 import time
 from typing import Dict, Optional
 
@@ -33,6 +34,9 @@ import tensorflow as tf
 from ctl.core.background import uploads
 from ctl.core.errors import UserError
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
+
+
+UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
@@ -79,6 +83,9 @@ class CheckpointManager:
         # In an object store: saved here, uploaded on the uploads thread.
         self._staging: Optional[str] = None
         self._max_to_keep = max_to_keep
+        # At most this many saves wait for their upload: a run that saves faster than the store
+        # takes its checkpoints waits for it, as a synchronous save would, instead of queueing.
+        self._uploading = threading.BoundedSemaphore(UPLOADS_IN_FLIGHT)
         self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
         self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
 
@@ -106,6 +113,8 @@ class CheckpointManager:
         path = self._tf_manager().save(checkpoint_number=step, options=options)
         if self._staging is not None:
             self._manager.sync()  # The local files are whole before they are uploaded.
+            while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
+                uploads().check()  # A failed upload drops the rest: raise it, not wait.
             uploads().submit(self._upload, path)
             path = os.path.join(self.directory, os.path.basename(path))
         self._saved_step = step
@@ -128,8 +137,8 @@ class CheckpointManager:
             directory, kwargs = self.directory, self._manager_kwargs
             if is_object_store(self.directory):
                 directory = self._staging = tempfile.mkdtemp(prefix="ctl-checkpoints-")
-                # Staged files leave once uploaded (`_upload`), retirement is the store's:
-                # TensorFlow's retention here would delete a checkpoint still queued.
+                # Retention is the upload's (in the store): a staged checkpoint stays until
+                # it is uploaded, however many saves come before its turn.
                 kwargs = dict(kwargs, max_to_keep=None)
             self._manager = tf.train.CheckpointManager(self.checkpoint, directory, **kwargs)
         return self._manager
@@ -137,9 +146,17 @@ class CheckpointManager:
     def _upload(self, local: str) -> None:
         """On the uploads thread: the files of the staged checkpoint `local`, its index last, then
         the state file, then the retirement of checkpoints beyond `max_to_keep`."""
+        try:
+            self._upload_files(local)
+        finally:
+            self._uploading.release()
+
+    def _upload_files(self, local: str) -> None:
         name = os.path.basename(local)
         files = sorted((f for f in os.listdir(self._staging) if f.startswith(name + ".")),
                        key=lambda f: f.endswith(".index"))
+        if not files or not files[-1].endswith(".index"):
+            raise RuntimeError(f"ctl bug: the staged checkpoint {local} is not whole ({files}).")
         for file in files:
             tf.io.gfile.copy(os.path.join(self._staging, file),
                              os.path.join(self.directory, file), overwrite=True)

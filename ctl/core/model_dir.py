@@ -415,12 +415,15 @@ class ModelDir:
                 ready[number] = path
         return ready
 
-    def restore_newest(self, restore: Callable[[str], Any]) -> Restored:
+    def restore_newest(self, restore: Callable[[str], Any], looks: int = 3) -> Restored:
         """Restores the latest checkpoint with `restore(path)`, by the corruption policy.
 
         `restore` raises `UnreadableCheckpointError` for a checkpoint that is
         gone or damaged (the next one is tried) and `UserError` for one of a
-        different model (raised on). Reads only; writes nothing.
+        different model (raised on). When none restored and one was deleted
+        while it was read (a live trainer retires its old checkpoints), the
+        model dir is looked at again, up to `looks` times. Reads only; writes
+        nothing.
         """
         state = self.checkpoint_state()
         found = self.checkpoints()
@@ -457,6 +460,9 @@ class ModelDir:
             keep = [found[n] for n in sorted(found)
                     if n <= number and os.path.basename(found[n]) not in failed]
             return Restored(path, stale, keep)
+        if looks > 1 and any(not tf.io.gfile.exists(self.file(name) + ".index")
+                             for name, _ in skipped):
+            return self.restore_newest(restore, looks - 1)  # Newer ones came meanwhile.
         names = ", ".join(f"{name}.*" for name, _ in skipped)
         reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped)
         raise UserError(
