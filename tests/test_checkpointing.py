@@ -42,4 +42,3 @@ def test_restore_refuses_a_checkpoint_of_another_model(tmp_path):
     with pytest.raises(ctl.UserError, match="checkpoint of a different model"):
         CheckpointManager(other, str(tmp_path), max_to_keep=1,
                           step_counter=tf.Variable(0)).restore_or_initialize()
-
