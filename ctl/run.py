@@ -17,10 +17,17 @@ command again to resume. In a multi-worker cluster, a worker that loses a peer
 exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
 """
 
-import logging as std_logging
-import sys
+import os
 
-from absl import app, flags, logging
+# TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
+# loop's own log: this command keeps warnings and errors. Set before TensorFlow is
+# imported; a value the user set wins. (`import ctl` leaves the process's setting alone.)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import logging as std_logging  # noqa: E402 - after the setting above.
+import sys  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
 
 import ctl
 from ctl import smoke, train_lib

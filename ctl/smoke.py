@@ -127,9 +127,12 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _check_close(actual, expected, what: str) -> None:
-    """Every result in `expected` (nested for named eval sets) matches `actual`'s."""
-    actual, expected = flat_logs(actual), flat_logs(expected)
+    """Every result in `expected` (nested for named eval sets) is in `actual`, and matches."""
+    actual = flat_logs(actual)
+    # The controller's `steps_per_second` is a timing, not a result.
+    expected = {k: v for k, v in flat_logs(expected).items() if k != "steps_per_second"}
+    missing = sorted(set(expected) - set(actual))
+    _check(not missing, f"{what} lack {', '.join(missing)} (got {', '.join(sorted(actual))})")
     for key, value in expected.items():
-        if key in actual:
-            np.testing.assert_allclose(np.asarray(actual[key]), np.asarray(value), rtol=1e-4,
-                                       atol=1e-6, err_msg=f"{what}: {key}")
+        np.testing.assert_allclose(np.asarray(actual[key]), np.asarray(value), rtol=1e-4,
+                                   atol=1e-6, err_msg=f"{what}: {key}")

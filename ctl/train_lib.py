@@ -33,7 +33,7 @@ from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import Trainer
+from ctl.core.trainer import EvaluationStopped, Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
@@ -204,11 +204,14 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
 
     try:
         output = _run_mode(mode, controller, schedule)
+    except EvaluationStopped:  # A signal during an in-line evaluation.
+        faults.preempt(controller.step)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
-                                          controller.checkpoint_manager.latest_checkpoint)
+                                          controller.checkpoint_manager.latest_checkpoint,
+                                          schedule.train_steps)
     hooks.call("on_trial_close", output)
     return output
 

@@ -104,7 +104,9 @@ def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
         second = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                          timeout=WAIT_S)
         assert second.returncode == 2, second.stderr[-3000:]
-        [line] = ctl_stderr_lines(second.stderr)
+        lines = ctl_stderr_lines(second.stderr)
+        assert len(lines) == 1, lines
+        [line] = lines
         assert "is in use by another trainer" in line and f"pid {first.pid}" in line, line
     finally:
         first.send_signal(signal.SIGTERM)

@@ -32,7 +32,7 @@ from typing import Dict, Optional
 import tensorflow as tf
 
 from ctl.core.background import uploads
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
 
 
@@ -222,12 +222,12 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
             status.expect_partial()  # We report the mismatch; TensorFlow need not warn again.
         raise UserError(
             f"--model_dir={model_dir} holds a checkpoint of a different model "
-            f"({os.path.basename(path)}: {_first_line(error)}); "
+            f"({os.path.basename(path)}: {first_line(error)}); "
             f"{fix or f'use a new --model_dir, or the config that wrote it ({model_dir}/config.gin)'}."
         ) from error
     except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
         raise UnreadableCheckpointError(
-            f"cannot read checkpoint {path}: {_first_line(error)}",
+            f"cannot read checkpoint {path}: {first_line(error)}",
             deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
     return status
@@ -238,8 +238,3 @@ def _step_of(path: Optional[str]) -> Optional[int]:
         return None
     suffix = path.rsplit("-", 1)[-1]
     return int(suffix) if suffix.isdigit() else None
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:160] if text else type(error).__name__

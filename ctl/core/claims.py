@@ -144,6 +144,7 @@ class Lease:
         self.lost = False  # Another process took it while this one held it.
         self._seen: Any = {}  # The last record read.
         self._stop: Optional[threading.Event] = None
+        self._renewer: Optional[threading.Thread] = None
 
     @property
     def held(self) -> bool:
@@ -164,8 +165,9 @@ class Lease:
             return False
         self._stop = threading.Event()
         _HELD_HERE[self.path] = self.token
-        threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
-                         name=f"ctl-lease-{self.role}").start()
+        self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
+                                         name=f"ctl-lease-{self.role}")
+        self._renewer.start()
         return True
 
     def release(self) -> None:
@@ -174,6 +176,8 @@ class Lease:
         self._stop.set()
         self._stop = None
         _HELD_HERE.pop(self.path, None)
+        # Not left inside a write while the interpreter exits (TensorFlow aborts then).
+        self._renewer.join(timeout=STALE_SECONDS)
         try:
             record = self._read()
             if record.get("token") == self.token:

@@ -17,7 +17,7 @@ import gin
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, write_atomically
 
 GIN_FLAG_PREFIX = "--gin."
@@ -163,7 +163,7 @@ def check_gin_file(path: str, search_paths: Sequence[str], what: Optional[str] =
         with tf.io.gfile.GFile(found, "rb") as f:
             text = f.read().decode("utf-8")
     except (tf.errors.OpError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read gin file {found} ({_first_line(error)}); pass a "
+        raise UserError(f"cannot read gin file {found} ({first_line(error, limit=None)}); pass a "
                         "UTF-8 text file.") from error
     for number, line in enumerate(text.splitlines(), 1):
         match = re.match(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$", line)
@@ -193,7 +193,7 @@ def _gin_errors():
         yield
     except (IOError, OSError) as error:
         raise UserError(
-            f"cannot read gin file: {_first_line(error)}; check --gin_file, the `include` "
+            f"cannot read gin file: {first_line(error, limit=None)}; check --gin_file, the `include` "
             "lines of the files and --gin_search_paths."
         ) from error
     except ImportError as error:
@@ -210,11 +210,6 @@ def _gin_errors():
             f"bad gin config: {lines[0]}{where}{_suggest(lines[0])} Fix the binding in "
             "--gin_file or --gin_bindings."
         ) from error
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def call_configured(fn):

@@ -6,6 +6,8 @@ without a traceback. Everything else is a bug in ctl or in user code and keeps
 its traceback.
 """
 
+from typing import Optional
+
 EXIT_USER_ERROR = 2
 
 
@@ -37,3 +39,9 @@ def user_error_within(error: BaseException):
         error = error.__cause__ or error.__context__
     return None
 
+
+def first_line(error: BaseException, limit: Optional[int] = 160) -> str:
+    """The first line of `error`'s message (at most `limit` characters), or its type's
+    name if it has none: what a one-line `UserError` quotes of an underlying error."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__

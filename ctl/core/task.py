@@ -67,7 +67,7 @@ class Task:
         input_context=..., name=NAME)` once per name, evaluates each set with
         the task's loss and metrics, and returns `{NAME: results}`: each
         set's summaries go to `<model_dir>/eval/NAME`, and hooks name a
-        set's metric `"NAME/metric"` (e.g. `ctl.BestCheckpoint.metric =
+        set's metric `"NAME/metric"` (e.g. `ctl.hooks.BestCheckpoint.metric =
         'far/loss'`).
         """
         return ()

@@ -111,6 +111,10 @@ their steps up to 0, compare their count with: one comparison a step.
         os.close(read_fd)
         self._pipe = None
 
+    def requested(self) -> bool:
+        """Whether a signal came (eager, any thread; a Python read)."""
+        return self.signum is not None
+
     def request_stop(self, signum: int) -> None:
         """Records `signum` and asks the train loop to stop (any thread)."""
         if self.signum is not None:
@@ -118,10 +122,11 @@ their steps up to 0, compare their count with: one comparison a step.
                             signal.Signals(signum).name)
             os._exit(128 + signum)
         self.signum = signum
-        console.warning("signal", "received %s: saving a checkpoint at the next step boundary, then "
-                        "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
         self.stop_requested.assign(True)
         self.step_limit.assign(STOPPED)
+        # Said once the loops can read it (a test waits for this line).
+        console.warning("signal", "received %s: saving a checkpoint at the next step boundary, then "
+                        "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
 
     def _watch(self) -> None:
         read_fd = self._pipe[0]

@@ -36,7 +36,7 @@ from ctl.core import config, console, model_dir as files
 from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
@@ -111,7 +111,7 @@ class CheckpointEvaluator:
             step = saved_step(reader, graph, self.trainer.optimizer)
         except (tf.errors.OpError, IndexError, ValueError) as error:
             raise UnreadableCheckpointError(
-                f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
+                f"cannot read checkpoint {path} ({first_line(error)})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
         if step is None:
@@ -173,14 +173,19 @@ def evaluate_continuously(
         os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
-        return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock)
+        return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
+                      experiment.schedule.train_steps)
     finally:
         eval_end_hooks.release()
 
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
-           progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock) -> Dict[str, Any]:
+           progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock,
+           train_steps: Optional[int]) -> Dict[str, Any]:
+    """The loop of the module docstring. A finished marker of a run asked for fewer
+    than `train_steps` is stale (a trainer extending the run has not cleared it yet)."""
     model_dir = directory.path
+    said_stale = False
     scheduler = sidecar.Scheduler(settings, progress, clock=clock)
     last = {}
     waiting = False
@@ -188,7 +193,12 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
     while True:
         present = directory.checkpoints()
         ready = directory.committed_checkpoints(settings.settle_seconds, present)
-        final = directory.final_checkpoint_number()
+        final = directory.final_checkpoint_number(train_steps)
+        if final is None and not said_stale and directory.final_checkpoint_number() is not None:
+            console.info("eval", "%s marks a run of fewer steps than ctl.Schedule.train_steps "
+                         "(%d): waiting for the trainer to go on", directory.finished_file,
+                         train_steps)
+            said_stale = True
         _record_vanished(seen, present, progress, directory)
         seen = dict(ready)
         decision = scheduler.decide(ready, final, present)
