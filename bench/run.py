@@ -14,7 +14,7 @@ N times, each time in a fresh process, and reports per line the median of
 every number over the N processes, with `spread` ([min, max] of each) and
 `met_runs` (in how many processes the target was met; `met`: in most). The
 figures that launch processes themselves (startup, resume_cost, main_job,
-sidecar_latency) already take medians over their rounds and run once.
+object_store, sidecar_latency) already take medians over their rounds and run once.
 """
 
 import argparse
@@ -42,16 +42,20 @@ FIGURES = {
     "startup": (["-m", "bench.startup"], ["--rounds", "4"], ["--rounds", "1"]),
     "sidecar_latency": (["bench/sidecar_latency.py"], [], ["--checkpoints", "8"]),
     "main_job": (["-m", "bench.main_job"], ["--rounds", "3"], ["--rounds", "1"]),
+    "object_store": (["-m", "bench.object_store"], ["--rounds", "2"],
+                     ["--rounds", "1", "--latencies", "50", "--checkpoints", "3",
+                      "--sidecar_intervals", "2"]),
     "resume_cost": (["-m", "bench.resume_cost"], ["--rounds", "2"],
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
     "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
                          ["--rounds", "2", "--loops", "1"]),
 }
 # Figures whose every round is a new process already: run once under --repeat.
-SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job"}
+SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job", "object_store"}
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}
 TIMEOUT_S = 900  # Figure 1 with both workloads: 270-330 s on this host, 546-598 s on a slow day (2026-11-25e).
+LONG_TIMEOUTS_S = {"object_store": 3600}  # Two rounds: 14 main-job processes of 15-60 s each and the sidecar.
 
 
 def run_figure(name, quick):
@@ -61,13 +65,14 @@ def run_figure(name, quick):
     argv = [sys.executable, *command, *(quick_args if quick else full_args)]
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    timeout = LONG_TIMEOUTS_S.get(name, TIMEOUT_S)
     start = time.perf_counter()
     with open(os.path.join(RESULTS, f"{name}.log"), "w") as log:
         try:
             result = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                    stderr=log, text=True, timeout=TIMEOUT_S)
+                                    stderr=log, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as error:
-            stdout, returncode = error.stdout or "", f"timeout after {TIMEOUT_S} s"
+            stdout, returncode = error.stdout or "", f"timeout after {timeout} s"
         else:
             stdout, returncode = result.stdout, result.returncode
     records = []

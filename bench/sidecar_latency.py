@@ -1,6 +1,6 @@
 """Sidecar latency: from a checkpoint's commit to the start of its evaluation.
 
-    PYTHONPATH=. python bench/sidecar_latency.py [--checkpoints 30] [--interval 0.5]
+    PYTHONPATH=. python bench/sidecar_latency.py [--checkpoints 30] [--interval 0.5] [--model_dir DIR]
 
 Starts `python -m ctl.run --mode=continuous_eval` at default settings on an
 empty model dir, waits until it watches, then writes checkpoints as ctl's
@@ -14,6 +14,13 @@ the commit). The evaluator records when it starts
 each evaluation (`started` in eval/metrics.jsonl). Both run on this host, so
 their clocks agree. Prints one JSON object: median, p90 and max latency in
 seconds, and each checkpoint's.
+
+`--model_dir gs://BUCKET/DIR` (in an env from `python -m tests.gcs`) measures on
+an object store: there ctl's manager saves to a local staging dir and uploads
+the files, then the state file naming the checkpoint; after each save the
+writer waits for that (`sync()`), and the commit is the state file's
+object time (the store's clock, this host's in the test GCS API). Bench
+figure 9 (bench/object_store.py) runs it that way at 50 ms a request.
 """
 
 import argparse
@@ -32,7 +39,7 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 from ctl.core.checkpointing import CheckpointManager  # noqa: E402
-from ctl.core.model_dir import ModelDir  # noqa: E402
+from ctl.core.model_dir import ModelDir, is_object_store  # noqa: E402
 from ctl.sidecar import continuous_eval  # noqa: E402
 from tests.tasks import RegressionTask  # noqa: E402
 
@@ -49,6 +56,7 @@ def wait_for(condition, what, timeout):
 
 def write_checkpoints(model_dir, count, interval):
     """Saves `count` checkpoints, steps 1..count; returns {number: commit time}."""
+    remote = is_object_store(model_dir)
     task = RegressionTask()
     model, optimizer = task.build_model(), task.build_optimizer()
     optimizer.build(model.trainable_variables)
@@ -61,10 +69,16 @@ def write_checkpoints(model_dir, count, interval):
         step.assign(number)
         model.trainable_variables[1].assign_add([0.01])  # New values each time.
         path = manager.save(check_interval=False)
-        # The index file is written last of the checkpoint's files, just before the
-        # state file names it: timing from it slightly overstates the latency.
-        committed[number] = os.stat(path + ".index").st_mtime_ns / 1e9
+        if remote:  # Uploaded: data, index, then the state file naming it (the commit).
+            manager.sync()
+            state = tf.io.gfile.stat(os.path.join(model_dir, "checkpoint"))
+            committed[number] = state.mtime_nsec / 1e9
+        else:
+            # The index file is written last of the checkpoint's files, just before the
+            # state file names it: timing from it slightly overstates the latency.
+            committed[number] = os.stat(path + ".index").st_mtime_ns / 1e9
         time.sleep(interval)
+    manager.close()
     ModelDir(model_dir).mark_finished(count, manager.latest_checkpoint)
     return committed
 
@@ -74,9 +88,12 @@ def main():
     parser.add_argument("--checkpoints", type=int, default=30)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--model_dir", default=None,
+                        help="an empty dir, e.g. gs://BUCKET/DIR (default: a new local temporary dir)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as model_dir, \
+    with tempfile.TemporaryDirectory() as scratch, \
             tempfile.TemporaryFile("w+") as log:
+        model_dir = args.model_dir or scratch
         evaluator = subprocess.Popen(
             [sys.executable, "-m", "ctl.run", "--mode=continuous_eval",
              f"--model_dir={model_dir}", f"--gin_file={GIN}"],
@@ -101,6 +118,7 @@ def main():
     latency = {r["number"]: r["started"] - committed[r["number"]] for r in records}
     values = sorted(latency.values())
     print(json.dumps({
+        "storage": "object store" if is_object_store(model_dir) else "local",
         "checkpoints": args.checkpoints,
         "evaluated": len(values),
         "interval_s": args.interval,

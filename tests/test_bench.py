@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from bench import loops, measure, run
+from bench import loops, measure, object_store, run
 from bench.workloads import BenchTask
 from tests.cli import ROOT
 
@@ -171,3 +171,31 @@ def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
     for theirs in (twin(3), in_place(3)):
         assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("argument, message", [
+    ("--latencies=0,x", "--latencies: expected distinct non-negative milliseconds"),
+    ("--latencies=50,50", "received '50,50'"),
+    ("--systems=ctl,keras", "--systems: expected some of ['ctl', 'mg'], received 'ctl,keras'"),
+    ("--sidecar_intervals=", "--sidecar_intervals: expected non-negative seconds"),
+    ("--rounds=0", "--rounds (0) and --train_steps (10000) must be positive"),
+])
+def test_object_store_figure_rejects_bad_arguments_before_starting_anything(argument, message):
+    result = subprocess.run([sys.executable, "-m", "bench.object_store", argument], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_object_store_ratios_are_of_medians_per_system_and_storage():
+    seconds = {"ctl": {"local": [10, 12, 30], "gs@0": [11, 13], "gs@50": [20, 16, 18]},
+               "mg": {"local": [8, 8], "gs@0": [9, 9], "gs@50": [36, 36]}}
+    lines = object_store.ratios(seconds, [0, 50])
+    assert lines["ctl"]["seconds"] == {"local": 12, "gs@0": 12, "gs@50": 18}
+    assert lines["ctl"]["gs@50_over_local"] == 1.5 and lines["ctl"]["gs@0_over_local"] == 1.0
+    assert lines["mg"]["gs@50_over_local"] == 4.5
+    assert lines["ctl"]["ctl_over_mg_gs@50"] == 0.5 and lines["ctl"]["ctl_over_mg_local"] == 1.5
+    assert "ctl_over_mg_local" not in lines["mg"]
+
