@@ -26,6 +26,7 @@ optimizer's values stay unread.
 import logging as std_logging
 import os
 import signal
+import tempfile
 import time
 from typing import Any, Dict, Optional
 
@@ -39,7 +40,7 @@ from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError, first_line
 from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
-from ctl.core.model_dir import ModelDir
+from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
@@ -105,8 +106,24 @@ class CheckpointEvaluator:
         return {"step": step, "results": _to_python(results)}
 
     def _restore(self, number: int, path: str) -> int:
+        if not is_object_store(path):
+            return self._restore_from(number, path, path)
+        # In an object store each read of the restore is a request: one copy of the files
+        # to a local dir first (0.5-1 s against 2.5-3.3 s at 50 ms a request, bench figure 9).
+        with tempfile.TemporaryDirectory(prefix="ctl-sidecar-") as local:
+            try:
+                for remote in tf.io.gfile.glob(path + ".*"):
+                    tf.io.gfile.copy(remote, os.path.join(local, os.path.basename(remote)))
+            except tf.errors.OpError as error:
+                raise UnreadableCheckpointError(
+                    f"cannot read checkpoint {path} ({first_line(error)})",
+                    deleted=isinstance(error, tf.errors.NotFoundError)) from error
+            return self._restore_from(number, path, os.path.join(local, os.path.basename(path)))
+
+    def _restore_from(self, number: int, path: str, readable: str) -> int:
+        """Restores checkpoint `path`, read at `readable` (the same, or a local copy)."""
         try:
-            reader = tf.train.load_checkpoint(path)
+            reader = tf.train.load_checkpoint(readable)
             graph = SavedGraph(reader)
             step = saved_step(reader, graph, self.trainer.optimizer)
         except (tf.errors.OpError, IndexError, ValueError) as error:
@@ -122,7 +139,7 @@ class CheckpointEvaluator:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
         model_dir = os.path.dirname(path)
         # The optimizer's values stay unread (restore allows it).
-        restore(_ReadOnly(checkpoint), path, model_dir, fix=(
+        restore(_ReadOnly(checkpoint), readable, model_dir, fix=(
             "evaluate it with the trainer's config: its --gin_file and --gin_bindings, or "
             f"neither to read {model_dir}/config.gin, if the trainer wrote the checkpoint"))
         self.trainer.global_step.assign(step)
