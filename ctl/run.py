@@ -15,30 +15,35 @@ exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
 and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
 command again to resume. In a multi-worker cluster, a worker that loses a peer
 exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
+A sidecar (`continuous_eval`) stops the same way on SIGTERM or SIGINT, between
+two evaluations, with status 75.
+
+TensorFlow is imported only once the flags and the gin text are checked
+(`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
+at once. Gin mistakes that need the code (an unknown parameter, a module that
+does not import) are found after the import, by `ctl.core.config.parse`.
 """
 
 import logging as std_logging
+import os
+import signal
 import sys
 
 from absl import app, flags, logging
 
 import ctl
-from ctl import smoke, train_lib
-from ctl.cluster import distribute, peers, tf_config as cluster
-from ctl.core import config, console
+from ctl.cluster import tf_config as cluster
+from ctl.core import console, gin_text
 from ctl.core.errors import EXIT_USER_ERROR, UserError
-from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
-from ctl.sidecar import continuous_eval
-from ctl.sidecar.scheduler import ContinuousEval
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),
+flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
                   "What to run; `smoke` rehearses a run in seconds in a temporary dir.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin binding, applied after the files; repeatable.")
 flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
-flags.DEFINE_enum("strategy", "default", distribute.STRATEGIES, "tf.distribute strategy.")
+flags.DEFINE_enum("strategy", "default", cluster.STRATEGIES, "tf.distribute strategy.")
 flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices (try mirrored on CPU).")
 flags.mark_flag_as_required("mode")
 
@@ -50,7 +55,7 @@ def _fail(message: str) -> None:
 
 def _parse_flags(argv):
     try:
-        return FLAGS(config.expand_gin_flags(argv))
+        return FLAGS(gin_text.expand_gin_flags(argv))
     except flags.Error as error:
         _fail(f"{error}. See --helpfull.")
     except UserError as error:
@@ -85,8 +90,25 @@ def _say_strategy(name: str, strategy) -> None:
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
-    if not FLAGS.model_dir and FLAGS.mode != smoke.MODE:
+    if not FLAGS.model_dir and FLAGS.mode != cluster.SMOKE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
+    try:
+        gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
+    except UserError as error:
+        _fail(str(error))
+    _run()
+    _finish_on_a_late_signal()
+
+
+def _run() -> None:
+    """Everything after the checks: TensorFlow is imported here."""
+    from ctl import smoke, train_lib
+    from ctl.cluster import distribute, peers
+    from ctl.core import config
+    from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
+    from ctl.sidecar import continuous_eval
+    from ctl.sidecar.scheduler import ContinuousEval
+
     _set_up_console()
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     try:
@@ -115,12 +137,28 @@ def main(argv):
     except Preempted as preempted:
         print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
         sys.exit(EXIT_PREEMPTED)
+    except continuous_eval.Stopped as stopped:
+        print(f"ctl.run: stopped: {stopped}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
     except peers.PeerLost as lost:
         print(f"ctl.run: peer lost: {lost}", file=sys.stderr)
         sys.exit(peers.EXIT_PEER_LOST)
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])
+
+
+def _finish_on_a_late_signal() -> None:
+    """The run is done and its files are written: a SIGTERM or SIGINT while the
+    interpreter winds TensorFlow down ends the process with status 0, in one line."""
+    def finish(signum, unused_frame):
+        console.info("signal", "received %s after the run ended: exiting with status 0.",
+                     signal.Signals(signum).name)
+        sys.stdout.flush()
+        os._exit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, finish)
 
 
 if __name__ == "__main__":

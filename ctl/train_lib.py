@@ -22,8 +22,10 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
+from ctl.cluster.tf_config import MODES
+from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
-from ctl.comforts.progress import MetricsLog
+from ctl.comforts.progress import MetricsLog, read_metrics
 from ctl.core import config, console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
@@ -39,7 +41,6 @@ from ctl.faults.lock import ModelDirLock
 from ctl.faults.preemption import SignalWatcher
 from ctl.sidecar import continuous_eval
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
 
 def run_experiment(
@@ -54,7 +55,9 @@ def run_experiment(
     `continuous_eval` runs `ctl.sidecar.continuous_eval.evaluate_continuously`. When
     TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
     and leaves evaluation to that sidecar. A chief that finishes `train` or
-    `train_and_eval` marks the run finished in `model_dir`.
+    `train_and_eval` marks the run finished in `model_dir` and says where
+    its results are (`ctl.comforts.run_end`); a run already complete writes
+    nothing and returns its recorded results.
     """
     require_choice("mode", mode, MODES)
     strategy = strategy or tf.distribute.get_strategy()
@@ -74,6 +77,13 @@ def run_experiment(
     if chief:  # Other workers only read the model dir.
         ModelDir(model_dir).check_writable()  # Writes nothing yet: a refused run leaves no trace.
     train = mode != "eval"
+    if train:
+        done = run_end.completed_run(model_dir, experiment.schedule.train_steps,
+                                     evaluate=mode == "train_and_eval")
+        if done is not None:
+            if chief:
+                run_end.say_complete(model_dir, experiment.schedule.train_steps, done)
+            return done
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
     lock = ModelDirLock(model_dir) if train and chief else None
@@ -143,7 +153,8 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         checkpoint_interval=schedule.checkpoint_interval,
         init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
-    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
+    faults = (FaultHandler(experiment.fault_tolerance, trainer, manager, watcher,
+                           train_steps=schedule.train_steps) if train else None)
     train_actions = []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
@@ -199,31 +210,35 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         config.save_config(model_dir)
 
     try:
-        output = _run_mode(mode, controller, schedule)
+        output = _run_mode(mode, controller, schedule, model_dir)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint)
     hooks.call("on_trial_close", output)
+    if train and chief:
+        run_end.say_done(model_dir, controller.step, output if mode != "train" else None)
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
+def _run_mode(mode: str, controller: Controller, schedule, model_dir: str) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
     if mode == "train":
         controller.train(steps=schedule.train_steps)
         return {}
+    evaluations = {r.get("step"): r for r in read_metrics(model_dir, "eval")}
     output = controller.train_and_evaluate(
         train_steps=schedule.train_steps,
         eval_steps=eval_steps,
         eval_interval=schedule.eval_interval,
+        evaluated=evaluations.__contains__,
     )
-    if output is None:  # Resumed after the last step: still end with an evaluation.
-        console.info("train", "training already reached step %d", schedule.train_steps)
-        output = controller.evaluate(steps=eval_steps)
+    if output is None:  # Resumed at the last step, already evaluated: its recorded results.
+        record = evaluations.get(controller.step, {})
+        output = {k: v for k, v in record.items() if k not in run_end.RECORD_FIELDS}
     return output
 
 

@@ -35,8 +35,9 @@ the end with the restored step, so the next loop, the summaries and the hooks
 all work from that step; nothing else keeps a copy that could go stale.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
+      if step is an eval step without an evaluation on record: evaluate
       while step < train_steps and not stop.should_stop:
-        train(until the next eval boundary)   # stops early on a request
+        train(to the next multiple of eval_interval, or train_steps)  # stops early on a request
           per loop: end = trainer.train(n); end = handler(end) for each
                     after_train_loop handler; step = end.step; train actions
         evaluate(eval_steps)                  # eval actions may request a stop
@@ -229,16 +230,30 @@ class Controller:
         return loop_size
 
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
-                           eval_interval: Optional[int] = None):
+                           eval_interval: Optional[int] = None,
+                           evaluated: Callable[[int], bool] = lambda step: False):
+        """Trains to `train_steps`, evaluating on the way; returns the last evaluation's results.
+
+        Evaluations fall on the multiples of `eval_interval` of the global step
+        and on `train_steps` (`next_evaluation`), whatever step the run started
+        from, as checkpoints do: a run stopped and resumed any number of times
+        evaluates at the same steps as one that ran straight through. A run that
+        starts on such a step with no evaluation there on record (`evaluated(step)`
+        False: it stopped between its last train loop and that evaluation)
+        evaluates first. Returns None if it evaluated nothing.
+        """
         self._require("trainer", "train_and_evaluate")
         self._require("evaluator", "train_and_evaluate")
         output = None
         current_step = self.step
-        eval_interval = eval_interval or (train_steps - current_step)
         self._final_step = train_steps
+        on_evaluation_step = current_step >= train_steps or bool(
+            eval_interval and current_step % eval_interval == 0)
+        if current_step and on_evaluation_step and not evaluated(current_step):
+            output = self.evaluate(steps=eval_steps)
         while current_step < train_steps and not self.stop.should_stop:
-            target = min(train_steps, current_step + eval_interval)
-            self.train(steps=target, checkpoint_at_completion=False)
+            self.train(steps=next_evaluation(current_step, eval_interval, train_steps),
+                       checkpoint_at_completion=False)
             output = self.evaluate(steps=eval_steps)
             current_step = self.step
         if self.stop.should_stop:
@@ -323,6 +338,14 @@ class Controller:
         if getattr(self, attribute) is None:
             raise ValueError(f"`{attribute}` is not set; pass it to Controller() before "
                              f"calling {method}().")
+
+
+def next_evaluation(step: int, interval: Optional[int], train_steps: int) -> int:
+    """The step of the first evaluation after `step`: the next multiple of `interval`
+    (None: none), or `train_steps` if that comes first."""
+    if interval is None:
+        return train_steps
+    return min(train_steps, (step // interval + 1) * interval)
 
 
 def to_numpy(logs):

@@ -18,6 +18,7 @@
                    returns the end at the restored step, so the
                    controller replays up to train_steps
         signal?    save a checkpoint, raise Preempted               # ctl.faults.preemption
+        at train_steps: training is over; a signal lets the run finish
 
 A checkpoint is complete once the manager's `checkpoint` state file names it
 (TensorFlow writes the files first and that file last, atomically), so a run
@@ -101,8 +102,10 @@ class FaultHandler:
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
-                 watcher: SignalWatcher):
+                 watcher: SignalWatcher, train_steps: Optional[int] = None):
+        """`train_steps`: where training ends (tells `watcher` once it has; None: never)."""
         self.settings = settings
+        self.train_steps = train_steps
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
@@ -128,8 +131,13 @@ class FaultHandler:
 
         Returns how: "checkpoint" (read back), "skip" or "start".
         """
-        return self.input_position.resume(self.manager.restored_path,
-                                          int(self.trainer.global_step.numpy()))
+        step = int(self.trainer.global_step.numpy())
+        self._note_training_end(step)
+        return self.input_position.resume(self.manager.restored_path, step)
+
+    def _note_training_end(self, step: int) -> None:
+        if self.train_steps is not None and step >= self.train_steps:
+            self.watcher.training_ended()
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         if self.per_loop and not _finite((end.logs or {}).get("loss")):
@@ -142,6 +150,7 @@ class FaultHandler:
             if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
                 path = os.path.join(self.manager.restore_directory, os.path.basename(path))
             raise Preempted(self.watcher.signum, end.step, path)
+        self._note_training_end(end.step)
         return end
 
     def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
