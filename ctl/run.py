@@ -49,8 +49,14 @@ flags.mark_flag_as_required("mode")
 
 
 def _fail(message: str) -> None:
-    print(f"ctl.run: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    _exit(EXIT_USER_ERROR, f"error: {message}")
+
+
+def _exit(status: int, message: str) -> None:
+    """The last line, on stderr and on a line of its own (the live bar cleared for good)."""
+    console.end_bar()
+    print(f"ctl.run: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 def _parse_flags(argv):
@@ -135,14 +141,11 @@ def _run() -> None:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
                 train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
-        print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
-        sys.exit(EXIT_PREEMPTED)
+        _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:
-        print(f"ctl.run: stopped: {stopped}", file=sys.stderr)
-        sys.exit(EXIT_PREEMPTED)
+        _exit(EXIT_PREEMPTED, f"stopped: {stopped}")
     except peers.PeerLost as lost:
-        print(f"ctl.run: peer lost: {lost}", file=sys.stderr)
-        sys.exit(peers.EXIT_PEER_LOST)
+        _exit(peers.EXIT_PEER_LOST, f"peer lost: {lost}")
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])
