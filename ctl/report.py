@@ -32,9 +32,10 @@ Curve = List[Tuple[int, float, float]]  # (step, wall time, value)
 
 def read_scalars(summary_dir: str) -> Dict[str, Curve]:
     """Maps tag -> [(step, wall_time, value)] for every scalar under `summary_dir`."""
+    import tensorflow as tf
     from tensorboard.backend.event_processing import event_accumulator
 
-    if not os.path.isdir(summary_dir):
+    if not tf.io.gfile.isdir(summary_dir):
         return {}
     accumulator = event_accumulator.EventAccumulator(
         summary_dir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
@@ -47,8 +48,6 @@ def read_scalars(summary_dir: str) -> Dict[str, Curve]:
         events = accumulator.Tensors(tag)
         points = []
         for event in events:
-            import tensorflow as tf
-
             value = tf.make_ndarray(event.tensor_proto)
             if value.size != 1 or value.dtype.kind not in "fiub":
                 points = []
@@ -106,8 +105,13 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 
 
 def plot_panels(panels, path: str) -> None:
-    """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically."""
+    """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically
+    (`path` may be in an object store)."""
+    import io
+
     import matplotlib
+
+    from ctl.core.model_dir import write_atomically
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -127,26 +131,24 @@ def plot_panels(panels, path: str) -> None:
     for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
-    temp = f"{path}.tmp-{os.getpid()}.png"
-    figure.savefig(temp, dpi=100)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
     plt.close(figure)
-    os.replace(temp, path)
+    write_atomically(path, image.getvalue())
 
 
 def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
-    from ctl.core.model_dir import ModelDir  # TensorFlow: not for a bad flag.
+    import tensorflow as tf  # Not for a bad flag.
+
+    from ctl.core.model_dir import ModelDir
 
     directory = ModelDir(model_dir)
-    if not os.path.isdir(model_dir):
+    if not tf.io.gfile.isdir(model_dir):
         raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
                         "directory.")
     output = output or os.path.join(model_dir, "report.png")
-    parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent) or os.path.isdir(output):
-        raise UserError(f"cannot write --output={output} ({parent} is not a directory"
-                        f"{'' if not os.path.isdir(output) else '; it names a directory'}); "
-                        "name a .png file in an existing directory.")
+    _check_output(output)
     train = read_scalars(directory.train_dir)
     evals = read_scalars(directory.eval_dir)
     if not train and not evals:
@@ -154,8 +156,8 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
                         "eval/; point it at a ctl run's directory.")
     try:
         plot(train, evals, output)
-    except OSError as error:
-        raise UserError(f"cannot write --output={output} ({error.strerror or error}); name a "
+    except (OSError, tf.errors.OpError) as error:
+        raise UserError(f"cannot write --output={output} ({getattr(error, 'strerror', None) or str(error).splitlines()[0]}); name a "
                         "file you can write.") from error
     return table(model_dir, train, evals), output
 
@@ -163,7 +165,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
     from ctl.core import config
-    from ctl.core.model_dir import ModelDir
+    from ctl.core.model_dir import ModelDir, read_text
 
     runs = []
     for model_dir in model_dirs:
@@ -172,11 +174,8 @@ def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
         if not curves["train"] and not curves["eval"]:
             raise UserError(f"--model_dir={model_dir} holds no TensorBoard scalars in train/ or "
                             "eval/; point it at a ctl run's directory.")
-        path = directory.operative_config_file
-        settings = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                settings = config.operative_values(f.read())
+        text = read_text(directory.operative_config_file)
+        settings = config.operative_values(text) if text is not None else {}
         runs.append((model_dir, settings, curves))
     names = [os.path.basename(os.path.normpath(d)) for d in model_dirs]
     if len(set(names)) < len(names):
@@ -195,10 +194,33 @@ def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     lines = [f"ctl report: {len(runs)} runs", "  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines.append("-" * len(lines[-1]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    output = output or os.path.join(os.path.commonpath([os.path.abspath(d) for d in model_dirs]),
-                                    "report.png")
+    output = output or os.path.join(_common_parent(model_dirs), "report.png")
+    _check_output(output)
     plot_runs([(name, curves) for name, (_, _, curves) in zip(names, runs)], output)
     return "\n".join(lines), output
+
+
+def _check_output(output: str) -> None:
+    """Raises `UserError` unless `output` can be a file (its directory is there; in an
+    object store, where directories are implied, that it names no directory)."""
+    import tensorflow as tf
+
+    from ctl.core.model_dir import is_object_store
+
+    parent = os.path.dirname(output if "://" in output else os.path.abspath(output))
+    missing = not is_object_store(output) and not tf.io.gfile.isdir(parent)
+    if missing or tf.io.gfile.isdir(output):
+        raise UserError(f"cannot write --output={output} ({parent} is not a directory"
+                        f"{'' if missing else '; it names a directory'}); "
+                        "name a .png file in an existing directory.")
+
+
+def _common_parent(paths: List[str]) -> str:
+    if any("://" in p for p in paths):
+        parts = [p.rstrip("/").split("/") for p in paths]
+        common = [names[0] for names in zip(*parts) if len(set(names)) == 1]
+        return "/".join(common)
+    return os.path.commonpath([os.path.abspath(p) for p in paths])
 
 
 def plot_runs(runs, path: str) -> None:

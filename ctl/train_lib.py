@@ -31,7 +31,8 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
 from ctl.core.hooks import Hooks, OwnedActions, Run
-from ctl.core.model_dir import ModelDir, claim_eval_hooks
+from ctl.core.claims import eval_hooks_claim
+from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
@@ -163,7 +164,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     eval_side = None
     if evaluate and chief:  # One process runs the eval-side hooks of a model dir.
         eval_side = OwnedActions(hooks.actions("on_eval_end", builtin=False),
-                                 claim_eval_hooks(model_dir, "trainer"))
+                                 eval_hooks_claim(model_dir, "trainer"))
         eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     controller = Controller(
         strategy=strategy,

@@ -11,8 +11,10 @@ the evaluated state (`run.checkpoint`: model, optimizer, global step) to
     {"metric": "accuracy", "higher_is_better": true, "value": 0.97, "step": 1500,
      "path": ".../best/ckpt-1500"}
 
-Both writes are atomic (a temporary name, then a rename), in that order, so a
-crash leaves the previous record valid. The best checkpoint lives outside the
+Both writes are whole, in that order: the checkpoint is written aside and
+published (`ctl.core.model_dir.publish_directory`: a rename on a file system; in
+an object store its `.index` copied last, then a marker), then the record,
+atomically; so a crash leaves the previous record valid. The best checkpoint lives outside the
 files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention
 never deletes it; a restart reads `best.json` and only replaces the best with
 a better one. Restore it with `tf.train.Checkpoint(...).read(record["path"])`.
@@ -29,7 +31,7 @@ import tensorflow as tf
 from ctl.comforts.hooks import improved, metric_value
 from ctl.core import console
 from ctl.core.hooks import Hook, Run
-from ctl.core.model_dir import ModelDir, read_json, write_json
+from ctl.core.model_dir import ModelDir, publish_directory, read_json, write_json
 
 
 class BestMetric:
@@ -109,7 +111,7 @@ class BestCheckpoint(Hook):
             if tf.io.gfile.exists(stale):
                 tf.io.gfile.rmtree(stale)
         self.run.checkpoint.write(os.path.join(temp, "ckpt"))
-        tf.io.gfile.rename(temp, final)
+        publish_directory(temp, final, last=["*.index"])
         return os.path.join(final, "ckpt")
 
     def _remove_all_but(self, keep: str) -> None:

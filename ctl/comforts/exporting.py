@@ -9,9 +9,11 @@ hook (ctl.comforts.hooks) acting on evaluation results or checkpoint saves:
     ctl.BestExporter.higher_is_better = True
 
 Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
-temporary directory next to it and renamed into place, so a reader (or a
-restart) sees a whole SavedModel or none. A step already exported is not
-written again. The signatures are the task's `serving_signatures(model)`.
+temporary directory next to it and published whole (`ctl.core.model_dir.
+publish_directory`: renamed into place on a file system; in an object store
+copied with `saved_model.pb` and then the marker `ctl_published.json` last), so
+a reader sees a whole SavedModel or none, and a restart replaces a half one
+that an interrupted export left. A step already exported is not written again. The signatures are the task's `serving_signatures(model)`.
 
 All of this runs eagerly on the host, on the chief (or on a sidecar evaluator,
 which binds its own model and step; see docs/comforts.md).
@@ -27,13 +29,13 @@ from ctl.comforts.best import BestMetric
 from ctl.core import console
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hook, Run
-from ctl.core.model_dir import ModelDir
+from ctl.core.model_dir import ModelDir, is_published, publish_directory
 from ctl.core.serving import default_serving_signatures
 
 
 def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) -> Optional[str]:
-    """Writes `model` with `signatures` to `export_dir`, atomically; None if it exists."""
-    if tf.io.gfile.exists(export_dir):
+    """Writes `model` with `signatures` to `export_dir`, published whole; None if it was."""
+    if is_published(export_dir):
         return None
     parent = os.path.dirname(export_dir)
     tf.io.gfile.makedirs(parent)
@@ -43,16 +45,17 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
     module = tf.Module()
     module.model = model  # Tracks the variables the signatures read.
     tf.saved_model.save(module, temp, signatures=signatures)
-    tf.io.gfile.rename(temp, export_dir)
+    publish_directory(temp, export_dir, last=["saved_model.pb"])
     return export_dir
 
 
-def exported_steps(directory: str) -> List[int]:
-    """The steps exported under `directory`, oldest first."""
+def exported_steps(directory: str, published: bool = True) -> List[int]:
+    """The steps exported under `directory` (whole ones; all with `published=False`), oldest first."""
     if not tf.io.gfile.isdir(directory):
         return []
-    return sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
-                  if name.rstrip("/").isdigit())
+    steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
+                   if name.rstrip("/").isdigit())
+    return [s for s in steps if not published or is_published(os.path.join(directory, str(s)))]
 
 
 class Exporter(Hook):
@@ -79,8 +82,13 @@ class Exporter(Hook):
         written = export_saved_model(model, self._signatures, path)
         if written:
             console.info("export", "%s SavedModel: %s", self.name, written, step=self.run.step)
-        for step in exported_steps(self.directory)[:-self.max_to_keep]:
-            tf.io.gfile.rmtree(os.path.join(self.directory, str(step)))
+        kept = exported_steps(self.directory)[-self.max_to_keep:]
+        for step in exported_steps(self.directory, published=False):
+            if step not in kept:  # Retired, or half of an export a kill interrupted.
+                tf.io.gfile.rmtree(os.path.join(self.directory, str(step)))
+        for name in tf.io.gfile.listdir(self.directory):  # What a killed export left aside.
+            if name.startswith(".tmp-"):
+                tf.io.gfile.rmtree(os.path.join(self.directory, name.rstrip("/")))
         return written
 
 

@@ -9,7 +9,9 @@ import ast
 import contextlib
 import difflib
 import inspect
+import os
 import re
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import gin
@@ -19,6 +21,11 @@ from ctl import compat
 from ctl.core.errors import UserError
 from ctl.core.gin_text import check_gin_file
 from ctl.core.model_dir import ModelDir, write_atomically
+
+# gin opens files with Python's `open`; this lets it read them through tf.io.gfile
+# too, so a --gin_file or the trainer's config.gin may be in an object store.
+gin.config.register_file_reader(tf.io.gfile.GFile, tf.io.gfile.exists)
+
 
 def _suggest(message: str) -> str:
     """' Did you mean ...?' for gin's unknown-configurable and unknown-parameter errors."""
@@ -63,12 +70,26 @@ def parse(
         gin.add_config_file_search_path(path)
     for path in gin_files:
         check_gin_file(path, search_paths)
-    with _gin_errors():
+    with contextlib.ExitStack() as stack, _gin_errors():
+        local = [_local_copy(path, stack) if "://" in path else path for path in gin_files]
         gin.parse_config_files_and_bindings(
-            list(gin_files), list(gin_bindings), skip_unknown=False, finalize_config=False
+            local, list(gin_bindings), skip_unknown=False, finalize_config=False
         )
         _check_command_line_macros(gin_bindings)
         gin.finalize()
+
+
+def _local_copy(path: str, stack: contextlib.ExitStack) -> str:
+    """A local copy of the gin file at `path` (e.g. `gs://.../config.gin`), deleted on exit.
+
+    gin tries Python's `open` and its package-resource reader before the
+    tf.io.gfile reader registered above, and the resource reader logs an ERROR
+    for every path it cannot map to a package.
+    """
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="ctl-gin-"))
+    local = os.path.join(directory, os.path.basename(path))
+    tf.io.gfile.copy(path, local)
+    return local
 
 
 def query_bindings_only(gin_bindings: Sequence[str], parameter: str, default: Any) -> Any:

@@ -33,7 +33,6 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import UserError
-from ctl.core.model_dir import Claim
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")
@@ -144,14 +143,14 @@ class OwnedActions:
     model dir; the side effects of evaluations there (the best checkpoint,
     exports, early stopping, a user hook's files) belong to exactly one of
     them. Before its first evaluation with such hooks a process tries to take
-    `claim` (`ctl.core.model_dir.claim_eval_hooks`: an `flock` on
-    `<model_dir>/eval_hooks.lock`); the one that gets it runs them for as long
+    `claim` (`ctl.core.claims.eval_hooks_claim`: an `flock` on
+    `<model_dir>/eval_hooks.lock`, a lease in an object store); the one that gets it runs them for as long
     as it lives, the other never does and says so once, in a WARNING naming
     the owner. The claim dies with its holder; the next process to start may
     take it. (docs/comforts.md, "Who owns the side effects".)
     """
 
-    def __init__(self, actions: Iterable[Callable[[Any], None]], claim: Claim):
+    def __init__(self, actions: Iterable[Callable[[Any], None]], claim):
         self.actions = list(actions)
         self.claim = claim
         self.owned: Optional[bool] = None  # Decided at the first evaluation.

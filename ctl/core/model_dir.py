@@ -5,20 +5,24 @@
       ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
       config.gin                    the parsed config (the trainer, at start)
       operative_config.gin          the values actually used (the trainer, after its first loop)
-      trainer.lock                  one trainer at a time (`ctl.faults.lock`)
-      eval_hooks.lock               which process runs the eval-side hooks (`claim_eval_hooks`)
+      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.core.claims`)
+      eval_hooks.lock               which process runs the eval-side hooks (`ctl.core.claims`)
       ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.BestCheckpoint`
-      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter)
+      best/best.json, best/ckpt-N/  `ctl.BestCheckpoint` (published whole: `publish_directory`)
+      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
+                                    each published whole, its `ctl_published.json` written last
 
-Writes are atomic (a temporary name, then a rename: readers see the old file
-or the new one, never half) except the JSON-lines files, which are appended
-one whole line per write. Reads are defensive: a record that cannot be read
+Every read and write goes through `tf.io.gfile`, so a model dir may be local,
+on NFS or in an object store (`gs://`). Writes are atomic (on a file system a
+temporary name, then a rename; in an object store one upload): readers see the
+old file or the new one, never half. JSON-lines files are appended one whole
+line per write. Directories (exports, the best checkpoint) are written aside
+and published whole, their marker last (`publish_directory`). Reads are defensive: a record that cannot be read
 (0 bytes, garbage, not UTF-8) is reported in one WARNING and treated as absent;
 a JSON-lines file skips a line cut short by a kill.
 
@@ -32,15 +36,13 @@ none restores, the run stops with an error naming them.
 """
 
 import dataclasses
-import datetime
-import errno
-import fcntl
+import fnmatch
 import json
 import os
 import re
 import socket
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -63,16 +65,34 @@ BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 EXPORT_DIR = "export"
 
+OBJECT_STORE_SCHEMES = ("gs", "s3")
+PUBLISHED_MARKER = "ctl_published.json"  # In a published directory: written last.
+
 _INDEX = re.compile(r"^(.+)-(\d+)\.index$")
 
 
 # Reading and writing one file.
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Writes `text` to `path` so that readers see the old or the new file, never half."""
+def is_object_store(path: str) -> bool:
+    """Whether `path` lives in an object store (`gs://`, `s3://`): whole objects, no append,
+    no atomic rename of a directory, no `flock`."""
+    return path.split("://", 1)[0] in OBJECT_STORE_SCHEMES if "://" in path else False
+
+
+def write_atomically(path: str, text: Union[str, bytes]) -> None:
+    """Writes `text` (or bytes) to `path` so that readers see the old or the new file, never half.
+
+    On a file system: a temporary name, then a rename. In an object store an
+    upload is already all or nothing (a rename there is a copy and a delete).
+    """
+    mode = "wb" if isinstance(text, bytes) else "w"
+    if is_object_store(path):
+        with tf.io.gfile.GFile(path, mode) as f:
+            f.write(text)
+        return
     temp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(temp, "w") as f:
+    with tf.io.gfile.GFile(temp, mode) as f:
         f.write(text)
     tf.io.gfile.rename(temp, path, overwrite=True)
 
@@ -115,19 +135,21 @@ def write_json(path: str, value: Any) -> None:
 
 
 def append_json_line(path: str, record: Dict[str, Any]) -> None:
-    """Appends `record` as one line, flushed to disk; mends a last line cut short by a kill."""
+    """Appends `record` as one line; mends a last line cut short by a kill.
+
+    (In an object store an append uploads the whole object again: it suits
+    records written once per evaluation, not per step.)
+    """
     tf.io.gfile.makedirs(os.path.dirname(path))
     prefix = ""
     if tf.io.gfile.exists(path):
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell():
-                f.seek(-1, os.SEEK_END)
+        size = tf.io.gfile.stat(path).length
+        if size:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                f.seek(size - 1)
                 prefix = "" if f.read(1) == b"\n" else "\n"
-    with open(path, "a") as f:
+    with tf.io.gfile.GFile(path, "a") as f:
         f.write(prefix + json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_json_lines(path: str) -> List[Dict[str, Any]]:
@@ -145,6 +167,46 @@ def read_json_lines(path: str) -> List[Dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+# Directories written elsewhere and published whole.
+
+
+def publish_directory(temp: str, final: str, last: Sequence[str] = ()) -> None:
+    """Puts the finished directory `temp` at `final` so that readers see all of it or nothing.
+
+    Readers trust `final` once `is_published(final)`: its marker
+    (`PUBLISHED_MARKER`) is written last. On a file system the marker is written
+    into `temp`, which is then renamed into place (atomic). In an object store,
+    where renaming a directory copies each object, the objects are copied one
+    by one, those whose names match a pattern of `last` (what other readers
+    look for, e.g. `saved_model.pb` or `*.index`) after all others, then the
+    marker, and `temp` is deleted. A half `final` that an interrupted publish
+    left (no marker) is replaced.
+    """
+    if tf.io.gfile.exists(final):
+        tf.io.gfile.rmtree(final)
+    marker = {"published": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    if not is_object_store(final):
+        write_atomically(os.path.join(temp, PUBLISHED_MARKER), json.dumps(marker) + "\n")
+        tf.io.gfile.rename(temp, final)
+        return
+    files = []
+    for directory, _, names in tf.io.gfile.walk(temp):
+        files += [os.path.join(directory, name) for name in names]
+    files.sort(key=lambda path: any(fnmatch.fnmatch(os.path.basename(path), pattern)
+                                    for pattern in last))  # Stable: the `last` ones at the end.
+    for path in files:
+        target = os.path.join(final, os.path.relpath(path, temp))
+        tf.io.gfile.makedirs(os.path.dirname(target))
+        tf.io.gfile.copy(path, target, overwrite=True)
+    write_atomically(os.path.join(final, PUBLISHED_MARKER), json.dumps(marker) + "\n")
+    tf.io.gfile.rmtree(temp)
+
+
+def is_published(path: str) -> bool:
+    """Whether the directory `path` was published whole (`publish_directory`)."""
+    return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))
 
 
 # Checkpoints.
@@ -419,85 +481,6 @@ class ModelDir:
         write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
         console.info("ckpt", "rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
                      os.path.basename(restored.path))
-
-
-# Locks: one process holds each, for as long as it lives.
-
-
-class Claim:
-    """An exclusive `flock` on a file of the model dir, with its holder recorded in it.
-
-    The kernel drops it when the holding process ends, however it ends, so a
-    stale claim never blocks a restart. `try_acquire` returns False when
-    another live process holds it; `holder()` then names that process. On
-    object stores (`gs://`) there is nothing to lock: `try_acquire` warns and
-    returns True.
-    """
-
-    def __init__(self, path: str, role: str):
-        self.path = path
-        self.role = role
-        self._fd: Optional[int] = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def try_acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        if "://" in self.path:
-            console.warning("lock", "cannot lock %s (not a local path): make sure one process uses "
-                            "it at a time.", self.path)
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return False
-        holder = {"role": self.role, "pid": os.getpid(), "host": socket.gethostname(),
-                  "since": datetime.datetime.now(datetime.timezone.utc).strftime(
-                      "%Y-%m-%dT%H:%M:%SZ")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def holder(self) -> str:
-        """`pid 4242 on host worker-3 since ...`, from the file (best effort)."""
-        record = self._holder_record()
-        try:
-            return f"pid {record['pid']} on host {record['host']} since {record['since']}"
-        except (KeyError, TypeError):
-            return f"holder unknown, see {self.path}"
-
-    def holder_role(self) -> str:
-        """The role the holder recorded (e.g. `sidecar evaluator`), best effort."""
-        record = self._holder_record()
-        role = record.get("role") if isinstance(record, dict) else None
-        return role if isinstance(role, str) else "another process"
-
-    def _holder_record(self):
-        try:
-            with open(self.path) as f:
-                return json.loads(f.read() or "{}")
-        except (OSError, ValueError):
-            return {}
-
-
-def claim_eval_hooks(model_dir: str, role: str) -> Claim:
-    """The claim on the eval-side hooks of `model_dir` (best checkpoint, exports, early
-    stopping): whichever process takes it first runs them, the other none (docs/comforts.md)."""
-    return Claim(ModelDir(model_dir).eval_hooks_lock_file, role)
 
 
 _STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'

@@ -1,34 +1,39 @@
-"""One trainer per model dir: an advisory lock that a killed process cannot leave behind.
+"""One trainer per model dir: a claim that a killed process cannot leave behind.
 
-The lock is `fcntl.flock` on `<model_dir>/trainer.lock`. The kernel drops it
+On a file system the claim is `fcntl.flock` on `<model_dir>/trainer.lock`
+(honoured by local file systems and by NFSv4 on Linux). The kernel drops it
 when the holding process ends, however it ends (exit, exception, SIGKILL), so a
 stale lock never blocks a restart and no PID has to be guessed at. The file
 itself stays; it records who holds (or last held) the lock, so that a refused
 trainer can name the holder:
 
-    {"pid": 4242, "host": "worker-3", "since": "2026-11-22T03:04:05Z"}
+    {"role": "trainer", "pid": 4242, "host": "worker-3", "since": "2026-11-22T03:04:05Z", ...}
 
-`flock` is honoured by local file systems (and by NFSv4 on Linux); on object
-stores (`gs://`, `s3://`) there is nothing to lock and `ModelDirLock` warns and
-lets the run go on unguarded.
+In an object store (`gs://`, `s3://`), which has no lock, the same file is a
+lease that the trainer renews every few seconds and deletes when it ends
+(`ctl.core.claims.Lease`: what it catches and what it cannot). A trainer that
+finds another host's fresh lease watches it until it is renewed (refused) or
+goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
+`ctl.core.claims.STALE_SECONDS`.
 """
 
+from ctl.core.claims import claim_for
 from ctl.core.errors import UserError
-from ctl.core.model_dir import Claim, ModelDir
+from ctl.core.model_dir import ModelDir
 
 
 class ModelDirLock:
-    """Context manager holding the trainer lock of `model_dir` (eager, host only).
+    """Context manager holding the trainer claim of `model_dir` (eager, host only).
 
         with ModelDirLock(model_dir):
             ...  # train: no other ctl trainer can write here meanwhile.
 
-    Raises `UserError` on entry if another live process holds the lock.
+    Raises `UserError` on entry if another live process holds it.
     """
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self._claim = Claim(ModelDir(model_dir).trainer_lock_file, "trainer")
+        self._claim = claim_for(ModelDir(model_dir).trainer_lock_file, "trainer", wait=True)
         self.path = self._claim.path
 
     def acquire(self) -> None:

@@ -45,7 +45,8 @@ from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hooks, OwnedActions, Run
-from ctl.core.model_dir import ModelDir, claim_eval_hooks
+from ctl.core.claims import eval_hooks_claim
+from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
@@ -317,7 +318,7 @@ def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
                                                  global_step=trainer.global_step),
                   global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
         actions = Hooks(hooks, run).actions("on_eval_end")
-    return OwnedActions(actions, claim_eval_hooks(model_dir, "sidecar evaluator"))
+    return OwnedActions(actions, eval_hooks_claim(model_dir, "sidecar evaluator"))
 
 
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
@@ -335,14 +336,16 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
         console.warning("eval", "skipping %s, recorded as failed: %s", name, error)
         return sidecar.FAILED, None
     evaluator.write_summaries(output["results"])
+    console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
+    if eval_end_hooks is not None:
+        # Before the record that makes the evaluation done: a restart after a kill
+        # during an export evaluates this checkpoint again and finishes it.
+        eval_end_hooks(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     files.append_json_line(evaluator.metrics_file, record)
     if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
         os.kill(os.getpid(), signal.SIGKILL)
-    console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
-    if eval_end_hooks is not None:
-        eval_end_hooks(output["results"])
     return sidecar.EVALUATED, output
 
 

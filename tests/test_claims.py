@@ -1,0 +1,166 @@
+"""Claims without `flock`: the lease an object store gets, and directories published whole.
+
+The lease is exercised on local files here (it reads and writes only through
+tf.io.gfile, as in `gs://`), with its timings shortened; tests/test_gcs_model_dir.py
+runs trainers and sidecars on a real GCS API.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from ctl.core import claims
+from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
+from tests.cli import ROOT
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(claims, "RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(claims, "STALE_SECONDS", 1.5)
+    monkeypatch.setattr(claims, "SETTLE_SECONDS", 0.1)
+
+
+def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
+    path = str(tmp_path / "eval_hooks.lock")
+    first, second = claims.Lease(path, "trainer"), claims.Lease(path, "sidecar evaluator")
+    assert first.try_acquire()
+    try:
+        assert not second.try_acquire()
+        assert second.holder_role() == "trainer" and f"pid {os.getpid()}" in second.holder()
+        renewed = json.loads(open(path).read())["renewed"]
+        time.sleep(3 * claims.RENEW_SECONDS)
+        assert json.loads(open(path).read())["renewed"] > renewed  # Its holder renews it.
+        time.sleep(claims.STALE_SECONDS)
+        assert not second.try_acquire()  # Renewed: never stale while its holder lives.
+    finally:
+        first.release()
+    assert not os.path.exists(path)
+    assert second.try_acquire()
+    second.release()
+
+
+def _hold_and_die(path, signal_name):
+    """A process that takes the lease and is then killed (or leaves it behind unrenewed)."""
+    code = (f"import os, signal, time; from ctl.core import claims; "
+            f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
+            f"print('held', flush=True); os.kill(os.getpid(), signal.{signal_name})")
+    process = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert "held" in process.stdout, process.stderr
+
+
+def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path, quick):
+    path = str(tmp_path / "trainer.lock")
+    _hold_and_die(path, "SIGKILL")
+    assert json.loads(open(path).read())["role"] == "trainer"  # Left behind.
+    lease = claims.Lease(path, "trainer", wait=True)
+    started = time.monotonic()
+    assert lease.try_acquire()
+    assert time.monotonic() - started < claims.STALE_SECONDS  # No wait for staleness.
+    lease.release()
+
+
+def _foreign(path, renewed):
+    record = {"role": "trainer", "pid": 4242, "host": "elsewhere", "token": "theirs",
+              "renewed": renewed, "since": "2026-11-26T00:00:00Z"}
+    with open(path, "w") as f:
+        f.write(json.dumps(record))
+    return record
+
+
+def test_another_host_s_lease_is_refused_while_fresh_and_taken_once_stale(tmp_path, quick):
+    path = str(tmp_path / "eval_hooks.lock")
+    _foreign(path, time.time())
+    lease = claims.Lease(path, "sidecar evaluator")
+    assert not lease.try_acquire()
+    assert "pid 4242 on host elsewhere" in lease.holder()
+    _foreign(path, time.time() - 2 * claims.STALE_SECONDS)
+    assert lease.try_acquire()
+    assert json.loads(open(path).read())["token"] == lease.token
+    lease.release()
+
+
+def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_that_is(
+        tmp_path, quick):
+    path = str(tmp_path / "trainer.lock")
+    _foreign(path, time.time())  # Fresh by its clock, but nobody renews it.
+    lease = claims.Lease(path, "trainer", wait=True)
+    assert lease.try_acquire()
+    lease.release()
+
+    code = ("import time; from ctl.core import claims; claims.RENEW_SECONDS = 0.2; "
+            "claims.SETTLE_SECONDS = 0.1; "
+            f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiting = claims.Lease(path, "trainer", wait=True)
+        started = time.monotonic()
+        assert not waiting.try_acquire()  # A live holder renews.
+        assert time.monotonic() - started < claims.STALE_SECONDS
+        assert f"pid {holder.pid}" in waiting.holder()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick):
+    path = str(tmp_path / "eval_hooks.lock")
+    lease = claims.Lease(path, "trainer")
+    assert lease.try_acquire()
+    try:
+        _foreign(path, time.time())  # Taken while this holder was frozen.
+        time.sleep(3 * claims.RENEW_SECONDS)
+        assert lease.lost
+        assert json.loads(open(path).read())["token"] == "theirs"
+    finally:
+        lease.release()
+    assert os.path.exists(path)  # Not its record: left alone.
+
+
+def _saved_model_like(directory):
+    os.makedirs(os.path.join(directory, "variables"))
+    for name in ("variables/variables.index", "variables/variables.data-00000-of-00001",
+                 "saved_model.pb", "fingerprint.pb"):
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(name)
+
+
+def test_a_directory_is_published_whole_with_its_marker_last(tmp_path):
+    temp, final = str(tmp_path / ".tmp-7"), str(tmp_path / "7")
+    _saved_model_like(temp)
+    os.makedirs(final)  # Half of an interrupted publish: replaced.
+    open(os.path.join(final, "saved_model.pb"), "w").close()
+    assert not is_published(final)
+    publish_directory(temp, final, last=["saved_model.pb"])
+    assert is_published(final) and not os.path.exists(temp)
+    with open(os.path.join(final, "saved_model.pb")) as f:
+        assert f.read() == "saved_model.pb"
+    assert sorted(os.listdir(final)) == sorted(
+        ["variables", "saved_model.pb", "fingerprint.pb", PUBLISHED_MARKER])
+
+
+def test_an_object_store_publish_copies_the_entry_file_and_marker_last(tmp_path, monkeypatch):
+    """What a reader polling the final directory sees, copy after copy."""
+    temp, final = str(tmp_path / ".tmp-7"), str(tmp_path / "7")
+    _saved_model_like(temp)
+    monkeypatch.setattr("ctl.core.model_dir.is_object_store", lambda path: True)
+    order = []
+    copy = tf.io.gfile.copy
+
+    def recording_copy(source, target, overwrite=False):
+        order.append(os.path.relpath(target, final))
+        copy(source, target, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "copy", recording_copy)
+    publish_directory(temp, final, last=["saved_model.pb"])
+    assert order[-1] == "saved_model.pb" and len(order) == 4
+    assert is_published(final) and not os.path.exists(temp)
