@@ -104,17 +104,6 @@ def test_evaluations_stay_on_multiples_of_eval_interval_when_preempted_more_ofte
     assert eval_steps(model_dir) == [20, 40], stops
 
 
-@pytest.mark.slow
-def test_a_run_stopped_on_an_eval_step_before_its_evaluation_evaluates_there_first(tmp_path):
-    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
-    fast = ("PacedTask.train_seconds=0",)
-    assert run_ctl(*lifecycle_args(model_dir, progress, *fast, "ctl.Schedule.train_steps=20",
-                                   mode="train")).returncode == 0
-    result = run_ctl(*lifecycle_args(model_dir, progress, *fast))
-    assert result.returncode == 0, result.stderr
-    assert eval_steps(model_dir) == [20, 40]
-
-
 def _files_and_times(directory):
     found = {}
     for root, _, names in os.walk(directory):
