@@ -40,7 +40,7 @@ from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.preemption import SignalWatcher
-from ctl.sidecar import continuous_eval
+from ctl.sidecar import announce, continuous_eval
 
 
 
@@ -211,7 +211,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         config.save_config(model_dir)
 
     try:
-        output = _run_mode(mode, controller, schedule, model_dir)
+        output = _run_mode(mode, controller, schedule,
+                           _Evaluations(model_dir, eval_side if chief else None, strategy))
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
@@ -223,24 +224,51 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule, model_dir: str) -> Dict[str, Any]:
+def _run_mode(mode: str, controller: Controller, schedule, evaluations: "_Evaluations"
+              ) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
     if mode == "train":
         controller.train(steps=schedule.train_steps)
         return {}
-    evaluations = {r.get("step"): r for r in read_metrics(model_dir, "eval")}
     output = controller.train_and_evaluate(
         train_steps=schedule.train_steps,
         eval_steps=eval_steps,
         eval_interval=schedule.eval_interval,
-        evaluated=evaluations.__contains__,
+        skip_evaluation=evaluations.skip,
     )
     if output is None:  # Resumed at the last step, already evaluated: its recorded results.
-        record = evaluations.get(controller.step, {})
-        output = {k: v for k, v in record.items() if k not in run_end.RECORD_FIELDS}
+        output = evaluations.recorded.get(controller.step, {})
     return output
+
+
+class _Evaluations:
+    """Which in-line evaluations of `train_and_eval` run: none at a step already
+    evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
+    read once at start), and none while a live sidecar evaluator serves the model
+    dir (`ctl.sidecar.announce`; one-process strategies: the workers of a cluster
+    must agree on every evaluation). Stepping aside, the chief releases its claim
+    on the eval-side hooks (`eval_side`) for the sidecar to take."""
+
+    def __init__(self, model_dir: str, eval_side: Optional[OwnedActions],
+                 strategy: tf.distribute.Strategy):
+        self.recorded = {r.get("step"): run_end.results_of(r)
+                         for r in read_metrics(model_dir, "eval")}
+        self.recorded.update({r.get("step"): r.get("results") or {}
+                              for r in continuous_eval.read_metrics(model_dir)})
+        self.eval_side = eval_side
+        one_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.in_line = (announce.InLineEvaluation(model_dir, self._release_eval_side)
+                        if one_process else None)
+
+    def skip(self, step: int) -> bool:
+        return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
+
+    def _release_eval_side(self) -> None:
+        if self.eval_side is not None and self.eval_side.owned:
+            self.eval_side.release()
+            self.eval_side.owned = None  # Taken again if in-line evaluation comes back.
 
 
 def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:

@@ -234,3 +234,39 @@ def test_help_and_flag_and_gin_text_errors_come_before_tensorflow_is_imported(ca
     said = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert result.returncode == 2 and len(said) == 1 and expected in said[0], result.stderr
     assert not os.path.exists(model_dir)
+
+
+def _loss_points(summary_dir):
+    """(step, file) of every `loss` scalar in the event files of `summary_dir` (repeats kept)."""
+    import tensorflow as tf
+
+    points = []
+    for name in sorted(os.listdir(summary_dir)):
+        if name.startswith("events.out.tfevents."):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(summary_dir, name)):
+                points += [(event.step, name) for v in event.summary.value if v.tag == "loss"]
+    return points
+
+
+@pytest.mark.slow
+def test_in_line_evaluation_steps_aside_while_a_sidecar_serves_the_model_dir(tmp_path):
+    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    announcement = os.path.join(model_dir, "eval", "sidecar.json")
+    args = lifecycle_args(model_dir, progress, "PacedTask.train_seconds=0.02",
+                          "ctl.Schedule.max_checkpoints=10")  # The sidecar sees all 8.
+    sidecar = Run(tmp_path, "sidecar", *(a.replace("train_and_eval", "continuous_eval")
+                                         for a in args), "--gin_bindings=ctl.ContinuousEval.timeout=300")
+    try:
+        assert sidecar.wait_until(lambda: os.path.exists(announcement)), sidecar.stderr()
+        trainer = run_ctl(*args)
+        assert trainer.returncode == 0, trainer.stderr
+        assert sidecar.finish(timeout=300) == 0, sidecar.stderr()
+    finally:
+        sidecar.kill()
+    aside = [line for line in trainer.stdout.splitlines() if "in-line evaluation steps aside" in line]
+    assert len(aside) == 1 and "a sidecar evaluator (pid" in aside[0], trainer.stdout
+    assert eval_steps(model_dir) == []  # No in-line evaluation.
+    points = _loss_points(os.path.join(model_dir, "eval"))
+    assert sorted(step for step, _ in points) == list(range(5, 45, 5))  # Each once: the sidecar's.
+    assert len({name for _, name in points}) == 1
+    assert not os.path.exists(announcement)  # Gone with the sidecar.

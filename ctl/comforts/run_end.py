@@ -23,7 +23,7 @@ import tensorflow as tf
 from ctl.comforts.best import read_best
 from ctl.comforts.progress import read_metrics
 from ctl.core import console
-from ctl.core.model_dir import EXPORT_DIR, ModelDir, read_json
+from ctl.core.model_dir import EXPORT_DIR, ModelDir, read_json, read_json_lines
 
 KIND = "done"
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields.
@@ -45,8 +45,13 @@ def completed_run(model_dir: str, train_steps: int, evaluate: bool) -> Optional[
         return None
     if not evaluate:
         return {}
-    evaluations = [r for r in read_metrics(model_dir, "eval") if r.get("step") == final]
-    return _results(evaluations[-1]) if evaluations else None
+    for record in read_metrics(model_dir, "eval"):
+        if record.get("step") == final:
+            return results_of(record)
+    for record in read_json_lines(directory.sidecar_metrics_file):  # A sidecar evaluated it.
+        if record.get("step") == final:
+            return record.get("results") or {}
+    return None
 
 
 def say_complete(model_dir: str, train_steps: int, results: Dict[str, Any]) -> None:
@@ -68,7 +73,7 @@ def say_done(model_dir: str, step: int, results: Optional[Dict[str, Any]],
     if not results:
         kind = "train loop"
         loops = read_metrics(model_dir, "train")
-        results = _results(loops[-1]) if loops else {}
+        results = results_of(loops[-1]) if loops else {}
     final = f"final {kind}: {console.format_logs(results)}" if results else "no metrics recorded"
     if not already:
         console.info(KIND, "trained to step %d; %s", step, final, step=step)
@@ -99,5 +104,6 @@ def _best_records(directory: ModelDir):
     return [r for r in records if r and isinstance(r.get("value"), (int, float))]
 
 
-def _results(record: Dict[str, Any]) -> Dict[str, Any]:
+def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The metrics of a `metrics.jsonl` record."""
     return {name: value for name, value in record.items() if name not in RECORD_FIELDS}

@@ -35,7 +35,7 @@ the end with the restored step, so the next loop, the summaries and the hooks
 all work from that step; nothing else keeps a copy that could go stale.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
-      if step is an eval step without an evaluation on record: evaluate
+      if step is an eval step and not skip_evaluation(step): evaluate
       while step < train_steps and not stop.should_stop:
         train(to the next multiple of eval_interval, or train_steps)  # stops early on a request
           per loop: end = trainer.train(n); end = handler(end) for each
@@ -231,16 +231,18 @@ class Controller:
 
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
                            eval_interval: Optional[int] = None,
-                           evaluated: Callable[[int], bool] = lambda step: False):
+                           skip_evaluation: Callable[[int], bool] = lambda step: False):
         """Trains to `train_steps`, evaluating on the way; returns the last evaluation's results.
 
         Evaluations fall on the multiples of `eval_interval` of the global step
         and on `train_steps` (`next_evaluation`), whatever step the run started
         from, as checkpoints do: a run stopped and resumed any number of times
         evaluates at the same steps as one that ran straight through. A run that
-        starts on such a step with no evaluation there on record (`evaluated(step)`
-        False: it stopped between its last train loop and that evaluation)
-        evaluates first. Returns None if it evaluated nothing.
+        starts on such a step evaluates there first (it stopped between its last
+        train loop and that evaluation), unless `skip_evaluation(step)`, which
+        is asked before every evaluation (`ctl.train_lib`: one is on record
+        there, or a sidecar evaluator serves the model dir). Returns the last
+        evaluation's results, or None if it evaluated nothing.
         """
         self._require("trainer", "train_and_evaluate")
         self._require("evaluator", "train_and_evaluate")
@@ -249,13 +251,14 @@ class Controller:
         self._final_step = train_steps
         on_evaluation_step = current_step >= train_steps or bool(
             eval_interval and current_step % eval_interval == 0)
-        if current_step and on_evaluation_step and not evaluated(current_step):
+        if current_step and on_evaluation_step and not skip_evaluation(current_step):
             output = self.evaluate(steps=eval_steps)
         while current_step < train_steps and not self.stop.should_stop:
             self.train(steps=next_evaluation(current_step, eval_interval, train_steps),
                        checkpoint_at_completion=False)
-            output = self.evaluate(steps=eval_steps)
             current_step = self.step
+            if not skip_evaluation(current_step):
+                output = self.evaluate(steps=eval_steps)
         if self.stop.should_stop:
             console.info("train", "stopped: %s", self.stop.reason, step=current_step)
         self._save(check_interval=False)

@@ -48,7 +48,7 @@ from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
-from ctl.sidecar import scheduler as sidecar
+from ctl.sidecar import announce, scheduler as sidecar
 
 # Test-only fault point: tests set CTL_FAULT_POINT=after_metrics_append to make the
 # sidecar SIGKILL itself right after appending an evaluation's metrics line and
@@ -230,7 +230,8 @@ def evaluate_continuously(
         os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
-        with _stopped_by_signals() as signals:
+        # A trainer evaluating in-line steps aside while this announcement is live.
+        with announce.Announcement(model_dir), _stopped_by_signals() as signals:
             return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock, signals)
     finally:
         eval_end_hooks.release()
@@ -338,6 +339,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     evaluator.write_summaries(output["results"])
     console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
     if eval_end_hooks is not None:
+        _claim_after_the_trainer(eval_end_hooks)
         # Before the record that makes the evaluation done: a restart after a kill
         # during an export evaluates this checkpoint again and finishes it.
         eval_end_hooks(output["results"])
@@ -347,6 +349,15 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
         os.kill(os.getpid(), signal.SIGKILL)
     return sidecar.EVALUATED, output
+
+
+def _claim_after_the_trainer(eval_end_hooks: OwnedActions) -> None:
+    """The eval-side hooks, once a trainer that held them stepped aside and let them go."""
+    if eval_end_hooks.actions and eval_end_hooks.owned is False and (
+            eval_end_hooks.claim.try_acquire()):
+        eval_end_hooks.owned = True
+        console.info("hooks", "the eval-side hooks run here from now on (%s)",
+                     eval_end_hooks.claim.path)
 
 
 # The progress record and the metrics of the eval dir.
