@@ -78,13 +78,6 @@ def run_experiment(
     if chief:  # Other workers only read the model dir.
         ModelDir(model_dir).check_writable()  # Writes nothing yet: a refused run leaves no trace.
     train = mode != "eval"
-    if train:
-        done = run_end.completed_run(model_dir, experiment.schedule.train_steps,
-                                     evaluate=mode == "train_and_eval")
-        if done is not None:
-            if chief:
-                run_end.say_complete(model_dir, experiment.schedule.train_steps, done)
-            return done
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
     lock = ModelDirLock(model_dir) if train and chief else None
@@ -204,7 +197,13 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:
         lock.acquire()  # Before anything else is written; raises UserError if held.
-    if train:
+    if train:  # Validated (config, checkpoint, lock): a run already complete ends here.
+        done = run_end.completed_run(model_dir, schedule.train_steps,
+                                     evaluate=mode == "train_and_eval")
+        if done is not None:
+            if chief:
+                run_end.say_complete(model_dir, schedule.train_steps, done)
+            return done
         faults.resume_inputs()
     if train and chief:
         ModelDir(model_dir).clear_finished()

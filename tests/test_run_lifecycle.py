@@ -136,8 +136,12 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
     assert not ctl_stderr_lines(again.stderr), again.stderr
     assert "the run is already complete (trained to step 20" in again.stdout
     assert f"python -m ctl.report --model_dir={model_dir}" in again.stdout
-    assert " eval |" not in again.stdout and "restored" not in again.stdout
-    assert _files_and_times(model_dir) == before  # Nothing written, not even the same bytes.
+    assert " eval |" not in again.stdout and " ckpt | step:     20 | restored" in again.stdout
+    # Nothing written, not even the same bytes, but the lock's record of its last holder.
+    after = _files_and_times(model_dir)
+    after.pop("trainer.lock")
+    before.pop("trainer.lock")
+    assert after == before
     assert eval_steps(model_dir) == [10, 20]
 
     longer = run_ctl(*args, "--gin_bindings=ctl.Schedule.train_steps=30")
