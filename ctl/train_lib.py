@@ -27,6 +27,7 @@ from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog, read_metrics
 from ctl.core import config, console
+from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
 from ctl.core.errors import UserError, require_choice
@@ -191,6 +192,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         mode, model_dir, strategy, experiment,
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
+    stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
+    stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
     if chief:

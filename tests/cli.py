@@ -1,6 +1,5 @@
 """Running `python -m ctl.run` as a user would, and reading what it wrote."""
 
-import glob
 import hashlib
 import os
 import re
@@ -30,11 +29,12 @@ def ctl_stderr_lines(stderr: str):
 
 
 def snapshot(directory: str):
-    """Maps every file under `directory` to a hash of its bytes."""
+    """Maps every file under `directory` (local or in a bucket) to a hash of its bytes."""
     files = {}
-    for path in glob.glob(os.path.join(directory, "**"), recursive=True):
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
+    for root, _, names in tf.io.gfile.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with tf.io.gfile.GFile(path, "rb") as f:
                 files[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
     return files
 
@@ -42,7 +42,7 @@ def snapshot(directory: str):
 def scalars(summary_dir: str):
     """Maps tag -> {step: value} for every scalar in the event files of `summary_dir`."""
     values = {}
-    for path in sorted(glob.glob(os.path.join(summary_dir, "events.out.tfevents.*"))):
+    for path in sorted(tf.io.gfile.glob(os.path.join(summary_dir, "events.out.tfevents.*"))):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
                 if value.metadata.plugin_data.plugin_name == "text":

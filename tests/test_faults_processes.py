@@ -131,14 +131,17 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
     assert read_steps(progress) == list(range(1, saved + 11))  # Resumed at saved + 1.
 
 
-@pytest.mark.parametrize("flags", [(), MIRRORED], ids=["default", "mirrored"])
-def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, flags):
-    """Kills the trainer 3 times; the resumed run's weights equal an uninterrupted run's."""
+@pytest.mark.parametrize("flags, storage", [((), "local"), (MIRRORED, "local"), ((), "gs")],
+                         ids=["default", "mirrored", "default-gs"])
+def test_sigkill_at_random_moments_ends_bit_identical(request, tmp_path, flags, storage):
+    """Kills the trainer 3 times; the resumed run's weights equal an uninterrupted run's
+    (on a local disk, and with both model dirs in a bucket: a real GCS API)."""
     target = 300
     # Host loop: slower steps, so that kills land mid-run on a fast machine.
     bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
+    root = request.getfixturevalue("gcs_dir") if storage == "gs" else str(tmp_path)
     # Model, optimizer, RNG state and step, bit for bit.
-    assert_bit_equal(*straight_and_chaos_runs(tmp_path, target, bindings, flags))
+    assert_bit_equal(*straight_and_chaos_runs(tmp_path, target, bindings, flags, root=root))
 
 
 def test_sigkill_inside_tf_while_loops_ends_bit_identical(tmp_path):
@@ -153,26 +156,28 @@ def test_sigkill_inside_tf_while_loops_ends_bit_identical(tmp_path):
     assert_bit_equal(reference, chaos)
 
 
-def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None):
-    """An uninterrupted run and, meanwhile, a `chaos_run`; returns their last checkpoints."""
-    reference = str(tmp_path / "reference")
+def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None, root=None):
+    """An uninterrupted run and, meanwhile, a `chaos_run` (model dirs under `root`, default
+    `tmp_path`; progress files in `tmp_path`); returns their last checkpoints."""
+    root = root or str(tmp_path)
+    reference = f"{root}/reference"
     straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
     try:
-        chaos_run(tmp_path, target, bindings, flags, loop)
+        chaos_run(tmp_path, target, bindings, flags, loop, root=root)
         returncode, stderr = straight.finish()
     finally:
         straight.kill()
     assert returncode == 0, stderr
-    return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(str(tmp_path / "chaos"))
+    return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(f"{root}/chaos")
 
 
-def chaos_run(tmp_path, target, bindings, flags, loop=None):
+def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
     """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed.
 
     With `loop` (steps_per_loop of a `tf.while_loop` run) the kill steps are drawn
     inside loops, and at least one kill must be seen to land inside one.
     """
-    model_dir, progress = str(tmp_path / "chaos"), str(tmp_path / "chaos.progress")
+    model_dir, progress = f"{root or tmp_path}/chaos", str(tmp_path / "chaos.progress")
     # Seeded, and the seed reported: CTL_CHAOS_SEED=N replays a failing run's kill points.
     seed = int(os.environ.get("CTL_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
     print(f"chaos seed: {seed} (rerun with CTL_CHAOS_SEED={seed})")

@@ -11,6 +11,7 @@ import os
 import shutil
 
 import pytest
+import tensorflow as tf
 
 import ctl
 from ctl.comforts.progress import read_metrics
@@ -35,34 +36,53 @@ def trained_dir(tmp_path_factory):
     return model_dir
 
 
-@pytest.fixture
-def run_dir(trained_dir, tmp_path):
-    model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+def copy_tree(source, target):
+    """Copies the directory `source` to `target` (either may be in an object store)."""
+    for directory, _, names in tf.io.gfile.walk(source):
+        relative = os.path.relpath(directory, source)
+        tf.io.gfile.makedirs(os.path.join(target, relative))
+        for name in names:
+            tf.io.gfile.copy(os.path.join(directory, name),
+                             os.path.join(target, relative, name), overwrite=True)
+
+
+@pytest.fixture(params=["local", "gs"])
+def run_dir(request, trained_dir, tmp_path):
+    """A copy of the trained dir, on a local disk and in a bucket (a real GCS API)."""
+    root = request.getfixturevalue("gcs_dir") if request.param == "gs" else str(tmp_path)
+    model_dir = os.path.join(root, "run")
+    copy_tree(trained_dir, model_dir)
     return model_dir
+
+
+def _names(model_dir):
+    return [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)]
 
 
 def _state(text: bytes):
     def damage(model_dir):
-        with open(os.path.join(model_dir, "checkpoint"), "wb") as f:
+        with tf.io.gfile.GFile(os.path.join(model_dir, "checkpoint"), "wb") as f:
             f.write(text)
     return damage
 
 
 def _delete(number, *suffixes):
     def damage(model_dir):
-        for name in os.listdir(model_dir):
+        for name in _names(model_dir):
             if name.startswith(f"ckpt-{number}.") and name.endswith(suffixes or ("",)):
-                os.remove(os.path.join(model_dir, name))
+                tf.io.gfile.remove(os.path.join(model_dir, name))
     return damage
 
 
 def _truncate(number, suffix):
     def damage(model_dir):
-        for name in os.listdir(model_dir):
+        for name in _names(model_dir):
             if name.startswith(f"ckpt-{number}.") and suffix in name:
                 path = os.path.join(model_dir, name)
-                os.truncate(path, os.path.getsize(path) // 2)
+                with tf.io.gfile.GFile(path, "rb") as f:
+                    data = f.read()
+                with tf.io.gfile.GFile(path, "wb") as f:
+                    f.write(data[:len(data) // 2])
     return damage
 
 
@@ -71,7 +91,7 @@ DAMAGE = {
     "state file: text garbage": (_state(b"hello, this is not a checkpoint state\n"), 20),
     "state file: 0 bytes": (_state(b""), 20),
     "state file: not UTF-8": (_state(b"\xff\xfe\x00\x81model_checkpoint_path"), 20),
-    "state file: missing": (lambda d: os.remove(os.path.join(d, "checkpoint")), 20),
+    "state file: missing": (lambda d: tf.io.gfile.remove(os.path.join(d, "checkpoint")), 20),
     "state file names a deleted checkpoint": (_delete(20), 10),
     "newest checkpoint's data truncated": (_truncate(20, ".data-"), 10),
     "newest checkpoint's index truncated": (_truncate(20, ".index"), 10),
@@ -80,10 +100,25 @@ DAMAGE = {
 }
 
 
+# In a bucket, the cases that differ there: no rename, whole objects, `dir/` markers.
+IN_A_BUCKET = {"state file: text garbage", "newest checkpoint's data truncated",
+               "newest index gone, data left"}
+
+
+@pytest.fixture
+def damaged(request, run_dir):
+    """`run_dir` with the test's `case` applied; the bucket runs only `IN_A_BUCKET`."""
+    case = request.node.callspec.params["case"]
+    if run_dir.startswith("gs://") and case not in IN_A_BUCKET:
+        pytest.skip("covered on the local disk; in a bucket only the cases that differ there")
+    DAMAGE[case][0](run_dir)
+    return run_dir
+
+
 @pytest.mark.parametrize("case", sorted(DAMAGE))
-def test_train_restores_the_newest_checkpoint_that_restores(run_dir, case):
-    damage, restored = DAMAGE[case]
-    damage(run_dir)
+def test_train_restores_the_newest_checkpoint_that_restores(damaged, case):
+    run_dir = damaged
+    restored = DAMAGE[case][1]
     ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
     # metrics.jsonl: the first run's loops, then this run's from the restored step on.
     steps = [r["step"] for r in read_metrics(run_dir, "train")]
@@ -97,9 +132,8 @@ def test_train_restores_the_newest_checkpoint_that_restores(run_dir, case):
 @pytest.mark.parametrize("case", ["state file: 0 bytes", "state file: not UTF-8",
                                   "state file names a deleted checkpoint",
                                   "newest checkpoint's data truncated"])
-def test_eval_evaluates_the_newest_checkpoint_that_restores_and_writes_no_state(run_dir, case):
-    damage, restored = DAMAGE[case]
-    damage(run_dir)
+def test_eval_evaluates_the_newest_checkpoint_that_restores_and_writes_no_state(damaged, case):
+    run_dir, restored = damaged, DAMAGE[case][1]
     state_file = os.path.join(run_dir, "checkpoint")
     before = {k: v for k, v in snapshot(run_dir).items() if k != "metrics.jsonl"}
     ctl.run_experiment("eval", run_dir, experiment=experiment())
@@ -109,7 +143,7 @@ def test_eval_evaluates_the_newest_checkpoint_that_restores_and_writes_no_state(
     assert {k: v for k, v in after.items()
             if not k.startswith("eval") and k != "metrics.jsonl"} == before
     assert list(scalars(os.path.join(run_dir, "eval"))["examples"]) == [restored], case
-    assert os.path.exists(state_file) == os.path.exists(os.path.join(run_dir, "ckpt-10.index"))
+    assert tf.io.gfile.exists(state_file) == tf.io.gfile.exists(os.path.join(run_dir, "ckpt-10.index"))
 
 
 def test_no_checkpoint_restores_is_an_error_not_a_fresh_start(run_dir):
@@ -123,9 +157,9 @@ def test_no_checkpoint_restores_is_an_error_not_a_fresh_start(run_dir):
     assert snapshot(run_dir) == before  # Refused before anything was written.
     # The fix the error suggests works: with the damaged files gone, training starts over.
     config.gin.clear_config()
-    for name in os.listdir(run_dir):
+    for name in _names(run_dir):
         if name.startswith(("ckpt-", "checkpoint")):
-            os.remove(os.path.join(run_dir, name))
+            tf.io.gfile.remove(os.path.join(run_dir, name))
     ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
     assert sorted(ModelDir(run_dir).checkpoints()) == [10, 20, 30]
 

@@ -10,15 +10,33 @@ crosses a multiple of the interval (500, 1000, 1500), which stays true across
 restarts, and checks on restore that every variable of the model and optimizer
 was found with its shape; a mismatch is a `UserError`, raised before anything
 is written.
+
+In an object store (`gs://`) a checkpoint written in place cost 4-5 s at 50 ms
+a request (TensorFlow writes its shards to a temporary directory and renames
+each: a copy and a delete there), against 0.8 s for writing it locally and
+uploading its two files (bench figure 9, BUILD.md). So there the manager saves
+to a local staging directory and hands the upload to `ctl.core.background`:
+the data files, then the index, then the `checkpoint` state file naming it,
+then the deletion of checkpoints beyond `max_to_keep`. A reader (a sidecar, a
+restart) sees a checkpoint once its index is there and trusts it once the
+state file names it; `sync()` waits for the uploads.
 """
 
 import os
-from typing import Optional
+import shutil
+import tempfile
+import threading
+import time
+from typing import Dict, Optional
 
 import tensorflow as tf
 
+from ctl.core.background import uploads
 from ctl.core.errors import UserError
-from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError
+from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
+
+
+UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
@@ -62,6 +80,14 @@ class CheckpointManager:
         self._saved_step = _step_of(ModelDir(directory).checkpoint_state().latest)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
         self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
+        # In an object store: saved here, uploaded on the uploads thread.
+        self._staging: Optional[str] = None
+        self._max_to_keep = max_to_keep
+        # At most this many saves wait for their upload: a run that saves faster than the store
+        # takes its checkpoints waits for it, as a synchronous save would, instead of queueing.
+        self._uploading = threading.BoundedSemaphore(UPLOADS_IN_FLIGHT)
+        self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
+        self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
 
     @property
     def restore_directory(self) -> str:
@@ -85,23 +111,77 @@ class CheckpointManager:
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
         path = self._tf_manager().save(checkpoint_number=step, options=options)
+        if self._staging is not None:
+            self._manager.sync()  # The local files are whole before they are uploaded.
+            while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
+                uploads().check()  # A failed upload drops the rest: raise it, not wait.
+            uploads().submit(self._upload, path)
+            path = os.path.join(self.directory, os.path.basename(path))
         self._saved_step = step
         self.latest_checkpoint = self.last_saved_path = path
         return path
 
-    def sync(self) -> None:
-        """Waits for an asynchronous save to finish."""
+    def sync(self, uploaded: bool = True) -> None:
+        """Waits for an asynchronous save to finish, and in an object store (`uploaded`) for
+        its upload."""
         if self._manager is not None:
             self._manager.sync()
+        if self._staging is not None and uploaded:
+            uploads().wait()
 
     def _tf_manager(self) -> tf.train.CheckpointManager:
         if self._manager is None:
             if self._repair is not None:
                 ModelDir(self.directory).write_checkpoint_state(self._repair)
                 self._repair = None
-            self._manager = tf.train.CheckpointManager(
-                self.checkpoint, self.directory, **self._manager_kwargs)
+            directory, kwargs = self.directory, self._manager_kwargs
+            if is_object_store(self.directory):
+                directory = self._staging = tempfile.mkdtemp(prefix="ctl-checkpoints-")
+                # Retention is the upload's (in the store): a staged checkpoint stays until
+                # it is uploaded, however many saves come before its turn.
+                kwargs = dict(kwargs, max_to_keep=None)
+            self._manager = tf.train.CheckpointManager(self.checkpoint, directory, **kwargs)
         return self._manager
+
+    def _upload(self, local: str) -> None:
+        """On the uploads thread: the files of the staged checkpoint `local`, its index last, then
+        the state file, then the retirement of checkpoints beyond `max_to_keep`."""
+        try:
+            self._upload_files(local)
+        finally:
+            self._uploading.release()
+
+    def _upload_files(self, local: str) -> None:
+        name = os.path.basename(local)
+        files = sorted((f for f in os.listdir(self._staging) if f.startswith(name + ".")),
+                       key=lambda f: f.endswith(".index"))
+        if not files or not files[-1].endswith(".index"):
+            raise RuntimeError(f"ctl bug: the staged checkpoint {local} is not whole ({files}).")
+        for file in files:
+            tf.io.gfile.copy(os.path.join(self._staging, file),
+                             os.path.join(self.directory, file), overwrite=True)
+        model_dir = ModelDir(self.directory)
+        if self._remote is None:  # Listed once; this thread keeps it up to date after.
+            self._remote = model_dir.checkpoints()
+        path = os.path.join(self.directory, name)
+        self._remote[_step_of(path)] = path
+        self._uploaded_at[path] = time.time()
+        newest = sorted(self._remote)
+        kept = newest[-self._max_to_keep:] if self._max_to_keep else newest
+        model_dir.write_checkpoint_state(Restored(path, keep=[self._remote[n] for n in kept]),
+                                         quiet=True, stamps=self._uploaded_at)
+        for number in newest:
+            if number not in kept:
+                for file in tf.io.gfile.glob(self._remote.pop(number) + ".*"):
+                    tf.io.gfile.remove(file)
+        for file in files:  # Uploaded: the local copy is not needed any more.
+            os.remove(os.path.join(self._staging, file))
+
+    def close(self) -> None:
+        """Waits for the uploads and removes the staging directory (object stores)."""
+        self.sync()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
 
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""

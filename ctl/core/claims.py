@@ -44,11 +44,12 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from ctl.core import console
-from ctl.core.model_dir import ModelDir, is_object_store, read_json, write_atomically
+from ctl.core.model_dir import ModelDir, is_object_store, read_text, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
 SETTLE_SECONDS = 1.0
+READ_ATTEMPTS = 3
 
 _HELD_HERE: Dict[str, str] = {}  # path -> token of each lease this process holds.
 
@@ -151,14 +152,14 @@ class Lease:
     def try_acquire(self) -> bool:
         if self.held:
             return True
-        record = read_json(self.path, {}) or {}
+        record = self._read()
         if record and not self._stale(record):
             if not (self.wait and self._watch_until_stale(record)):
                 self._seen = record
                 return False
         self._write()
         time.sleep(SETTLE_SECONDS)
-        self._seen = read_json(self.path, {}) or {}
+        self._seen = self._read()
         if self._seen.get("token") != self.token:
             return False
         self._stop = threading.Event()
@@ -174,7 +175,7 @@ class Lease:
         self._stop = None
         _HELD_HERE.pop(self.path, None)
         try:
-            record = read_json(self.path, {}) or {}
+            record = self._read()
             if record.get("token") == self.token:
                 tf.io.gfile.remove(self.path)
         except tf.errors.OpError as error:  # Best effort: it goes stale on its own.
@@ -187,13 +188,30 @@ class Lease:
     def holder_role(self) -> str:
         return _role(self._seen)
 
+    def _read(self) -> Dict[str, Any]:
+        """The record ({} when there is none). A read that fails is tried again (a store under
+        load answers an error now and then); a record still unreadable is garbage, taken as {}
+        with the `renewed` it lacks, so it goes stale."""
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                text = read_text(self.path)
+                if text is None:
+                    return {}
+                record = json.loads(text)
+                return record if isinstance(record, dict) else {"garbage": text[:80]}
+            except ValueError as error:  # json.JSONDecodeError is one.
+                problem = error
+                time.sleep(0.5 * (attempt + 1))
+        console.warning("lock", "%s is unreadable (%s): taken as stale.", self.path, problem)
+        return {"garbage": str(problem)}
+
     def _write(self) -> None:
         write_atomically(self.path, json.dumps(_holder_record(self.role, self.token)) + "\n")
 
     def _stale(self, record: Dict[str, Any]) -> bool:
         if record.get("token") == self.token:
             return True
-        if record.get("token") == _HELD_HERE.get(self.path):
+        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path]:
             return False  # Another claim of this process holds it.
         if record.get("host") == socket.gethostname() and not _alive(record.get("pid")):
             return True  # Its holder, on this host, is gone (a SIGKILL, a crash).
@@ -209,7 +227,7 @@ class Lease:
         deadline = time.monotonic() + STALE_SECONDS
         while time.monotonic() < deadline:
             time.sleep(min(RENEW_SECONDS, max(0.0, deadline - time.monotonic())))
-            now = read_json(self.path, {}) or {}
+            now = self._read()
             if not now:
                 return True  # Released meanwhile.
             if now.get("renewed") != record.get("renewed") or now.get("token") != record.get(
@@ -221,7 +239,7 @@ class Lease:
     def _renew(self, stop: threading.Event) -> None:
         while not stop.wait(RENEW_SECONDS):
             try:
-                record = read_json(self.path, {}) or {}
+                record = self._read()
                 if record and record.get("token") != self.token:
                     self.lost = True
                     self._seen = record

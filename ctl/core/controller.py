@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from ctl import compat
 from ctl.core import console
+from ctl.core.checkpointing import CheckpointManager
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
 from ctl.core.trainer import TrainLoopEnd, Trainer
@@ -286,6 +287,7 @@ class Controller:
         if self._evaluator_writes:
             output = self.evaluator.evaluate(self._loop_size(steps), summaries=summaries, step=step)
             elapsed = time.perf_counter() - start
+            summaries.mirror()  # Written and flushed in the loop's call.
             output = to_numpy(output or {})
         else:
             with summaries.writing():  # The default for the eval steps; flushed at its end.
@@ -297,7 +299,9 @@ class Controller:
         rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
         if rate:
             summaries.write_summaries(rate, step=step)
-        self._wait_for_checkpoints()  # An async write ran beside the evaluation; actions may read it.
+        # An async write ran beside the evaluation; actions may read the checkpoint's values
+        # (an upload to an object store goes on meanwhile).
+        self._wait_for_checkpoints(uploaded=False)
         for action in self.eval_actions:
             action(output)
         output.update(rate)
@@ -332,9 +336,12 @@ class Controller:
                 action(path)
         return saved
 
-    def _wait_for_checkpoints(self) -> None:
-        """Waits for an asynchronous save to be written (a no-op for synchronous ones)."""
-        if self.checkpoint_manager is not None:
+    def _wait_for_checkpoints(self, uploaded: bool = True) -> None:
+        """Waits for an asynchronous save to be written (a no-op for synchronous ones), and
+        with `uploaded` for ctl's manager to upload it to an object store."""
+        if isinstance(self.checkpoint_manager, CheckpointManager):
+            self.checkpoint_manager.sync(uploaded=uploaded)
+        elif self.checkpoint_manager is not None:
             self.checkpoint_manager.sync()
 
     def _require(self, attribute: str, method: str) -> None:

@@ -415,12 +415,15 @@ class ModelDir:
                 ready[number] = path
         return ready
 
-    def restore_newest(self, restore: Callable[[str], Any]) -> Restored:
+    def restore_newest(self, restore: Callable[[str], Any], looks: int = 3) -> Restored:
         """Restores the latest checkpoint with `restore(path)`, by the corruption policy.
 
         `restore` raises `UnreadableCheckpointError` for a checkpoint that is
         gone or damaged (the next one is tried) and `UserError` for one of a
-        different model (raised on). Reads only; writes nothing.
+        different model (raised on). When none restored and one was deleted
+        while it was read (a live trainer retires its old checkpoints), the
+        model dir is looked at again, up to `looks` times. Reads only; writes
+        nothing.
         """
         state = self.checkpoint_state()
         found = self.checkpoints()
@@ -457,6 +460,9 @@ class ModelDir:
             keep = [found[n] for n in sorted(found)
                     if n <= number and os.path.basename(found[n]) not in failed]
             return Restored(path, stale, keep)
+        if looks > 1 and any(not tf.io.gfile.exists(self.file(name) + ".index")
+                             for name, _ in skipped):
+            return self.restore_newest(restore, looks - 1)  # Newer ones came meanwhile.
         names = ", ".join(f"{name}.*" for name, _ in skipped)
         reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped)
         raise UserError(
@@ -464,13 +470,14 @@ class ModelDir:
             f"the damaged files ({names}) to train from scratch, or use a new --model_dir."
         )
 
-    def write_checkpoint_state(self, restored: Restored) -> None:
+    def write_checkpoint_state(self, restored: Restored, quiet: bool = False,
+                               stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
         name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
-        stamps = []
-        for path in restored.keep:
+        known, stamps = stamps or {}, []
+        for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
-                stamps.append(tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
+                stamps.append(known.get(path) or tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
             except tf.errors.NotFoundError:
                 stamps.append(time.time())
         lines = [f"model_checkpoint_path: {json.dumps(os.path.basename(restored.path))}"]
@@ -479,8 +486,9 @@ class ModelDir:
         lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
         lines.append(f"last_preserved_timestamp: {min(stamps, default=time.time()) - 1!r}")
         write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
-        console.info("ckpt", "rewrote %s: the latest checkpoint is %s", self.file(CHECKPOINT_STATE_FILE),
-                     os.path.basename(restored.path))
+        if not quiet:
+            console.info("ckpt", "rewrote %s: the latest checkpoint is %s",
+                         self.file(CHECKPOINT_STATE_FILE), os.path.basename(restored.path))
 
 
 _STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'

@@ -32,11 +32,18 @@ orbit evaluator runs in `writing()`, the writer's context, whose flush on
 exit covers its results. An evaluation's `steps_per_second`, timed on the
 host after the call, is kept for the next flush.
 
+In an object store (`gs://`), where a flush of an event file uploads the whole
+file again, the writers write to a local directory and each flush hands an
+upload of the files that grew to `ctl.core.background` (`mirror`): the loop
+never waits for the store, and the uploads land in the order of the flushes,
+before the checkpoint that follows them.
+
 Everything else here runs eagerly, between loops.
 """
 
 import contextlib
 import os
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -44,6 +51,9 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from ctl.core.background import uploads
+from ctl.core.model_dir import is_object_store
 
 
 class SummaryManager:
@@ -62,12 +72,17 @@ class SummaryManager:
         self._batch_writers: Dict[str, Callable] = {}  # Per subdirectory, traced on first use.
         self._pending: List[Tuple[str, int, Dict[str, float]]] = []  # (subdirectory, step, scalars)
         self._last_flush = clock()
+        # In an object store: written here, uploaded by `mirror`.
+        self._local = (tempfile.mkdtemp(prefix="ctl-summaries-")
+                       if self.enabled and is_object_store(summary_dir) else None)
+        self._uploaded: Dict[str, int] = {}  # Local file -> the size uploaded (uploads thread).
 
     def summary_writer(self, relative_path: str = ""):
         """The writer of `relative_path` under the summary dir (a no-op writer if disabled)."""
         writer = self._writers.get(relative_path)
         if writer is None:
-            writer = (tf.summary.create_file_writer(os.path.join(self.summary_dir, relative_path))
+            writer = (tf.summary.create_file_writer(
+                os.path.join(self._local or self.summary_dir, relative_path))
                       if self.enabled else tf.summary.create_noop_writer())
             self._writers[relative_path] = writer
         return writer
@@ -116,6 +131,7 @@ class SummaryManager:
                 yield
             finally:
                 self._write_kept(flushed_on_exit="")
+        self.mirror()
 
     def _write_kept(self, flushed_on_exit: Optional[str]) -> None:
         """Writes the kept rows and flushes every writer but `flushed_on_exit` (inside its context)."""
@@ -135,6 +151,28 @@ class SummaryManager:
                 for step, scalars in rows:
                     tf.summary.experimental.write_raw_pb(
                         scalars_proto(scalars).SerializeToString(), step=step)
+        if flushed_on_exit is None:
+            self.mirror()
+
+    def mirror(self) -> None:
+        """In an object store: queues the upload of what the writers flushed (a no-op elsewhere).
+
+        Called after each flush of `flush()`, and by whoever flushed a writer
+        otherwise (an evaluation's in-graph write, the end of `writing()`).
+        """
+        if self._local is not None:
+            uploads().submit(self._upload_grown)
+
+    def _upload_grown(self) -> None:
+        for directory, _, names in tf.io.gfile.walk(self._local):
+            for name in names:
+                local = os.path.join(directory, name)
+                size = os.path.getsize(local)
+                if self._uploaded.get(local) != size:
+                    remote = os.path.join(self.summary_dir, os.path.relpath(local, self._local))
+                    tf.io.gfile.makedirs(os.path.dirname(remote))
+                    tf.io.gfile.copy(local, remote, overwrite=True)
+                    self._uploaded[local] = size
 
     @property
     def kept(self) -> int:

@@ -147,6 +147,7 @@ class FaultHandler:
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
             path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
+            self.manager.sync()  # Written (and uploaded) before the exit names it.
             if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
                 path = os.path.join(self.manager.restore_directory, os.path.basename(path))
             raise Preempted(self.watcher.signum, end.step, path)
@@ -166,6 +167,7 @@ class FaultHandler:
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
                 f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False,
                 in_loop_ending=self.per_loop)
+        self.manager.sync()  # In an object store: uploaded, so readable where `path` says.
         with self.input_position.detached() as checkpoint:
             checkpointing.restore(checkpoint, path, self.manager.directory)
         step = int(self.trainer.global_step.numpy())

@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl.core import config, console, model_dir as files
+from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError
@@ -192,6 +193,7 @@ class CheckpointEvaluator:
             self._summaries = SummaryManager(self.eval_dir, self.trainer.global_step)
         self._summaries.write_summaries(results)
         self._summaries.flush()
+        uploads().wait()  # In the store before the evaluation's record (object stores).
 
 
 # The loop.

@@ -1,0 +1,69 @@
+"""Uploads to an object store off the training thread (ctl.core.background), and checkpoints
+staged locally and uploaded (ctl.core.checkpointing) on a real GCS API."""
+
+import os
+import threading
+
+import pytest
+import tensorflow as tf
+
+from ctl.core import checkpointing
+from ctl.core.background import Uploads, uploads
+from ctl.core.checkpointing import CheckpointManager
+from ctl.core.model_dir import ModelDir
+from tests.tasks import RegressionTask
+
+
+def test_uploads_run_in_order_and_an_error_is_raised_on_the_caller_s_thread():
+    queue = Uploads("test-uploads")
+    done, gate = [], threading.Event()
+    queue.submit(gate.wait)
+    for number in range(5):
+        queue.submit(done.append, number)
+    assert queue.pending == 6 and done == []  # Nothing ran on the caller's thread.
+    gate.set()
+    queue.wait()
+    assert done == [0, 1, 2, 3, 4]
+
+    def fail():
+        raise tf.errors.PermissionDeniedError(None, None, "no write access to gs://b/x")
+
+    queue.submit(fail)
+    queue.submit(done.append, 5)  # Runs all the same: a later upload may release a waiter.
+    with pytest.raises(tf.errors.PermissionDeniedError, match="no write access"):
+        queue.wait()
+    assert done[-1] == 5
+    queue.wait()  # Raised once.
+
+
+def _manager(model_dir, max_to_keep=2):
+    task = RegressionTask()
+    model, optimizer = task.build_model(), task.build_optimizer()
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(global_step=step, model=model, optimizer=optimizer)
+    return CheckpointManager(checkpoint, model_dir, step_counter=step, max_to_keep=max_to_keep,
+                             checkpoint_interval=1), step, model
+
+
+def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_for_the_store(gcs, gcs_dir):
+    gcs.set_latency(200)  # Uploads slower than the saves.
+    manager, step, model = _manager(gcs_dir)
+    for number in range(1, 6):
+        step.assign(number)
+        path = manager.save()
+        assert path == f"{gcs_dir}/ckpt-{number}"  # Named where it will be.
+        # Saves wait rather than queue: at most UPLOADS_IN_FLIGHT behind the training.
+        assert uploads().pending <= checkpointing.UPLOADS_IN_FLIGHT
+    manager.sync()
+    gcs.set_latency(0)
+    directory = ModelDir(gcs_dir)
+    assert sorted(directory.checkpoints()) == [4, 5]  # max_to_keep, in the bucket.
+    state = directory.checkpoint_state()
+    assert state.latest == f"{gcs_dir}/ckpt-5" and state.all == [f"{gcs_dir}/ckpt-4", state.latest]
+    restored, _, restored_model = _manager(gcs_dir)
+    assert restored.restore_or_initialize() == f"{gcs_dir}/ckpt-5"
+    for mine, theirs in zip(model.weights, restored_model.weights):
+        assert (mine.numpy() == theirs.numpy()).all()
+    manager.close()
+    assert not os.path.exists(manager._staging)

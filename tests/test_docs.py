@@ -1,0 +1,312 @@
+"""The docs: every snippet of README.md and docs/**/*.md runs or parses, every test they cite exists,
+and the site builds in strict mode with every page in its navigation.
+
+How a code block is checked follows its fence's language:
+
+- `python`: run in a fresh process;
+- `gin`: parsed by gin after `ctl.import_api()` registered ctl's configurables (`skip_unknown=False`: an
+  unknown name or parameter fails), once the page's other blocks ran (its modules are written);
+- `sh`: each command `python -m ctl.run|ctl.report|ctl.launch` in it has its flags checked against the
+  flags the program defines (`--helpxml` / `--help`), enum values included, and a `--gin_file` must exist;
+  other commands (pip, tensorboard, kubectl) are not run;
+- `yaml`: parsed; `json`: each line parsed;
+- `text` (or no language): output shown to the reader, not run.
+
+A page changes that with a marker, an HTML comment on the line before the fence (invisible on the site):
+
+- `<!-- docs-test: file NAME -->`: the block is the file NAME (a module, a gin file, a script):
+  written to the page's work dir, not run by itself (a gin file is still parsed);
+- `<!-- docs-test: run -->`: an `sh` block whose `python ...` commands run, in order, and must exit 0;
+- `<!-- docs-test: skip (REASON) -->`: not checked; the reason is required.
+
+A page's blocks are checked in order in a work dir of its own, which holds links to the repository's
+`configs/` and `experiments/`, so that commands read as if run from the repository's root and a block may
+use the files earlier blocks wrote (the tutorial writes its data, its task and its gin file, then trains).
+"""
+
+import concurrent.futures
+import functools
+import glob
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+from tests.cli import ROOT
+
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in
+                               glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+MARKER = re.compile(r"^\s*<!-- docs-test: (file (?P<file>\S+)|run|skip \((?P<reason>[^)]+)\)) -->\s*$")
+ANY_MARKER = re.compile(r"<!-- docs-test:")
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
+CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch))\b")
+RUN_TIMEOUT_S = 300
+
+
+class Block(NamedTuple):
+    page: str
+    line: int
+    lang: str
+    text: str
+    marker: Optional[re.Match]
+
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: str) -> List[Block]:
+    """The fenced code blocks of `page`, each with the marker on the line before it."""
+    with open(os.path.join(ROOT, page)) as f:
+        lines = f.read().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            if ANY_MARKER.search(lines[i]) and not MARKER.match(lines[i]):
+                raise AssertionError(f"{page}:{i + 1}: malformed marker {lines[i].strip()!r}")
+            i += 1
+            continue
+        indent = fence.group("indent")
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+        body = "\n".join(line[len(indent):] for line in lines[i + 1:end]) + "\n"
+        marker = MARKER.match(lines[i - 1]) if i else None
+        found.append(Block(page, i + 1, fence.group("lang") or "text", body, marker))
+        i = end + 1
+    for block in found:
+        if block.marker and block.marker.group(0).strip() == "<!-- docs-test: run -->":
+            assert block.lang == "sh", f"{block.where()}: `run` marks an sh block"
+    return found
+
+
+def commands(text: str) -> List[str]:
+    """The shell commands of a block: continuation lines joined, comments and blank lines dropped,
+    `a && b` split."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    found = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        found += [part.strip() for part in line.split("&&") if part.strip()]
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def flag_specs():
+    """The flags of ctl.run, ctl.report and ctl.launch (each program asked once, the three at a time)."""
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    with concurrent.futures.ThreadPoolExecutor(len(docs_reference.CLIS)) as pool:
+        return dict(zip(docs_reference.CLIS, pool.map(docs_reference.flag_spec, docs_reference.CLIS)))
+
+
+def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
+    """Every `--flag` of `args` is one `module` defines, with an allowed value; gin files exist."""
+    if module == "ctl.launch" and "--" in args:
+        split = args.index("--")
+        check_flags("ctl.run", args[split + 1:], where, workdir)
+        args = args[:split]
+    known = flag_specs()[module]
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        name, _, value = arg[2:].partition("=")
+        if module == "ctl.run" and name.startswith("gin."):
+            continue  # `--gin.NAME=VALUE`: a gin binding, checked by gin when the command runs.
+        assert name in known, f"{where}: `python -m {module}` has no flag --{name}"
+        assert not known[name] or value in known[name], (
+            f"{where}: --{name}={value} is not one of {sorted(known[name])}")
+        if name == "gin_file" and "://" not in value:
+            assert (os.path.exists(os.path.join(workdir, value))
+                    or os.path.exists(os.path.join(ROOT, value))), f"{where}: no gin file {value}"
+
+
+def environment(workdir: str):
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([workdir, ROOT]), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run(argv: List[str], where: str, workdir: str) -> None:
+    done = subprocess.run(argv, cwd=workdir, env=environment(workdir), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, (f"{where}: {' '.join(argv)} exited {done.returncode}\n"
+                                  f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
+def parse_gin(paths: List[str], where: str) -> None:
+    """Parses each gin file with ctl's configurables registered, as `ctl.run` would (in this process:
+    the test's working directory and `sys.path` are the page's work dir, so its modules import)."""
+    import gin
+    import ctl
+
+    ctl.import_api()
+    try:
+        for path in paths:
+            gin.clear_config()
+            try:
+                gin.parse_config_file(path, skip_unknown=False)
+            except Exception as error:  # noqa: BLE001 - any failure is the block's.
+                raise AssertionError(f"{where}: {os.path.basename(path)}: {error}") from error
+    finally:
+        gin.clear_config()
+
+
+def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
+    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others."""
+    marker = block.marker
+    kind = marker.group(0).split("docs-test: ")[1].split()[0] if marker else None
+    if kind == "skip":
+        return
+    if kind == "file":
+        path = os.path.join(workdir, marker.group("file"))
+        with open(path, "w") as f:
+            f.write(block.text)
+        if block.lang == "gin":
+            gin_files.append(path)
+        return
+    if block.lang == "python":
+        run([sys.executable, "-c", block.text], block.where(), workdir)
+    elif block.lang == "gin":
+        path = os.path.join(workdir, f"_line_{block.line}.gin")
+        with open(path, "w") as f:
+            f.write(block.text)
+        gin_files.append(path)
+    elif block.lang == "yaml":
+        import yaml
+        list(yaml.safe_load_all(block.text))
+    elif block.lang == "json":  # A JSON document, or JSON lines.
+        try:
+            json.loads(block.text)
+        except ValueError:
+            for line in block.text.splitlines():
+                if line.strip():
+                    json.loads(line)
+    elif block.lang in ("sh", "bash"):
+        for command in commands(block.text):
+            argv = shlex.split(command, comments=True)
+            ctl = CTL_COMMAND.search(command)
+            if kind == "run" and argv and re.fullmatch(r"(\S*/)?python3?", argv[0]):
+                run([sys.executable] + argv[1:], block.where(), workdir)
+            elif ctl:
+                start = argv.index(ctl.group(1)) + 1
+                check_flags(ctl.group(1), argv[start:], block.where(), workdir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES)
+def test_every_snippet_runs(page, tmp_path, monkeypatch):
+    for name in ("configs", "experiments"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    gin_files = []
+    for block in blocks(page):
+        check_block(block, str(tmp_path), gin_files)
+    if gin_files:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        parse_gin(gin_files, page)
+
+
+def test_the_markers_are_understood():
+    """A marker the runner does not know would silently skip its block."""
+    for page in PAGES:
+        blocks(page)  # Raises on a malformed marker.
+
+
+CITED_TEST = re.compile(r"(tests/test_\w+\.py)?::(test_\w+)|(tests/test_\w+\.py)")
+
+
+def test_every_cited_test_exists():
+    """A sentence citing a test that is gone (or was never there) is a false claim."""
+    missing = []
+    for page in PAGES + ["BUILD.md"]:
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        last_file = None
+        for match in CITED_TEST.finditer(text):
+            path = match.group(1) or match.group(3)
+            if path:
+                last_file = path
+                if not os.path.exists(os.path.join(ROOT, path)):
+                    missing.append(f"{page}: {path}")
+                    continue
+            if match.group(2):
+                assert last_file, f"{page}: ::{match.group(2)} names no file before it"
+                with open(os.path.join(ROOT, last_file)) as f:
+                    if not re.search(rf"def {match.group(2)}\b", f.read()):
+                        missing.append(f"{page}: {last_file}::{match.group(2)}")
+    assert not missing, "cited tests that do not exist:\n" + "\n".join(missing)
+
+
+def nav_pages(nav) -> List[str]:
+    pages = []
+    for item in nav:
+        value = list(item.values())[0] if isinstance(item, dict) else item
+        pages += nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
+    import yaml
+
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        config = yaml.load(f, Loader=yaml.BaseLoader)
+    in_nav = set(nav_pages(config["nav"]))
+    on_disk = {os.path.relpath(p, os.path.join(ROOT, "docs"))
+               for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)}
+    generated = {"reference/cli.md", "reference/gin.md", "reference/api.md"}
+    assert on_disk | generated == in_nav, (
+        f"not in the navigation: {sorted(on_disk | generated - in_nav)}; "
+        f"in it but missing: {sorted(in_nav - on_disk - generated)}")
+    # The built navigation links every page (what a reader can click), from the home page.
+    with open(site / "index.html") as f:
+        links = set(re.findall(r'class="md-nav__link[^"]*"[^>]*href="([^"#]+)"|href="([^"#]+)"[^>]*class="md-nav__link',
+                               f.read()))
+    hrefs = {os.path.normpath(a or b) for a, b in links}
+    for page in in_nav:
+        html = os.path.splitext(page)[0] + ".html"
+        assert (site / html).exists(), f"{page} was not built"
+        assert html in hrefs, f"{page} is not linked from the site's navigation"
+
+
+def _hand_written(page: str) -> str:
+    with open(os.path.join(ROOT, "docs", page)) as f:
+        return f.read()
+
+
+def test_every_exit_status_in_the_code_is_explained():
+    """An `EXIT_*` constant added to ctl (the generated table lists it) needs a row saying what to do."""
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    explained = set(re.findall(r"^\| (\d+) \|", _hand_written("reference/exit-statuses.md"), re.M))
+    constants = docs_reference.exit_constants()
+    assert constants, "no EXIT_* constant found in ctl"
+    missing = [f"{name} = {value} ({module})" for value, name, module in constants
+               if str(value) not in explained]
+    assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
+
+
+def test_every_file_of_the_model_dir_is_in_the_reference():
+    """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
+    from ctl.core import model_dir
+
+    names = {value for name, value in vars(model_dir).items()
+             if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
+    assert names, "no *_FILE or *_DIR constant in ctl.core.model_dir"
+    rows = _hand_written("reference/model-dir.md")
+    missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
+    assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

@@ -1,0 +1,113 @@
+"""A model dir in an object store: every mode and every eval-side file on a real GCS API.
+
+The `gcs` fixture (tests/conftest.py, tests/gcs) serves a GCS emulator behind a
+TLS proxy on 127.0.0.1; TensorFlow's own `gs://` filesystem talks to it. Nothing
+here reads the model dir but through `tf.io.gfile`, as ctl must.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
+from tests.cli import ROOT, ctl_stderr_lines, run_ctl
+
+COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
+WAIT_S = 300
+
+pytestmark = pytest.mark.slow
+
+
+def listing(path):
+    return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(path)) \
+        if tf.io.gfile.isdir(path) else []
+
+
+def published(path):
+    return tf.io.gfile.exists(f"{path}/{PUBLISHED_MARKER}")
+
+
+def markers(model_dir):
+    """pid of the process that published each export and best checkpoint."""
+    owners = {}
+    for root in (f"{model_dir}/export/latest", f"{model_dir}/export/best", f"{model_dir}/best"):
+        for name in listing(root):
+            record = read_json(f"{root}/{name}/{PUBLISHED_MARKER}")
+            if record:
+                owners[f"{root}/{name}"] = record["pid"]
+    return owners
+
+
+def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
+    model_dir = f"{gcs_dir}/run"
+    trained = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
+                      f"--gin_file={COMFORTS_GIN}", timeout=WAIT_S)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    directory = ModelDir(model_dir)
+    assert sorted(directory.checkpoints()) == [40]
+    assert [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "eval"] \
+        == [10, 20, 30, 40]
+    for name, steps in (("latest", ["30", "40"]), ("final", ["40"]), ("checkpoint", ["40"])):
+        assert listing(f"{model_dir}/export/{name}")[-len(steps):] == steps, name
+        assert all(published(f"{model_dir}/export/{name}/{s}") for s in steps), name
+    best = read_json(directory.best_record_file)
+    assert best["step"] == 40 and published(os.path.dirname(best["path"]))
+    served = tf.saved_model.load(f"{model_dir}/export/final/40")
+    assert "serving_default" in served.signatures
+
+    # The sidecar reads the trainer's config.gin from the bucket (no --gin_file).
+    sidecar = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    assert sidecar.returncode == 0, sidecar.stderr[-3000:]
+    records = read_json_lines(directory.sidecar_metrics_file)
+    assert [r["number"] for r in records] == [40]
+    assert read_json(directory.sidecar_progress_file)
+
+    evaluated = run_ctl("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                        timeout=WAIT_S)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+
+    # A --gin_file in the bucket, too, and smoke mode with a gs:// model dir.
+    gin_copy = f"{gcs_dir}/configs/comforts.gin"
+    tf.io.gfile.makedirs(os.path.dirname(gin_copy))
+    tf.io.gfile.copy(COMFORTS_GIN, gin_copy)
+    smoke = run_ctl("--mode=smoke", f"--model_dir={gcs_dir}/smoke", f"--gin_file={gin_copy}",
+                    timeout=WAIT_S)
+    assert smoke.returncode == 0, smoke.stderr[-3000:]
+
+    report = subprocess.run([sys.executable, "-m", "ctl.report", f"--model_dir={model_dir}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert f"curves: {model_dir}/report.png" in report.stdout
+    assert tf.io.gfile.stat(f"{model_dir}/report.png").length > 1000
+
+
+def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
+    model_dir = f"{gcs_dir}/run"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
+         f"--gin_file={COMFORTS_GIN}", "--gin_bindings=ctl.Schedule.train_steps=100000",
+         "--gin_bindings=ctl.Experiment.hooks=[]"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not ModelDir(model_dir).checkpoints():  # Training, its lease taken.
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.5)
+        second = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                         timeout=WAIT_S)
+        assert second.returncode == 2, second.stderr[-3000:]
+        [line] = ctl_stderr_lines(second.stderr)
+        assert "is in use by another trainer" in line and f"pid {first.pid}" in line, line
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=WAIT_S)
+    assert first.returncode == 75, first.stderr.read()[-3000:]
+    assert not tf.io.gfile.exists(ModelDir(model_dir).trainer_lock_file)  # Released.
