@@ -213,8 +213,9 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         config.save_config(model_dir)
 
     try:
-        output = _run_mode(mode, controller, schedule,
-                           _Evaluations(model_dir, eval_side if chief else None, strategy))
+        evaluations = (_Evaluations(model_dir, eval_side if chief else None, strategy)
+                       if mode == "train_and_eval" else None)
+        output = _run_mode(mode, controller, schedule, evaluations)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
@@ -226,8 +227,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule, evaluations: "_Evaluations"
-              ) -> Dict[str, Any]:
+def _run_mode(mode: str, controller: Controller, schedule,
+              evaluations: Optional["_Evaluations"]) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
