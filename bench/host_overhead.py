@@ -13,9 +13,8 @@ busy, which is why they cost more here than timed alone.
 
 Then, per call of a one-step `raw_fused` loop (interleaved, `--calls` a round):
 what calling the loop costs through its `tf.function` (which finds its trace
-again on every call), through the public call of its concrete function, and
-through `ctl.core.direct_call.DirectCall` (the concrete function on its flat
-inputs), as ctl's Trainer calls its loops.
+again on every call; ctl's Trainer calls its loops so) and through the public
+call of its concrete function.
 """
 
 import argparse
@@ -27,7 +26,6 @@ import tensorflow as tf
 from bench import loops, measure
 from bench.workloads import BenchTask
 from ctl.core.controller import to_numpy
-from ctl.core.direct_call import DirectCall
 
 
 def main():
@@ -77,15 +75,13 @@ def main():
 
 
 def calls(count: int, rounds: int) -> None:
-    """Times a one-step loop's call three ways (see the module docstring)."""
+    """Times a one-step loop's call two ways (see the module docstring)."""
     task = BenchTask("mlp")
     loop, iterator, _, _ = loops.raw_train_loop(task, fused=True)
     one = tf.constant(1)
     concrete = loop.get_concrete_function(iterator, one)
-    direct, key = DirectCall(loop), object()  # One iterator all along: any key that stays.
-    ways = {"call: through tf.function": lambda: loop(iterator, one),
-            "call: concrete function, public call": lambda: concrete(iterator, one),
-            "call: DirectCall (ctl's loops)": lambda: direct(iterator, one, key=key)}
+    ways = {"call: through tf.function (ctl's loops)": lambda: loop(iterator, one),
+            "call: concrete function, public call": lambda: concrete(iterator, one)}
 
     def repeat(call):
         for _ in range(count):

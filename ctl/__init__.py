@@ -1,7 +1,8 @@
 """ctl: custom training loops for TensorFlow 2, configured with gin.
 
 The public API: subclass `Task`, configure an `Experiment` with gin, and call
-`run_experiment` (or `python -m ctl.run`).
+`run_experiment` (or `python -m ctl.run`). The hooks a run may list
+(`ctl.Experiment.hooks`) and the hook protocol are `ctl.hooks.*`.
 
 `import ctl` itself is cheap: the first use of any public name imports the
 whole API (TensorFlow and every gin configurable with it), so that a tool
@@ -11,35 +12,25 @@ had been imported eagerly.
 """
 
 import importlib
-import os
-
-# TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
-# loop's own log; keep warnings and errors. A value the user set wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],
     "ctl.adapters.model_garden": ["ModelGardenTask"],
-    "ctl.comforts.best": ["BestCheckpoint"],
-    "ctl.comforts.exporting": ["BestExporter", "CheckpointExporter", "FinalExporter",
-                               "LatestExporter"],
-    "ctl.comforts.hooks": ["EarlyStopping"],
-    "ctl.comforts.keras_callbacks": ["KerasCallbacks"],
-    "ctl.comforts.profile": ["Profile"],
-    "ctl.comforts.warm_start": ["WarmStart"],
-    "ctl.core.aggregation": ["Reducer"],
+    "ctl.core.aggregation": ["Aggregation", "Reducer"],
+    "ctl.core.checkpointing": ["restore_model"],
     "ctl.core.errors": ["UserError"],
-    "ctl.core.hooks": ["Hook", "Run", "StopRequest"],
-    "ctl.core.schedules": ["WarmUp", "register_schedules"],
+    "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],
-    "ctl.core.trainer": ["Trainer"],
+    "ctl.core.trainer": ["TrainLoopEnd", "Trainer"],
     "ctl.experiment": ["Experiment", "Schedule"],
     "ctl.faults.handler": ["FaultTolerance"],
     "ctl.sidecar.scheduler": ["ContinuousEval"],
     "ctl.train_lib": ["MODES", "run_experiment"],
 }
+# The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks.py).
+_SUBMODULES = ["hooks"]
 
-__all__ = sorted(name for names in _MODULES.values() for name in names)
+__all__ = sorted([name for names in _MODULES.values() for name in names] + _SUBMODULES)
 
 
 def import_api() -> None:
@@ -52,6 +43,8 @@ def import_api() -> None:
         loaded = importlib.import_module(module)
         for name in names:
             globals()[name] = getattr(loaded, name)
+    for name in _SUBMODULES:
+        globals()[name] = importlib.import_module(f"ctl.{name}")
 
 
 def __getattr__(name):

@@ -1,4 +1,4 @@
-"""The only place where ctl touches internals of its dependencies: four entries.
+"""The only place where ctl touches internals of its dependencies: three entries.
 
 Everything else in ctl uses public APIs. Each entry says why no public API
 does the job, and `tests/test_compat.py` checks it against the installed
@@ -23,16 +23,10 @@ the dependency, its version and the entry.
    restores through it but reports no per-variable match, which warm start's
    report and the sidecar's checks need. The graph is part of TensorFlow's
    checkpoint format; its key and proto are not exported under `tf.*`.
-4. `flat_caller(concrete)`: calling a traced loop's `ConcreteFunction` on its
-   flat input tensors. The public call (`concrete(*args)`) binds and converts
-   the structured arguments again on every call: 0.2-0.45 ms of host time per
-   train loop call here, about as much as the `tf.function` lookup that
-   `ctl.core.direct_call` saves. `ConcreteFunction._call_flat` is where that
-   public call ends. Without it, ctl uses the public call.
 """
 
 import types
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Iterable, List
 
 import gin
 import tensorflow as tf
@@ -83,13 +77,3 @@ def checkpoint_object_graph(reader):
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     return graph
-
-
-def flat_caller(concrete) -> Optional[Callable[[list], Any]]:
-    """`call(flat_inputs)`: runs `concrete` (a `ConcreteFunction`) on its input tensors,
-    flattened as `tf.nest.flatten(args, expand_composites=True)` flattens them, and returns
-    its structured outputs; None if this TensorFlow has no such entry."""
-    call_flat = getattr(concrete, "_call_flat", None)
-    if call_flat is None:
-        return None
-    return lambda flat_inputs: call_flat(flat_inputs, concrete.captured_inputs)

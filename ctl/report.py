@@ -109,9 +109,13 @@ def plot_panels(panels, path: str) -> None:
     (`path` may be in an object store)."""
     import io
 
-    import matplotlib
-
     from ctl.core.model_dir import write_atomically
+
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
+                        "pip install 'ctl[report]' (or matplotlib).") from error
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -235,6 +239,9 @@ def plot_runs(runs, path: str) -> None:
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
+    # TensorFlow's C++ INFO lines: warnings and errors only (a value the user set wins).
+    # Before TensorFlow's import, here, so that `import ctl.report` changes nothing.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     logging.set_verbosity(logging.WARNING)
     try:
         if len(FLAGS.model_dir) > 1:

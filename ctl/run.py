@@ -24,12 +24,18 @@ at once. Gin mistakes that need the code (an unknown parameter, a module that
 does not import) are found after the import, by `ctl.core.config.parse`.
 """
 
-import logging as std_logging
 import os
-import signal
-import sys
 
-from absl import app, flags, logging
+# TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
+# loop's own log: this command keeps warnings and errors. Set before TensorFlow is
+# imported; a value the user set wins. (`import ctl` leaves the process's setting alone.)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import logging as std_logging  # noqa: E402 - after the setting above.
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
 
 import ctl
 from ctl.cluster import tf_config as cluster

@@ -26,7 +26,7 @@ from ctl.cluster.tf_config import MODES
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog, read_metrics
-from ctl.core import config, console
+from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
@@ -35,7 +35,7 @@ from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import Trainer
+from ctl.core.trainer import EvaluationStopped, Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
@@ -82,6 +82,8 @@ def run_experiment(
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
     lock = ModelDirLock(model_dir) if train and chief else None
+    if lock is not None:
+        lock.check()  # Before reading checkpoints that a live trainer is retiring meanwhile.
     with contextlib.ExitStack() as stack:
         if lock is not None:
             stack.callback(lock.release)
@@ -148,8 +150,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         checkpoint_interval=schedule.checkpoint_interval,
         init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
-    faults = (FaultHandler(experiment.fault_tolerance, trainer, manager, watcher,
-                           train_steps=schedule.train_steps) if train else None)
+    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
     train_actions = []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
@@ -196,6 +197,7 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
+    contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
     if chief:
         ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:
@@ -216,11 +218,14 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         evaluations = (_Evaluations(model_dir, eval_side if chief else None, strategy)
                        if mode == "train_and_eval" else None)
         output = _run_mode(mode, controller, schedule, evaluations)
+    except EvaluationStopped:  # A signal during an in-line evaluation.
+        faults.preempt(controller.step)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if train and chief:
         ModelDir(model_dir).mark_finished(controller.step,
-                                          controller.checkpoint_manager.latest_checkpoint)
+                                          controller.checkpoint_manager.latest_checkpoint,
+                                          schedule.train_steps)
     hooks.call("on_trial_close", output)
     if train and chief:
         run_end.say_done(model_dir, controller.step, output if mode != "train" else None)

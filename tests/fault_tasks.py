@@ -7,7 +7,9 @@ with a seed and an epoch is not a multiple of the checkpoint interval, so a
 resume that restarted the input (or lost the dropout RNG) ends elsewhere.
 """
 
+import os
 import sys
+import time
 
 import gin
 import keras
@@ -35,6 +37,12 @@ class ProbeTask(RegressionTask):
         replica per worker).
       progress_in_step: False leaves writing the progress to the trainer
         (`ProgressTrainer`), e.g. when XLA compiles the step.
+      hold_at_step, hold_file: step `hold_at_step`, once it has written its
+        progress, waits (up to 120 s) until `hold_file` exists: a test may act
+        while it runs (signal the process) and then let it end.
+      eval_progress_file, hold_at_eval_step: each eval step appends its number
+        (counted over the process, from 1) to `eval_progress_file`; step
+        `hold_at_eval_step` then waits for `hold_file` as above.
 
     Steps are counted by the optimizer's iterations (+ 1), unless a
     `GlobalStepTrainer` gave the task its `global_step`: then `nan_at_steps` are
@@ -47,8 +55,14 @@ class ProbeTask(RegressionTask):
 
     def __init__(self, progress_file=None, nan_at_steps=(), transient=True, dropout=0.25,
                  train_examples=120, nan_replica=None, print_steps=False,
-                 progress_in_step=True, **kwargs):
+                 progress_in_step=True, hold_at_step=None, hold_file=None,
+                 eval_progress_file=None, hold_at_eval_step=None, **kwargs):
         super().__init__(train_examples=train_examples, **kwargs)
+        self.hold_at_step = hold_at_step
+        self.hold_file = hold_file
+        self.eval_progress_file = eval_progress_file
+        self.hold_at_eval_step = hold_at_eval_step
+        self.eval_steps_run = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self.progress_file = progress_file
         self.progress_in_step = progress_in_step
         self.dropout = dropout
@@ -91,6 +105,8 @@ class ProbeTask(RegressionTask):
         with tf.GradientTape() as tape:
             outputs = tf.cast(model(features, training=True), tf.float32)
             loss = self.build_losses(labels, outputs)
+            if self.hold_at_step is not None:  # The loss waits for the hold: the step ends after it.
+                loss *= tf.ensure_shape(tf.py_function(self._hold, [step], tf.float32), [])
             if self.nan_replica is None or replica == self.nan_replica:
                 loss *= self._poison(step if self.global_step is None else
                                      tf.cast(self.global_step.read_value(), tf.int64) + 1)
@@ -100,6 +116,27 @@ class ProbeTask(RegressionTask):
         for metric in metrics:
             metric.update_state(labels, outputs)
         return {"loss": loss}
+
+    def validation_step(self, inputs, model, metrics):
+        if self.eval_progress_file:
+            number = self.eval_steps_run.assign_add(1)
+            tf.print(number, output_stream=f"file://{self.eval_progress_file}")
+            if self.hold_at_eval_step is not None:  # The step's inputs wait for the hold.
+                go = tf.ensure_shape(tf.py_function(self._hold_eval, [number], tf.float32), [])
+                inputs = (inputs[0] * go, inputs[1])
+        return super().validation_step(inputs, model, metrics)
+
+    def _hold_eval(self, number):
+        return self._hold(number, self.hold_at_eval_step)
+
+    def _hold(self, step, hold_at=None):
+        if int(step) == (self.hold_at_step if hold_at is None else hold_at):
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.hold_file):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.hold_file} did not appear in 120 s")
+                time.sleep(0.01)
+        return tf.constant(1.0)
 
     def _poison(self, step):
         if self.global_step is None:

@@ -47,16 +47,54 @@ class TwoEvalSetsTask(RegressionTask):
         return tf.data.Dataset.from_tensor_slices((features, targets)).batch(4)
 
 
-@gin.configurable
-class SlowEvalCallback(keras.callbacks.Callback):
-    """Makes each evaluation take at least `seconds` (an evaluator slower than its trainer)."""
+def wait_for_file(path, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.01)
 
-    def __init__(self, seconds=1.0):
+
+@gin.configurable
+class GatedRegressionTask(RegressionTask):
+    """RegressionTask whose train steps `gated_steps` each wait for a file
+    `<gate_dir>/train-<step>`: a test decides when the trainer goes on."""
+
+    def __init__(self, gate_dir=None, gated_steps=(), **kwargs):
+        super().__init__(**kwargs)
+        self.gate_dir = gate_dir
+        self.gated_steps = tuple(gated_steps)
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        step = tf.cast(optimizer.iterations, tf.int64) + 1
+        go = tf.ensure_shape(tf.py_function(self._gate, [step], tf.float32), [])
+        features, labels = inputs
+        # The step's inputs wait for the gate: the step, and the loop, end after it.
+        return super().train_step((features * go, labels), model, optimizer, metrics)
+
+    def _gate(self, step):
+        if int(step) in self.gated_steps:
+            wait_for_file(os.path.join(self.gate_dir, f"train-{int(step)}"))
+        return tf.constant(1.0)
+
+
+@gin.configurable
+class GateCallback(keras.callbacks.Callback):
+    """Evaluation number k (from 1) of those in `gated` writes `<gate_dir>/eval-k.started`
+    once its checkpoint is restored, then waits for `<gate_dir>/eval-k`."""
+
+    def __init__(self, gate_dir=None, gated=()):
         super().__init__()
-        self.seconds = seconds
+        self.gate_dir = gate_dir
+        self.gated = tuple(gated)
+        self.count = 0
 
     def on_test_begin(self, logs=None):
-        time.sleep(self.seconds)
+        self.count += 1
+        if self.count in self.gated:
+            name = os.path.join(self.gate_dir, f"eval-{self.count}")
+            open(name + ".started", "w").close()
+            wait_for_file(name)
 
 
 class RecordingCallback(keras.callbacks.Callback):

@@ -75,9 +75,23 @@ def test_build_md_layout_names_every_module_of_ctl():
     assert _layout_modules() == on_disk
 
 
-def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = ROOT
+    result = _python("import os, ctl; ctl.Task; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))",
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "None"
+    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out.
+    result = _python(None, "-m", "ctl.run", "--mode=trian", env=env)
+    assert result.returncode == 2 and "--mode" in result.stderr, result.stderr
+    assert "oneDNN custom operations" not in result.stderr
+    assert "oneDNN custom operations" in _python("import tensorflow", env=env).stderr
 
 
 def test_the_tools_that_need_no_tensorflow_start_without_it():
@@ -91,15 +105,30 @@ def test_the_tools_that_need_no_tensorflow_start_without_it():
 
 def test_the_first_public_name_imports_the_whole_api():
     result = _python("import ctl; ctl.Task; import gin; "
-                     "print(gin.get_configurable('ctl.WarmUp'), gin.get_configurable('ctl.Profile'))")
+                     "print(gin.get_configurable('ctl.with_warmup'), gin.get_configurable('ctl.hooks.Profile'))")
     assert result.returncode == 0, result.stderr
 
 
 def test_ctl_run_knows_every_ctl_configurable_before_it_parses(tmp_path):
-    """A binding of a configurable no imported module touched (ctl.WarmUp) is not 'unknown'."""
+    """A binding of a configurable no imported module touched (ctl.with_warmup) is not 'unknown'."""
     result = _python(None, "-m", "ctl.run", "--mode=train", f"--model_dir={tmp_path / 'run'}",
-                     "--gin_bindings=ctl.WarmUp.warmup_steps=1",
+                     "--gin_bindings=ctl.with_warmup.warmup_steps=1",
                      "--gin_bindings=keras.optimizers.schedules.CosineDecay.decay_steps=5")
     assert result.returncode == 2
     assert "Required bindings for `Experiment` not provided in config: ['task']" in result.stderr
     assert "No configurable matching" not in result.stderr
+
+
+def test_the_top_level_reads_as_the_concepts_and_the_hooks_are_ctl_hooks():
+    import gin
+
+    import ctl
+
+    hooks = {"BestCheckpoint", "BestExporter", "CheckpointExporter", "EarlyStopping",
+             "FinalExporter", "KerasCallbacks", "LatestExporter", "Profile", "WarmStart"}
+    assert not hooks & set(ctl.__all__) and {"TrainLoopEnd", "Aggregation", "hooks"} <= set(ctl.__all__)
+    ctl.import_api()  # As the first use of a public name, or ctl.run, does: registers them with gin.
+    for name in hooks:
+        assert gin.get_configurable(f"ctl.hooks.{name}") is getattr(ctl.hooks, name), name
+    assert {"Hook", "Run", "StopRequest"} | hooks == set(ctl.hooks.__all__)
+    assert gin.get_configurable("ctl.with_warmup") is ctl.with_warmup

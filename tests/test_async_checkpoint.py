@@ -11,12 +11,13 @@ from ctl.core.errors import UserError
 from tests.tasks import RegressionTask
 
 
-def _train(model_dir, strategy, flavor, async_checkpointing, mode="train"):
+def _train(model_dir, strategy, flavor, async_checkpointing, mode="train", hooks=()):
     schedule = ctl.Schedule(
         train_steps=30, steps_per_loop=10, checkpoint_interval=10, eval_interval=20,
         max_checkpoints=5, async_checkpointing=async_checkpointing,
     )
-    experiment = ctl.Experiment(task=RegressionTask(flavor=flavor), schedule=schedule)
+    experiment = ctl.Experiment(task=RegressionTask(flavor=flavor), schedule=schedule,
+                                hooks=list(hooks))
     return ctl.run_experiment(mode, str(model_dir), strategy, experiment)
 
 
@@ -52,8 +53,26 @@ def test_async_train_and_eval_resumes_from_its_checkpoint(tmp_path):
     model_dir = tmp_path / "run"
     first = _train(model_dir, None, "keras3", async_checkpointing=True, mode="train_and_eval")
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-30")
-    # A second run restores step 30 and only evaluates: same results.
-    again = _train(model_dir, None, "keras3", async_checkpointing=True, mode="train_and_eval")
+    # A second run restores step 30 and only evaluates: it trains no step, saves
+    # nothing, and evaluates what the first run trained.
+    seen = []
+
+    class Recorder(ctl.hooks.Hook):
+        def on_checkpoint_load(self, path):
+            seen.append(("load", os.path.basename(path), self.run.step))
+
+        def on_train_loop_end(self, unused_logs):
+            seen.append(("train", self.run.step))
+
+        def on_checkpoint_end(self, path):
+            seen.append(("save", os.path.basename(path)))
+
+        def on_eval_end(self, unused_logs):
+            seen.append(("eval", self.run.step))
+
+    again = _train(model_dir, None, "keras3", async_checkpointing=True, mode="train_and_eval",
+                   hooks=[Recorder()])
+    assert seen == [("load", "ckpt-30", 30), ("eval", 30)]
     assert float(again["loss"]) == pytest.approx(float(first["loss"]))
 
 

@@ -175,11 +175,11 @@ CASES = {
         run("--gin_bindings=ctl.Trainer.use_tf_function=False"), "use_tf_while_loop=True needs",
         model_dir="new"),
     "EarlyStopping patience 0": Case(
-        run("--gin_bindings=ctl.Experiment.hooks=[@ctl.EarlyStopping()]",
-            "--gin_bindings=ctl.EarlyStopping.patience=0"), "patience (0)", model_dir="new"),
+        run("--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
+            "--gin_bindings=ctl.hooks.EarlyStopping.patience=0"), "patience (0)", model_dir="new"),
     "exporter max_to_keep 0": Case(
-        run("--gin_bindings=ctl.Experiment.hooks=[@ctl.LatestExporter()]",
-            "--gin_bindings=ctl.LatestExporter.max_to_keep=0"), "max_to_keep (0)", model_dir="new"),
+        run("--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.LatestExporter()]",
+            "--gin_bindings=ctl.hooks.LatestExporter.max_to_keep=0"), "max_to_keep (0)", model_dir="new"),
     "hook without hook methods": Case(
         run("--gin_bindings=ctl.Experiment.hooks=[@ctl.Schedule()]",
             "--gin_bindings=ctl.Schedule.train_steps=1"), "none of the hook methods",

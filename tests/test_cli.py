@@ -3,9 +3,11 @@
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
+from tests.tasks import regression_data
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +71,20 @@ def test_mirrored_over_two_logical_cpus(tmp_path, loop):
     assert "setup | --strategy=mirrored: 2 replica(s) on " in result.stdout
     assert "device:CPU:1" in result.stdout
     evals = scalars(os.path.join(tmp_path, "eval"))
-    assert evals["examples"][20] == 10.0 and evals["loss"][20] < 10.0
+    assert evals["examples"][20] == 10.0
+    # Two replicas of half a batch each take the steps one device takes on the whole batch.
+    alone = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path / 'alone'}",
+                    f"--gin_file={TEST_GIN}", "--gin_bindings=RegressionTask.flavor='tf_keras'")
+    assert alone.returncode == 0, alone.stderr
+    expected = scalars(os.path.join(tmp_path, "alone", "eval"))["loss"]
+    assert expected[20] < 0.5 * expected[10] < 0.5 * untrained_eval_loss()
+    assert evals["loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def untrained_eval_loss():
+    """RegressionTask's eval loss before any step (zero weights): the mean squared target."""
+    _, targets = regression_data(10, seed=1)
+    return float(np.mean(np.square(targets)))
 
 
 def _bad_gin_file(tmp_path, text):

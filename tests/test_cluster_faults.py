@@ -242,8 +242,8 @@ def test_multi_worker_nan_on_one_replica_stops_or_recovers_every_worker_alike(tm
         assert lines[-1].startswith("ctl.run: error: the training loss is NaN or Inf at step 15 "), lines
     assert latest_step(stop_dir) == 10  # Nothing computed from step 15 saved.
 
-    hooks = ("ctl.Experiment.hooks=[@ctl.BestCheckpoint(), @ctl.LatestExporter(), "
-             "@ctl.BestExporter(), @ctl.FinalExporter()]", "ctl.Schedule.eval_interval=100")
+    hooks = ("ctl.Experiment.hooks=[@ctl.hooks.BestCheckpoint(), @ctl.hooks.LatestExporter(), "
+             "@ctl.hooks.BestExporter(), @ctl.hooks.FinalExporter()]", "ctl.Schedule.eval_interval=100")
     recovering = Launched(tmp_path, "recover", ["--workers=2"], *LONG_RUN, *hooks,
                           "ProbeTask.nan_at_steps=[123]", "ProbeTask.nan_replica=1",
                           "ctl.FaultTolerance.nan_policy='recover'",

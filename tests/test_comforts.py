@@ -1,12 +1,13 @@
 """Exporters, best checkpoint, hooks, early stopping, warm start, smoke mode, report, gin
 comforts: through the CLI on real runs, plus the hook protocol in-process."""
 
+import ctypes
 import glob
 import json
 import os
 import re
 import shutil
-import threading
+import struct
 
 import numpy as np
 import pytest
@@ -111,10 +112,10 @@ def test_early_stopping_stops_cleanly(tmp_path):
     # `examples` is 10 at every evaluation: never an improvement after the first.
     result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
                      f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
-                     "--gin.ctl.Experiment.hooks=[@ctl.EarlyStopping()]",
-                     "--gin.ctl.EarlyStopping.metric='examples'",
-                     "--gin.ctl.EarlyStopping.higher_is_better=True",
-                     "--gin.ctl.EarlyStopping.patience=2")
+                     "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
+                     "--gin.ctl.hooks.EarlyStopping.metric='examples'",
+                     "--gin.ctl.hooks.EarlyStopping.higher_is_better=True",
+                     "--gin.ctl.hooks.EarlyStopping.patience=2")
     assert result.returncode == 0, result.stderr
     assert "early stopping: examples has not improved" in result.stdout
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
@@ -122,9 +123,9 @@ def test_early_stopping_stops_cleanly(tmp_path):
     # A restart remembers the stop: no more training.
     again = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
-                    "--gin.ctl.Experiment.hooks=[@ctl.EarlyStopping()]",
-                    "--gin.ctl.EarlyStopping.metric='examples'",
-                    "--gin.ctl.EarlyStopping.patience=2")
+                    "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
+                    "--gin.ctl.hooks.EarlyStopping.metric='examples'",
+                    "--gin.ctl.hooks.EarlyStopping.patience=2")
     assert again.returncode == 0, again.stderr
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
 
@@ -139,9 +140,9 @@ def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
     warm = str(tmp_path / "warm")
     warm_args = [f"--model_dir={warm}", f"--gin_file={COMFORTS_GIN}",
                  "--gin.ctl.Experiment.task=@EncoderTask()",
-                 "--gin.ctl.Experiment.hooks=[@ctl.WarmStart()]",
-                 f"--gin.ctl.WarmStart.init_checkpoint='{pretrained}'",
-                 "--gin.ctl.WarmStart.include=['encoder']"]
+                 "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart()]",
+                 f"--gin.ctl.hooks.WarmStart.init_checkpoint='{pretrained}'",
+                 "--gin.ctl.hooks.WarmStart.include=['encoder']"]
     result = run_ctl("--mode=train", "--gin.ctl.Schedule.train_steps=0", *warm_args)
     assert result.returncode == 0, result.stderr
     assert "restored 2 of 2 chosen variables (include=['encoder'])" in result.stdout
@@ -161,9 +162,9 @@ def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
     fresh = tmp_path / "fresh"
     result = run_ctl("--mode=train", f"--model_dir={fresh}", f"--gin_file={COMFORTS_GIN}",
                      "--gin.ctl.Experiment.task=@EncoderTask()",
-                     "--gin.ctl.Experiment.hooks=[@ctl.WarmStart()]",
-                     f"--gin.ctl.WarmStart.init_checkpoint='{pretrained}'",
-                     "--gin.ctl.WarmStart.checkpoint_prefix='encoder'")
+                     "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart()]",
+                     f"--gin.ctl.hooks.WarmStart.init_checkpoint='{pretrained}'",
+                     "--gin.ctl.hooks.WarmStart.checkpoint_prefix='encoder'")
     one_error_line(result, "matches none of the 4 chosen variables")
     assert not glob.glob(str(fresh / "ckpt-*"))
 
@@ -296,7 +297,7 @@ def test_keras_early_stopping_callback_stops_the_run(tmp_path):
     import keras
 
     stopper = keras.callbacks.EarlyStopping(monitor="val_examples", mode="max", patience=1)
-    hooks = [ctl.KerasCallbacks([stopper]), Recorder()]
+    hooks = [ctl.hooks.KerasCallbacks([stopper]), Recorder()]
     ctl.run_experiment("train_and_eval", str(tmp_path),
                        experiment=experiment(hooks, train_steps=200))
     evals = [call[1] for call in hooks[1].calls if call[0] == "eval"]
@@ -307,7 +308,7 @@ def test_keras_early_stopping_callback_stops_the_run(tmp_path):
 def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path):
     """`--mode=eval` (as a sidecar does): hooks act on the restored checkpoint."""
     ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=20))
-    hooks = [ctl.LatestExporter(), ctl.BestCheckpoint()]
+    hooks = [ctl.hooks.LatestExporter(), ctl.hooks.BestCheckpoint()]
     ctl.run_experiment("eval", str(tmp_path), experiment=experiment(hooks, train_steps=20))
     expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
@@ -320,7 +321,7 @@ def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path
 def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     """continuous_eval exports and tracks the best of every checkpoint it evaluates."""
     ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=40))
-    hooks = [ctl.LatestExporter(), ctl.BestCheckpoint(), FinalExporter()]
+    hooks = [ctl.hooks.LatestExporter(), ctl.hooks.BestCheckpoint(), FinalExporter()]
     from ctl.sidecar import continuous_eval
     continuous_eval.evaluate_continuously(
         str(tmp_path), experiment=experiment(hooks, train_steps=40),
@@ -344,12 +345,12 @@ def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
 
     logs = {"clean": {"loss": np.float32(0.5), "accuracy": np.float32(0.75)},
             "noisy": {"loss": tf.constant(1.5), "accuracy": 0.25}, "steps_per_second": 10.0}
-    assert metric_value(logs, "noisy/accuracy", "ctl.BestCheckpoint") == 0.25
+    assert metric_value(logs, "noisy/accuracy", "ctl.hooks.BestCheckpoint") == 0.25
     assert scalars(logs) == {"clean/loss": 0.5, "clean/accuracy": 0.75, "noisy/loss": 1.5,
                              "noisy/accuracy": 0.25, "steps_per_second": 10.0}
     with pytest.raises(ctl.UserError, match=r"'accuracy' is not among the evaluation results "
                        r"\(clean/accuracy, clean/loss, noisy/accuracy, noisy/loss, steps_per"):
-        metric_value(logs, "accuracy", "ctl.BestCheckpoint")
+        metric_value(logs, "accuracy", "ctl.hooks.BestCheckpoint")
 
 
 def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
@@ -359,9 +360,9 @@ def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
     record holds only the value, not the step and path that BestExporter,
     BestCheckpoint and `ctl.report` need."""
     step = tf.Variable(7, dtype=tf.int64)
-    run = ctl.Run(model_dir=str(tmp_path), model=None, checkpoint=tf.train.Checkpoint(step=step),
+    run = ctl.hooks.Run(model_dir=str(tmp_path), model=None, checkpoint=tf.train.Checkpoint(step=step),
                   global_step=step)
-    best_checkpoint, best_exporter = ctl.BestCheckpoint(), ctl.BestExporter()
+    best_checkpoint, best_exporter = ctl.hooks.BestCheckpoint(), ctl.hooks.BestExporter()
     for hook in (best_checkpoint, best_exporter):
         hook.bind(run)
     assert os.listdir(tmp_path) == []
@@ -372,43 +373,63 @@ def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
         "step/.ATTRIBUTES/VARIABLE_VALUE") == 7
 
 
-class _BigTask(RegressionTask):
-    """A 16 MB model: its SavedModel takes long enough to write to be watched."""
+class DirectoryEvents:
+    """The entries created in, or renamed into, one local directory, as Linux's inotify
+    queues them: every event, in order, none missed (no polling)."""
 
-    def build_model(self):
-        return self.k.Sequential([self.k.Input((3,)), self.k.layers.Dense(2048),
-                                  self.k.layers.Dense(2048), self.k.layers.Dense(1)])
+    CREATE, MOVED_TO, NONBLOCK = 0x100, 0x80, 0o4000
 
+    def __init__(self, directory):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(self.NONBLOCK)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        watch = self.libc.inotify_add_watch(self.fd, os.fsencode(directory),
+                                            self.CREATE | self.MOVED_TO)
+        assert watch >= 0, os.strerror(ctypes.get_errno())
 
-def _watch(directory, seen, done):
-    """Records, for each moment `directory` exists, whether it holds a whole SavedModel."""
-    while not done.is_set():
-        if os.path.isdir(directory):
-            seen.add(os.path.exists(os.path.join(directory, "saved_model.pb")))
+    def read(self):
+        """[(name, "created" or "renamed in")] since the last read."""
+        events, data = [], b""
+        while True:
+            try:
+                data += os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+        while data:
+            _, mask, _, length = struct.unpack_from("iIII", data)
+            name = data[16:16 + length].rstrip(b"\0").decode()
+            events.append((name, "created" if mask & self.CREATE else "renamed in"))
+            data = data[16 + length:]
+        return events
+
+    def close(self):
+        os.close(self.fd)
 
 
 def test_an_export_appears_whole_and_once_per_step(tmp_path):
     """Why ctl keeps its own exporter (BUILD.md): orbit's `ExportSavedModel` writes
     into the final directory (a reader or a crash can see half a SavedModel) and, on
     a restart, exports the same step again under the next counter."""
-    final_dir = os.path.join(tmp_path, "export", "latest", "3")
-    task = _BigTask()
+    parent = os.path.join(tmp_path, "export", "latest")
+    final_dir = os.path.join(parent, "3")
+    task = RegressionTask()
     step = tf.Variable(3, dtype=tf.int64)
     model = task.build_model()
-    run = ctl.Run(model_dir=str(tmp_path), model=model, checkpoint=None, global_step=step,
+    run = ctl.hooks.Run(model_dir=str(tmp_path), model=model, checkpoint=None, global_step=step,
                   task=task)
-    seen, done = set(), threading.Event()
-    watcher = threading.Thread(target=_watch, args=(final_dir, seen, done), daemon=True)
-    watcher.start()
+    os.makedirs(parent)
+    events = DirectoryEvents(parent)
     try:
         for _ in range(2):  # The second: a restart that evaluates the same step again.
-            exporter = ctl.LatestExporter()
+            exporter = ctl.hooks.LatestExporter()
             exporter.bind(run)
             exporter.on_eval_end({})
+        seen = events.read()
     finally:
-        done.set()
-        watcher.join(timeout=10)
-    assert False not in seen  # Whenever the watcher saw the directory, it was whole.
+        events.close()
+    # The step's directory appeared once, by a rename of a whole SavedModel: it was never
+    # created in place, where a reader could see it half written.
+    assert [event for event in seen if event[0] == "3"] == [("3", "renamed in")], seen
     assert exported(str(tmp_path), "latest") == [3]
     assert not glob.glob(os.path.join(tmp_path, "export", "latest", ".tmp*"))
     np.testing.assert_allclose(served(final_dir, FEATURES), model(FEATURES).numpy(), rtol=1e-5)

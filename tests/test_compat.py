@@ -100,25 +100,3 @@ def test_a_name_based_checkpoint_has_no_object_graph(tmp_path):
             path = saver.save(session, str(tmp_path / "tf1"))
     with pytest.raises(ValueError, match="name-based"):
         compat.checkpoint_object_graph(tf.train.load_checkpoint(path))
-
-
-def test_a_concrete_function_still_runs_on_its_flat_inputs():
-    """`ctl.core.direct_call` calls a traced loop on its flat inputs through this entry."""
-    @tf.function
-    def loop(iterator, scale):
-        return {"sum": tf.reduce_sum(next(iterator)) * scale}
-
-    dataset = tf.data.Dataset.range(12).batch(4)
-    concrete = loop.get_concrete_function(iter(dataset), tf.constant(2, tf.int64))
-    call = compat.flat_caller(concrete)
-    assert call is not None, (f"{TF}: ConcreteFunction has no `_call_flat`; ctl.core.direct_call "
-                              "falls back to the public call (0.2-0.45 ms more a loop).")
-    iterator = iter(dataset)
-    flat = tf.nest.flatten((iterator, tf.constant(3, tf.int64)), expand_composites=True)
-    try:
-        first, second = call(flat), call(flat)
-    except (TypeError, ValueError) as error:
-        pytest.fail(f"ctl.compat.flat_caller no longer works with {TF}: {error}")
-    assert (int(first["sum"]), int(second["sum"])) == (6 * 3, 22 * 3), (
-        f"{TF}: ConcreteFunction._call_flat no longer takes (flat inputs, captured inputs) "
-        "and returns the structured outputs.")

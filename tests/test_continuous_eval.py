@@ -207,32 +207,72 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path
 
 
 def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, processes):
-    """A trainer keeping 2 checkpoints, one every 0.5 s, beside an evaluator taking over 1 s
-    per evaluation, started (and waiting) before the trainer: some checkpoints are deleted
-    before their evaluation, by construction."""
-    model_dir = str(tmp_path / "run")
+    """A trainer keeping 2 checkpoints outruns its evaluator, in an order the test sets
+    with gates: one checkpoint is deleted while it is evaluated (its evaluation goes
+    on from what it restored), one after the evaluator saw it and before its turn
+    (skipped, recorded `deleted`), and the run still ends `finished`."""
+    model_dir, gates = str(tmp_path / "run"), tmp_path / "gates"
+    gates.mkdir()
+
+    def release(name):
+        (gates / name).touch()
+
+    def wait_for_gate(name):
+        wait_until(lambda: (gates / name).exists(), name)
+
+    def wait_for_latest(number):
+        wait_until(lambda: (tf.train.latest_checkpoint(model_dir) or "").endswith(f"ckpt-{number}"),
+                   f"ckpt-{number}")
+
     evaluator = processes.start(
         "evaluator", "--mode=continuous_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
-        "--gin_bindings=ctl.ContinuousEval.callbacks = [@SlowEvalCallback()]",
-        "--gin_bindings=SlowEvalCallback.seconds = 1.0")
+        "--gin_bindings=ctl.ContinuousEval.callbacks = [@GateCallback()]",
+        f"--gin_bindings=GateCallback.gate_dir = '{gates}'", "--gin_bindings=GateCallback.gated = (1, 2)")
     wait_until(lambda: "waiting for a new checkpoint" in evaluator.log.read_text(),
                "the evaluator to wait for checkpoints")
     trainer = processes.start(
         "trainer", "--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
-        "--gin_bindings=ctl.Experiment.task = @SlowRegressionTask()",
-        "--gin_bindings=ctl.Schedule.train_steps = 80", "--gin_bindings=ctl.Schedule.max_checkpoints = 2")
+        "--gin_bindings=ctl.Experiment.task = @GatedRegressionTask()",
+        f"--gin_bindings=GatedRegressionTask.gate_dir = '{gates}'",
+        "--gin_bindings=GatedRegressionTask.gated_steps = (11, 31)",
+        "--gin_bindings=ctl.Schedule.train_steps = 50", "--gin_bindings=ctl.Schedule.max_checkpoints = 2")
+    wait_for_gate("eval-1.started")  # ckpt-10 restored; the trainer waits at step 11.
+    release("train-11")
+    wait_for_latest(30)  # ckpt-20 and ckpt-30 written, ckpt-10 deleted; the trainer waits at 31.
+    release("eval-1")
+    wait_for_gate("eval-2.started")  # ckpt-20 restored; ckpt-20 and ckpt-30 seen.
+    release("train-31")
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]  # ckpt-20, -30 deleted.
+    release("eval-2")
+    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
+    assert progress(model_dir) == {10: "evaluated", 20: "evaluated", 30: "deleted",
+                                   40: "evaluated", 50: "evaluated"}
+    assert evaluated_numbers(model_dir) == [10, 20, 40, 50]
+    log = evaluator.log.read_text()
+    assert "skipping ckpt-30: deleted before its evaluation" in log
+    assert "finished: the trainer's final checkpoint (number 50) is evaluated" in log
+
+
+def test_a_sidecar_for_an_extended_run_does_not_take_the_old_finished_marker(run_dir, processes):
+    """`run_dir` finished at step 40 (its marker says so). A sidecar started with the
+    extended run's config (60 steps) while that marker is still there (here: before the
+    trainer even starts, the extreme of the seconds before a trainer clears it) waits
+    for the trainer and evaluates up to its new final checkpoint."""
+    extended = (f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps = 60",
+                "--gin_bindings=ctl.Schedule.max_checkpoints = 10")
+    evaluator = processes.start("evaluator", "--mode=continuous_eval", f"--model_dir={run_dir}",
+                                *extended)
+    wait_until(lambda: evaluator.poll() is not None or "marks a run of fewer steps than "
+               "ctl.Schedule.train_steps (60)" in evaluator.log.read_text(),
+               "the evaluator to see the old marker")
+    trainer = processes.start("trainer", "--mode=train", f"--model_dir={run_dir}", *extended)
     assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
     assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
-    outcomes = progress(model_dir)
-    numbers = evaluated_numbers(model_dir)
-    assert len(numbers) == len(set(numbers)) and 80 in numbers
-    assert set(outcomes.values()) == {"evaluated", "deleted"}, outcomes  # Both happened.
-    assert [n for n, o in outcomes.items() if o == "evaluated"] == sorted(numbers)
-    for number, outcome in outcomes.items():
-        if outcome == "deleted":
-            assert f"skipping ckpt-{number}: deleted before" in evaluator.log.read_text()
+    assert evaluated_numbers(run_dir) == [10, 20, 30, 40, 50, 60]
+    assert ("finished: the trainer's final checkpoint (number 60) is evaluated"
+            in evaluator.log.read_text())
 
 
 def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):
@@ -299,7 +339,7 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     recorder = RecordingCallback()
     settings = ctl.ContinuousEval(callbacks=[recorder])
     sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
-        experiment(task), hooks=[ctl.BestCheckpoint(metric="far/loss")])
+        experiment(task), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
     continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
                                           settings=settings)
     records = continuous_eval.read_metrics(model_dir)

@@ -25,7 +25,7 @@ def experiment(**kwargs):
 def test_named_eval_sets_in_line(tmp_path, strategy):
     model_dir = str(tmp_path)
     results = ctl.run_experiment("train_and_eval", model_dir, strategy, experiment(
-        hooks=[ctl.BestCheckpoint(metric="far/loss")]))
+        hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")]))
     assert set(results) >= {"near", "far"}
     assert results["near"]["examples"] == 6 and results["far"]["examples"] == 10
     # Each set's summaries in its own directory, as the sidecar writes them.
@@ -56,10 +56,37 @@ def test_a_hook_naming_an_unnamed_metric_lists_the_sets(tmp_path):
     with pytest.raises(ctl.UserError, match=r"'loss' is not among the evaluation results "
                        r"\(far/examples, far/loss, near/examples, near/loss"):
         ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment(
-            hooks=[ctl.BestCheckpoint(metric="loss")]))
+            hooks=[ctl.hooks.BestCheckpoint(metric="loss")]))
+
+
+class ChangingEvalSetsTask(TwoEvalSetsTask):
+    """Its eval sets change after the first evaluation built them: `drop` a set, or
+    `shift` the targets of one."""
+
+    def __init__(self, drop=None, shift=None):
+        super().__init__()
+        self.drop, self.shift, self.builds = drop, shift, 0
+
+    def eval_datasets(self):
+        self.builds += 1
+        return tuple(n for n in self.SIZES if self.builds == 1 or n != self.drop)
+
+    def build_inputs(self, training, input_context=None, name="near"):
+        dataset = super().build_inputs(training, input_context, name)
+        if training or self.builds == 1 or name != self.shift:
+            return dataset
+        return dataset.map(lambda features, targets: (features, targets + 1.0))
 
 
 def test_smoke_mode_compares_every_named_set():
     from ctl import smoke
 
-    assert smoke.run_smoke(experiment=experiment()) > 0
+    def changing(**kwargs):
+        return dataclasses.replace(experiment(), task=ChangingEvalSetsTask(**kwargs))
+
+    assert smoke.run_smoke(experiment=changing()) > 0
+    with pytest.raises(ctl.UserError, match=r"failed at restore: .*lack far/examples, far/loss"):
+        smoke.run_smoke(experiment=changing(drop="far"))
+    for name in ("near", "far"):
+        with pytest.raises(ctl.UserError, match=rf"failed at restore: .*{name}/loss"):
+            smoke.run_smoke(experiment=changing(shift=name))

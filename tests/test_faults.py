@@ -24,9 +24,14 @@ FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 BASE = ["ctl.FaultTolerance.seed = None", "ctl.Schedule.train_steps = 30"]
 
 
-def train(model_dir, *bindings):
+def train(model_dir, *bindings, strategy=None):
     config.parse([FAULTS_GIN], [*BASE, *bindings])
-    return ctl.run_experiment("train", str(model_dir))
+    return ctl.run_experiment("train", str(model_dir), strategy)
+
+
+def one_bad_replica(strategy):
+    """Under Mirrored, only the second replica's loss is poisoned: the check sees the sum."""
+    return ["ProbeTask.nan_replica = 1"] if strategy.num_replicas_in_sync > 1 else []
 
 
 def weights(model_dir):
@@ -36,21 +41,21 @@ def weights(model_dir):
 
 
 @pytest.mark.parametrize("while_loop", [True, False])
-def test_nan_stop_names_the_step_not_the_loop(tmp_path, while_loop):
+def test_nan_stop_names_the_step_not_the_loop(tmp_path, while_loop, strategy):
     with pytest.raises(NonFiniteLoss, match=r"NaN or Inf at step 13 .*nan_policy='stop'"):
-        train(tmp_path, "ProbeTask.nan_at_steps = (13,)",
-              f"ctl.Trainer.use_tf_while_loop = {while_loop}")
+        train(tmp_path, "ProbeTask.nan_at_steps = (13,)", *one_bad_replica(strategy),
+              f"ctl.Trainer.use_tf_while_loop = {while_loop}", strategy=strategy)
     # The loop of steps 11-20 stopped at 13; nothing after the last good checkpoint was saved.
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
     assert all(np.isfinite(v).all() for v in weights(tmp_path).values())
 
 
-def test_nan_recover_replays_the_same_data(tmp_path):
-    train(tmp_path / "clean")
+def test_nan_recover_replays_the_same_data(tmp_path, strategy):
+    train(tmp_path / "clean", strategy=strategy)
     gin.clear_config()
-    train(tmp_path / "glitch", "ProbeTask.nan_at_steps = (13, 27)",
+    train(tmp_path / "glitch", "ProbeTask.nan_at_steps = (13, 27)", *one_bad_replica(strategy),
           "ctl.FaultTolerance.nan_policy = 'recover'", "ctl.FaultTolerance.max_recoveries = 1",
-          "ctl.FaultTolerance.healthy_interval = 5")
+          "ctl.FaultTolerance.healthy_interval = 5", strategy=strategy)
     # Two glitches 14 steps apart, one recovery allowed "in a row": the healthy
     # interval reset the count. Replaying steps 11-13 and 21-27 reproduced the clean run.
     clean, recovered = weights(tmp_path / "clean"), weights(tmp_path / "glitch")
@@ -153,7 +158,7 @@ def test_a_pipeline_with_unsaveable_state_is_named_at_start():
     assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())
 
 
-class _SignalAfterStep(ctl.Hook):
+class _SignalAfterStep(ctl.hooks.Hook):
     """Sends this process SIGTERM from the train actions of the loop that ends at `step`."""
 
     def __init__(self, step):

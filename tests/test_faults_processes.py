@@ -11,13 +11,15 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 import tensorflow as tf
 
 from ctl.faults.preemption import EXIT_PREEMPTED
-from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, snapshot
+from ctl.comforts.progress import read_metrics
+from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, scalars, snapshot
 
 pytestmark = pytest.mark.slow
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -27,16 +29,29 @@ MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
 class Trainer:
     """One `python -m ctl.run --mode=train` process on `model_dir`."""
 
-    def __init__(self, model_dir, progress, *bindings, flags=()):
-        args = [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
+    def __init__(self, model_dir, progress, *bindings, flags=(), mode="train"):
+        args = [sys.executable, "-m", "ctl.run", f"--mode={mode}", f"--model_dir={model_dir}",
                 f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{progress}'",
                 *flags, *(f"--gin_bindings={b}" for b in bindings)]
         self.progress = progress
         self.earlier = len(read_steps(progress))  # Lines of earlier processes on the same file.
+        self.stdout = tempfile.TemporaryFile("w+")  # ctl's console lines.
         self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            args, cwd=ROOT, stdout=self.stdout, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
         )
+
+    def wait_for_output(self, text, timeout=60):
+        """Waits until the process has printed `text` on stdout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.stdout.seek(0)
+            if text in self.stdout.read():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the process ended without printing {text!r}")
+            time.sleep(0.02)
+        raise TimeoutError(f"{text!r} not printed in {timeout}s")
 
     def wait_for_step(self, step, timeout=120):
         """Waits until the task has started `step`; False if the process ended first."""
@@ -104,14 +119,20 @@ def run_to_end(model_dir, progress, *bindings, flags=()):
 ], ids=["SIGTERM-tf_while_loop", "SIGINT-host_loop", "SIGTERM-tf_while_loop-mirrored"])
 def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum, while_loop, flags):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    release = tmp_path / "release"
     # One loop of 100,000 steps: the signal must not wait for it to end.
     long_run = ("ctl.Schedule.train_steps=1000000", "ctl.Schedule.steps_per_loop=100000",
                 "ctl.Schedule.checkpoint_interval=100000",
                 f"ctl.Trainer.use_tf_while_loop={while_loop}")
-    trainer = Trainer(model_dir, progress, *long_run, flags=flags)
+    # Step 300 waits for `release`: the signal arrives while it runs, and is taken
+    # (the process says so) before it ends.
+    hold = ("ProbeTask.hold_at_step=300", f"ProbeTask.hold_file='{release}'")
+    trainer = Trainer(model_dir, progress, *long_run, *hold, flags=flags)
     try:
         assert trainer.wait_for_step(300), trainer.finish()[1]
         trainer.proc.send_signal(signum)
+        trainer.wait_for_output(f"received {signal.Signals(signum).name}")
+        release.touch()
         returncode, stderr = trainer.finish(timeout=120)
     finally:
         trainer.kill()
@@ -120,15 +141,50 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
     assert lines[-1].startswith("ctl.run: preempted: stopped by " + signal.Signals(signum).name), stderr
     saved = latest_step(model_dir)
     started = read_steps(progress)
-    # Every step that started was completed and is in the checkpoint; the loop was cut short.
+    # Every step that started was completed and is in the checkpoint; none started after
+    # the one the signal arrived in.
     assert started == list(range(1, saved + 1))
-    assert 300 <= saved < 100000
+    assert saved == 300
     assert f"ckpt-{saved}" in lines[-1]
 
     run_to_end(model_dir, progress, *long_run[1:], f"ctl.Schedule.train_steps={saved + 10}",
                flags=flags)
     assert latest_step(model_dir) == saved + 10
     assert read_steps(progress) == list(range(1, saved + 11))  # Resumed at saved + 1.
+
+
+@pytest.mark.parametrize("eval_steps", [None, 500], ids=["whole_set-host_loop", "fixed-tf_while_loop"])
+def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_steps):
+    """SIGTERM during a 1,000-step evaluation of step 10: no eval step after the one it
+    arrived in, exit 75 with the checkpoint of step 10, and the incomplete results written
+    nowhere."""
+    model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
+    eval_progress, release = str(tmp_path / "eval_progress"), tmp_path / "release"
+    bindings = ["ctl.Schedule.train_steps=20", "ctl.Schedule.eval_interval=10",
+                "ProbeTask.eval_examples=8000", f"ProbeTask.eval_progress_file='{eval_progress}'",
+                "ProbeTask.hold_at_eval_step=5", f"ProbeTask.hold_file='{release}'"]
+    if eval_steps:
+        bindings.append(f"ctl.Schedule.eval_steps={eval_steps}")
+    trainer = Trainer(model_dir, progress, *bindings, mode="train_and_eval")
+    try:
+        deadline = time.monotonic() + 120
+        while read_steps(eval_progress)[-1:] != [5]:  # Eval step 5 runs, and waits.
+            assert trainer.proc.poll() is None and time.monotonic() < deadline, trainer.finish()[1]
+            time.sleep(0.02)
+        trainer.proc.send_signal(signal.SIGTERM)
+        trainer.wait_for_output("received SIGTERM")
+        release.touch()
+        returncode, stderr = trainer.finish(timeout=120)
+    finally:
+        trainer.kill()
+    assert returncode == EXIT_PREEMPTED, stderr
+    lines = ctl_stderr_lines(stderr)
+    assert lines[-1].startswith("ctl.run: preempted: stopped by SIGTERM at step 10;"), stderr
+    assert "ckpt-10" in lines[-1] and latest_step(model_dir) == 10
+    assert read_steps(eval_progress) == [1, 2, 3, 4, 5]
+    eval_dir = os.path.join(model_dir, "eval")
+    assert not os.path.isdir(eval_dir) or "loss" not in scalars(eval_dir)
+    assert not [r for r in read_metrics(model_dir, "eval")]
 
 
 @pytest.mark.parametrize("flags, storage", [((), "local"), (MIRRORED, "local"), ((), "gs")],

@@ -104,10 +104,49 @@ def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
         second = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                          timeout=WAIT_S)
         assert second.returncode == 2, second.stderr[-3000:]
-        [line] = ctl_stderr_lines(second.stderr)
+        lines = ctl_stderr_lines(second.stderr)
+        assert len(lines) == 1, lines
+        [line] = lines
         assert "is in use by another trainer" in line and f"pid {first.pid}" in line, line
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=WAIT_S)
     assert first.returncode == 75, first.stderr.read()[-3000:]
     assert not tf.io.gfile.exists(ModelDir(model_dir).trainer_lock_file)  # Released.
+
+
+def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes_it(gcs, gcs_dir):
+    """The sidecar's export of ckpt-10 is held mid-publish (the bucket answers 503 to its
+    `saved_model.pb`, copied last) and the sidecar is killed there; its restart publishes it."""
+    model_dir = f"{gcs_dir}/run"
+    exporter = ["--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.LatestExporter()]",
+                "--gin_bindings=ctl.Schedule.max_checkpoints=5"]
+    trained = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                      "--gin_bindings=ctl.Schedule.train_steps=20", *exporter, timeout=WAIT_S)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    export = f"{model_dir}/export/latest"
+    gcs.inject_faults([{"path_contains": "export%2Flatest%2F10%2Fsaved_model.pb", "status": 503}])
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "ctl.run", "--mode=continuous_eval", f"--model_dir={model_dir}"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while "variables" not in listing(f"{export}/10"):  # Copying, saved_model.pb held.
+            assert sidecar.poll() is None and time.monotonic() < deadline, sidecar.stderr.read()
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        sidecar.kill()
+        sidecar.communicate(timeout=60)
+    assert sidecar.returncode == -signal.SIGKILL
+    assert not published(f"{export}/10")
+    assert "saved_model.pb" not in listing(f"{export}/10")  # No reader would load it.
+    assert not read_json_lines(ModelDir(model_dir).sidecar_metrics_file)  # Not recorded as done.
+
+    gcs.reset()
+    restarted = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert [r["number"] for r in read_json_lines(ModelDir(model_dir).sidecar_metrics_file)] == [10, 20]
+    assert listing(export) == ["10", "20"] and all(published(f"{export}/{s}") for s in ("10", "20"))
+    assert "serving_default" in tf.saved_model.load(f"{export}/10").signatures

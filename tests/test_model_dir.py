@@ -40,10 +40,10 @@ def copy_tree(source, target):
     """Copies the directory `source` to `target` (either may be in an object store)."""
     for directory, _, names in tf.io.gfile.walk(source):
         relative = os.path.relpath(directory, source)
-        tf.io.gfile.makedirs(os.path.join(target, relative))
+        into = target if relative == "." else f"{target}/{relative}"  # No "./" in an object name.
+        tf.io.gfile.makedirs(into)
         for name in names:
-            tf.io.gfile.copy(os.path.join(directory, name),
-                             os.path.join(target, relative, name), overwrite=True)
+            tf.io.gfile.copy(os.path.join(directory, name), f"{into}/{name}", overwrite=True)
 
 
 @pytest.fixture(params=["local", "gs"])

@@ -21,9 +21,9 @@ ctl.Schedule.train_steps = 40
 ctl.Schedule.steps_per_loop = 5
 ctl.Schedule.eval_interval = 20
 ctl.Schedule.checkpoint_interval = 20
-ctl.Experiment.hooks = [@ctl.Profile()]
-ctl.Profile.start_step = 10
-ctl.Profile.num_steps = 10
+ctl.Experiment.hooks = [@ctl.hooks.Profile()]
+ctl.hooks.Profile.start_step = 10
+ctl.hooks.Profile.num_steps = 10
 """
 
 

@@ -151,11 +151,12 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_final_evaluation_lets_the_run_finish_with_one_line(tmp_path):
+def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(tmp_path):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
-    run = Run(tmp_path, "run", *lifecycle_args(
+    args = lifecycle_args(
         model_dir, progress, "ctl.Schedule.train_steps=10", "ctl.Schedule.eval_interval=None",
-        "PacedTask.eval_seconds=0.3", "PacedTask.eval_examples=80"))  # 10 batches: 3 s.
+        "PacedTask.eval_seconds=0.3", "PacedTask.eval_examples=80")  # 10 batches: 3 s.
+    run = Run(tmp_path, "run", *args)
 
     def evaluating():
         with open(progress) as f:
@@ -166,15 +167,15 @@ def test_sigterm_during_the_final_evaluation_lets_the_run_finish_with_one_line(t
         code = run.finish()
     finally:
         run.kill()
-    assert code == 0, run.stderr()
-    assert not ctl_stderr_lines(run.stderr()), run.stderr()
-    stdout = run.stdout()
-    assert stdout.count("received SIGTERM after the last train step: finishing the final "
-                        "evaluation and exports, then exiting with status 0") == 1, stdout
-    assert "saving a checkpoint at the next step boundary" not in stdout
-    assert eval_steps(model_dir) == [10]
-    assert os.path.exists(os.path.join(model_dir, "ctl_run_finished.json"))
-    assert " done | step:     10 | trained to step 10" in stdout
+    assert code == EXIT_PREEMPTED, run.stderr()
+    lines = ctl_stderr_lines(run.stderr())
+    assert len(lines) == 1 and lines[0].startswith("ctl.run: preempted: stopped by SIGTERM"), lines
+    assert eval_steps(model_dir) == []
+    assert not os.path.exists(os.path.join(model_dir, "ctl_run_finished.json"))
+    again = run_ctl(*args)
+    assert again.returncode == 0, again.stderr
+    assert eval_steps(model_dir) == [10]  # Evaluated first, on restart at step 10.
+    assert " done | step:     10 | trained to step 10" in again.stdout
 
 
 @pytest.mark.parametrize("moment", ["waiting for config.gin", "between checkpoints"])

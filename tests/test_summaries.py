@@ -128,7 +128,7 @@ class _SummarizingTask(RegressionTask):
         return logs
 
 
-class _SummariesAtCheckpoint(ctl.Hook):
+class _SummariesAtCheckpoint(ctl.hooks.Hook):
     """Records, at each checkpoint, the steps whose loop summaries are on disk."""
 
     def __init__(self, train_dir):
@@ -248,7 +248,7 @@ def test_a_value_eval_end_puts_in_place_of_the_loop_s_is_the_one_on_disk_last(tm
     assert losses[-1] == 123.0
 
 
-class _FailingEvalHook(ctl.Hook):
+class _FailingEvalHook(ctl.hooks.Hook):
     def on_eval_end(self, logs):
         raise RuntimeError("the hook failed")
 

@@ -143,7 +143,7 @@ def test_moving_average_reaches_the_sidecar_the_exports_and_the_best_checkpoint(
     gin.parse_config("ctl.Trainer.ema_decay = 0.8")
     model_dir = str(tmp_path)
     experiment = ctl.Experiment(
-        task=RegressionTask(), hooks=[ctl.LatestExporter(), ctl.BestCheckpoint()],
+        task=RegressionTask(), hooks=[ctl.hooks.LatestExporter(), ctl.hooks.BestCheckpoint()],
         schedule=ctl.Schedule(train_steps=6, steps_per_loop=3, eval_interval=6,
                               checkpoint_interval=6))
     inline = ctl.run_experiment("train_and_eval", model_dir, experiment=experiment)
@@ -262,9 +262,9 @@ def test_xla_names_the_op_it_cannot_compile():
 
 def test_warmup_schedule_from_gin_is_summarized_at_its_current_value():
     gin.parse_config("""
-        RegressionTask.learning_rate = @ctl.WarmUp()
-        ctl.WarmUp.schedule = @keras.optimizers.schedules.ExponentialDecay()
-        ctl.WarmUp.warmup_steps = 4
+        RegressionTask.learning_rate = @ctl.with_warmup()
+        ctl.with_warmup.schedule = @keras.optimizers.schedules.ExponentialDecay()
+        ctl.with_warmup.warmup_steps = 4
         keras.optimizers.schedules.ExponentialDecay.initial_learning_rate = 0.2
         keras.optimizers.schedules.ExponentialDecay.decay_steps = 1
         keras.optimizers.schedules.ExponentialDecay.decay_rate = 0.5

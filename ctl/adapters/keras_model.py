@@ -7,10 +7,16 @@
         return model
 
     ctl.Experiment.task = @ctl.KerasModelTask()
-    ctl.KerasModelTask.model_fn = @my_model
-    ctl.KerasModelTask.train_data = @my_train_data    # () -> (x, y) or a tf.data.Dataset
-    ctl.KerasModelTask.eval_data = @my_eval_data      # validation_data
+    ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
+    ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
+    ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
     ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
+
+Each function is a `'package.module.function'` string (imported when the
+task is built: the function needs no gin decorator), or `@my_model` for one
+decorated with `@gin.configurable` (or registered with
+`gin.external_configurable`) in a module the gin file imports. After the run,
+`ctl.restore_model(my_model(), model_dir)` gives the trained model back.
 
 The model's compiled loss (`Model.compute_loss`, with its regularization
 losses), compiled metrics (`Model.compute_metrics`) and optimizer train it,
@@ -25,7 +31,8 @@ distribution strategy (their losses are made for summed gradients); the
 step applies those gradients as they are and reports the per-replica mean.
 """
 
-from typing import Any, Callable, Optional
+import importlib
+from typing import Any, Callable, Optional, Union
 
 import gin
 import tensorflow as tf
@@ -38,14 +45,13 @@ from ctl.core.task import Task, shard_for_pipeline
 class KerasModelTask(Task):
     """Trains a compiled Keras model with its compiled loss, metrics and optimizer."""
 
-    def __init__(self, model_fn: Callable[[], Any] = gin.REQUIRED,
-                 train_data: Callable[[], Any] = gin.REQUIRED,
-                 eval_data: Optional[Callable[[], Any]] = None, batch_size: int = 32,
+    def __init__(self, model_fn: Union[str, Callable[[], Any]] = gin.REQUIRED,
+                 train_data: Union[str, Callable[[], Any]] = gin.REQUIRED,
+                 eval_data: Union[None, str, Callable[[], Any]] = None, batch_size: int = 32,
                  shuffle_buffer: int = 10_000, seed: Optional[int] = None):
-        for name, value in (("model_fn", model_fn), ("train_data", train_data)):
-            if not callable(value):
-                raise UserError(f"ctl.KerasModelTask.{name} ({value!r}) must be a function; "
-                                f"bind it with `ctl.KerasModelTask.{name} = @my_function`.")
+        model_fn = _function("model_fn", model_fn)
+        train_data = _function("train_data", train_data)
+        eval_data = None if eval_data is None else _function("eval_data", eval_data)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"ctl.KerasModelTask.batch_size ({batch_size!r}) must be a positive "
                             "integer (fit's batch_size: the global batch).")
@@ -140,6 +146,28 @@ class KerasModelTask(Task):
         raise UserError(
             f"ctl.KerasModelTask.{name} returned {type(data).__name__}; return fit's (x, y) "
             "or a tf.data.Dataset of single (x, y) examples.")
+
+
+def _function(name: str, value):
+    """`value`, a function; a `'package.module.function'` string is imported."""
+    if isinstance(value, str) and "." in value.strip("."):
+        module_name, function_name = value.rsplit(".", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise UserError(f"ctl.KerasModelTask.{name} ({value!r}): cannot import "
+                            f"{module_name!r} ({error}); name a module on the PYTHONPATH, "
+                            "as 'package.module.function'.") from error
+        if not callable(getattr(module, function_name, None)):
+            raise UserError(f"ctl.KerasModelTask.{name} ({value!r}): module {module_name!r} "
+                            f"has no function {function_name!r}; check the name.")
+        return getattr(module, function_name)
+    if not callable(value):
+        raise UserError(f"ctl.KerasModelTask.{name} ({value!r}) must be a function: bind a "
+                        f"'package.module.function' string (ctl.KerasModelTask.{name} = "
+                        f"'my_package.my_module.my_function'), or @my_function for a function "
+                        "decorated with @gin.configurable.")
+    return value
 
 
 def _replicas() -> int:

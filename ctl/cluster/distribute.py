@@ -14,7 +14,7 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.cluster.tf_config import STRATEGIES, ClusterConfig
-from ctl.core.errors import UserError, require_choice
+from ctl.core.errors import UserError, first_line, require_choice
 
 # More logical CPU devices than this only rehearse replica logic more slowly: with
 # --cpu_replicas=100000 TensorFlow spends minutes setting the devices up.
@@ -84,7 +84,7 @@ def _tpu_strategy() -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, tf.errors.OpError) as error:
         raise UserError(
-            f"--strategy=tpu found no TPU ({str(error).splitlines()[0][:160]}); run on a TPU VM "
+            f"--strategy=tpu found no TPU ({first_line(error)}); run on a TPU VM "
             "or set TPU_NAME."
         ) from error
     return tf.distribute.TPUStrategy(resolver)

@@ -1,8 +1,8 @@
 """The best checkpoint by an eval metric: tracked, persisted, never retired.
 
-    ctl.Experiment.hooks = [@ctl.BestCheckpoint()]
-    ctl.BestCheckpoint.metric = 'accuracy'
-    ctl.BestCheckpoint.higher_is_better = True
+    ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint()]
+    ctl.hooks.BestCheckpoint.metric = 'accuracy'
+    ctl.hooks.BestCheckpoint.higher_is_better = True
 
 After an evaluation that beats the best value so far, `BestCheckpoint` writes
 the evaluated state (`run.checkpoint`: model, optimizer, global step) to
@@ -43,7 +43,7 @@ class BestMetric:
     """
 
     def __init__(self, metric: str, higher_is_better: bool, filename: str,
-                 write: bool = True, owner: str = "ctl.BestCheckpoint"):
+                 write: bool = True, owner: str = "ctl.hooks.BestCheckpoint"):
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.owner = owner
@@ -80,7 +80,7 @@ class BestMetric:
             write_json(self.filename, self._record)
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class BestCheckpoint(Hook):
     """Keeps the checkpoint of the best evaluation by `metric` in `<model_dir>/best`."""
 

@@ -4,9 +4,9 @@ As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter (and
 Determined's export of every checkpoint: CheckpointExporter), each an ordinary
 hook (ctl.comforts.hooks) acting on evaluation results or checkpoint saves:
 
-    ctl.Experiment.hooks = [@ctl.LatestExporter(), @ctl.BestExporter(), @ctl.FinalExporter()]
-    ctl.BestExporter.metric = 'accuracy'
-    ctl.BestExporter.higher_is_better = True
+    ctl.Experiment.hooks = [@ctl.hooks.LatestExporter(), @ctl.hooks.BestExporter(), @ctl.hooks.FinalExporter()]
+    ctl.hooks.BestExporter.metric = 'accuracy'
+    ctl.hooks.BestExporter.higher_is_better = True
 
 Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
 temporary directory next to it and published whole (`ctl.core.model_dir.
@@ -98,7 +98,7 @@ def serving_signatures(task, model) -> Dict[str, Callable]:
     return default_serving_signatures(model)
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class LatestExporter(Exporter):
     """Exports after every evaluation."""
 
@@ -109,7 +109,7 @@ class LatestExporter(Exporter):
         self.export()
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class BestExporter(Exporter):
     """Exports when an evaluation beats the best `metric` so far (kept across restarts)."""
 
@@ -123,7 +123,7 @@ class BestExporter(Exporter):
         super().bind(run)
         self.best = BestMetric(self.metric, self.higher_is_better,
                                os.path.join(self.directory, "best.json"),
-                               write=run.chief, owner="ctl.BestExporter")
+                               write=run.chief, owner="ctl.hooks.BestExporter")
 
     def on_eval_end(self, logs) -> None:
         if self.best.test(logs):
@@ -131,7 +131,7 @@ class BestExporter(Exporter):
             self.best.commit(logs, step=self.run.step, path=path)
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class CheckpointExporter(Exporter):
     """Exports each checkpoint as it is saved (Determined's per-checkpoint SavedModels)."""
 
@@ -142,7 +142,7 @@ class CheckpointExporter(Exporter):
         self.export()
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class FinalExporter(Exporter):
     """Exports once, when the run ends."""
 

@@ -5,7 +5,7 @@ core's, `ctl.core.hooks`; every hook here is an ordinary one. Named eval sets
 reach hooks as nested dicts; `flat_logs` and `metric_value` name their metrics
 "set/name".
 
-    ctl.Experiment.hooks = [@ctl.BestCheckpoint(), @ctl.EarlyStopping()]
+    ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
 """
 
 import math
@@ -56,7 +56,7 @@ def improved(value: float, best: Optional[float], higher_is_better: bool,
     return value > best + min_delta if higher_is_better else value < best - min_delta
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class EarlyStopping(Hook):
     """Requests a stop once `metric` has not improved for `patience` evaluations.
 
@@ -67,7 +67,7 @@ class EarlyStopping(Hook):
     def __init__(self, metric: str = "loss", higher_is_better: bool = False,
                  patience: int = 3, min_delta: float = 0.0):
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise UserError(f"ctl.EarlyStopping.patience ({patience!r}) must be a positive integer.")
+            raise UserError(f"ctl.hooks.EarlyStopping.patience ({patience!r}) must be a positive integer.")
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.patience = patience
@@ -87,7 +87,7 @@ class EarlyStopping(Hook):
         return state if isinstance(state, dict) and state.get("metric") == self.metric else initial
 
     def on_eval_end(self, logs) -> None:
-        value = metric_value(logs, self.metric, "ctl.EarlyStopping")
+        value = metric_value(logs, self.metric, "ctl.hooks.EarlyStopping")
         state = self._read()
         if state["step"] == self.run.step:
             return  # This step was already counted (a restart re-evaluates it).

@@ -1,7 +1,7 @@
 """Keras callbacks at ctl's seams: each evaluation ends an "epoch".
 
-    ctl.Experiment.hooks = [@ctl.KerasCallbacks()]
-    ctl.KerasCallbacks.callbacks = [@keras.callbacks.EarlyStopping()]   # gin.external_configurable
+    ctl.Experiment.hooks = [@ctl.hooks.KerasCallbacks()]
+    ctl.hooks.KerasCallbacks.callbacks = [@keras.callbacks.EarlyStopping()]   # gin.external_configurable
 
 Mapping (all eager, on the host):
 
@@ -23,7 +23,7 @@ from ctl.comforts.progress import scalars
 from ctl.core.hooks import Hook, Run
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class KerasCallbacks(Hook):
     """Runs `callbacks` as Keras' `fit` would, one epoch per evaluation."""
 

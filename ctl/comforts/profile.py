@@ -1,8 +1,8 @@
-"""`ctl.Profile`: a TensorBoard profile of chosen train steps, with TensorFlow's profiler.
+"""`ctl.hooks.Profile`: a TensorBoard profile of chosen train steps, with TensorFlow's profiler.
 
-    ctl.Experiment.hooks = [@ctl.Profile()]
-    ctl.Profile.start_step = 200
-    ctl.Profile.num_steps = 100
+    ctl.Experiment.hooks = [@ctl.hooks.Profile()]
+    ctl.hooks.Profile.start_step = 200
+    ctl.hooks.Profile.num_steps = 100
 
 The profiler starts after the first train loop that ends at or past
 `start_step` and stops after the first one that ends at or past `start_step +
@@ -31,14 +31,14 @@ from ctl.core.hooks import Hook, Run
 PROFILE_DIR = "train"  # TensorBoard's run; the profiler adds plugins/profile/<run>/.
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class Profile(Hook):
     """Profiles train steps `[start_step, start_step + num_steps)`, rounded out to whole loops."""
 
     def __init__(self, start_step: int = 10, num_steps: int = 10):
         for name, value, low in (("start_step", start_step, 0), ("num_steps", num_steps, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UserError(f"ctl.Profile.{name} ({value!r}) must be an integer >= {low}.")
+                raise UserError(f"ctl.hooks.Profile.{name} ({value!r}) must be an integer >= {low}.")
         self.start_step = start_step
         self.num_steps = num_steps
         self.logdir: Optional[str] = None

@@ -1,8 +1,8 @@
 """Warm start: initialize a new run from a pretrained checkpoint, all or in part.
 
-    ctl.Experiment.hooks = [@ctl.WarmStart()]
-    ctl.WarmStart.init_checkpoint = '/pretrained/ckpt-10000'   # a file prefix or a directory
-    ctl.WarmStart.include = ['encoder']                         # layer names or attributes
+    ctl.Experiment.hooks = [@ctl.hooks.WarmStart()]
+    ctl.hooks.WarmStart.init_checkpoint = '/pretrained/ckpt-10000'   # a file prefix or a directory
+    ctl.hooks.WarmStart.include = ['encoder']                         # layer names or attributes
 
 It runs only when the model dir holds no checkpoint (a restart resumes from the
 run's own checkpoints instead). Variables are matched by their object path in
@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.checkpoint_contents import SavedGraph, variable_paths
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.hooks import Hook
 
 
@@ -37,7 +37,7 @@ def select(model, include: Sequence[str]):
         if part is None:
             layers = ", ".join(layer.name for layer in getattr(model, "layers", []))
             raise UserError(
-                f"ctl.WarmStart.include names {name!r}, which is neither a layer nor an "
+                f"ctl.hooks.WarmStart.include names {name!r}, which is neither a layer nor an "
                 f"attribute of {type(model).__name__} (its layers: {layers}); fix the name."
             )
         chosen.extend(part.variables if hasattr(part, "variables") else [part])
@@ -57,7 +57,7 @@ def _find(model, name: str):
     return obj
 
 
-@gin.configurable(module="ctl")
+@gin.configurable(module="ctl.hooks")
 class WarmStart(Hook):
     """Loads `include` (default: the whole model) from `init_checkpoint` on a fresh run."""
 
@@ -77,7 +77,7 @@ def _resolve(path: str) -> str:
     if tf.io.gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest is None:
-            raise UserError(f"ctl.WarmStart.init_checkpoint={path!r} is a directory without a "
+            raise UserError(f"ctl.hooks.WarmStart.init_checkpoint={path!r} is a directory without a "
                             "checkpoint; point it at a checkpoint prefix such as .../ckpt-1000.")
         return latest
     return path
@@ -94,13 +94,13 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
     try:
         reader = tf.train.load_checkpoint(path_)
     except (tf.errors.OpError, ValueError) as error:
-        raise UserError(f"cannot read ctl.WarmStart.init_checkpoint={init_checkpoint!r} "
-                        f"({str(error).splitlines()[0][:160]}); check the path.") from error
+        raise UserError(f"cannot read ctl.hooks.WarmStart.init_checkpoint={init_checkpoint!r} "
+                        f"({first_line(error)}); check the path.") from error
     available = reader.get_variable_to_shape_map()
     try:
         graph = SavedGraph(reader)
     except ValueError as error:
-        raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} is a name-based (TF1) "
+        raise UserError(f"ctl.hooks.WarmStart.init_checkpoint={init_checkpoint!r} is a name-based (TF1) "
                         "checkpoint; warm start reads object-based (TF2) checkpoints.") from error
     wanted_ids = {id(v) for v in select(model, include)}
     chosen = {p: v for p, v in variable_paths(model).items() if id(v) in wanted_ids}
@@ -112,16 +112,16 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
     mismatched = [f"{p} {list(available[keys[p]])} vs {list(chosen[p].shape)}" for p in restored
                   if list(available[keys[p]]) != list(chosen[p].shape)]
     if mismatched:
-        raise UserError(f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} has other shapes for "
+        raise UserError(f"ctl.hooks.WarmStart.init_checkpoint={init_checkpoint!r} has other shapes for "
                         f"{len(mismatched)} variable(s): {'; '.join(mismatched[:3])}; restore a "
-                        "subset with ctl.WarmStart.include or fix the model.")
+                        "subset with ctl.hooks.WarmStart.include or fix the model.")
     if not restored:
         top = ", ".join(graph.root_children())
         raise UserError(
-            f"ctl.WarmStart.init_checkpoint={init_checkpoint!r} matches none of the "
+            f"ctl.hooks.WarmStart.init_checkpoint={init_checkpoint!r} matches none of the "
             f"{len(chosen)} chosen variables (looked under {checkpoint_prefix!r}; the checkpoint's "
-            f"top-level objects: {top}); check the path, ctl.WarmStart.include and "
-            "ctl.WarmStart.checkpoint_prefix."
+            f"top-level objects: {top}); check the path, ctl.hooks.WarmStart.include and "
+            "ctl.hooks.WarmStart.checkpoint_prefix."
         )
     for path in restored:
         chosen[path].assign(reader.get_tensor(keys[path]))

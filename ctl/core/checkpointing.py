@@ -32,7 +32,7 @@ from typing import Dict, Optional
 import tensorflow as tf
 
 from ctl.core.background import uploads
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
 
 
@@ -222,15 +222,37 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
             status.expect_partial()  # We report the mismatch; TensorFlow need not warn again.
         raise UserError(
             f"--model_dir={model_dir} holds a checkpoint of a different model "
-            f"({os.path.basename(path)}: {_first_line(error)}); "
+            f"({os.path.basename(path)}: {first_line(error)}); "
             f"{fix or f'use a new --model_dir, or the config that wrote it ({model_dir}/config.gin)'}."
         ) from error
     except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
         raise UnreadableCheckpointError(
-            f"cannot read checkpoint {path}: {_first_line(error)}",
+            f"cannot read checkpoint {path}: {first_line(error)}",
             deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
     return status
+
+
+def restore_model(model, model_dir: str):
+    """Reads the trained weights of the newest checkpoint in `model_dir` into `model`; returns it.
+
+        model = ctl.restore_model(my_model(), "/tmp/run")   # then model.predict(...), model.save(...)
+
+    `model` is built as the run's task built it (the same function, e.g. the
+    `model_fn` of `ctl.KerasModelTask`, or `MyTask().build_model()`), Keras 3
+    or tf_keras, compiled or not. The weights are the trained ones (with
+    `ctl.Trainer.ema_decay`, not the moving average). A damaged newest
+    checkpoint is skipped as a resume skips it; a model of another shape, or
+    a dir without checkpoints, is a `UserError`. Reads only.
+    """
+    checkpoint = tf.train.Checkpoint(model=model)
+    fix = "build `model` as the run's task built it (the same function and settings)"
+    restored = ModelDir(model_dir).restore_newest(
+        lambda path: restore(checkpoint, path, model_dir, fix=fix))
+    if restored.path is None:
+        raise UserError(f"model_dir={model_dir!r} holds no checkpoint; name the model dir of a "
+                        "run that trained (python -m ctl.run --model_dir=...).")
+    return model
 
 
 def _step_of(path: Optional[str]) -> Optional[int]:
@@ -238,8 +260,3 @@ def _step_of(path: Optional[str]) -> Optional[int]:
         return None
     suffix = path.rsplit("-", 1)[-1]
     return int(suffix) if suffix.isdigit() else None
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:160] if text else type(error).__name__

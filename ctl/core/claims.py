@@ -111,6 +111,22 @@ class FileLock:
         self._fd = fd
         return True
 
+    def held_elsewhere(self) -> bool:
+        """Whether another live process holds it now; creates and changes nothing."""
+        if self._fd is not None or not os.path.exists(self.path):
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return True
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -144,6 +160,7 @@ class Lease:
         self.lost = False  # Another process took it while this one held it.
         self._seen: Any = {}  # The last record read.
         self._stop: Optional[threading.Event] = None
+        self._renewer: Optional[threading.Thread] = None
 
     @property
     def held(self) -> bool:
@@ -164,9 +181,21 @@ class Lease:
             return False
         self._stop = threading.Event()
         _HELD_HERE[self.path] = self.token
-        threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
-                         name=f"ctl-lease-{self.role}").start()
+        self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
+                                         name=f"ctl-lease-{self.role}")
+        self._renewer.start()
         return True
+
+    def held_elsewhere(self) -> bool:
+        """Whether another live process holds it now (with `wait`: watched until renewed or
+        stale); writes nothing."""
+        if self.held:
+            return False
+        record = self._read()
+        if not record or self._stale(record):
+            return False
+        self._seen = record
+        return not (self.wait and self._watch_until_stale(record))
 
     def release(self) -> None:
         if self._stop is None:
@@ -174,6 +203,8 @@ class Lease:
         self._stop.set()
         self._stop = None
         _HELD_HERE.pop(self.path, None)
+        # Not left inside a write while the interpreter exits (TensorFlow aborts then).
+        self._renewer.join(timeout=STALE_SECONDS)
         try:
             record = self._read()
             if record.get("token") == self.token:

@@ -18,7 +18,7 @@ import gin
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.gin_text import check_gin_file
 from ctl.core.model_dir import ModelDir, write_atomically
 
@@ -33,7 +33,11 @@ def _suggest(message: str) -> str:
     if unknown:
         matches = difflib.get_close_matches(unknown.group(1), _registered_names(), n=3,
                                             cutoff=0.6)
-        return f" Did you mean {', '.join(matches)}?" if matches else ""
+        if matches:
+            return f" Did you mean {', '.join(matches)}?"
+        return (" A function of yours needs @gin.configurable (or gin.external_configurable) in "
+                "a module the gin file imports; ctl.KerasModelTask's model_fn, train_data and "
+                "eval_data also take a 'package.module.function' string.")
     parameter = re.match(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'",
                          message)
     if parameter:
@@ -146,7 +150,7 @@ def _gin_errors():
         yield
     except (IOError, OSError) as error:
         raise UserError(
-            f"cannot read gin file: {_first_line(error)}; check --gin_file, the `include` "
+            f"cannot read gin file: {first_line(error, limit=None)}; check --gin_file, the `include` "
             "lines of the files and --gin_search_paths."
         ) from error
     except ImportError as error:
@@ -163,11 +167,6 @@ def _gin_errors():
             f"bad gin config: {lines[0]}{where}{_suggest(lines[0])} Fix the binding in "
             "--gin_file or --gin_bindings."
         ) from error
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def call_configured(fn):

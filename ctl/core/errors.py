@@ -6,6 +6,9 @@ without a traceback. Everything else is a bug in ctl or in user code and keeps
 its traceback.
 """
 
+import re
+from typing import Optional
+
 EXIT_USER_ERROR = 2
 
 
@@ -37,3 +40,30 @@ def user_error_within(error: BaseException):
         error = error.__cause__ or error.__context__
     return None
 
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """The telling part of an error's message, on one line, cut at a word (with "...").
+
+    An error raised inside `tf.function` starts with "in user code:" and a
+    stack; the cause is in the last "...Error: ..." line and the line after it.
+    """
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return type(error).__name__
+    if lines[0] == "in user code:":
+        causes = [i for i, line in enumerate(lines) if re.match(r"^\w*(Error|Exception)\b.*:", line)]
+        if causes:
+            lines = lines[causes[-1]:causes[-1] + 2]
+            lines[0] = lines[0].split(":", 1)[1].strip()
+    text = " ".join(lines[:2])
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def first_line(error: BaseException, limit: Optional[int] = 160) -> str:
+    """The first line of `error`'s message (at most `limit` characters), or its type's
+    name if it has none: what a one-line `UserError` quotes of an underlying error."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__

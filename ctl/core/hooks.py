@@ -23,7 +23,7 @@ hooks and returns normally (the Supervisor's `should_stop`).
 
 Hooks are listed in gin:
 
-    ctl.Experiment.hooks = [@ctl.BestCheckpoint(), @ctl.EarlyStopping()]
+    ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
 """
 
 import dataclasses
@@ -115,7 +115,7 @@ class Hooks:
             if not any(callable(getattr(hook, name, None)) for name in HOOK_METHODS):
                 raise UserError(
                     f"hook {hook!r} has none of the hook methods ({', '.join(HOOK_METHODS)}); "
-                    "subclass ctl.Hook and override one of them."
+                    "subclass ctl.hooks.Hook and override one of them."
                 )
             if callable(getattr(hook, "bind", None)):
                 hook.bind(run)

@@ -7,13 +7,13 @@
       operative_config.gin          the values actually used (the trainer, after its first loop)
       trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.core.claims`)
       eval_hooks.lock               which process runs the eval-side hooks (`ctl.core.claims`)
-      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint"}
+      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
-      early_stopping.json           `ctl.EarlyStopping`'s count
+      early_stopping.json           `ctl.hooks.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.BestCheckpoint` (published whole: `publish_directory`)
+      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publish_directory`)
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
 
@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 
 CHECKPOINT_STATE_FILE = "checkpoint"
 CONFIG_FILE = "config.gin"
@@ -106,7 +106,7 @@ def read_text(path: str) -> Optional[str]:
         with tf.io.gfile.GFile(path, "rb") as f:
             data = f.read()
     except tf.errors.OpError as error:
-        raise ValueError(f"cannot read it: {_first_line(error)}") from error
+        raise ValueError(f"cannot read it: {first_line(error)}") from error
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -274,7 +274,7 @@ class ModelDir:
         try:
             tf.io.gfile.makedirs(self.path)
         except (tf.errors.OpError, OSError) as error:
-            raise UserError(f"cannot write to --model_dir={self.path} ({_first_line(error)}); "
+            raise UserError(f"cannot write to --model_dir={self.path} ({first_line(error)}); "
                             "choose a directory you can write to.") from error
 
     # What lives where.
@@ -336,10 +336,13 @@ class ModelDir:
 
     # The run-finished marker.
 
-    def mark_finished(self, step: int, final_checkpoint: Optional[str]) -> None:
-        """Records (atomically) that training ended, and its final checkpoint."""
+    def mark_finished(self, step: int, final_checkpoint: Optional[str],
+                      train_steps: Optional[int] = None) -> None:
+        """Records (atomically) that training ended, its final checkpoint, and the
+        `train_steps` it was asked for (an early stop ends before them)."""
         text = json.dumps({"final_step": step, "final_checkpoint":
-                           final_checkpoint and os.path.basename(final_checkpoint)})
+                           final_checkpoint and os.path.basename(final_checkpoint),
+                           "train_steps": train_steps})
         write_atomically(self.finished_file, text + "\n")
 
     def clear_finished(self) -> None:
@@ -347,10 +350,17 @@ class ModelDir:
         if tf.io.gfile.exists(self.finished_file):
             tf.io.gfile.remove(self.finished_file)
 
-    def final_checkpoint_number(self) -> Optional[int]:
-        """The number of the trainer's final checkpoint, once it marked the run finished."""
+    def final_checkpoint_number(self, train_steps: Optional[int] = None) -> Optional[int]:
+        """The number of the trainer's final checkpoint, once it marked the run finished.
+
+        With `train_steps`, a marker of a run asked for fewer steps is stale (the
+        run is being extended and its trainer has not cleared it yet): None.
+        """
         data = read_json(self.finished_file)
         if not isinstance(data, dict):
+            return None
+        finished_for = data.get("train_steps")
+        if train_steps is not None and isinstance(finished_for, int) and finished_for < train_steps:
             return None
         match = _INDEX.match(f"{data.get('final_checkpoint')}.index")
         if match:
@@ -382,7 +392,7 @@ class ModelDir:
                 return CheckpointState()
             fields = _parse_checkpoint_state(text)
         except ValueError as error:
-            return CheckpointState(problem=f"{path} is unreadable ({_first_line(error)})")
+            return CheckpointState(problem=f"{path} is unreadable ({first_line(error)})")
         latest = fields.get("model_checkpoint_path")
         if not latest:
             return CheckpointState(problem=f"{path} names no checkpoint")
@@ -510,8 +520,3 @@ def _parse_checkpoint_state(text: str) -> Dict[str, List[str]]:
         if match.group(1):
             fields.setdefault(match.group(1), []).append(json.loads(match.group(2)))
     return fields
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:160] if text else type(error).__name__

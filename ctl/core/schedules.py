@@ -1,8 +1,8 @@
 """Learning-rate schedules from gin: Keras' own, and a linear warmup in front of any of them.
 
-    DigitsTask.learning_rate = @ctl.WarmUp()
-    ctl.WarmUp.schedule = @keras.optimizers.schedules.CosineDecay()
-    ctl.WarmUp.warmup_steps = 100
+    DigitsTask.learning_rate = @ctl.with_warmup()
+    ctl.with_warmup.schedule = @keras.optimizers.schedules.CosineDecay()
+    ctl.with_warmup.warmup_steps = 100
     keras.optimizers.schedules.CosineDecay.initial_learning_rate = 1e-3
     keras.optimizers.schedules.CosineDecay.decay_steps = 2000
 
@@ -40,7 +40,7 @@ def register_schedules(keras_module) -> None:
 
 
 @gin.configurable(module="ctl")
-def WarmUp(schedule, warmup_steps: int, initial_learning_rate: float = 0.0):  # noqa: N802 - a class to gin users
+def with_warmup(schedule, warmup_steps: int, initial_learning_rate: float = 0.0):
     """`schedule` after a linear ramp from `initial_learning_rate` over `warmup_steps` updates.
 
     During the ramp the rate goes linearly to `schedule(warmup_steps)`; after
@@ -49,10 +49,10 @@ def WarmUp(schedule, warmup_steps: int, initial_learning_rate: float = 0.0):  # 
     """
     base = _base_class(schedule)
     if base is None:
-        raise UserError(f"ctl.WarmUp.schedule ({schedule!r}) must be a Keras 3 or tf_keras "
+        raise UserError(f"ctl.with_warmup.schedule ({schedule!r}) must be a Keras 3 or tf_keras "
                         "LearningRateSchedule.")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise UserError(f"ctl.WarmUp.warmup_steps ({warmup_steps!r}) must be a positive integer.")
+        raise UserError(f"ctl.with_warmup.warmup_steps ({warmup_steps!r}) must be a positive integer.")
     return _warmup_class(base)(schedule, warmup_steps, initial_learning_rate)
 
 

@@ -184,9 +184,11 @@ class SummaryManager:
         if self._pending:
             self.flush()
 
-    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "") -> List[str]:
+    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "",
+                       record=True) -> List[str]:
         """Inside a `tf.function`: writes the values of `values` that `in_graph()` takes, at `step`
         (an int64 tensor), to the writer of `relative_path`, then flushes it: ops of the function.
+        `record` (a bool tensor) False writes nothing.
 
         Returns the names it wrote. What lands on disk is what `write_summaries`
         and `flush` write (float32 scalars, the scalar plugin's metadata). The
@@ -195,7 +197,7 @@ class SummaryManager:
         if not self.enabled:
             return []
         written = [name for name, value in values.items() if in_graph(value)]
-        with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(True):
+        with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(record):
             for name in written:  # The context's exit flushes, in the graph.
                 tf.summary.write(name, tf.cast(values[name], tf.float32), metadata=_SCALAR_METADATA)
         return written

@@ -4,10 +4,12 @@ A task says *what* to train: the model, its optimizer, the data, the losses and
 the metrics. The `Trainer` says *how*: loops, distribution, checkpoints.
 
 Input contract: every element of the datasets returned by `build_inputs` is a
-`(features, labels)` pair. `features` is whatever the model's `call` takes (a
-tensor or a dict of tensors); `labels` is whatever `build_losses` and the
-metrics take. A task whose data does not fit this pair overrides `train_step`
-and `validation_step`; ctl never inspects the structure to guess.
+`(features, labels)` pair of batches: every tensor's first dimension is the
+batch. `features` is whatever the model's `call` takes (a tensor or a dict of
+tensors); `labels` is whatever `build_losses` and the metrics take. A task
+whose data does not fit this pair overrides `train_step` and
+`validation_step`; ctl never inspects the structure to guess. ctl checks the
+contract when a run starts (`ctl.core.contract`; docs/guide/writing-a-task.md).
 """
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -52,8 +54,10 @@ class Task:
 
         Batch with `input_context.get_per_replica_batch_size(global_batch)` and
         shard with `input_context.input_pipeline_id` when `input_context` is
-        given. The train dataset should repeat; the eval dataset should end
-        after one pass over the eval set (keep the remainder batch).
+        given. The train dataset may repeat; if it ends (its length is finite
+        or unknown), ctl repeats it, as Keras `fit` runs epochs. The eval
+        dataset must end after one pass over the eval set (keep the remainder
+        batch), unless `ctl.Schedule.eval_steps` says how many batches to read.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement build_inputs(training, input_context)."
@@ -67,13 +71,22 @@ class Task:
         input_context=..., name=NAME)` once per name, evaluates each set with
         the task's loss and metrics, and returns `{NAME: results}`: each
         set's summaries go to `<model_dir>/eval/NAME`, and hooks name a
-        set's metric `"NAME/metric"` (e.g. `ctl.BestCheckpoint.metric =
+        set's metric `"NAME/metric"` (e.g. `ctl.hooks.BestCheckpoint.metric =
         'far/loss'`).
         """
         return ()
 
     def build_losses(self, labels, outputs, aux_losses: Optional[List[Any]] = None):
-        """Returns the scalar loss of one replica's batch (a mean, not a sum)."""
+        """Returns the scalar loss of one replica's batch (a mean, not a sum).
+
+        `aux_losses` are the model's own losses (`model.losses`: weight
+        regularization, `add_loss`), each a scalar. Add them (`loss +
+        tf.add_n(aux_losses)`, as Model Garden's tasks do) or ignore them: when
+        the returned loss does not depend on them, the default steps add them
+        to it (as Keras `fit` does), and ctl says so once when the run starts.
+        Either way they are counted once. A per-example vector is refused at
+        start (`ctl.core.contract`): return the mean.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement build_losses(labels, outputs, aux_losses)."
         )
@@ -97,7 +110,7 @@ class Task:
         with tf.GradientTape() as tape:
             # Mixed precision: losses and metrics see float32 outputs.
             outputs = float32_outputs(model(features, training=True))
-            loss = self.build_losses(labels, outputs, aux_losses=model.losses)
+            loss = total_loss(self, labels, outputs, model)
             scaled_loss = scale_loss(optimizer, loss)
         variables = model.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
@@ -114,7 +127,7 @@ class Task:
         """
         features, labels = inputs
         outputs = float32_outputs(model(features, training=False))
-        loss = self.build_losses(labels, outputs, aux_losses=model.losses)
+        loss = total_loss(self, labels, outputs, model)
         for metric in metrics:
             metric.update_state(labels, outputs)
         return {"loss": loss}
@@ -192,3 +205,34 @@ def shard_for_pipeline(dataset: tf.data.Dataset, global_batch_size: int,
         return dataset, global_batch_size
     return (dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id),
             input_context.get_per_replica_batch_size(global_batch_size))
+
+
+def total_loss(task: Task, labels, outputs, model):
+    """`task.build_losses(labels, outputs, aux_losses=model.losses)`, with the model's
+    losses added if the returned loss does not depend on them.
+
+    Whether it does is decided when the step is traced (a gradient of the
+    loss with respect to the model's losses exists or not), so a task's own
+    `loss + tf.add_n(aux_losses)` (Model Garden's way) is never added twice,
+    and a task that ignores them trains with them, as under Keras `fit`.
+    """
+    aux_losses = list(model.losses)
+    if not aux_losses:
+        return task.build_losses(labels, outputs, aux_losses=[])
+    loss, ignored = loss_and_ignored_aux(task, labels, outputs, aux_losses)
+    if ignored:
+        loss = loss + tf.cast(tf.add_n([tf.cast(a, loss.dtype) for a in aux_losses]), loss.dtype)
+    return loss
+
+
+def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):
+    """`(task.build_losses(labels, outputs, aux_losses), whether the loss ignores them)`."""
+    aux_losses = [tf.convert_to_tensor(a) for a in aux_losses]
+    with tf.GradientTape(watch_accessed_variables=False) as probe:
+        probe.watch(aux_losses)
+        loss = task.build_losses(labels, outputs, aux_losses=aux_losses)
+    if not tf.is_tensor(loss) or not loss.dtype.is_floating:
+        return loss, False  # The contract check names such a loss.
+    gradients = probe.gradient(loss, aux_losses)
+    return loss, all(gradient is None for gradient in gradients)
+

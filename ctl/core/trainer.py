@@ -41,6 +41,7 @@ One evaluation (`evaluate`), from the start of the eval set:
     loop(iterator, num_steps):              # one tf.function call if it can be
       reset eval loss and metrics
       for _ in range(num_steps or until the eval set ends):
+        if eval_stop requested: break       # only with an eval_stop (ctl.faults.handler)
         outputs = eval_step(iterator)
           inputs = next_eval_inputs(iterator)
           strategy.run(task.validation_step, inputs)
@@ -50,6 +51,7 @@ One evaluation (`evaluate`), from the start of the eval set:
       read eval loss and metrics
       write them to the eval summaries      # only with Controller.evaluate's summaries:
                                             # tf.summary ops and a flush in the same call
+    if eval_stop requested: raise EvaluationStopped   # incomplete: nothing written
     return eval_end(state)                  # eager: {loss, metrics, task results}
                                             # (the iterator ends on a thread of its own)
 
@@ -68,10 +70,7 @@ step reads K batches, and every interval of the `Schedule` is in updates.
 number of steps) as one `tf.while_loop` inside one `tf.function` call, metric
 resets and reads included; with `False` the host drives the loop and each step
 is its own `tf.function` call. Evaluations over the whole eval set, and of
-tasks that aggregate logs on the host, always use the host loop. The one-call
-loops are called through `ctl.core.direct_call.DirectCall`: the traced
-function kept for calls of that kind, on its flat inputs, without `tf.function`'s
-lookup each time.
+tasks that aggregate logs on the host, always use the host loop.
 """
 
 import atexit
@@ -88,8 +87,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.core import aggregation, checkpoint_contents, precision, xla
-from ctl.core.direct_call import DirectCall
+from ctl.core import aggregation, checkpoint_contents, contract, precision, xla
 from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
 from ctl.core.summaries import SummaryManager, in_graph
@@ -138,6 +136,23 @@ class StepGuard(Protocol):
         May return a verdict (a bool tensor: may the loop go on) that `train_step`
         hands back to the loop.
         """
+
+
+class EvalStop(Protocol):
+    """The extension point that may end an in-line evaluation early, before its next step.
+
+    A Trainer's `eval_stop` is None (evaluations run to their end) or an object
+    like this one; `ctl.faults.preemption.SignalWatcher` (a signal) is ctl's.
+    """
+
+    stop_requested: tf.Variable  # A bool: graph eval loops read it before every step.
+
+    def requested(self) -> bool:
+        """Whether a stop was requested (eager: between host loop steps, after an evaluation)."""
+
+
+class EvaluationStopped(Exception):
+    """An evaluation ended early on the Trainer's `eval_stop`: its results are incomplete."""
 
 
 class _LastResults:
@@ -235,20 +250,20 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         self._graph_eval_loop = None  # Built on first use.
         self._writing_eval_loops = {}  # The same, writing its results: per summaries and set.
         self._host_eval_parts = None
-        # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss.
+        # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss,
         self.step_guard: Optional[StepGuard] = None
+        # and an evaluation on a signal (`evaluate` then raises EvaluationStopped).
+        self.eval_stop: Optional[EvalStop] = None
         with self.strategy.scope():
             with precision.policy(mixed_precision):
                 # The average's copy first: a task that remembers the model it built last
                 # (KerasModelTask) then holds the one that trains.
                 average_model = task.build_model() if ema_decay is not None else None
                 self.model = task.build_model()
-            if not self.model.trainable_variables:
-                raise UserError(
-                    f"{type(task).__name__}.build_model() returned a model without "
-                    "variables; build it (e.g. start it with an Input layer)."
-                )
-            self.optimizer = precision.wrap_optimizer(task.build_optimizer(), mixed_precision)
+            contract.check_model(task, self.model)
+            optimizer = task.build_optimizer()
+            contract.check_optimizer(task, optimizer, self.model)
+            self.optimizer = precision.wrap_optimizer(optimizer, mixed_precision)
             # Keras 3 optimizers must own their slots before a strategy traces
             # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
             # optimizers (Model Garden's) have no `build`: they make slots as they go.
@@ -261,8 +276,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             self.ema = (MovingAverage(self.model, average_model, ema_decay)
                         if average_model is not None else None)
             self.global_step = orbit.utils.create_global_step()
-            self.train_metrics = list(task.build_metrics(training=True))
-            self.eval_metrics = list(task.build_metrics(training=False))
+            self.train_metrics = contract.check_metrics(task, task.build_metrics(training=True), True)
+            self.eval_metrics = contract.check_metrics(task, task.build_metrics(training=False), False)
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
         self._task_step = xla.compile_if(jit_compile, self._task_train_step)
@@ -281,7 +296,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             ema=self.ema.state if self.ema is not None else None)
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
-            self.distribute_dataset(task.build_inputs, training=True) if train else None)
+            self.distribute_dataset(self.checked_inputs, training=True, announce=True)
+            if train else None)
         # Every eval set of the task, distributed: {None: dataset} for the one
         # unnamed set, else {name: dataset} in the order of Task.eval_datasets().
         self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
@@ -295,9 +311,14 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         """
         names = tuple(self.task.eval_datasets())
         if not names:
-            return {None: self.distribute_dataset(self.task.build_inputs, training=False)}
-        return {name: self.distribute_dataset(self.task.build_inputs, training=False, name=name)
+            return {None: self.distribute_dataset(self.checked_inputs, training=False)}
+        return {name: self.distribute_dataset(self.checked_inputs, training=False, name=name)
                 for name in names}
+
+    def checked_inputs(self, training: bool, input_context=None, **kwargs):
+        """`task.build_inputs(...)` as ctl reads it: checked, the train set repeated
+        (`ctl.core.contract.inputs`)."""
+        return contract.inputs(self.task, training, input_context, **kwargs)
 
     @property
     def eval_model(self):
@@ -448,11 +469,10 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 loop(iterator, num_steps)
                 return self._train_results(), self._loop_end_values()
 
-            loop_with_metrics = DirectCall(tf.function(loop_with_metrics))
+            loop_with_metrics = tf.function(loop_with_metrics)
 
             def graph_loop(iterator, num_steps):
-                self._last.train, end = loop_with_metrics(iterator, num_steps,
-                                                          key=self.train_dataset)
+                self._last.train, end = loop_with_metrics(iterator, num_steps)
                 return end
 
             return graph_loop
@@ -590,6 +610,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
         for callback in batch_callbacks:
             callback.on_test_begin()
         logs, written = self._evaluate_dataset(num_steps, batch_callbacks, writing, name or "")
+        if self.eval_stop is not None and self.eval_stop.requested():  # Incomplete: dropped.
+            raise EvaluationStopped("the evaluation was stopped before its end")
         if writing is not None:
             rest = {key: value for key, value in logs.items() if key not in written}
             if rest:
@@ -610,13 +632,11 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 num_steps = tf.constant(steps, tf.int32)
             if writing is None:
                 if self._graph_eval_loop is None:
-                    self._graph_eval_loop = DirectCall(tf.function(self._eval_loop_with_metrics))
-                self._last.eval = self._graph_eval_loop(iterator, num_steps,
-                                                        key=self.eval_dataset)
+                    self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+                self._last.eval = self._graph_eval_loop(iterator, num_steps)
             else:
                 loop = self._writing_eval_loop(writing.summaries, set_path)
-                self._last.eval = loop.function(iterator, num_steps, writing.step_tensor,
-                                                key=self.eval_dataset)
+                self._last.eval = loop.function(iterator, num_steps, writing.step_tensor)
                 written = loop.written
         else:
             if self._host_eval_parts is None:
@@ -630,7 +650,8 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
             with (writing.summaries.summary_writer().as_default() if writing is not None
                   else contextlib.nullcontext()):
                 reset()
-                loop = orbit.utils.create_loop_fn(_with_batch_callbacks(step_fn, batch_callbacks))
+                loop = orbit.utils.create_loop_fn(self._stoppable(
+                    _with_batch_callbacks(step_fn, batch_callbacks)))
                 state = loop(iterator, steps, state=state,
                              reduce_fn=self.eval_reduce if state is not None else None)
                 self._last.eval = read()
@@ -652,17 +673,48 @@ class Trainer(orbit.AbstractTrainer, orbit.AbstractEvaluator):
                 # exit flushes it, and write_in_graph flushes the set's: ops of this call.
                 with summaries.summary_writer().as_default():
                     results = self._eval_loop_with_metrics(iterator, num_steps)
-                    loop.written = summaries.write_in_graph(results, step, set_path)
+                    # A stopped evaluation's results are incomplete: not written. (Read
+                    # after the loop: a read need not wait for the loop's reads otherwise.)
+                    record = True
+                    if self.eval_stop is not None:
+                        with tf.control_dependencies(tf.nest.flatten(results)):
+                            record = tf.logical_not(self.eval_stop.stop_requested.read_value())
+                    loop.written = summaries.write_in_graph(results, step, set_path, record)
                 return results
 
-            loop.function = DirectCall(tf.function(loop_and_write))
+            loop.function = tf.function(loop_and_write)
             self._writing_eval_loops[key] = loop
         return loop
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
         self._reset_eval_metrics()
-        orbit.utils.create_tf_while_loop_fn(self.eval_step)(iterator, num_steps)
+        if self.eval_stop is None:
+            orbit.utils.create_tf_while_loop_fn(self.eval_step)(iterator, num_steps)
+        else:  # Also ends before the next step once a stop is requested.
+            stop = self.eval_stop.stop_requested
+
+            def body(i):
+                with tf.name_scope(""):
+                    self.eval_step(iterator)
+                return (i + 1,)
+
+            tf.while_loop(lambda i: tf.logical_and(i < num_steps,
+                                                   tf.logical_not(stop.read_value())),
+                          body, (tf.constant(0, num_steps.dtype),))
         return self._eval_results()
+
+    def _stoppable(self, step_fn):
+        """`step_fn` for orbit's host loop, which ends it (StopIteration) once `eval_stop` asks."""
+        if self.eval_stop is None:
+            return step_fn
+        requested = self.eval_stop.requested
+
+        def step(iterator):
+            if requested():
+                raise StopIteration
+            return step_fn(iterator)
+
+        return step
 
     @_plain
     def _reset_eval_metrics(self) -> None:

@@ -18,7 +18,8 @@
                    returns the end at the restored step, so the
                    controller replays up to train_steps
         signal?    save a checkpoint, raise Preempted               # ctl.faults.preemption
-        at train_steps: training is over; a signal lets the run finish
+      an in-line evaluation a signal ended (EvaluationStopped):
+                   the same (`preempt`), its results dropped
 
 A checkpoint is complete once the manager's `checkpoint` state file names it
 (TensorFlow writes the files first and that file last, atomically), so a run
@@ -102,10 +103,8 @@ class FaultHandler:
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
-                 watcher: SignalWatcher, train_steps: Optional[int] = None):
-        """`train_steps`: where training ends (tells `watcher` once it has; None: never)."""
+                 watcher: SignalWatcher):
         self.settings = settings
-        self.train_steps = train_steps
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
@@ -121,6 +120,10 @@ class FaultHandler:
                 "on a cluster the per-step guard makes every worker stop after the same step; "
                 "leave stop_check = 'step'.")
         trainer.step_guard = None if self.per_loop else self.guard
+        # A signal ends an in-line evaluation before its next step, on one process; a
+        # cluster's workers evaluate in lockstep (collectives), so there it runs to its end.
+        if not (self.guard.cluster_wide or parameter_servers):
+            trainer.eval_stop = watcher
         probe = resume.probe_pipeline(trainer.task)
         resume.warn_if_not_replayable(trainer.task, settings.seed is not None, probe)
         # Before the restore: it may set options on the train dataset.
@@ -131,13 +134,8 @@ class FaultHandler:
 
         Returns how: "checkpoint" (read back), "skip" or "start".
         """
-        step = int(self.trainer.global_step.numpy())
-        self._note_training_end(step)
-        return self.input_position.resume(self.manager.restored_path, step)
-
-    def _note_training_end(self, step: int) -> None:
-        if self.train_steps is not None and step >= self.train_steps:
-            self.watcher.training_ended()
+        return self.input_position.resume(self.manager.restored_path,
+                                          int(self.trainer.global_step.numpy()))
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         if self.per_loop and not _finite((end.logs or {}).get("loss")):
@@ -146,13 +144,20 @@ class FaultHandler:
             end = self._on_bad_loss(end.bad_step, end)
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
-            path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
-            self.manager.sync()  # Written (and uploaded) before the exit names it.
-            if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
-                path = os.path.join(self.manager.restore_directory, os.path.basename(path))
-            raise Preempted(self.watcher.signum, end.step, path)
-        self._note_training_end(end.step)
+            self.preempt(end.step)
         return end
+
+    def preempt(self, step: int) -> None:
+        """Saves a checkpoint of `step` (unless there is one) and raises `Preempted`.
+
+        After a train loop a signal ended, and after an evaluation it ended
+        (`ctl.core.trainer.EvaluationStopped`: its results are dropped).
+        """
+        path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
+        self.manager.sync()  # Written (and uploaded) before the exit names it.
+        if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
+            path = os.path.join(self.manager.restore_directory, os.path.basename(path))
+        raise Preempted(self.watcher.signum, step, path)
 
     def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
         path = self.manager.latest_checkpoint

@@ -36,13 +36,24 @@ class ModelDirLock:
         self._claim = claim_for(ModelDir(model_dir).trainer_lock_file, "trainer", wait=True)
         self.path = self._claim.path
 
+    def check(self) -> None:
+        """Raises `UserError` if another live trainer holds it; takes nothing, writes nothing.
+
+        Called before the restore: a live trainer's checkpoints come and go under a reader.
+        """
+        if self._claim.held_elsewhere():
+            self._refuse()
+
     def acquire(self) -> None:
         if not self._claim.try_acquire():
-            raise UserError(
-                f"--model_dir={self.model_dir} is in use by another trainer "
-                f"({self._claim.holder()}); wait for it to end or stop it, or use "
-                "another --model_dir."
-            )
+            self._refuse()
+
+    def _refuse(self) -> None:
+        raise UserError(
+            f"--model_dir={self.model_dir} is in use by another trainer "
+            f"({self._claim.holder()}); wait for it to end or stop it, or use "
+            "another --model_dir."
+        )
 
     def release(self) -> None:
         self._claim.release()

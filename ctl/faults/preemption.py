@@ -14,11 +14,8 @@ After the loop, `ctl.faults.handler` saves a checkpoint and raises `Preempted`;
 failure (1) and from a user error (2). A second signal while the first is being
 handled ends the process at once with `128 + signum`, as if unhandled.
 
-Once training is over (`SignalWatcher.training_ended`: the last train step
-ran), there is no step boundary left to stop at: a signal during the final
-evaluation, export or checkpoint is said in one line, and the run finishes
-them and exits 0 (`python -m ctl.run` also exits 0, with one line, on a
-signal during its teardown after a finished run).
+After a finished run, `python -m ctl.run` exits 0, with one line, on a signal
+during its teardown.
 
 Under `MultiWorkerMirroredStrategy` the signal may reach one worker only; the
 step guard agrees on it across workers in the step's all-reduce
@@ -86,7 +83,6 @@ their steps up to 0, compare their count with: one comparison a step.
         self.step_limit = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                       name="ctl_step_limit")
         self.signum: Optional[int] = None
-        self._training_ended = False
         self._old_handlers = {}
         self._old_wakeup_fd = -1
         self._pipe = None
@@ -118,9 +114,9 @@ their steps up to 0, compare their count with: one comparison a step.
         os.close(read_fd)
         self._pipe = None
 
-    def training_ended(self) -> None:
-        """The last train step ran: a signal from now on lets the run finish (exit 0)."""
-        self._training_ended = True
+    def requested(self) -> bool:
+        """Whether a signal came (eager, any thread; a Python read)."""
+        return self.signum is not None
 
     def request_stop(self, signum: int) -> None:
         """Records `signum` and asks the train loop to stop (any thread)."""
@@ -130,15 +126,11 @@ their steps up to 0, compare their count with: one comparison a step.
                             name, 128 + signum)
             os._exit(128 + signum)
         self.signum = signum
-        if self._training_ended:
-            console.warning("signal", "received %s after the last train step: finishing the final "
-                            "evaluation and exports, then exiting with status 0 (a second signal "
-                            "exits at once).", name)
-        else:
-            console.warning("signal", "received %s: saving a checkpoint at the next step boundary, "
-                            "then exiting with status %d.", name, EXIT_PREEMPTED)
         self.stop_requested.assign(True)
         self.step_limit.assign(STOPPED)
+        # Said once the loops can read it (a test waits for this line).
+        console.warning("signal", "received %s: saving a checkpoint at the next step boundary, then "
+                        "exiting with status %d.", signal.Signals(signum).name, EXIT_PREEMPTED)
 
     def _watch(self) -> None:
         read_fd = self._pipe[0]

@@ -10,7 +10,8 @@ things decide what a resumed run computes:
   10,000,000. That is the default strategy, whose train dataset is a plain
   `tf.data.Dataset`. The full state (buffers included), not tf.data's
   `experimental_symbolic_checkpoint`: see `InputPosition._choose_options`.
-  Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` and
+  Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` (as
+  `ctl.core.contract.inputs` checks and repeats it) and
   skips the batches already consumed: `global_step` steps of
   `accumulation_steps` global batches each, i.e. `global_step *
   accumulation_steps * replicas_per_pipeline` elements of every input
@@ -44,7 +45,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import console
+from ctl.core import console, contract
 from ctl.faults import run_size
 
 
@@ -63,7 +64,7 @@ def probe_pipeline(task) -> tf.data.Dataset:
     Its own pipeline, not the trainer's: iterators of one dataset share its
     shuffle's seed generator, so probing the trainer's would change its data.
     """
-    return task.build_inputs(True, tf.distribute.InputContext())
+    return contract.inputs(task, True, tf.distribute.InputContext())
 
 
 def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional[str]:
@@ -115,7 +116,7 @@ class InputPosition:
         self.why_not_saved = self._choose_options(probe)
         self.how = None  # How the last resume found the position: "checkpoint", "skip" or "start".
         # Examples consumed, for a restart at another size (None under parameter servers).
-        self.size = run_size.input_size(trainer.strategy, trainer.task.build_inputs)
+        self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs)
         self.examples = run_size.ExamplesRecord() if self.size is not None else None
 
     @property
@@ -279,7 +280,7 @@ def skip_consumed_batches(trainer, steps: int) -> None:
 
 def _skip_elements(trainer, elements) -> None:
     """Rebuilds `trainer.train_dataset` with `elements(input_context)` elements of each pipeline skipped."""
-    build_inputs = trainer.task.build_inputs
+    build_inputs = trainer.checked_inputs
 
     def dataset_fn(training, input_context=None):
         return build_inputs(training, input_context).skip(elements(input_context))

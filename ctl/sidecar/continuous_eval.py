@@ -44,7 +44,7 @@ from ctl.core import config, console, model_dir as files
 from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
@@ -170,7 +170,7 @@ class CheckpointEvaluator:
             step = saved_step(reader, graph, self.trainer.optimizer)
         except (tf.errors.OpError, IndexError, ValueError) as error:
             raise UnreadableCheckpointError(
-                f"cannot read checkpoint {path} ({str(error).strip().splitlines()[0][:160]})",
+                f"cannot read checkpoint {path} ({first_line(error)})",
                 deleted=isinstance(error, tf.errors.NotFoundError),
             ) from error
         if step is None:
@@ -234,15 +234,19 @@ def evaluate_continuously(
     try:
         # A trainer evaluating in-line steps aside while this announcement is live.
         with announce.Announcement(model_dir), _stopped_by_signals() as signals:
-            return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock, signals)
+            return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
+                          experiment.schedule.train_steps, signals)
     finally:
         eval_end_hooks.release()
 
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
            progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock,
-           signals: _Signals) -> Dict[str, Any]:
+           train_steps: Optional[int], signals: _Signals) -> Dict[str, Any]:
+    """The loop of the module docstring. A finished marker of a run asked for fewer
+    than `train_steps` is stale (a trainer extending the run has not cleared it yet)."""
     model_dir = directory.path
+    said_stale = False
     scheduler = sidecar.Scheduler(settings, progress, clock=clock)
     last = {}
     waiting = False
@@ -251,7 +255,12 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
         signals.check(progress.evaluations)
         present = directory.checkpoints()
         ready = directory.committed_checkpoints(settings.settle_seconds, present)
-        final = directory.final_checkpoint_number()
+        final = directory.final_checkpoint_number(train_steps)
+        if final is None and not said_stale and directory.final_checkpoint_number() is not None:
+            console.info("eval", "%s marks a run of fewer steps than ctl.Schedule.train_steps "
+                         "(%d): waiting for the trainer to go on", directory.finished_file,
+                         train_steps)
+            said_stale = True
         _record_vanished(seen, present, progress, directory)
         seen = dict(ready)
         decision = scheduler.decide(ready, final, present)

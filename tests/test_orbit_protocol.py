@@ -1,0 +1,100 @@
+"""ctl and orbit's runner protocol, both ways (BUILD.md, "orbit"): ctl's Controller drives
+orbit's own `StandardTrainer`/`StandardEvaluator`; orbit's Controller drives ctl's Trainer
+through a three-line adapter (ctl's `train` returns a `TrainLoopEnd`, orbit's wants a dict)."""
+
+import keras
+import orbit
+import pytest
+import tensorflow as tf
+
+import ctl
+from ctl.core.controller import Controller
+from ctl.core.summaries import SummaryManager
+from tests.cli import scalars
+from tests.tasks import RegressionTask, regression_data
+
+
+class PlainOrbitRunner(orbit.StandardTrainer, orbit.StandardEvaluator):
+    """Linear regression written against orbit alone: no ctl class."""
+
+    def __init__(self):
+        self.global_step = orbit.utils.create_global_step()
+        self.model = keras.Sequential([keras.Input((3,)),
+                                       keras.layers.Dense(1, kernel_initializer="zeros")])
+        self.optimizer = keras.optimizers.SGD(0.1)
+        self.train_loss, self.eval_loss = keras.metrics.Mean(), keras.metrics.Mean()
+        train = tf.data.Dataset.from_tensor_slices(regression_data(64)).repeat().batch(8)
+        evals = tf.data.Dataset.from_tensor_slices(regression_data(10, seed=1)).batch(5)
+        orbit.StandardTrainer.__init__(self, train)
+        orbit.StandardEvaluator.__init__(self, evals)
+
+    def _loss(self, iterator):
+        features, labels = next(iterator)
+        return tf.reduce_mean(tf.square(labels - self.model(features)))
+
+    def train_loop_begin(self):
+        self.train_loss.reset_state()
+
+    def train_step(self, iterator):
+        with tf.GradientTape() as tape:
+            loss = self._loss(iterator)
+        variables = self.model.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        self.train_loss.update_state(loss)
+        self.global_step.assign_add(1)
+
+    def train_loop_end(self):
+        return {"loss": self.train_loss.result()}
+
+    def eval_begin(self):
+        self.eval_loss.reset_state()
+
+    def eval_step(self, iterator):
+        self.eval_loss.update_state(self._loss(iterator))
+
+    def eval_end(self):
+        return {"loss": self.eval_loss.result()}
+
+
+class OrbitTrainer(orbit.AbstractTrainer):
+    """ctl's Trainer for orbit's Controller, which assigns into the dict `train` returns."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def train(self, num_steps):
+        return dict(self.trainer.train(num_steps).logs)
+
+
+def assert_trained_and_evaluated(summary_dir, output):
+    evals = scalars(str(summary_dir / "eval"))["loss"]
+    assert sorted(evals) == [10, 20, 30] and evals[30] < 0.5 * evals[10]
+    assert sorted(scalars(str(summary_dir / "train"))["loss"]) == [10, 20, 30]
+    assert float(output["loss"]) == pytest.approx(evals[30])
+
+
+def test_ctls_controller_drives_orbits_standard_trainer_and_evaluator(tmp_path):
+    runner = PlainOrbitRunner()
+    controller = Controller(
+        global_step=runner.global_step, trainer=runner, evaluator=runner, steps_per_loop=10,
+        summary_manager=SummaryManager(str(tmp_path / "train"), runner.global_step),
+        eval_summary_manager=SummaryManager(str(tmp_path / "eval"), runner.global_step))
+    output = controller.train_and_evaluate(train_steps=30, eval_steps=-1, eval_interval=10)
+    controller.flush_summaries()
+    assert controller.step == int(runner.global_step.numpy()) == 30
+    assert_trained_and_evaluated(tmp_path, output)
+
+
+def test_orbits_controller_drives_ctls_trainer_through_the_adapter(tmp_path):
+    trainer = ctl.Trainer(RegressionTask())
+    controller = orbit.Controller(
+        trainer=OrbitTrainer(trainer), evaluator=trainer, global_step=trainer.global_step,
+        steps_per_loop=10, summary_dir=str(tmp_path / "train"),
+        eval_summary_dir=str(tmp_path / "eval"))
+    controller.train_and_evaluate(train_steps=30, eval_steps=-1, eval_interval=10)
+    assert int(trainer.global_step.numpy()) == 30
+    assert_trained_and_evaluated(tmp_path, controller.evaluate(steps=-1))
+    # Without it: orbit's Controller cannot add its rate to a TrainLoopEnd.
+    with pytest.raises(TypeError, match="TrainLoopEnd"):
+        orbit.Controller(trainer=trainer, global_step=trainer.global_step,
+                         steps_per_loop=10).train(40)
