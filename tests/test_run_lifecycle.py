@@ -118,7 +118,7 @@ def _files_and_times(directory):
 def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing(tmp_path):
     model_dir = str(tmp_path / "run")
     args = ["--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
-            "--gin_bindings=ctl.Experiment.hooks=[@ctl.BestCheckpoint()]"]
+            "--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.BestCheckpoint()]"]
     first = run_ctl(*args)
     assert first.returncode == 0, first.stderr
     done = [line for line in first.stdout.splitlines() if line.startswith(" done |")]

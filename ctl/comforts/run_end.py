@@ -95,7 +95,7 @@ def say_done(model_dir: str, step: int, results: Optional[Dict[str, Any]],
 
 
 def _best_records(directory: ModelDir):
-    """`ctl.BestCheckpoint`'s record and each `ctl.BestExporter`'s, if any."""
+    """`ctl.hooks.BestCheckpoint`'s record and each `ctl.hooks.BestExporter`'s, if any."""
     records = [read_best(directory.path)]
     for path in sorted(tf.io.gfile.glob(directory.file(EXPORT_DIR, "*", "best.json"))):
         record = read_json(path, {})
