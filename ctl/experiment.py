@@ -27,8 +27,9 @@ class Schedule:
       train_steps: the global step training ends at.
       steps_per_loop: steps per call of the train loop (one log line each).
       eval_steps: batches per evaluation; `None` evaluates the whole eval set.
-      eval_interval: train steps between evaluations in `train_and_eval`;
-        `None` evaluates only at the end. A final evaluation always runs.
+      eval_interval: `train_and_eval` evaluates at each multiple of it of the
+        global step, whatever step a run (re)starts from; `None` evaluates
+        only at the end. A final evaluation always runs.
       checkpoint_interval: train steps between checkpoints; one is always
         written at the end.
       max_checkpoints: checkpoints kept in the model dir.

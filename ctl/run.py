@@ -18,6 +18,13 @@ exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it
 A full disk, a refused write or an object store's errors end in one line naming the
 path and the cause and exit status 74 (`ctl.faults.storage.EXIT_STORAGE_FAULT`): fix
 the storage and run the same command again.
+A sidecar (`continuous_eval`) stops the same way on SIGTERM or SIGINT, between
+two evaluations, with status 75.
+
+TensorFlow is imported only once the flags and the gin text are checked
+(`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
+at once. Gin mistakes that need the code (an unknown parameter, a module that
+does not import) are found after the import, by `ctl.core.config.parse`.
 """
 
 import os
@@ -28,40 +35,42 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import logging as std_logging  # noqa: E402 - after the setting above.
+import signal  # noqa: E402
 import sys  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
 import ctl
-from ctl import smoke, train_lib
-from ctl.cluster import distribute, peers, tf_config as cluster
-from ctl.core import config, console
+from ctl.cluster import tf_config as cluster
+from ctl.core import console, gin_text
 from ctl.core.errors import EXIT_USER_ERROR, UserError
-from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
-from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
-from ctl.sidecar import continuous_eval
-from ctl.sidecar.scheduler import ContinuousEval
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", None, train_lib.MODES + (smoke.MODE,),
+flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
                   "What to run; `smoke` rehearses a run in seconds in a temporary dir.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin binding, applied after the files; repeatable.")
 flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
-flags.DEFINE_enum("strategy", "default", distribute.STRATEGIES, "tf.distribute strategy.")
+flags.DEFINE_enum("strategy", "default", cluster.STRATEGIES, "tf.distribute strategy.")
 flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices (try mirrored on CPU).")
 flags.mark_flag_as_required("mode")
 
 
 def _fail(message: str) -> None:
-    print(f"ctl.run: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    _exit(EXIT_USER_ERROR, f"error: {message}")
+
+
+def _exit(status: int, message: str) -> None:
+    """The last line, on stderr and on a line of its own (the live bar cleared for good)."""
+    console.end_bar()
+    print(f"ctl.run: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 def _parse_flags(argv):
     try:
-        return FLAGS(config.expand_gin_flags(argv))
+        return FLAGS(gin_text.expand_gin_flags(argv))
     except flags.Error as error:
         _fail(f"{error}. See --helpfull.")
     except UserError as error:
@@ -96,8 +105,26 @@ def _say_strategy(name: str, strategy) -> None:
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
-    if not FLAGS.model_dir and FLAGS.mode != smoke.MODE:
+    if not FLAGS.model_dir and FLAGS.mode != cluster.SMOKE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
+    try:
+        gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
+    except UserError as error:
+        _fail(str(error))
+    _run()
+    _finish_on_a_late_signal()
+
+
+def _run() -> None:
+    """Everything after the checks: TensorFlow is imported here."""
+    from ctl import smoke, train_lib
+    from ctl.cluster import distribute, peers
+    from ctl.core import config
+    from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
+    from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
+    from ctl.sidecar import continuous_eval
+    from ctl.sidecar.scheduler import ContinuousEval
+
     _set_up_console()
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     try:
@@ -124,11 +151,11 @@ def main(argv):
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
                 train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
     except Preempted as preempted:
-        print(f"ctl.run: preempted: {preempted}", file=sys.stderr)
-        sys.exit(EXIT_PREEMPTED)
+        _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
+    except continuous_eval.Stopped as stopped:
+        _exit(EXIT_PREEMPTED, f"stopped: {stopped}")
     except peers.PeerLost as lost:
-        print(f"ctl.run: peer lost: {lost}", file=sys.stderr)
-        sys.exit(peers.EXIT_PEER_LOST)
+        _exit(peers.EXIT_PEER_LOST, f"peer lost: {lost}")
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(str(error).splitlines()[0])
@@ -136,8 +163,20 @@ def main(argv):
         fault = storage_fault_within(error, FLAGS.model_dir)
         if fault is None:
             raise  # A bug keeps its traceback.
-        print(f"ctl.run: storage error: {fault.message(FLAGS.model_dir)}", file=sys.stderr)
-        sys.exit(EXIT_STORAGE_FAULT)
+        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(FLAGS.model_dir)}")
+
+
+def _finish_on_a_late_signal() -> None:
+    """The run is done and its files are written: a SIGTERM or SIGINT while the
+    interpreter winds TensorFlow down ends the process with status 0, in one line."""
+    def finish(signum, unused_frame):
+        console.info("signal", "received %s after the run ended: exiting with status 0.",
+                     signal.Signals(signum).name)
+        sys.stdout.flush()
+        os._exit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, finish)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
+from ctl.cluster.tf_config import MODES
+from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
-from ctl.comforts.progress import MetricsLog
+from ctl.comforts.progress import MetricsLog, read_metrics
 from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
@@ -39,9 +41,8 @@ from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.preemption import SignalWatcher
-from ctl.sidecar import continuous_eval
+from ctl.sidecar import announce, continuous_eval
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
 
 def run_experiment(
@@ -56,7 +57,9 @@ def run_experiment(
     `continuous_eval` runs `ctl.sidecar.continuous_eval.evaluate_continuously`. When
     TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
     and leaves evaluation to that sidecar. A chief that finishes `train` or
-    `train_and_eval` marks the run finished in `model_dir`.
+    `train_and_eval` marks the run finished in `model_dir` and says where
+    its results are (`ctl.comforts.run_end`); a run already complete writes
+    nothing and returns its recorded results.
     """
     require_choice("mode", mode, MODES)
     strategy = strategy or tf.distribute.get_strategy()
@@ -199,14 +202,22 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         ModelDir(model_dir).create()  # Everything is validated: the first write.
     if lock is not None:
         lock.acquire()  # Before anything else is written; raises UserError if held.
-    if train:
+    if train:  # Validated (config, checkpoint, lock): a run already complete ends here.
+        done = run_end.completed_run(model_dir, schedule.train_steps,
+                                     evaluate=mode == "train_and_eval")
+        if done is not None:
+            if chief:
+                run_end.say_complete(model_dir, schedule.train_steps, done)
+            return done
         faults.resume_inputs()
     if train and chief:
         ModelDir(model_dir).clear_finished()
         config.save_config(model_dir)
 
     try:
-        output = _run_mode(mode, controller, schedule)
+        evaluations = (_Evaluations(model_dir, eval_side if chief else None, strategy)
+                       if mode == "train_and_eval" else None)
+        output = _run_mode(mode, controller, schedule, evaluations)
     except EvaluationStopped:  # A signal during an in-line evaluation.
         faults.preempt(controller.step)
     finally:
@@ -216,10 +227,13 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
                                           controller.checkpoint_manager.latest_checkpoint,
                                           schedule.train_steps)
     hooks.call("on_trial_close", output)
+    if train and chief:
+        run_end.say_done(model_dir, controller.step, output if mode != "train" else None)
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
+def _run_mode(mode: str, controller: Controller, schedule,
+              evaluations: Optional["_Evaluations"]) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
     if mode == "eval":
         return controller.evaluate(steps=eval_steps)
@@ -230,11 +244,39 @@ def _run_mode(mode: str, controller: Controller, schedule) -> Dict[str, Any]:
         train_steps=schedule.train_steps,
         eval_steps=eval_steps,
         eval_interval=schedule.eval_interval,
+        skip_evaluation=evaluations.skip,
     )
-    if output is None:  # Resumed after the last step: still end with an evaluation.
-        console.info("train", "training already reached step %d", schedule.train_steps)
-        output = controller.evaluate(steps=eval_steps)
+    if output is None:  # Resumed at the last step, already evaluated: its recorded results.
+        output = evaluations.recorded.get(controller.step, {})
     return output
+
+
+class _Evaluations:
+    """Which in-line evaluations of `train_and_eval` run: none at a step already
+    evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
+    read once at start), and none while a live sidecar evaluator serves the model
+    dir (`ctl.sidecar.announce`; one-process strategies: the workers of a cluster
+    must agree on every evaluation). Stepping aside, the chief releases its claim
+    on the eval-side hooks (`eval_side`) for the sidecar to take."""
+
+    def __init__(self, model_dir: str, eval_side: Optional[OwnedActions],
+                 strategy: tf.distribute.Strategy):
+        self.recorded = {r.get("step"): run_end.results_of(r)
+                         for r in read_metrics(model_dir, "eval")}
+        self.recorded.update({r.get("step"): r.get("results") or {}
+                              for r in continuous_eval.read_metrics(model_dir)})
+        self.eval_side = eval_side
+        one_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.in_line = (announce.InLineEvaluation(model_dir, self._release_eval_side)
+                        if one_process else None)
+
+    def skip(self, step: int) -> bool:
+        return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
+
+    def _release_eval_side(self) -> None:
+        if self.eval_side is not None and self.eval_side.owned:
+            self.eval_side.release()
+            self.eval_side.owned = None  # Taken again if in-line evaluation comes back.
 
 
 def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:

@@ -55,7 +55,8 @@ def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path
                      f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps=40")
     assert result.returncode == 0, result.stderr
     assert "restored model from" in result.stdout and "ckpt-20" in result.stdout
-    assert set(scalars(os.path.join(model_dir, "eval"))["loss"]) == {30, 40}
+    # Step 20, a multiple of eval_interval that `--mode=train` did not evaluate, is evaluated first.
+    assert set(scalars(os.path.join(model_dir, "eval"))["loss"]) == {20, 30, 40}
     assert set(scalars(os.path.join(model_dir, "train"))["loss"]) == {10, 20, 30, 40}
     assert "train | step:     30" in result.stdout  # One log line per loop.
 

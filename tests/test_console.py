@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -142,3 +143,77 @@ def test_main_job_console_on_a_terminal_and_in_a_file(tmp_path):
     train = [line for line in lines if line.startswith("train | ")]
     assert "tracing included" in train[0] and train[-1].startswith("train | step:     60/60 |")
     assert "steps/sec | ETA 0:00:00" in train[-1]
+
+
+def run_on_a_terminal(args, columns, stop_when=None, timeout=240):
+    """Runs `python -m ctl.run args` on a pseudo-terminal `columns` wide (stdout and stderr);
+    sends SIGTERM once `stop_when(output so far)` holds; returns (exit status, output)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen([sys.executable, "-m", "ctl.run", *args], cwd=ROOT, stdin=slave,
+                               stdout=slave, stderr=slave, env={**env, "PYTHONPATH": ROOT})
+    os.close(slave)
+    chunks, signalled = [], False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # The child closed the terminal.
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif process.poll() is not None:
+                break
+            if stop_when and not signalled and stop_when(b"".join(chunks).decode("utf-8", "replace")):
+                process.send_signal(signal.SIGTERM)
+                signalled = True
+        return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+        os.close(master)
+
+
+def screens(output):
+    """Each state a terminal line went through: the text between line ends and carriage returns."""
+    return [part for line in output.replace("\r\n", "\n").split("\n") for part in line.split("\r")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_bar_fits_the_terminal_keeps_history_and_ends_cleanly(tmp_path, columns):
+    progress = tmp_path / "progress"
+
+    def past_step_28(unused_output):
+        steps = [int(s) for s in progress.read_text().split() if s.isdigit()] if progress.exists() else []
+        return max(steps, default=0) >= 28
+
+    status, output = run_on_a_terminal(
+        ["--mode=train_and_eval", f"--model_dir={tmp_path / 'run'}",
+         f"--gin_file={os.path.join(ROOT, 'tests', 'lifecycle.gin')}",
+         f"--gin_bindings=PacedTask.progress_file='{progress}'"], columns, past_step_28)
+    assert status == 75, output[-3000:]
+    states = [s for s in screens(output) if s.strip()]
+    bars = [s for s in states if "█" in s or "▏" in s or "▎" in s or "▌" in s]
+    assert bars, output[-3000:]
+    # Fitted: the bar and steps/sec and the ETA on every drawn bar, none wider than the terminal.
+    assert all(len(s.rstrip()) < columns for s in bars), [s for s in bars if len(s) >= columns]
+    assert all(re.search(r"\d steps/sec \| ETA \d", s) or "first loop" in s for s in bars), bars
+    lines = output.replace("\r\n", "\n").split("\n")
+    # History: the end of the first stretch and its evaluation stay on the screen, above the bar.
+    history = [line.split("\r")[-1] for line in lines]
+    assert any(re.match(r"train \| step: +20/40 \| loss: .* steps/sec \| ETA", h) for h in history), history
+    assert any(re.match(r" eval \| step: +20 \| loss: ", h) for h in history), history
+    # The end: the preemption line from the first column of a line of its own (the bar
+    # blanked before it), and no bar drawn after it.
+    ends = [i for i, h in enumerate(history) if h.startswith("ctl.run: preempted: stopped by SIGTERM")]
+    assert len(ends) == 1, lines[-5:]
+    drawn = lines[ends[0]].split("\r")
+    assert len(drawn) == 1 or not drawn[-2].strip(), drawn  # What was there last, blanked.
+    after = "\n".join(lines[ends[0] + 1:])
+    assert "steps/sec" not in after and "█" not in after, after

@@ -13,10 +13,9 @@ from typing import Optional
 
 import tensorflow as tf
 
-from ctl.cluster.tf_config import ClusterConfig
+from ctl.cluster.tf_config import STRATEGIES, ClusterConfig
 from ctl.core.errors import UserError, first_line, require_choice
 
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 # More logical CPU devices than this only rehearse replica logic more slowly: with
 # --cpu_replicas=100000 TensorFlow spends minutes setting the devices up.
 MAX_CPU_REPLICAS = 64

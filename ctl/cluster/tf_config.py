@@ -29,6 +29,11 @@ from typing import Dict, List, Mapping, Optional
 from ctl.core.errors import UserError
 
 ROLES = ("chief", "worker", "ps", "evaluator")
+# The modes of `python -m ctl.run` (`ctl.train_lib.run_experiment`'s, then `ctl.smoke`'s) and
+# the strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+SMOKE = "smoke"
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOCAL_STRATEGIES = ("default", "one_device", "mirrored")
 CONTINUOUS_EVAL = "continuous_eval"
 # What an evaluator, outside the training cluster, evaluates under.

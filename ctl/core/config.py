@@ -1,7 +1,8 @@
 """Gin at the edges: parsing the user's config and saving what ran.
 
 Flags name the files and bindings; everything the experiment does is read from
-gin. `parse` turns every gin mistake into a one-line `UserError`.
+gin. `parse` turns every gin mistake into a one-line `UserError` (what the text
+alone shows, `ctl.core.gin_text` finds first, before TensorFlow is imported).
 """
 
 import ast
@@ -18,27 +19,12 @@ import tensorflow as tf
 
 from ctl import compat
 from ctl.core.errors import UserError, first_line
+from ctl.core.gin_text import check_gin_file
 from ctl.core.model_dir import ModelDir, write_atomically
-
-GIN_FLAG_PREFIX = "--gin."
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
 # too, so a --gin_file or the trainer's config.gin may be in an object store.
 gin.config.register_file_reader(tf.io.gfile.GFile, tf.io.gfile.exists)
-
-
-def expand_gin_flags(argv: Sequence[str]) -> List[str]:
-    """Turns each `--gin.NAME=VALUE` into `--gin_bindings=NAME=VALUE` (before absl parses)."""
-    expanded = []
-    for arg in argv:
-        if arg.startswith(GIN_FLAG_PREFIX):
-            name, equals, value = arg[len(GIN_FLAG_PREFIX):].partition("=")
-            if not name or not equals:
-                raise UserError(f"Received {arg!r}; write --gin.NAME=VALUE, e.g. "
-                                "--gin.ctl.Schedule.train_steps=500.")
-            arg = f"--gin_bindings={name}={value}"
-        expanded.append(arg)
-    return expanded
 
 
 def _suggest(message: str) -> str:
@@ -141,39 +127,6 @@ def query_bindings_only(gin_bindings: Sequence[str], parameter: str, default: An
             return default
     finally:
         gin.clear_config()
-
-
-def check_gin_file(path: str, search_paths: Sequence[str], what: Optional[str] = None,
-                   seen: Sequence[str] = ()) -> None:
-    """Raises `UserError` unless `path`, and every file it `include`s, is a readable file.
-
-    Looked up as gin does: as given, then under each search path. Checked
-    before gin parses anything, because gin's package-resource reader fails
-    with a TypeError on some missing paths.
-    """
-    what = what or f"--gin_file={path}"
-    candidates = [path] + [os.path.join(d, path) for d in search_paths if not os.path.isabs(path)]
-    found = next((c for c in candidates if tf.io.gfile.exists(c)), None)
-    if found is None:
-        where = f" (searched: {', '.join(search_paths)})" if search_paths else ""
-        raise UserError(f"cannot read gin file: {what} does not exist{where}; check "
-                        "--gin_file, the `include` lines of the files and --gin_search_paths.")
-    if tf.io.gfile.isdir(found):
-        raise UserError(f"{what} is a directory; name a .gin file in it.")
-    if found in seen:
-        raise UserError(f"gin file {found} includes itself ({' -> '.join([*seen, found])}); "
-                        "remove the `include` line that closes the circle.")
-    try:
-        with tf.io.gfile.GFile(found, "rb") as f:
-            text = f.read().decode("utf-8")
-    except (tf.errors.OpError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read gin file {found} ({first_line(error, limit=None)}); pass a "
-                        "UTF-8 text file.") from error
-    for number, line in enumerate(text.splitlines(), 1):
-        match = re.match(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$", line)
-        if match:
-            check_gin_file(match.group(2), search_paths,
-                           f"{match.group(2)} (`include` at {found}:{number})", [*seen, found])
 
 
 def _check_command_line_macros(gin_bindings: Sequence[str]) -> None:

@@ -11,10 +11,14 @@ a kind and, where there is one, the global step:
 The controller's `TrainLines` logs a train line for the first and the last
 loop of each training stretch (up to an evaluation or the end) and otherwise
 at most every 0.1 s. `python -m ctl.run` installs `Console` as the logger's
-handler on stdout. On a terminal the train lines become one live bar (tqdm)
-and the other lines are written above it; otherwise (a file, a pipe, CI) a
-train line is written for the first and the last loop of each stretch and
-otherwise at most once a second. In a notebook or a test, with no handler installed,
+handler on stdout. On a terminal the train lines become one live bar (tqdm),
+fitted to the terminal's width (the step, the bar, steps/sec and the ETA
+first; the metrics get what is left), and the other lines are written above
+it; the train line of each stretch's last loop, and one every
+`HISTORY_SECONDS`, stay above it too, so the loss history stays on the screen.
+`end_bar()` (ctl.run calls it before its last line) clears the bar for good.
+Otherwise (a file, a pipe, CI) a train line is written for the first and the
+last loop of each stretch and otherwise at most once a second. In a notebook or a test, with no handler installed,
 records reach the root logger (absl's handler) like any other log line.
 
 The rate and the time left (ETA) come from steady-state train loops only
@@ -25,6 +29,8 @@ time; evaluations and checkpoints add theirs.
 
 import logging
 import math
+import os
+import shutil
 import sys
 import time
 from typing import Any, Dict, Optional, TextIO
@@ -34,6 +40,8 @@ import numpy as np
 LOGGER = logging.getLogger("ctl")
 LOGGER.setLevel(logging.INFO)  # ctl's lines show wherever the root logger has a handler.
 EVERY_SECONDS = 1.0  # Plain train lines, at most this often (besides a stretch's first and last).
+HISTORY_SECONDS = 30.0  # On a terminal, a train line above the bar at least this often.
+MIN_BAR_WIDTH, MAX_BAR_WIDTH = 10, 40
 
 
 def info(kind: str, message: str, *args, step: Optional[int] = None) -> None:
@@ -126,28 +134,32 @@ class TrainLines:
         if not last and self._last is not None and now - self._last < self.min_interval:
             return
         self._last = None if last else now
-        parts = [format_logs(logs)]
         if rate is None:
-            parts.append(f"first loop {seconds:.2f} sec, tracing included")
+            pace = f"first loop {seconds:.2f} sec, tracing included"
         else:
             eta = (target - step) / rate if rate > 0 else float("inf")
-            parts.append(f"{rate:.1f} steps/sec | ETA {format_duration(eta)}")
-        LOGGER.info("%s", " | ".join(parts), extra={
-            "ctl_kind": "train", "ctl_step": step, "ctl_progress": (step, target, last)})
+            pace = f"{rate:.1f} steps/sec | ETA {format_duration(eta)}"
+        metrics = format_logs(logs)
+        LOGGER.info("%s | %s", metrics, pace, extra={
+            "ctl_kind": "train", "ctl_step": step, "ctl_progress": (step, target, last),
+            "ctl_pace": pace, "ctl_metrics": metrics})
 
 
 class Console(logging.Handler):
     """The handler `ctl.run` puts on the `ctl` logger: one format, a bar on a terminal."""
 
     def __init__(self, stream: Optional[TextIO] = None, bar: Optional[bool] = None,
-                 clock=time.monotonic, every_seconds: float = EVERY_SECONDS):
+                 clock=time.monotonic, every_seconds: float = EVERY_SECONDS,
+                 history_seconds: float = HISTORY_SECONDS):
         super().__init__()
         self.stream = stream or sys.stdout
         self.use_bar = self.stream.isatty() if bar is None else bar
         self.clock = clock
         self.every_seconds = every_seconds
+        self.history_seconds = history_seconds
         self._bar = None
         self._last_train_line = None  # clock() of the last plain train line.
+        self._last_history = None  # clock() of the last train line above the bar.
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -184,23 +196,41 @@ class Console(logging.Handler):
     def _update_bar(self, record, step: int, target: int, last: bool) -> None:
         import tqdm  # Only on a terminal.
 
+        now = self.clock()
+        if last or self._last_history is None or now - self._last_history >= self.history_seconds:
+            self._last_history = None if last else now
+            self._write(self._text(record, target))  # History, above the bar.
+        if last or step >= target:
+            self.close_bar()  # The line just written holds the stretch's end.
+            return
         head = format_line("train", step, "", target)[:-1]
-        # The line after the bar: the record's text (braces escaped for tqdm's format).
-        tail = "| " + record.getMessage().replace("{", "{{").replace("}", "}}")
+        pace = "| " + getattr(record, "ctl_pace", "")
+        metrics = "| " + getattr(record, "ctl_metrics", record.getMessage())
+        width = self._columns() - 1  # The last column would wrap on some terminals.
+        room = width - len(head) - len(pace) - 2
+        bar_width = max(MIN_BAR_WIDTH, min(MAX_BAR_WIDTH, room - len(metrics)))
+        tail = f" {pace} {metrics}"[:max(width - len(head) - bar_width, 0)]
+        # Braces escaped for tqdm's format.
+        bar_format = f"{{desc}}{{bar:{bar_width}}}" + tail.replace("{", "{{").replace("}", "}}")
         if self._bar is None or self._bar.total != target or step < self._bar.n:
             self.close_bar()
             self._bar = tqdm.tqdm(total=target, initial=step, desc=head, file=self.stream,
-                                  bar_format="{desc}{bar}" + tail, dynamic_ncols=True,
-                                  mininterval=0.1, leave=True)
+                                  bar_format=bar_format, ncols=width, mininterval=0.1,
+                                  leave=False)
         self._bar.set_description_str(head, refresh=False)
-        self._bar.bar_format = "{desc}{bar}" + tail
+        self._bar.bar_format = bar_format
+        self._bar.ncols = width
         self._bar.update(step - self._bar.n)
-        if last:
-            self._bar.refresh()
-        if step >= target:
-            self.close_bar()
+        self._bar.refresh()
+
+    def _columns(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):  # Not a real terminal (a test's stream).
+            return shutil.get_terminal_size().columns
 
     def close_bar(self) -> None:
+        """Clears the bar (its last state is in the history line above it)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -208,6 +238,14 @@ class Console(logging.Handler):
     def close(self) -> None:
         self.close_bar()
         super().close()
+
+
+def end_bar() -> None:
+    """Clears the live bar of the installed console, if any: what is written next
+    (a last line on stderr) starts on a line of its own, and no bar is drawn again."""
+    for handler in LOGGER.handlers:
+        if isinstance(handler, Console):
+            handler.close_bar()
 
 
 def install(stream: Optional[TextIO] = None, bar: Optional[bool] = None,

@@ -35,8 +35,9 @@ the end with the restored step, so the next loop, the summaries and the hooks
 all work from that step; nothing else keeps a copy that could go stale.
 
     train_and_evaluate(train_steps, eval_steps, eval_interval):
+      if step is an eval step and not skip_evaluation(step): evaluate
       while step < train_steps and not stop.should_stop:
-        train(until the next eval boundary)   # stops early on a request
+        train(to the next multiple of eval_interval, or train_steps)  # stops early on a request
           per loop: end = trainer.train(n); end = handler(end) for each
                     after_train_loop handler; step = end.step; train actions
         evaluate(eval_steps)                  # eval actions may request a stop
@@ -230,18 +231,35 @@ class Controller:
         return loop_size
 
     def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
-                           eval_interval: Optional[int] = None):
+                           eval_interval: Optional[int] = None,
+                           skip_evaluation: Callable[[int], bool] = lambda step: False):
+        """Trains to `train_steps`, evaluating on the way; returns the last evaluation's results.
+
+        Evaluations fall on the multiples of `eval_interval` of the global step
+        and on `train_steps` (`next_evaluation`), whatever step the run started
+        from, as checkpoints do: a run stopped and resumed any number of times
+        evaluates at the same steps as one that ran straight through. A run that
+        starts on such a step evaluates there first (it stopped between its last
+        train loop and that evaluation), unless `skip_evaluation(step)`, which
+        is asked before every evaluation (`ctl.train_lib`: one is on record
+        there, or a sidecar evaluator serves the model dir). Returns the last
+        evaluation's results, or None if it evaluated nothing.
+        """
         self._require("trainer", "train_and_evaluate")
         self._require("evaluator", "train_and_evaluate")
         output = None
         current_step = self.step
-        eval_interval = eval_interval or (train_steps - current_step)
         self._final_step = train_steps
-        while current_step < train_steps and not self.stop.should_stop:
-            target = min(train_steps, current_step + eval_interval)
-            self.train(steps=target, checkpoint_at_completion=False)
+        on_evaluation_step = current_step >= train_steps or bool(
+            eval_interval and current_step % eval_interval == 0)
+        if current_step and on_evaluation_step and not skip_evaluation(current_step):
             output = self.evaluate(steps=eval_steps)
+        while current_step < train_steps and not self.stop.should_stop:
+            self.train(steps=next_evaluation(current_step, eval_interval, train_steps),
+                       checkpoint_at_completion=False)
             current_step = self.step
+            if not skip_evaluation(current_step):
+                output = self.evaluate(steps=eval_steps)
         if self.stop.should_stop:
             console.info("train", "stopped: %s", self.stop.reason, step=current_step)
         self._save(check_interval=False)
@@ -330,6 +348,14 @@ class Controller:
         if getattr(self, attribute) is None:
             raise ValueError(f"`{attribute}` is not set; pass it to Controller() before "
                              f"calling {method}().")
+
+
+def next_evaluation(step: int, interval: Optional[int], train_steps: int) -> int:
+    """The step of the first evaluation after `step`: the next multiple of `interval`
+    (None: none), or `train_steps` if that comes first."""
+    if interval is None:
+        return train_steps
+    return min(train_steps, (step // interval + 1) * interval)
 
 
 def to_numpy(logs):

@@ -14,6 +14,9 @@ After the loop, `ctl.faults.handler` saves a checkpoint and raises `Preempted`;
 failure (1) and from a user error (2). A second signal while the first is being
 handled ends the process at once with `128 + signum`, as if unhandled.
 
+After a finished run, `python -m ctl.run` exits 0, with one line, on a signal
+during its teardown.
+
 Under `MultiWorkerMirroredStrategy` the signal may reach one worker only; the
 step guard agrees on it across workers in the step's all-reduce
 (`ctl.faults.step_guard`), so every worker stops after the same step, saves
@@ -117,9 +120,10 @@ their steps up to 0, compare their count with: one comparison a step.
 
     def request_stop(self, signum: int) -> None:
         """Records `signum` and asks the train loop to stop (any thread)."""
+        name = signal.Signals(signum).name
         if self.signum is not None:
-            console.warning("signal", "second %s: exiting now, without a checkpoint.",
-                            signal.Signals(signum).name)
+            console.warning("signal", "second %s: exiting now with status %d, without a checkpoint.",
+                            name, 128 + signum)
             os._exit(128 + signum)
         self.signum = signum
         self.stop_requested.assign(True)

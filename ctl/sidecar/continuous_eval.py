@@ -15,6 +15,12 @@ The loop (eager, on the host; `ctl.sidecar.scheduler.Scheduler` makes each decis
                 to eval/metrics.jsonl, then eval/sidecar_progress.json (atomic)
       WAIT: sleep; FINISHED / MAX_EVALUATIONS: return; TIMEOUT: UserError
 
+SIGTERM or SIGINT (Ctrl-C) stops the sidecar at its next look at the model
+dir: at once while it waits (for `config.gin` or a checkpoint), after the
+evaluation in progress otherwise; it raises `Stopped` (`python -m ctl.run`:
+one line, exit 75, as the trainer) and a restart goes on where it stopped.
+A second signal ends the process at once with `128 + signum`.
+
 A checkpoint is committed once the `checkpoint` state file names it, or its
 index file is `settle_seconds` old (tf_keras' `ModelCheckpoint` names only the
 newest). Three checkpoint layouts restore: ctl's and `tf.train.Checkpoint(
@@ -23,10 +29,12 @@ model=..., optimizer=...)` (a `model` object at the root), and tf_keras'
 optimizer's values stay unread.
 """
 
+import contextlib
 import logging as std_logging
 import os
 import signal
 import tempfile
+import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -42,7 +50,7 @@ from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.summaries import SummaryManager
-from ctl.sidecar import scheduler as sidecar
+from ctl.sidecar import announce, scheduler as sidecar
 
 # Test-only fault point: tests set CTL_FAULT_POINT=after_metrics_append to make the
 # sidecar SIGKILL itself right after appending an evaluation's metrics line and
@@ -51,15 +59,66 @@ FAULT_POINT_VARIABLE = "CTL_FAULT_POINT"
 AFTER_METRICS_APPEND = "after_metrics_append"
 
 
+class Stopped(Exception):
+    """The sidecar stopped on a signal, between two evaluations."""
+
+    def __init__(self, signum: int, evaluations: Optional[int] = None):
+        self.signum = signum
+        done = "" if evaluations is None else f" after {evaluations} evaluation(s)"
+        super().__init__(f"{signal.Signals(signum).name} stopped the evaluator{done}; nothing is "
+                         "lost. Run the same command again to go on.")
+
+
+class _Signals:
+    """SIGTERM and SIGINT, recorded for the sidecar's loop to stop at its next look (eager,
+    main thread only: elsewhere the default handling stays)."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+
+    def check(self, evaluations: Optional[int] = None) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum, evaluations)
+
+    def record(self, signum, unused_frame) -> None:
+        if self.signum is not None:
+            console.warning("signal", "second %s: exiting now with status %d.",
+                            signal.Signals(signum).name, 128 + signum)
+            os._exit(128 + signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    signals = _Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals
+        return
+    old = {signum: signal.signal(signum, signals.record)
+           for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield signals
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+
+
 def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float = 0.5) -> str:
     """Waits for the trainer's `<model_dir>/config.gin` and returns its path.
 
     Raises `UserError` when `model_dir` is not a directory or after `timeout`
-    seconds (None: no limit) without the file.
+    seconds (None: no limit) without the file, and `Stopped` on SIGTERM or SIGINT.
     """
+    with _stopped_by_signals() as signals:
+        return _wait_for_config(model_dir, timeout, poll_interval, signals)
+
+
+def _wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float,
+                     signals: _Signals) -> str:
     path = ModelDir(model_dir).config_file
     start = next_log = time.monotonic()
     while not tf.io.gfile.exists(path):
+        signals.check()
         if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
             raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at "
                             "the trainer's model dir.")
@@ -172,7 +231,7 @@ def evaluate_continuously(
 
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
-    could not be read.
+    could not be read, and `Stopped` on SIGTERM or SIGINT (between evaluations).
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
     strategy = strategy or tf.distribute.get_strategy()
@@ -190,15 +249,17 @@ def evaluate_continuously(
         os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
-        return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
-                      experiment.schedule.train_steps)
+        # A trainer evaluating in-line steps aside while this announcement is live.
+        with announce.Announcement(model_dir), _stopped_by_signals() as signals:
+            return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
+                          experiment.schedule.train_steps, signals)
     finally:
         eval_end_hooks.release()
 
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
            progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock,
-           train_steps: Optional[int]) -> Dict[str, Any]:
+           train_steps: Optional[int], signals: _Signals) -> Dict[str, Any]:
     """The loop of the module docstring. A finished marker of a run asked for fewer
     than `train_steps` is stale (a trainer extending the run has not cleared it yet)."""
     model_dir = directory.path
@@ -208,6 +269,7 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
     waiting = False
     seen = {}
     while True:
+        signals.check(progress.evaluations)
         present = directory.checkpoints()
         ready = directory.committed_checkpoints(settings.settle_seconds, present)
         final = directory.final_checkpoint_number(train_steps)
@@ -305,6 +367,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     evaluator.write_summaries(output["results"])
     console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
     if eval_end_hooks is not None:
+        _claim_after_the_trainer(eval_end_hooks)
         # Before the record that makes the evaluation done: a restart after a kill
         # during an export evaluates this checkpoint again and finishes it.
         eval_end_hooks(output["results"])
@@ -314,6 +377,15 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
         os.kill(os.getpid(), signal.SIGKILL)
     return sidecar.EVALUATED, output
+
+
+def _claim_after_the_trainer(eval_end_hooks: OwnedActions) -> None:
+    """The eval-side hooks, once a trainer that held them stepped aside and let them go."""
+    if eval_end_hooks.actions and eval_end_hooks.owned is False and (
+            eval_end_hooks.claim.try_acquire()):
+        eval_end_hooks.owned = True
+        console.info("hooks", "the eval-side hooks run here from now on (%s)",
+                     eval_end_hooks.claim.path)
 
 
 # The progress record and the metrics of the eval dir.

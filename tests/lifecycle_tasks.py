@@ -1,0 +1,46 @@
+"""A task whose steps take real time, for tests of a run's life (stop, resume, end).
+
+`PacedTask` is `ProbeTask` (each train step it starts is written to
+`progress_file`) with a pause in every train and eval step, so that a signal
+sent from outside lands where the test means it to: between two steps of a
+stretch, or inside the final evaluation. Each eval step it starts appends
+`eval` to `progress_file`.
+"""
+
+import time
+
+import gin
+import tensorflow as tf
+
+from tests.fault_tasks import ProbeTask
+
+
+def _pause(seconds):
+    def sleep():
+        time.sleep(seconds)
+        return 0
+    return tf.py_function(sleep, [], tf.int32)
+
+
+@gin.configurable
+class PacedTask(ProbeTask):
+    """ProbeTask with `train_seconds` per train step and `eval_seconds` per eval batch."""
+
+    def __init__(self, train_seconds=0.0, eval_seconds=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.train_seconds = train_seconds
+        self.eval_seconds = eval_seconds
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        if self.train_seconds:
+            with tf.control_dependencies([_pause(self.train_seconds)]):
+                inputs = tf.nest.map_structure(tf.identity, inputs)
+        return super().train_step(inputs, model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics):
+        if self.progress_file:
+            tf.print("eval", output_stream=f"file://{self.progress_file}")
+        if self.eval_seconds:
+            with tf.control_dependencies([_pause(self.eval_seconds)]):
+                inputs = tf.nest.map_structure(tf.identity, inputs)
+        return super().validation_step(inputs, model, metrics)
