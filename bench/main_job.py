@@ -31,16 +31,17 @@ COMMANDS = {
 TIMEOUT_S = 300
 
 
-def run_once(command, model_dir):
+def run_once(command, model_dir, env=None, timeout=TIMEOUT_S):
     """Seconds the whole process takes; raises if it fails."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = env or {**os.environ, "PYTHONPATH": ROOT}
     start = time.perf_counter()
     result = subprocess.run([*command, f"--model_dir={model_dir}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            timeout=TIMEOUT_S)
+                            timeout=timeout)
     elapsed = time.perf_counter() - start
     if result.returncode != 0:
-        raise RuntimeError(f"{command} exited {result.returncode}: {result.stderr[-2000:]}")
+        raise RuntimeError(f"{command} on {model_dir} exited {result.returncode}: "
+                           f"{result.stderr[-2000:]}")
     return elapsed
 
 

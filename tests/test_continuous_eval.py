@@ -19,7 +19,7 @@ import tf_keras
 
 import ctl
 from ctl.comforts.best import read_best
-from ctl.core.model_dir import ModelDir
+from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
@@ -166,22 +166,27 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     assert sorted(loss_steps) == steps  # One summary per checkpoint.
 
 
-def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path, processes):
+@pytest.mark.parametrize("storage", ["local", "gs"])
+def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
+        request, tmp_path, processes, storage):
     """A sidecar beside a trainer in `train_and_eval` (no TF_CONFIG): the trainer's in-line
     evaluation steps aside (one line), the sidecar evaluates every checkpoint and owns the
-    best checkpoint and the exports; the trainer keeps its run-end hooks (FinalExporter)."""
+    best checkpoint and the exports; the trainer keeps its run-end hooks (FinalExporter).
+    On a local disk (flock) and in a bucket (a real GCS API: leases, no lock)."""
     from ctl.core import config
-    model_dir = str(tmp_path / "run")
+    root = request.getfixturevalue("gcs_dir") if storage == "gs" else str(tmp_path)
+    model_dir = f"{root}/run"
+    gfile = tf.io.gfile
     comforts_gin = os.path.join(ROOT, "tests", "comforts.gin")
     keep = "ctl.Schedule.max_checkpoints = 5"  # Every checkpoint stays for the sidecar.
     config.parse([comforts_gin], ["ctl.Schedule.train_steps = 20", keep])
     ctl.run_experiment("train", model_dir)  # ckpt-10, ckpt-20 and config.gin; no evaluation.
-    os.remove(ModelDir(model_dir).finished_file)  # Still training, as far as the sidecar knows.
+    gfile.remove(ModelDir(model_dir).finished_file)  # Still training, as far as the sidecar knows.
     claim = ModelDir(model_dir).eval_hooks_lock_file
     sidecar = processes.start("sidecar", "--mode=continuous_eval", f"--model_dir={model_dir}",
                               "--gin_bindings=ctl.ContinuousEval.timeout=240")
-    wait_until(lambda: evaluated_numbers(model_dir) == [10, 20] and os.path.exists(claim)
-               and "sidecar evaluator" in open(claim).read(), "the sidecar's claim")
+    wait_until(lambda: evaluated_numbers(model_dir) == [10, 20] and gfile.exists(claim)
+               and "sidecar evaluator" in gfile.GFile(claim).read(), "the sidecar's claim")
     trainer = processes.start("trainer", "--mode=train_and_eval", f"--model_dir={model_dir}",
                               f"--gin_file={comforts_gin}", f"--gin_bindings={keep}")
     for process in (trainer, sidecar):
@@ -197,8 +202,12 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(tmp_path
                 if "export | step:" in line and "final" not in line and "checkpoint" not in line]
     for step in (10, 20, 30, 40):
         assert f"export | step: {step:6d} | latest SavedModel" in sidecar_log, step
-    assert sorted(os.listdir(os.path.join(model_dir, "export", "latest"))) == ["30", "40"]
-    assert os.listdir(os.path.join(model_dir, "export", "final")) == ["40"]  # The trainer's.
+    listing = lambda path: sorted(n.rstrip("/") for n in gfile.listdir(path))  # noqa: E731
+    assert listing(f"{model_dir}/export/latest") == ["30", "40"]
+    assert listing(f"{model_dir}/export/final") == ["40"]  # The trainer's.
+    published_by = lambda path: read_json(f"{path}/{PUBLISHED_MARKER}")["pid"]  # noqa: E731
+    assert [published_by(f"{model_dir}/export/latest/{s}") for s in ("30", "40")] == [sidecar.pid] * 2
+    assert published_by(f"{model_dir}/export/final/40") == trainer.pid
     best = read_best(model_dir)
     # The sidecar's best checkpoint holds what it restored: the model and step, no optimizer.
     names = {name for name, _ in tf.train.list_variables(best["path"])}
@@ -339,7 +348,7 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     recorder = RecordingCallback()
     settings = ctl.ContinuousEval(callbacks=[recorder])
     sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
-        experiment(task), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
+        experiment(task, train_steps=20), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
     continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
                                           settings=settings)
     records = continuous_eval.read_metrics(model_dir)
