@@ -250,9 +250,9 @@ class Controller:
         output = None
         current_step = self.step
         self._final_step = train_steps
-        on_evaluation_step = current_step >= train_steps or bool(
-            eval_interval and current_step % eval_interval == 0)
-        if current_step and on_evaluation_step and not skip_evaluation(current_step):
+        at_the_end = current_step >= train_steps  # (With train_steps = 0: an evaluation at 0.)
+        on_a_multiple = bool(current_step and eval_interval and current_step % eval_interval == 0)
+        if (at_the_end or on_a_multiple) and not skip_evaluation(current_step):
             output = self.evaluate(steps=eval_steps)
         while current_step < train_steps and not self.stop.should_stop:
             self.train(steps=next_evaluation(current_step, eval_interval, train_steps),
