@@ -145,24 +145,13 @@ def test_task_mistakes_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("adds_aux", [False, True], ids=["ctl adds aux", "task adds aux"])
 @pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
-def test_the_l2_penalty_is_in_the_loss_once(flavor, adds_aux, strategy, tmp_path):
-    task = tasks.RegularizedTask(flavor=flavor, adds_aux=adds_aux, learning_rate=0.0)
-    experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(
-        train_steps=2, steps_per_loop=2, eval_interval=None, checkpoint_interval=2))
-    results = ctl.run_experiment("train_and_eval", str(tmp_path), strategy, experiment)
-    kernel = np.full((3, 1), task.KERNEL, np.float32)
-    eval_loss = task.expected_loss(*regression_data(task.eval_examples, seed=1), kernel, 0.0)
-    assert eval_loss > 3.0  # The penalty (10 * 3 * 0.09 = 2.7) dominates it.
-    np.testing.assert_allclose(results["loss"], eval_loss, rtol=1e-5)
-
-
-@pytest.mark.parametrize("adds_aux", [False, True], ids=["ctl adds aux", "task adds aux"])
-@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
-def test_the_l2_penalty_is_in_the_gradient_once(flavor, adds_aux, strategy, tmp_path):
+def test_the_l2_penalty_is_in_the_gradient_and_the_loss_once(flavor, adds_aux, strategy, tmp_path):
+    """One SGD step, then the final evaluation: the trained weights and the eval loss each
+    equal NumPy's with the penalty counted once."""
     task = tasks.RegularizedTask(flavor=flavor, adds_aux=adds_aux, learning_rate=0.01)
     experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(
         train_steps=1, steps_per_loop=1, eval_interval=None, checkpoint_interval=1))
-    ctl.run_experiment("train", str(tmp_path), strategy, experiment)
+    results = ctl.run_experiment("train_and_eval", str(tmp_path), strategy, experiment)
     # One SGD step on the first global batch, by hand.
     features, targets = (t[:task.batch_size] for t in regression_data(task.train_examples))
     kernel = tf.Variable(np.full((3, 1), task.KERNEL, np.float32))
@@ -171,10 +160,13 @@ def test_the_l2_penalty_is_in_the_gradient_once(flavor, adds_aux, strategy, tmp_
         loss = (tf.reduce_mean(tf.square(targets - (features @ kernel + bias)))
                 + task.L2 * tf.reduce_sum(tf.square(kernel)))
     kernel_gradient, bias_gradient = tape.gradient(loss, [kernel, bias])
+    kernel = kernel.numpy() - 0.01 * kernel_gradient.numpy()
+    bias = bias.numpy() - 0.01 * bias_gradient.numpy()
     trained = task.build_model()
     tf.train.Checkpoint(model=trained).read(
         tf.train.latest_checkpoint(str(tmp_path))).expect_partial()
-    np.testing.assert_allclose(trained.get_weights()[0],
-                               kernel.numpy() - 0.01 * kernel_gradient.numpy(), rtol=1e-5)
-    np.testing.assert_allclose(trained.get_weights()[1],
-                               bias.numpy() - 0.01 * bias_gradient.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(trained.get_weights()[0], kernel, rtol=1e-5)
+    np.testing.assert_allclose(trained.get_weights()[1], bias, rtol=1e-5, atol=1e-7)
+    eval_loss = task.expected_loss(*regression_data(task.eval_examples, seed=1), kernel, bias)
+    assert eval_loss > 3.0  # The penalty (10 * 3 * 0.3 ** 2 = 2.7 before the step) dominates it.
+    np.testing.assert_allclose(results["loss"], eval_loss, rtol=1e-5)
