@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import time
 
 import tensorflow as tf
 
@@ -14,14 +16,83 @@ TEST_GIN = os.path.join(ROOT, "tests", "regression.gin")
 _TF_NATIVE_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ")
 
 
+def ctl_command(*args, wrapper=()):
+    """`python -m ctl.run args` (under the command `wrapper`, if any)."""
+    return [*wrapper, sys.executable, "-m", "ctl.run", *args]
+
+
+def ctl_env(env=None):
+    """This process's environment, with this checkout first on PYTHONPATH and `env` on top."""
+    return {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+
+
 def run_ctl(*args, timeout=300, env=None, wrapper=()):
     """Runs ctl.run with `args` (under the command `wrapper`, if any); returns the
     CompletedProcess (text)."""
-    return subprocess.run(
-        [*wrapper, sys.executable, "-m", "ctl.run", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
-    )
+    return subprocess.run(ctl_command(*args, wrapper=wrapper), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=ctl_env(env))
+
+
+class CtlProcess:
+    """`python -m ctl.run args` started in the background, its stdout and stderr in files.
+
+    Every wait is bounded; used as a context manager, the process is killed on the
+    way out (SIGKILL, if it still runs).
+    """
+
+    def __init__(self, *args):
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(ctl_command(*args), cwd=ROOT, stdout=self._out,
+                                     stderr=self._err, text=True, env=ctl_env())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *unused_exc_info):
+        self.kill()
+
+    @staticmethod
+    def _read(file):
+        file.seek(0)
+        return file.read()
+
+    def stdout(self):
+        return self._read(self._out)
+
+    def stderr(self):
+        return self._read(self._err)
+
+    def wait_until(self, condition, timeout=120):
+        """Waits until `condition()` holds; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            if self.proc.poll() is not None:
+                return condition()
+            time.sleep(0.02)
+        raise TimeoutError(f"not reached in {timeout} s; stdout: {self.stdout()[-2000:]}")
+
+    def wait_for_output(self, text, timeout=60):
+        """Waits until the process has printed `text` on stdout."""
+        if not self.wait_until(lambda: text in self.stdout(), timeout):
+            raise AssertionError(f"the process ended without printing {text!r}; stderr: "
+                                 f"{self.stderr()[-2000:]}")
+
+    def finish(self, timeout=180):
+        """Waits for the process to end (killed after `timeout` seconds); returns the
+        CompletedProcess (text)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
+                                           self.stdout(), self.stderr())
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
 
 
 def ctl_stderr_lines(stderr: str):

@@ -34,19 +34,16 @@ def test_a_signal_during_an_async_save_names_the_checkpoint_a_restart_restores(r
     else:
         model_dir = str(tmp_path / "run")
         bindings = (*ASYNC, "ProbeTask.ballast_kb=98304")
-    trainer = Trainer(model_dir, progress, *bindings, "ctl.Schedule.train_steps=1000000")
-    try:
+    with Trainer(model_dir, progress, *bindings, "ctl.Schedule.train_steps=1000000") as trainer:
         # Step 201 started: the loop of steps 1-200 ended and its checkpoint is being written.
-        assert trainer.wait_for_step(201, timeout=240), trainer.finish()[1]
+        assert trainer.wait_for_step(201, timeout=240), trainer.finish().stderr
         trainer.proc.send_signal(signal.SIGTERM)
-        returncode, stderr = trainer.finish(timeout=240)
-    finally:
-        trainer.kill()
+        result = trainer.finish(timeout=240)
     if store == "gcs":
         gcs.set_latency(0)
-    assert returncode == EXIT_PREEMPTED, stderr
-    line = ctl_stderr_lines(stderr)[-1]
-    assert line.startswith("ctl.run: preempted: stopped by SIGTERM"), stderr
+    assert result.returncode == EXIT_PREEMPTED, result.stderr
+    line = ctl_stderr_lines(result.stderr)[-1]
+    assert line.startswith("ctl.run: preempted: stopped by SIGTERM"), result.stderr
     named = line.split("checkpoint ", 1)[1].split(" ", 1)[0]
     assert named != f"{model_dir}/ckpt-200", line  # The signal came before the loop's end.
     assert tf.train.latest_checkpoint(model_dir) == named, line

@@ -10,14 +10,13 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 
 import pytest
 
 from ctl.core import console
-from tests.cli import ROOT, TEST_GIN
+from tests.cli import ROOT, TEST_GIN, ctl_command, ctl_env, ctl_stderr_lines
 
 # `kind | message` or `kind | step: N[/T] | message`: the one format.
 ONE_FORMAT = re.compile(r"^ *[a-z]+(: warning)? \| ")
@@ -87,72 +86,14 @@ def test_terminal_gets_a_bar_and_other_lines_above_it():
     handler.close()
 
 
-def read_pty(master, process, timeout):
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # The child closed the terminal.
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif process.poll() is not None:
-            break
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-@pytest.mark.slow
-def test_main_job_console_on_a_terminal_and_in_a_file(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "COLUMNS": "160"}
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40x160.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ctl.run", f"--model_dir={tmp_path / 'tty'}", *MAIN_JOB],
-        cwd=ROOT, stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env)
-    os.close(slave)
-    try:
-        terminal = read_pty(master, process, timeout=240)
-        assert process.wait(timeout=60) == 0, process.stderr.read().decode()[-2000:]
-    finally:
-        process.kill()
-        os.close(master)
-    lines = [part for line in terminal.replace("\r\n", "\n").split("\n")
-             for part in line.split("\r") if part.strip()]
-    assert lines, terminal
-    assert not [line for line in lines if ABSL_PREFIX.match(line)], terminal
-    assert [line for line in lines if not ONE_FORMAT.match(line)] == [], terminal
-    assert "\r" in terminal.replace("\r\n", "")  # The bar is redrawn in place...
-    bars = [line for line in lines if "steps/sec | ETA" in line and "|" in line]
-    assert any("60/60" in line for line in bars) and any(c in terminal for c in "█#")
-    assert re.search(r" eval \| step: +30 \| loss: ", terminal)
-    assert re.search(r" ckpt \| step: +60 \| saved ", terminal)
-
-    with open(tmp_path / "out.txt", "w") as out:
-        result = subprocess.run(
-            [sys.executable, "-m", "ctl.run", f"--model_dir={tmp_path / 'file'}", *MAIN_JOB],
-            cwd=ROOT, stdout=out, stderr=subprocess.PIPE, env=env, timeout=240)
-    assert result.returncode == 0, result.stderr.decode()[-2000:]
-    text = (tmp_path / "out.txt").read_text()
-    assert "\r" not in text and "█" not in text
-    lines = text.splitlines()
-    assert lines and all(ONE_FORMAT.match(line) for line in lines), text
-    train = [line for line in lines if line.startswith("train | ")]
-    assert "tracing included" in train[0] and train[-1].startswith("train | step:     60/60 |")
-    assert "steps/sec | ETA 0:00:00" in train[-1]
-
-
 def run_on_a_terminal(args, columns, stop_when=None, timeout=240):
     """Runs `python -m ctl.run args` on a pseudo-terminal `columns` wide (stdout and stderr);
     sends SIGTERM once `stop_when(output so far)` holds; returns (exit status, output)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen([sys.executable, "-m", "ctl.run", *args], cwd=ROOT, stdin=slave,
-                               stdout=slave, stderr=slave, env={**env, "PYTHONPATH": ROOT})
+    env = {key: value for key, value in ctl_env().items() if key not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen(ctl_command(*args), cwd=ROOT, stdin=slave, stdout=slave,
+                               stderr=slave, env=env)
     os.close(slave)
     chunks, signalled = [], False
     deadline = time.monotonic() + timeout
@@ -184,9 +125,52 @@ def screens(output):
     return [part for line in output.replace("\r\n", "\n").split("\n") for part in line.split("\r")]
 
 
+def drawn_bars(output):
+    """The states of the live bar (a line with a bar's block characters)."""
+    return [s for s in screens(output) if "█" in s or "▏" in s or "▎" in s or "▌" in s]
+
+
+def assert_fitted(bars, columns):
+    """The bar, steps/sec and the ETA on every drawn bar, none wider than the terminal."""
+    assert bars
+    assert all(len(s.rstrip()) < columns for s in bars), [s for s in bars if len(s) >= columns]
+    assert all(re.search(r"\d steps/sec \| ETA \d", s) or "first loop" in s for s in bars), bars
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("columns", [80, 200])
-def test_the_bar_fits_the_terminal_keeps_history_and_ends_cleanly(tmp_path, columns):
+def test_main_job_console_on_a_terminal_and_in_a_file(tmp_path):
+    # A wide terminal: the metrics fit beside the bar (80 columns: the test below).
+    status, terminal = run_on_a_terminal([f"--model_dir={tmp_path / 'tty'}", *MAIN_JOB], 160)
+    assert status == 0, terminal[-2000:]
+    # stdout and stderr, but TensorFlow's C++ log lines (e.g. cuInit's, before ctl runs).
+    lines = ctl_stderr_lines("\n".join(screens(terminal)))
+    assert lines, terminal
+    assert not [line for line in lines if ABSL_PREFIX.match(line)], terminal
+    assert [line for line in lines if not ONE_FORMAT.match(line)] == [], terminal
+    assert "\r" in terminal.replace("\r\n", "")  # The bar is redrawn in place...
+    bars = [line for line in lines if "steps/sec | ETA" in line and "|" in line]
+    assert any("60/60" in line for line in bars)
+    assert_fitted(drawn_bars(terminal), 160)
+    assert re.search(r" eval \| step: +30 \| loss: ", terminal)
+    assert re.search(r" ckpt \| step: +60 \| saved ", terminal)
+
+    with open(tmp_path / "out.txt", "w") as out:
+        result = subprocess.run(ctl_command(f"--model_dir={tmp_path / 'file'}", *MAIN_JOB),
+                                cwd=ROOT, stdout=out, stderr=subprocess.PIPE, env=ctl_env(),
+                                timeout=240)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    text = (tmp_path / "out.txt").read_text()
+    assert "\r" not in text and "█" not in text
+    lines = text.splitlines()
+    assert lines and all(ONE_FORMAT.match(line) for line in lines), text
+    train = [line for line in lines if line.startswith("train | ")]
+    assert "tracing included" in train[0] and train[-1].startswith("train | step:     60/60 |")
+    assert "steps/sec | ETA 0:00:00" in train[-1]
+
+
+@pytest.mark.slow
+def test_the_bar_fits_the_terminal_keeps_history_and_ends_cleanly(tmp_path):
+    columns = 80  # The metrics do not fit: cut to what is left.
     progress = tmp_path / "progress"
 
     def past_step_28(unused_output):
@@ -198,12 +182,7 @@ def test_the_bar_fits_the_terminal_keeps_history_and_ends_cleanly(tmp_path, colu
          f"--gin_file={os.path.join(ROOT, 'tests', 'lifecycle.gin')}",
          f"--gin_bindings=PacedTask.progress_file='{progress}'"], columns, past_step_28)
     assert status == 75, output[-3000:]
-    states = [s for s in screens(output) if s.strip()]
-    bars = [s for s in states if "█" in s or "▏" in s or "▎" in s or "▌" in s]
-    assert bars, output[-3000:]
-    # Fitted: the bar and steps/sec and the ETA on every drawn bar, none wider than the terminal.
-    assert all(len(s.rstrip()) < columns for s in bars), [s for s in bars if len(s) >= columns]
-    assert all(re.search(r"\d steps/sec \| ETA \d", s) or "first loop" in s for s in bars), bars
+    assert_fitted(drawn_bars(output), columns)
     lines = output.replace("\r\n", "\n").split("\n")
     # History: the end of the first stretch and its evaluation stay on the screen, above the bar.
     history = [line.split("\r")[-1] for line in lines]

@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -19,69 +18,33 @@ import tensorflow as tf
 
 from ctl.faults.preemption import EXIT_PREEMPTED
 from ctl.comforts.progress import read_metrics
-from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, scalars, snapshot
+from tests.cli import (ROOT, CtlProcess, checkpoint_values, ctl_stderr_lines, scalars,
+                       snapshot)
 
 pytestmark = pytest.mark.slow
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
 
 
-class Trainer:
-    """One `python -m ctl.run --mode=train` process on `model_dir`."""
+class Trainer(CtlProcess):
+    """One `python -m ctl.run --mode=train` process on `model_dir`, and the steps its
+    task started (the progress file)."""
 
     def __init__(self, model_dir, progress, *bindings, flags=(), mode="train"):
-        args = [sys.executable, "-m", "ctl.run", f"--mode={mode}", f"--model_dir={model_dir}",
-                f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{progress}'",
-                *flags, *(f"--gin_bindings={b}" for b in bindings)]
         self.progress = progress
         self.earlier = len(read_steps(progress))  # Lines of earlier processes on the same file.
-        self.stdout = tempfile.TemporaryFile("w+")  # ctl's console lines.
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=self.stdout, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT},
-        )
-
-    def wait_for_output(self, text, timeout=60):
-        """Waits until the process has printed `text` on stdout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.stdout.seek(0)
-            if text in self.stdout.read():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the process ended without printing {text!r}")
-            time.sleep(0.02)
-        raise TimeoutError(f"{text!r} not printed in {timeout}s")
+        super().__init__(f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={FAULTS_GIN}",
+                         f"--gin_bindings=ProbeTask.progress_file='{progress}'", *flags,
+                         *(f"--gin_bindings={b}" for b in bindings))
 
     def wait_for_step(self, step, timeout=120):
         """Waits until the task has started `step`; False if the process ended first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.last_started() >= step:
-                return True
-            if self.proc.poll() is not None:
-                return False
-            time.sleep(0.02)
-        raise TimeoutError(f"step {step} not reached in {timeout}s")
+        return self.wait_until(lambda: self.last_started() >= step, timeout)
 
     def last_started(self):
         """The last step this process started (0: none yet)."""
         steps = read_steps(self.progress)[self.earlier:]
         return steps[-1] if steps else 0
-
-    def finish(self, timeout=180):
-        _, stderr = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, stderr
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=60)
-
-
-def last_step(progress):
-    steps = read_steps(progress)
-    return steps[-1] if steps else 0
 
 
 def read_steps(progress):
@@ -105,13 +68,20 @@ def assert_bit_equal(path_a, path_b):
 
 
 def run_to_end(model_dir, progress, *bindings, flags=()):
-    trainer = Trainer(model_dir, progress, *bindings, flags=flags)
-    try:
-        returncode, stderr = trainer.finish()
-    finally:
-        trainer.kill()
-    assert returncode == 0, stderr
-    return stderr
+    with Trainer(model_dir, progress, *bindings, flags=flags) as trainer:
+        result = trainer.finish()
+    assert result.returncode == 0, result.stderr
+
+
+def signal_while_held(trainer, held, signum, release):
+    """Sends `signum` once `held()` (a step waits for the file `release`), waits until the
+    process says it received it, then lets the step end; returns the CompletedProcess."""
+    with trainer:
+        assert trainer.wait_until(held), trainer.finish().stderr
+        trainer.proc.send_signal(signum)
+        trainer.wait_for_output(f"received {signal.Signals(signum).name}")
+        release.touch()
+        return trainer.finish(timeout=120)
 
 
 @pytest.mark.parametrize("signum, while_loop, flags", [
@@ -128,17 +98,11 @@ def test_signal_saves_at_the_next_step_and_resume_loses_no_step(tmp_path, signum
     # (the process says so) before it ends.
     hold = ("ProbeTask.hold_at_step=300", f"ProbeTask.hold_file='{release}'")
     trainer = Trainer(model_dir, progress, *long_run, *hold, flags=flags)
-    try:
-        assert trainer.wait_for_step(300), trainer.finish()[1]
-        trainer.proc.send_signal(signum)
-        trainer.wait_for_output(f"received {signal.Signals(signum).name}")
-        release.touch()
-        returncode, stderr = trainer.finish(timeout=120)
-    finally:
-        trainer.kill()
-    assert returncode == EXIT_PREEMPTED, stderr
-    lines = ctl_stderr_lines(stderr)
-    assert lines[-1].startswith("ctl.run: preempted: stopped by " + signal.Signals(signum).name), stderr
+    result = signal_while_held(trainer, lambda: trainer.last_started() >= 300, signum, release)
+    assert result.returncode == EXIT_PREEMPTED, result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert lines[-1].startswith("ctl.run: preempted: stopped by " + signal.Signals(signum).name), \
+        result.stderr
     saved = latest_step(model_dir)
     started = read_steps(progress)
     # Every step that started was completed and is in the checkpoint; none started after
@@ -166,20 +130,13 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
     if eval_steps:
         bindings.append(f"ctl.Schedule.eval_steps={eval_steps}")
     trainer = Trainer(model_dir, progress, *bindings, mode="train_and_eval")
-    try:
-        deadline = time.monotonic() + 120
-        while read_steps(eval_progress)[-1:] != [5]:  # Eval step 5 runs, and waits.
-            assert trainer.proc.poll() is None and time.monotonic() < deadline, trainer.finish()[1]
-            time.sleep(0.02)
-        trainer.proc.send_signal(signal.SIGTERM)
-        trainer.wait_for_output("received SIGTERM")
-        release.touch()
-        returncode, stderr = trainer.finish(timeout=120)
-    finally:
-        trainer.kill()
-    assert returncode == EXIT_PREEMPTED, stderr
-    lines = ctl_stderr_lines(stderr)
-    assert lines[-1].startswith("ctl.run: preempted: stopped by SIGTERM at step 10;"), stderr
+
+    def eval_step_5_waits():
+        return read_steps(eval_progress)[-1:] == [5]
+    result = signal_while_held(trainer, eval_step_5_waits, signal.SIGTERM, release)
+    assert result.returncode == EXIT_PREEMPTED, result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert lines[-1].startswith("ctl.run: preempted: stopped by SIGTERM at step 10;"), result.stderr
     assert "ckpt-10" in lines[-1] and latest_step(model_dir) == 10
     assert read_steps(eval_progress) == [1, 2, 3, 4, 5]
     eval_dir = os.path.join(model_dir, "eval")
@@ -217,13 +174,11 @@ def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None, root=N
     `tmp_path`; progress files in `tmp_path`); returns their last checkpoints."""
     root = root or str(tmp_path)
     reference = f"{root}/reference"
-    straight = Trainer(reference, str(tmp_path / "reference.progress"), *bindings, flags=flags)
-    try:
+    with Trainer(reference, str(tmp_path / "reference.progress"), *bindings,
+                 flags=flags) as straight:
         chaos_run(tmp_path, target, bindings, flags, loop, root=root)
-        returncode, stderr = straight.finish()
-    finally:
-        straight.kill()
-    assert returncode == 0, stderr
+        result = straight.finish()
+    assert result.returncode == 0, result.stderr
     return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(f"{root}/chaos")
 
 
@@ -247,12 +202,9 @@ def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
         kill_at = rng.randint(low, high)
         if loop:  # In the first half of its loop: room for the overshoot before the loop ends.
             kill_at = kill_at - kill_at % loop + rng.randint(loop // 10, loop // 2)
-        trainer = Trainer(model_dir, progress, *bindings, flags=flags)
-        try:
+        with Trainer(model_dir, progress, *bindings, flags=flags) as trainer:
             trainer.wait_for_step(kill_at)
             time.sleep(rng.uniform(0, 0.05))  # Sometimes mid-step, sometimes mid-save.
-        finally:
-            trainer.kill()
         started = trainer.last_started()
         print(f"kill at step {kill_at}: exit {trainer.proc.returncode}, last step started {started}, "
               f"latest checkpoint {latest_step(model_dir)}")
@@ -271,24 +223,19 @@ def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
 def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
     # Host loop: minutes before its first loop (and first checkpoint) ends.
-    first = Trainer(model_dir, progress, "ctl.Schedule.train_steps=1000000",
-                    "ctl.Schedule.steps_per_loop=100000", "ctl.Trainer.use_tf_while_loop=False")
-    try:
-        assert first.wait_for_step(10), first.finish()[1]
+    with Trainer(model_dir, progress, "ctl.Schedule.train_steps=1000000",
+                 "ctl.Schedule.steps_per_loop=100000", "ctl.Trainer.use_tf_while_loop=False") as first:
+        assert first.wait_for_step(10), first.finish().stderr
         before = snapshot(model_dir)["config.gin"]
-        second = Trainer(model_dir, str(tmp_path / "progress2"), "ctl.Schedule.train_steps=5")
-        try:
-            returncode, stderr = second.finish()
-        finally:
-            second.kill()
-        assert returncode == 2, stderr
-        lines = ctl_stderr_lines(stderr)
-        assert len(lines) == 1, stderr
+        with Trainer(model_dir, str(tmp_path / "progress2"), "ctl.Schedule.train_steps=5") as second:
+            result = second.finish()
+        assert result.returncode == 2, result.stderr
+        lines = ctl_stderr_lines(result.stderr)
+        assert len(lines) == 1, result.stderr
         assert "is in use by another trainer" in lines[0] and f"pid {first.proc.pid}" in lines[0]
         assert snapshot(model_dir)["config.gin"] == before  # Its config (train_steps=5) not saved.
         assert not os.path.exists(tmp_path / "progress2")  # It never trained.
-    finally:
-        first.kill()  # SIGKILL: the lock file stays, the lock does not.
+    # Killed on the way out (SIGKILL): the lock file stays, the lock does not.
     assert os.path.exists(os.path.join(model_dir, "trainer.lock"))
     run_to_end(model_dir, progress, "ctl.Schedule.train_steps=20")
     assert latest_step(model_dir) == 20

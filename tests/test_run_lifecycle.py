@@ -11,54 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ctl.faults.preemption import EXIT_PREEMPTED
-from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl
+from tests.cli import ROOT, TEST_GIN, CtlProcess, ctl_stderr_lines, run_ctl
 
 LIFECYCLE_GIN = os.path.join(ROOT, "tests", "lifecycle.gin")
-
-
-class Run:
-    """One `python -m ctl.run` process, its output in files under `tmp_path`."""
-
-    def __init__(self, tmp_path, name, *args):
-        self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ctl.run", *args], cwd=ROOT, stdout=out, stderr=err,
-                env={**os.environ, "PYTHONPATH": ROOT})
-
-    def wait_until(self, condition, timeout=120):
-        """Waits until `condition()` holds; False if the process ended first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return True
-            if self.proc.poll() is not None:
-                return False
-            time.sleep(0.02)
-        raise TimeoutError(f"not reached in {timeout} s; stdout: {self.stdout()[-2000:]}")
-
-    def stdout(self):
-        return self.out_path.read_text()
-
-    def stderr(self):
-        return self.err_path.read_text()
-
-    def finish(self, timeout=180):
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            self.kill()
-        return self.proc.returncode
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=60)
 
 
 def progress_steps(path):
@@ -86,15 +45,12 @@ def test_evaluations_stay_on_multiples_of_eval_interval_when_preempted_more_ofte
     starts: still an evaluation at 20 and at 40, and nowhere else."""
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
     stops = []
-    for attempt in range(6):
+    for _ in range(6):
         start = max(progress_steps(progress), default=0)
-        run = Run(tmp_path, f"run{attempt}", *lifecycle_args(model_dir, progress))
-        try:
+        with CtlProcess(*lifecycle_args(model_dir, progress)) as run:
             if run.wait_until(lambda: max(progress_steps(progress), default=0) >= start + 14):
                 run.proc.send_signal(signal.SIGTERM)
-            code = run.finish()
-        finally:
-            run.kill()
+            code = run.finish().returncode
         if code == 0:
             break
         assert code == EXIT_PREEMPTED, run.stderr()
@@ -156,17 +112,14 @@ def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(
     args = lifecycle_args(
         model_dir, progress, "ctl.Schedule.train_steps=10", "ctl.Schedule.eval_interval=None",
         "PacedTask.eval_seconds=0.3", "PacedTask.eval_examples=80")  # 10 batches: 3 s.
-    run = Run(tmp_path, "run", *args)
 
     def evaluating():
         with open(progress) as f:
             return "eval" in f.read().split()
-    try:
+    with CtlProcess(*args) as run:
         assert run.wait_until(lambda: os.path.exists(progress) and evaluating()), run.stderr()
         run.proc.send_signal(signal.SIGTERM)
-        code = run.finish()
-    finally:
-        run.kill()
+        code = run.finish().returncode
     assert code == EXIT_PREEMPTED, run.stderr()
     lines = ctl_stderr_lines(run.stderr())
     assert len(lines) == 1 and lines[0].startswith("ctl.run: preempted: stopped by SIGTERM"), lines
@@ -190,13 +143,10 @@ def test_ctrl_c_on_a_waiting_sidecar_is_a_clean_stop(tmp_path, moment):
         waiting_for = "waiting for a new checkpoint"
     else:
         os.makedirs(model_dir)
-    run = Run(tmp_path, "sidecar", "--mode=continuous_eval", f"--model_dir={model_dir}")
-    try:
-        assert run.wait_until(lambda: waiting_for in run.stdout()), run.stderr()
+    with CtlProcess("--mode=continuous_eval", f"--model_dir={model_dir}") as run:
+        run.wait_for_output(waiting_for, timeout=120)
         run.proc.send_signal(signal.SIGINT)
-        code = run.finish(timeout=60)
-    finally:
-        run.kill()
+        code = run.finish(timeout=60).returncode
     assert code == EXIT_PREEMPTED, run.stderr()
     lines = ctl_stderr_lines(run.stderr())
     assert len(lines) == 1 and lines[0].startswith("ctl.run: stopped: SIGINT stopped the "
@@ -259,15 +209,12 @@ def test_in_line_evaluation_steps_aside_while_a_sidecar_serves_the_model_dir(tmp
     announcement = os.path.join(model_dir, "eval", "sidecar.json")
     args = lifecycle_args(model_dir, progress, "PacedTask.train_seconds=0.02",
                           "ctl.Schedule.max_checkpoints=10")  # The sidecar sees all 8.
-    sidecar = Run(tmp_path, "sidecar", *(a.replace("train_and_eval", "continuous_eval")
-                                         for a in args), "--gin_bindings=ctl.ContinuousEval.timeout=300")
-    try:
+    with CtlProcess(*(a.replace("train_and_eval", "continuous_eval") for a in args),
+                    "--gin_bindings=ctl.ContinuousEval.timeout=300") as sidecar:
         assert sidecar.wait_until(lambda: os.path.exists(announcement)), sidecar.stderr()
         trainer = run_ctl(*args)
         assert trainer.returncode == 0, trainer.stderr
-        assert sidecar.finish(timeout=300) == 0, sidecar.stderr()
-    finally:
-        sidecar.kill()
+        assert sidecar.finish(timeout=300).returncode == 0, sidecar.stderr()
     aside = [line for line in trainer.stdout.splitlines() if "in-line evaluation steps aside" in line]
     assert len(aside) == 1 and "a sidecar evaluator (pid" in aside[0], trainer.stdout
     assert eval_steps(model_dir) == []  # No in-line evaluation.
