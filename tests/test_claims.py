@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -110,6 +111,26 @@ def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_tha
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick, monkeypatch):
+    """The read-back after `SETTLE_SECONDS`: another taker's record written while this one
+    settles (both found none) wins; this one backs off and names it."""
+    monkeypatch.setattr(claims, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
+    path = str(tmp_path / "trainer.lock")
+    lease = claims.Lease(path, "trainer")
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(lease.try_acquire()))
+    taker.start()
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) and lease.token in open(path).read()):  # Written, settling.
+        assert taker.is_alive() and time.monotonic() < deadline, taken
+        time.sleep(0.01)
+    _foreign(path, time.time())  # The other taker's write, in the window.
+    taker.join(timeout=30)
+    assert taken == [False] and not lease.held
+    assert "pid 4242 on host elsewhere" in lease.holder()
+    assert json.loads(open(path).read())["token"] == "theirs"
 
 
 def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick):
