@@ -1,4 +1,5 @@
-"""Claims without `flock`: the lease an object store gets, and directories published whole.
+"""Claims without `flock`: the lease an object store gets (and every sidecar's announcement),
+and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
 tf.io.gfile, as in `gs://`), with its timings shortened; tests/test_gcs_model_dir.py
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from ctl.core import claims
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
+from ctl.sidecar import announce
 from tests.cli import ROOT
 
 
@@ -145,6 +147,35 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
     finally:
         lease.release()
     assert os.path.exists(path)  # Not its record: left alone.
+
+
+def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
+    """The sidecar's announcement is a lease: live to a reader while its holder lives, gone
+    when released, and gone at once when its process (on this host) is killed."""
+    model_dir = str(tmp_path / "run")
+    assert announce.live_sidecar(model_dir) is None
+    with announce.Announcement(model_dir):
+        assert announce.live_sidecar(model_dir) is not None  # Its own process: held here.
+    assert announce.live_sidecar(model_dir) is None
+    assert not os.path.exists(announce.announcement_file(model_dir))  # Deleted at its end.
+
+    code = ("import time; from ctl.sidecar import announce; "
+            f"announcement = announce.Announcement({model_dir!r}).__enter__(); "
+            "print('announced', flush=True); time.sleep(120)")
+    sidecar = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert sidecar.stdout.readline().strip() == "announced"
+        assert f"pid {sidecar.pid} on host" in announce.live_sidecar(model_dir)
+        second = announce.Announcement(model_dir)
+        with second:
+            assert not second.lease.held  # One sidecar announced at a time.
+        assert announce.live_sidecar(model_dir) is not None  # The second left it alone.
+    finally:
+        sidecar.kill()
+        sidecar.wait(timeout=30)
+    assert os.path.exists(announce.announcement_file(model_dir))  # Left behind by the kill...
+    assert announce.live_sidecar(model_dir) is None  # ... and gone: no wait for staleness.
 
 
 def _saved_model_like(directory):
