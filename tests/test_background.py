@@ -2,6 +2,7 @@
 staged locally and uploaded (ctl.core.checkpointing) on a real GCS API."""
 
 import os
+import sys
 import threading
 
 import pytest
@@ -68,3 +69,64 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
         assert (mine.numpy() == theirs.numpy()).all()
     manager.close()
     assert not os.path.exists(manager._staging)
+
+
+def _pausing_in(code, at, pause):
+    """A trace function for `sys.settrace`: in frames running `code`, calls `pause()` before
+    the `at`-th bytecode instruction (0 first), so another thread runs right there."""
+    seen = [0]
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            if seen[0] == at:
+                pause()
+            seen[0] += 1
+        return local
+
+    def start(frame, event, arg):
+        if frame.f_code is code:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    return start
+
+
+def test_an_error_stored_while_check_runs_is_raised_by_the_next_wait():
+    # The uploads thread stores its error while the caller's thread is inside `check()`, at
+    # each instruction of `check()` in turn: it is raised then, or by the next `wait()`, never lost.
+    code = Uploads.check.__code__
+    at = 0
+    while True:
+        queue = Uploads("test-uploads")
+        gate = threading.Event()
+
+        def fail():
+            gate.wait()
+            raise tf.errors.UnavailableError(None, None, f"gs://b/x: upload {at} refused")
+
+        queue.submit(fail)
+
+        def pause():  # The upload fails now: the uploads thread has 50 ms to store its error.
+            gate.set()
+            threading.Event().wait(0.05)
+
+        previous = sys.gettrace()
+        sys.settrace(_pausing_in(code, at, pause))
+        try:
+            queue.check()
+            raised = False
+        except tf.errors.UnavailableError:
+            raised = True
+        finally:
+            sys.settrace(previous)
+        if not gate.is_set():  # `check()` ran fewer than `at` instructions: every point was tried.
+            gate.set()
+            with pytest.raises(tf.errors.UnavailableError):
+                queue.wait()
+            break
+        if not raised:
+            with pytest.raises(tf.errors.UnavailableError, match=f"upload {at} refused"):
+                queue.wait()
+        at += 1
+    assert at > 5  # `check()` was paused at each of its instructions.

@@ -61,7 +61,8 @@ class Uploads:
 
     def check(self) -> None:
         """Raises the error of an upload that failed since the last check (once)."""
-        error, self._error = self._error, None
+        with self._lock:  # The uploads thread may be storing one right now.
+            error, self._error = self._error, None
         if error is not None:
             raise error
 
@@ -71,8 +72,9 @@ class Uploads:
             try:
                 task()
             except BaseException as error:  # noqa: B902 - raised on the caller's thread.
-                if self._error is None:  # The first one is what the caller hears of.
-                    self._error = error
+                with self._lock:
+                    if self._error is None:  # The first one is what the caller hears of.
+                        self._error = error
             finally:
                 self._queue.task_done()
 
