@@ -4,6 +4,7 @@ staged locally and uploaded (ctl.core.checkpointing) on a real GCS API."""
 import os
 import sys
 import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -130,3 +131,32 @@ def test_an_error_stored_while_check_runs_is_raised_by_the_next_wait():
                 queue.wait()
         at += 1
     assert at > 5  # `check()` was paused at each of its instructions.
+
+
+def _failed_upload(gcs, gcs_dir, local):
+    """An upload on the process's uploads thread that the store refuses (403, not retried),
+    run to its end: its error is waiting for the next submit, wait or check."""
+    gcs.inject_faults([{"status": 403, "methods": ["POST", "PUT"], "path_contains": "refused"}])
+    uploads().submit(tf.io.gfile.copy, local, f"{gcs_dir}/refused", True)
+    deadline = time.monotonic() + 60
+    while uploads().pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gcs.reset()
+
+
+def test_a_save_that_hears_of_an_earlier_failed_upload_keeps_its_upload_slot(gcs, gcs_dir, tmp_path):
+    local = tmp_path / "file"
+    local.write_text("x")
+    manager, step, _ = _manager(gcs_dir)
+    step.assign(1)
+    for _ in range(checkpointing.UPLOADS_IN_FLIGHT):  # More than enough to take every slot.
+        _failed_upload(gcs, gcs_dir, str(local))
+        with pytest.raises(tf.errors.PermissionDeniedError):
+            manager.save()
+    saved = []
+    saving = threading.Thread(target=lambda: saved.append(manager.save()), daemon=True)
+    saving.start()
+    saving.join(timeout=60)
+    assert saved == [f"{gcs_dir}/ckpt-1"]  # Not stuck waiting for a slot that was never freed.
+    manager.close()
+    assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"

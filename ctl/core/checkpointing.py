@@ -114,12 +114,18 @@ class CheckpointManager:
             # An asynchronous save still writing names its checkpoint in the state file
             # when it finishes: after this save's, which it would hide.
             self.sync(uploaded=False)  # Uploads keep their order (one FIFO thread).
+        if is_object_store(self.directory):
+            uploads().check()  # An earlier upload failed: raise it before staging another.
         path = self._tf_manager().save(checkpoint_number=step, options=options)
         if self._staging is not None:
             self._manager.sync()  # The local files are whole before they are uploaded.
             while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
-                uploads().check()  # A failed upload drops the rest: raise it, not wait.
-            uploads().submit(self._upload, path)
+                uploads().check()  # An upload failed meanwhile: raise it rather than wait on.
+            try:
+                uploads().submit(self._upload, path)
+            except BaseException:  # An upload failed since the check: `_upload` will not run.
+                self._uploading.release()
+                raise
             path = os.path.join(self.directory, os.path.basename(path))
         self._saved_step = step
         self.latest_checkpoint = self.last_saved_path = path
