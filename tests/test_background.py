@@ -64,6 +64,7 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
     assert sorted(directory.checkpoints()) == [4, 5]  # max_to_keep, in the bucket.
     state = directory.checkpoint_state()
     assert state.latest == f"{gcs_dir}/ckpt-5" and state.all == [f"{gcs_dir}/ckpt-4", state.latest]
+    assert manager.checkpoints == state.all  # What the bucket keeps, not the staged copies.
     restored, _, restored_model = _manager(gcs_dir)
     assert restored.restore_or_initialize() == f"{gcs_dir}/ckpt-5"
     for mine, theirs in zip(model.weights, restored_model.weights):

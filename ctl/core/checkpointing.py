@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -88,6 +88,7 @@ class CheckpointManager:
         self._uploading = threading.BoundedSemaphore(UPLOADS_IN_FLIGHT)
         self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
         self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
+        self._published: List[str] = []  # Uploads thread: what the state file names, replaced whole.
 
     @property
     def restore_directory(self) -> str:
@@ -99,7 +100,11 @@ class CheckpointManager:
         return self._interval
 
     @property
-    def checkpoints(self):
+    def checkpoints(self) -> List[str]:
+        """The checkpoints kept, oldest first; in an object store, those the bucket's state file
+        names once their upload is done (`sync()` waits for it)."""
+        if self._staging is not None:
+            return list(self._published)
         return self._manager.checkpoints if self._manager is not None else []
 
     def due(self, step: int) -> bool:
@@ -181,9 +186,10 @@ class CheckpointManager:
         path = os.path.join(self.directory, name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
-        kept = self._kept()
-        model_dir.write_checkpoint_state(Restored(path, keep=[self._remote[n] for n in kept]),
-                                         quiet=True, stamps=self._uploaded_at)
+        kept = [self._remote[n] for n in self._kept()]
+        model_dir.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
+                                         stamps=self._uploaded_at)
+        self._published = kept
         for file in files:  # Uploaded: the local copy is not needed any more.
             os.remove(os.path.join(self._staging, file))
 
