@@ -161,3 +161,22 @@ def test_a_save_that_hears_of_an_earlier_failed_upload_keeps_its_upload_slot(gcs
     assert saved == [f"{gcs_dir}/ckpt-1"]  # Not stuck waiting for a slot that was never freed.
     manager.close()
     assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
+
+
+def test_an_old_checkpoint_is_retired_index_first_and_a_failed_delete_is_a_warning(gcs, gcs_dir, caplog):
+    # The bucket refuses to delete ckpt-1's index (403, not retried) when ckpt-2 retires it.
+    gcs.inject_faults([{"status": 403, "methods": ["DELETE"], "path_contains": "ckpt-1.index"}])
+    manager, step, _ = _manager(gcs_dir, max_to_keep=1)
+    for number in (1, 2):
+        step.assign(number)
+        manager.save()
+    with caplog.at_level("WARNING", logger="ctl"):
+        manager.close()  # Waits for the uploads: the failed delete raises nothing.
+    gcs.reset()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"{gcs_dir}/ckpt-1" in warnings[0], warnings
+    names = tf.io.gfile.listdir(gcs_dir)
+    indexes = [n[:-len(".index")] for n in names if n.endswith(".index")]
+    for checkpoint in indexes:  # An index in the bucket always has its data there.
+        assert any(n.startswith(checkpoint + ".data-") for n in names), names
+    assert ModelDir(gcs_dir).checkpoint_state().all == [f"{gcs_dir}/ckpt-2"] == manager.checkpoints

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from ctl.core import console
 from ctl.core.background import uploads
 from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
@@ -198,12 +199,26 @@ class CheckpointManager:
         return newest[-self._max_to_keep:] if self._max_to_keep else newest
 
     def _retire(self) -> None:
-        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread)."""
+        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread).
+
+        Each one's index goes first: a reader never finds an index without its
+        data. A delete the store refuses is a warning, not the end of the run:
+        the checkpoint is no longer named by the state file, and one whose index
+        is left is retired again by the next run that saves there.
+        """
         kept = self._kept()
         for number in sorted(self._remote):
             if number not in kept:
-                for file in tf.io.gfile.glob(self._remote.pop(number) + ".*"):
-                    tf.io.gfile.remove(file)
+                path = self._remote.pop(number)
+                try:
+                    files = tf.io.gfile.glob(path + ".*")
+                    for file in sorted(files, key=lambda f: not f.endswith(".index")):
+                        tf.io.gfile.remove(file)
+                except tf.errors.NotFoundError:
+                    pass  # Deleted meanwhile: what was asked.
+                except tf.errors.OpError as error:
+                    console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
+                                    "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
         """Waits for the uploads and removes the staging directory (object stores)."""
