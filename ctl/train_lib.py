@@ -194,6 +194,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
     stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
+    stack.callback(controller.summary_manager.close)  # Object stores: their staging dirs go.
+    stack.callback(controller.eval_summary_manager.close)
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)

@@ -174,3 +174,28 @@ def test_only_errors_naming_the_model_dir_or_a_refusing_errno_are_storage_faults
     assert storage_fault_within(oom, "/m") is None
     assert storage_fault_within(FileNotFoundError(errno.ENOENT, "gone", "/m/x"), "/m") is None
     assert storage_fault_within(ValueError("/m/x"), "/m") is None
+
+
+@pytest.mark.slow
+def test_a_full_local_disk_under_a_bucket_model_dir(gcs, gcs_dir, tmp_path, straight_run):
+    # A model dir in a bucket stages its checkpoints on the local disk ($TMPDIR): a 256 KiB
+    # tmpfs there has no room for the first one (600 KiB of ballast).
+    tmp = str(tmp_path / "tmp")
+    mount_tmpfs(tmp, "256k")
+    try:
+        result = train(gcs_dir, 30, env={"TMPDIR": tmp})
+        assert result.returncode == EXIT_STORAGE_FAULT, result.stderr
+        lines = ctl_stderr_lines(result.stderr)
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-staging-"), lines[0]
+        assert "(local staging" in lines[0] and "No space left on device" in lines[0], lines[0]
+        assert "no checkpoint was complete yet" in lines[0], lines[0]
+        assert tf.train.latest_checkpoint(gcs_dir) is None
+
+        subprocess.run(["mount", "-o", "remount,size=8m", tmp], check=True, timeout=30)
+        again = train(gcs_dir, 30, env={"TMPDIR": tmp})
+        assert again.returncode == 0, again.stderr
+        assert_same_checkpoint(f"{gcs_dir}/ckpt-30", f"{straight_run}/ckpt-30")
+        assert os.listdir(tmp) == [], os.listdir(tmp)  # Both runs' staging is gone.
+    finally:
+        umount(tmp)

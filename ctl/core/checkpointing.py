@@ -23,15 +23,13 @@ state file names it; `sync()` waits for the uploads.
 """
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from ctl.core import console
+from ctl.core import console, staging
 from ctl.core.background import uploads
 from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
@@ -152,7 +150,7 @@ class CheckpointManager:
                 self._repair = None
             directory, kwargs = self.directory, self._manager_kwargs
             if is_object_store(self.directory):
-                directory = self._staging = tempfile.mkdtemp(prefix="ctl-checkpoints-")
+                directory = self._staging = staging.directory("checkpoints")
                 # Retention is the upload's (in the store): a staged checkpoint stays until
                 # it is uploaded, however many saves come before its turn.
                 kwargs = dict(kwargs, max_to_keep=None)
@@ -221,10 +219,13 @@ class CheckpointManager:
                                     "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
-        """Waits for the uploads and removes the staging directory (object stores)."""
-        self.sync()
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        """Waits for the uploads and, in an object store, removes the staging directory (also
+        when an upload failed)."""
+        try:
+            self.sync()
+        finally:
+            if self._staging is not None:
+                staging.remove(self._staging)
 
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""
