@@ -171,12 +171,11 @@ class CheckpointEvaluator:
         local = staging.directory("restore")
         try:
             try:
-                for remote in tf.io.gfile.glob(path + ".*"):
-                    tf.io.gfile.copy(remote, os.path.join(local, os.path.basename(remote)))
+                remotes = tf.io.gfile.glob(path + ".*")
             except tf.errors.OpError as error:
-                raise UnreadableCheckpointError(
-                    f"cannot read checkpoint {path} ({first_line(error)})",
-                    deleted=isinstance(error, tf.errors.NotFoundError)) from error
+                raise _unreadable(path, error) from error
+            for remote in remotes:
+                _download(remote, os.path.join(local, os.path.basename(remote)), path)
             return self._restore_from(number, path, os.path.join(local, os.path.basename(path)))
         finally:
             staging.remove(local)
@@ -218,6 +217,44 @@ class CheckpointEvaluator:
         """Removes the summaries' staging dir (object stores)."""
         if self._summaries is not None:
             self._summaries.close()
+
+
+_CHUNK_BYTES = 16 << 20
+
+
+def _download(remote: str, local: str, path: str) -> None:
+    """Copies `remote`, a file of checkpoint `path` in an object store, to the local file `local`.
+
+    A read the store refuses is the checkpoint's: `UnreadableCheckpointError`
+    (recorded, never evaluated). A write the local disk refuses (no space) is
+    the disk's: its `OSError`, naming `local`, ends the sidecar as a storage
+    fault (`python -m ctl.run`: one line, exit 74), and a restart evaluates it.
+    """
+    try:
+        with open(local, "wb") as target:
+            for chunk in _chunks(remote, path):
+                target.write(chunk)
+    except OSError as error:
+        if error.filename is None:  # A failed write names no file.
+            raise OSError(error.errno, error.strerror, local) from error
+        raise
+
+
+def _chunks(remote: str, path: str):
+    try:
+        with tf.io.gfile.GFile(remote, "rb") as source:
+            while True:
+                chunk = source.read(_CHUNK_BYTES)
+                if not chunk:
+                    return
+                yield chunk
+    except tf.errors.OpError as error:
+        raise _unreadable(path, error) from error
+
+
+def _unreadable(path: str, error: tf.errors.OpError) -> UnreadableCheckpointError:
+    return UnreadableCheckpointError(f"cannot read checkpoint {path} ({first_line(error)})",
+                                     deleted=isinstance(error, tf.errors.NotFoundError))
 
 
 # The loop.
