@@ -226,3 +226,21 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
         assert [r["number"] for r in continuous_eval.read_metrics(gcs_dir)] == [10, 20]
     finally:
         umount(tmp)
+
+
+@pytest.mark.slow
+def test_a_bucket_gets_a_checkpoint_s_data_then_its_index_then_the_state_file(gcs, gcs_dir, straight_run):
+    # Only the upload of ckpt-30's index is refused (503): its data went before it, and the
+    # state file that would name it goes after it, so it is never named.
+    gcs.inject_faults([{"status": 503, "methods": ["POST", "PUT"], "path_contains": "ckpt-30.index"}])
+    result = train(gcs_dir, 30, env=FEW_RETRIES)
+    assert_ended_cleanly(result, f"{gcs_dir}/ckpt-30.index", "HTTP response code 503", f"{gcs_dir}/ckpt-20")
+    names = tf.io.gfile.listdir(gcs_dir)
+    assert "ckpt-30.index" not in names and "ckpt-30.data-00000-of-00001" in names, names
+    assert tf.train.latest_checkpoint(gcs_dir) == f"{gcs_dir}/ckpt-20"
+
+    gcs.reset()
+    again = train(gcs_dir, 30)
+    assert again.returncode == 0, again.stderr
+    assert f"restored model from {gcs_dir}/ckpt-20" in again.stdout, again.stdout
+    assert_same_checkpoint(f"{gcs_dir}/ckpt-30", f"{straight_run}/ckpt-30")

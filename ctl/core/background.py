@@ -1,9 +1,8 @@
 """Writes to an object store off the training thread: in order, on one thread of their own.
 
 A request to `gs://` takes tens of milliseconds, and a write is a whole upload
-(an object store cannot append), so a model dir in a bucket cost the main job
-12.8 times its local time when the loop waited for each write (issue 30; the
-bench figure in BUILD.md). Checkpoints (`ctl.core.checkpointing`), summaries
+(an object store cannot append): a loop that waited for each write would wait
+for the store several times a second. Checkpoints (`ctl.core.checkpointing`), summaries
 (`ctl.core.summaries`) and `metrics.jsonl` (`ctl.comforts.progress`) are
 written locally, or kept in memory, and their uploads are handed to the
 process's `Uploads`:
@@ -19,7 +18,8 @@ thread by the next `submit`, `wait` or `check`, so a failing store ends the
 run like a failing local disk. A run waits for its uploads before it ends, and before
 exit 75 after a signal; a SIGKILL loses the uploads still queued (the last
 checkpoint named in the bucket's state file is whole: its index and state
-file are uploaded after its data).
+file are uploaded after its data). What the store's latency still costs the
+main job is bench figure 9 (BUILD.md).
 
 On a file system nothing is handed here: writes are cheap and go to disk at once.
 """

@@ -11,11 +11,11 @@ restarts, and checks on restore that every variable of the model and optimizer
 was found with its shape; a mismatch is a `UserError`, raised before anything
 is written.
 
-In an object store (`gs://`) a checkpoint written in place cost 4-5 s at 50 ms
-a request (TensorFlow writes its shards to a temporary directory and renames
-each: a copy and a delete there), against 0.8 s for writing it locally and
-uploading its two files (bench figure 9, BUILD.md). So there the manager saves
-to a local staging directory and hands the upload to `ctl.core.background`:
+In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
+temporary directory and renames each, a copy and a delete there, every
+request tens of milliseconds, all on the training thread. So there the
+manager saves to a local staging directory (`ctl.core.staging`) and hands the
+upload to `ctl.core.background`:
 the data files, then the index, then the `checkpoint` state file naming it,
 then the deletion of checkpoints beyond `max_to_keep`. A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
