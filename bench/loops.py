@@ -35,7 +35,7 @@ import ctl
 from ctl import train_lib
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Controller
-from ctl.core.trainer import end_off_path as _end_off_path
+from ctl.core.loops import end_off_path as _end_off_path
 from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 

@@ -35,7 +35,8 @@ from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import EvaluationStopped, Trainer
+from ctl.core.runner import EvaluationStopped
+from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler

@@ -17,7 +17,7 @@ TensorFlow op: orbit's spends about 2 ms of host time there (global-step
 reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
 of a 100-step loop of a small model. ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
-(`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
+(`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
 every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
 at most every 0.1 s and for the last loop of a stretch). Measured with
 `python -m bench.run --only train_throughput`.
@@ -55,7 +55,8 @@ from ctl.core import console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import TrainLoopEnd, Trainer
+from ctl.core.evaluation import Evaluation
+from ctl.core.runner import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
 Action = Callable[[dict], None]
@@ -95,7 +96,7 @@ class Controller:
         self.evaluator = evaluator
         # ctl's Trainer writes an evaluation's results inside its loop's own call (a
         # subclass that overrides `evaluate` with orbit's signature gets the writer context).
-        self._evaluator_writes = isinstance(evaluator, Trainer) and (
+        self._evaluator_writes = isinstance(evaluator, Evaluation) and (
             "summaries" in inspect.signature(evaluator.evaluate).parameters)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.global_step = global_step
