@@ -73,7 +73,7 @@ class Checkpoints:
     """The Controller's checkpoints: who saves and restores them, how, and who hears of it."""
 
     manager: Optional[CheckpointManager] = None  # Or another manager with orbit's interface.
-    asynchronous: bool = False  # Saves written on a thread (`CheckpointOptions(enable_async=True)`).
+    asynchronous: bool = False  # Saves written on a thread (`CheckpointOptions(enable_async=True)`)
     on_end: Sequence[Callable[[str], None]] = ()  # Called with a save's path once it is complete,
     on_load: Sequence[Callable[[str], None]] = ()  # and with a restored checkpoint's path.
 
@@ -252,7 +252,8 @@ class Controller:
         if not isinstance(end, TrainLoopEnd):  # Another orbit.AbstractTrainer: read the step.
             end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
         last_time, last_step = self._last_loop_end
-        if end.step != last_step + num_steps and not self.between_loops.stop.should_stop and end.bad_step is None:
+        stop = self.between_loops.stop
+        if end.step != last_step + num_steps and not stop.should_stop and end.bad_step is None:
             console.warning("train", "trainer.train(%d) moved the global step from %d to %d.",
                             num_steps, last_step, end.step, step=end.step)
         for handler in self.between_loops.after_train_loop:
@@ -270,7 +271,7 @@ class Controller:
         stretch_end = stretch_end or end.step
         self._train_lines.loop_end(end.step, max(self._final_step or 0, stretch_end), output,
                                    num_steps, loop_seconds,
-                                   last=end.step >= stretch_end or self.between_loops.stop.should_stop)
+                                   last=end.step >= stretch_end or stop.should_stop)
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()

@@ -364,7 +364,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
 
     @plain
     def _train_results(self) -> Logs:
-        logs = loops.metric_results([self.train_loss, *self.train_metrics, *self.gradients.metrics()])
+        logs = loops.metric_results(
+            [self.train_loss, *self.train_metrics, *self.gradients.metrics()])
         logs["learning_rate"] = current_learning_rate(self.optimizer)
         scale = precision.loss_scale(self.optimizer)
         if scale is not None:
