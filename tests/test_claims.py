@@ -8,6 +8,7 @@ runs trainers and sidecars on a real GCS API.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -67,6 +68,38 @@ def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path
     assert lease.try_acquire()
     assert time.monotonic() - started < claims.STALE_SECONDS  # No wait for staleness.
     lease.release()
+
+
+def _renewing(path, record, stop):
+    """Renews `record` at `path` every `RENEW_SECONDS` until `stop` is set: a live holder."""
+    while not stop.wait(claims.RENEW_SECONDS):
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps({**record, "renewed": time.time()}))
+        os.replace(path + ".tmp", path)
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken(tmp_path, quick,
+                                                                                   wait):
+    """Two containers of one pod: the same host name, not the same PIDs (both often PID 1).
+    Its pid means nothing here, dead or this very process's: only its renewals tell."""
+    path = str(tmp_path / "eval_hooks.lock")
+    record = {"role": "trainer", "pid": os.getpid(), "host": socket.gethostname(),
+              "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(), "pid_namespace": "pid:[4026500001]",
+              "token": "the-trainer-container", "since": "2026-11-26T00:00:00Z"}
+    stop = threading.Event()
+    with open(path, "w") as f:
+        f.write(json.dumps({**record, "renewed": time.time()}))
+    renewer = threading.Thread(target=_renewing, args=(path, record, stop))
+    renewer.start()
+    try:
+        lease = claims.Lease(path, "sidecar evaluator", wait=wait)
+        assert not lease.try_acquire()
+        assert json.loads(open(path).read())["token"] == "the-trainer-container"
+    finally:
+        stop.set()
+        renewer.join(timeout=30)
+    assert claims.Lease(path, "sidecar evaluator", wait=True).try_acquire()  # Unrenewed: gone.
 
 
 def _foreign(path, renewed):

@@ -15,11 +15,15 @@ sidecar evaluator's announcement, a `Lease` on every storage
   claim's file. The kernel drops it when the holder ends, however it ends
   (exit, exception, SIGKILL), so a restart is never blocked.
 - `Lease`, in an object store (`gs://`, `s3://`), which has no lock: a JSON
-  record `{"role", "pid", "host", "token", "since", "renewed"}` at the claim's
-  path that the holder renews every `RENEW_SECONDS` from a thread of its own
-  and deletes when it releases. Another process takes the claim when there is
-  no record, or when the record is stale: not renewed for `STALE_SECONDS`, or
-  left by a process of this host that is gone. A taker writes its record,
+  record `{"role", "pid", "host", "boot_id", "pid_namespace", "token", "since",
+  "renewed"}` at the claim's path that the holder renews every `RENEW_SECONDS`
+  from a thread of its own and deletes when it releases. Another process takes
+  the claim when there is no record, or when the record is stale: not renewed
+  for `STALE_SECONDS`, or left by a process that is gone, which is only told by
+  its pid when the record's host, boot id and PID namespace are this process's
+  (two containers of one pod share a host name, not their PIDs: there only the
+  renewals tell; tests/test_claims.py::
+  test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken). A taker writes its record,
   waits `SETTLE_SECONDS` and reads it back: of two processes that write in that
   window, the later record wins and the other backs off.
 
@@ -49,14 +53,16 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from ctl.core import console
+from ctl.core.errors import first_line
 from ctl.core.model_dir import ModelDir, is_object_store, read_text, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
 SETTLE_SECONDS = 1.0
 READ_ATTEMPTS = 3
+RELEASE_SECONDS = 60.0  # How long `release` waits for a renewal in flight.
 
-_HELD_HERE: Dict[str, str] = {}  # path -> token of each lease this process holds.
+_HELD_HERE: Dict[str, "Lease"] = {}  # path -> each lease this process holds.
 
 
 def claim_for(path: str, role: str, wait: bool = False):
@@ -70,10 +76,40 @@ def eval_hooks_claim(model_dir: str, role: str):
     return claim_for(ModelDir(model_dir).eval_hooks_lock_file, role)
 
 
+def held_here(path: str) -> Optional["Lease"]:
+    """The lease on `path` this process took (and has not released), or None; its `lost`
+    says whether another process took it meanwhile."""
+    return _HELD_HERE.get(path)
+
+
+def _boot_id() -> Optional[str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # e.g. "pid:[4026531836]"
+    except OSError:
+        return None
+
+
 def _holder_record(role: str, token: Optional[str] = None) -> Dict[str, Any]:
     return {"role": role, "pid": os.getpid(), "host": socket.gethostname(),
+            "boot_id": _boot_id(), "pid_namespace": _pid_namespace(),
             "token": token, "renewed": time.time(),
             "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _pids_comparable(record: Dict[str, Any]) -> bool:
+    """Whether `record`'s pid names a process this one can see: the same host, the same boot
+    and the same PID namespace. Two containers of one pod share the host name, not the PIDs."""
+    here = (socket.gethostname(), _boot_id(), _pid_namespace())
+    return None not in here[1:] and (record.get("host"), record.get("boot_id"),
+                                     record.get("pid_namespace")) == here
 
 
 def _describe(record: Any, path: str) -> str:
@@ -186,7 +222,7 @@ class Lease:
         if self._seen.get("token") != self.token:
             return False
         self._stop = threading.Event()
-        _HELD_HERE[self.path] = self.token
+        _HELD_HERE[self.path] = self
         self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
                                          name=f"ctl-lease-{self.role}")
         self._renewer.start()
@@ -248,10 +284,10 @@ class Lease:
     def _stale(self, record: Dict[str, Any]) -> bool:
         if record.get("token") == self.token:
             return True
-        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path]:
+        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path].token:
             return False  # Another claim of this process holds it.
-        if record.get("host") == socket.gethostname() and not _alive(record.get("pid")):
-            return True  # Its holder, on this host, is gone (a SIGKILL, a crash).
+        if _pids_comparable(record) and not _alive(record.get("pid")):
+            return True  # Its holder, on this host and in these PIDs, is gone (a SIGKILL).
         renewed = record.get("renewed")
         return not isinstance(renewed, (int, float)) or time.time() - renewed > STALE_SECONDS
 
