@@ -249,3 +249,65 @@ def test_an_object_store_publish_copies_the_entry_file_and_marker_last(tmp_path,
     publish_directory(temp, final, last=["saved_model.pb"])
     assert order[-1] == "saved_model.pb" and len(order) == 4
     assert is_published(final) and not os.path.exists(temp)
+
+
+# In the processes below: TensorFlow retries a 5xx answer twice, not 10 times up to 32 s apart.
+FEW_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+               "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000"}
+QUICK = "claims.RENEW_SECONDS = 0.5; claims.STALE_SECONDS = 20.0; claims.SETTLE_SECONDS = 0.2; "
+
+
+def _in_a_process(code, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", "from ctl.core import claims; " + QUICK + code],
+                            cwd=ROOT, text=True, env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES},
+                            **kwargs)
+
+
+def _record(path):
+    for _ in range(5):
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                return json.loads(f.read())
+        except tf.errors.InternalError:  # "File contents are inconsistent": renewed meanwhile.
+            time.sleep(0.1)
+    raise AssertionError(f"{path} kept changing while read")
+
+
+def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir):
+    """The bucket answers 503 to every read of the record: a second process takes nothing
+    (refused; the trainer's waiting claim raises the store's error: a storage fault), and
+    the holder does not think it lost the claim: it renews again once reads come back."""
+    path = f"{gcs_dir}/run/eval_hooks.lock"
+    holder = _in_a_process(
+        f"import sys; lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
+        "print('held', flush=True); [print(lease.lost, flush=True) for _ in sys.stdin]",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.stderr.read()
+        token = _record(path)["token"]
+        gcs.inject_faults([{"status": 503, "methods": ["GET"], "path_contains": "eval_hooks.lock"}])
+        for wait in (False, True):
+            taker = _in_a_process(
+                f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
+                "try:\n    print(lease.try_acquire(), lease.holder())\n"
+                "except Exception as error:\n    print(type(error).__name__, error)",
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = taker.communicate(timeout=300)
+            if wait:
+                assert out.startswith("AbortedError") and "503" in out, out + err
+            else:
+                assert out.startswith("False holder unknown: ") and "503" in out, out + err
+        gcs.reset()
+        assert _record(path)["token"] == token  # Never overwritten.
+        renewed = _record(path)["renewed"]
+        deadline = time.monotonic() + 120
+        while _record(path)["renewed"] == renewed:  # Its holder renews again.
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        holder.stdin.write("lost?\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "False"
+        assert _record(path)["token"] == token
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)

@@ -54,7 +54,7 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import first_line
-from ctl.core.model_dir import ModelDir, is_object_store, read_text, write_atomically
+from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
@@ -113,6 +113,8 @@ def _pids_comparable(record: Dict[str, Any]) -> bool:
 
 
 def _describe(record: Any, path: str) -> str:
+    if isinstance(record, dict) and "unreadable" in record:
+        return f"holder unknown: {path} could not be read ({record['unreadable']})"
     try:
         return f"pid {record['pid']} on host {record['host']} since {record['since']}"
     except (KeyError, TypeError):
@@ -200,6 +202,7 @@ class Lease:
         self.token = uuid.uuid4().hex
         self.lost = False  # Another process took it while this one held it.
         self._seen: Any = {}  # The last record read.
+        self.read_error: Optional[tf.errors.OpError] = None  # Why the last read failed.
         self._stop: Optional[threading.Event] = None
         self._renewer: Optional[threading.Thread] = None
 
@@ -208,18 +211,29 @@ class Lease:
         return self._stop is not None
 
     def try_acquire(self) -> bool:
+        """Takes it if there is no record or a stale one. A record that cannot be read (the
+        store answers errors) is never taken: refused, or with `wait` its error is raised
+        (the trainer ends with a storage fault)."""
         if self.held:
             return True
         record = self._read()
+        if record is None:
+            return self._unknown()
         if record and not self._stale(record):
-            if not (self.wait and self._watch_until_stale(record)):
-                self._seen = record
+            self._seen = record
+            gone = self._watch_until_stale(record) if self.wait else False
+            if gone is None:
+                return self._unknown()
+            if not gone:
                 return False
         tf.io.gfile.makedirs(os.path.dirname(self.path))
         self._write()
         time.sleep(SETTLE_SECONDS)
-        self._seen = self._read()
-        if self._seen.get("token") != self.token:
+        seen = self._read()
+        if seen is None:  # Its record, unrenewed, goes stale.
+            return self._unknown()
+        self._seen = seen
+        if seen.get("token") != self.token:
             return False
         self._stop = threading.Event()
         _HELD_HERE[self.path] = self
@@ -230,14 +244,25 @@ class Lease:
 
     def held_elsewhere(self) -> bool:
         """Whether another live process holds it now (with `wait`: watched until renewed or
-        stale); writes nothing."""
+        stale); writes nothing. A record that cannot be read counts as not held, or with
+        `wait` its error is raised."""
         if self.held:
             return False
         record = self._read()
+        if record is None:
+            return self._unknown()
         if not record or self._stale(record):
             return False
         self._seen = record
-        return not (self.wait and self._watch_until_stale(record))
+        gone = self._watch_until_stale(record) if self.wait else False
+        return self._unknown() if gone is None else not gone
+
+    def _unknown(self) -> bool:
+        """Whether the record is there and live is unknown: refused (False), or raised."""
+        if self.wait:
+            raise self.read_error
+        self._seen = {"unreadable": first_line(self.read_error)}
+        return False
 
     def release(self) -> None:
         if self._stop is None:
@@ -248,7 +273,7 @@ class Lease:
         # Not left inside a write while the interpreter exits (TensorFlow aborts then).
         self._renewer.join(timeout=STALE_SECONDS)
         try:
-            record = self._read()
+            record = self._read() or {}
             if record.get("token") == self.token:
                 tf.io.gfile.remove(self.path)
         except tf.errors.OpError as error:  # Best effort: it goes stale on its own.
@@ -261,22 +286,32 @@ class Lease:
     def holder_role(self) -> str:
         return _role(self._seen)
 
-    def _read(self) -> Dict[str, Any]:
-        """The record ({} when there is none). A read that fails is tried again (a store under
-        load answers an error now and then); a record still unreadable is garbage, taken as {}
-        with the `renewed` it lacks, so it goes stale."""
+    def _read(self) -> Optional[Dict[str, Any]]:
+        """The record: {} when there is none; None when the store does not answer after
+        `READ_ATTEMPTS` tries (`read_error` says why): unknown, which is never taken for a
+        stale record nor for a lost one. A record that is not a JSON object is
+        `{"garbage": ...}`: it lacks `renewed`, so it is stale."""
         for attempt in range(READ_ATTEMPTS):
+            if attempt:
+                time.sleep(0.5 * attempt)
             try:
-                text = read_text(self.path)
-                if text is None:
+                if not tf.io.gfile.exists(self.path):
                     return {}
-                record = json.loads(text)
-                return record if isinstance(record, dict) else {"garbage": text[:80]}
-            except ValueError as error:  # json.JSONDecodeError is one.
-                problem = error
-                time.sleep(0.5 * (attempt + 1))
-        console.warning("lock", "%s is unreadable (%s): taken as stale.", self.path, problem)
-        return {"garbage": str(problem)}
+                with tf.io.gfile.GFile(self.path, "rb") as f:
+                    data = f.read()
+            except tf.errors.NotFoundError:
+                return {}  # Deleted between the two calls.
+            except tf.errors.OpError as error:  # A store under load answers an error now and then.
+                self.read_error = error
+                continue
+            self.read_error = None
+            try:
+                record = json.loads(data.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError and json.JSONDecodeError are ones.
+                record = None
+            return record if isinstance(record, dict) else {
+                "garbage": data[:80].decode("utf-8", "replace")}
+        return None
 
     def _write(self) -> None:
         write_atomically(self.path, json.dumps(_holder_record(self.role, self.token)) + "\n")
@@ -291,39 +326,50 @@ class Lease:
         renewed = record.get("renewed")
         return not isinstance(renewed, (int, float)) or time.time() - renewed > STALE_SECONDS
 
-    def _watch_until_stale(self, record: Dict[str, Any]) -> bool:
+    def _watch_until_stale(self, record: Dict[str, Any]) -> Optional[bool]:
         """Watches another host's fresh record: True once it went unrenewed for
-        `STALE_SECONDS` (its holder is gone), False as soon as it is renewed."""
+        `STALE_SECONDS` (its holder is gone), False as soon as it is renewed, None if it
+        could not be read at the end (unknown)."""
         console.info("lock", "%s is held by the %s (%s); waiting up to %g s to see whether it "
                      "is still alive", self.path, _role(record), _describe(record, self.path),
                      STALE_SECONDS)
         deadline = time.monotonic() + STALE_SECONDS
+        now: Optional[Dict[str, Any]] = record
         while time.monotonic() < deadline:
             time.sleep(min(RENEW_SECONDS, max(0.0, deadline - time.monotonic())))
             now = self._read()
+            if now is None:
+                continue  # Unknown this time: the next read may tell.
             if not now:
                 return True  # Released meanwhile.
             if now.get("renewed") != record.get("renewed") or now.get("token") != record.get(
                     "token"):
                 self._seen = now
                 return False
-        return True
+        return None if now is None else True
 
     def _renew(self, stop: threading.Event) -> None:
+        """Every `RENEW_SECONDS`: rewrites the record, unless another process's record
+        (another token) replaced it: then `lost`, and renewing ends. A read or a write that
+        fails is tried again at the next renewal."""
         while not stop.wait(RENEW_SECONDS):
+            record = self._read()
+            if record is None:
+                console.warning("lock", "could not read %s to renew it (%s); trying again in %g s",
+                                self.path, first_line(self.read_error), RENEW_SECONDS)
+                continue
+            token = record.get("token")
+            if isinstance(token, str) and token != self.token:
+                self.lost = True
+                self._seen = record
+                console.warning("lock", "lost %s to the %s (%s): another process took this "
+                                "model dir's %s claim; stop one of them.", self.path,
+                                _role(record), _describe(record, self.path), self.role)
+                return
             try:
-                record = self._read()
-                if record and record.get("token") != self.token:
-                    self.lost = True
-                    self._seen = record
-                    console.warning("lock", "lost %s to the %s (%s): another process took this "
-                                  "model dir's %s claim; stop one of them.", self.path,
-                                  _role(record), _describe(record, self.path), self.role)
-                    return
                 self._write()
             except tf.errors.OpError as error:  # The next renewal tries again.
-                console.warning("lock", "could not renew %s (%s)", self.path,
-                                str(error).splitlines()[0])
+                console.warning("lock", "could not renew %s (%s)", self.path, first_line(error))
 
 
 def _alive(pid: Any) -> bool:
