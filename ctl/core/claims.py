@@ -270,15 +270,22 @@ class Lease:
         self._stop.set()
         self._stop = None
         _HELD_HERE.pop(self.path, None)
-        # Not left inside a write while the interpreter exits (TensorFlow aborts then).
-        self._renewer.join(timeout=STALE_SECONDS)
+        # A renewal in flight lands first: written after the delete, it would leave a record
+        # that holds others off until it goes stale (and TensorFlow aborts an interpreter
+        # that exits inside a write).
+        self._renewer.join(timeout=RELEASE_SECONDS)
+        if self._renewer.is_alive():
+            console.warning("lock", "a renewal of %s is still being written after %g s: left "
+                            "there, it goes stale in %g s.", self.path, RELEASE_SECONDS,
+                            STALE_SECONDS)
+            return
         try:
             record = self._read() or {}
             if record.get("token") == self.token:
                 tf.io.gfile.remove(self.path)
         except tf.errors.OpError as error:  # Best effort: it goes stale on its own.
             console.warning("lock", "could not delete %s (%s); it goes stale in %g s.",
-                            self.path, str(error).splitlines()[0], STALE_SECONDS)
+                            self.path, first_line(error), STALE_SECONDS)
 
     def holder(self) -> str:
         return _describe(self._seen, self.path)
@@ -365,6 +372,8 @@ class Lease:
                 console.warning("lock", "lost %s to the %s (%s): another process took this "
                                 "model dir's %s claim; stop one of them.", self.path,
                                 _role(record), _describe(record, self.path), self.role)
+                return
+            if stop.is_set():  # Released while it read: no write after the delete.
                 return
             try:
                 self._write()
