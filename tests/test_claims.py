@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.core import claims
+from ctl.core.hooks import OwnedActions
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
 from ctl.sidecar import announce
 from tests.cli import ROOT
@@ -180,6 +181,28 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
     finally:
         lease.release()
     assert os.path.exists(path)  # Not its record: left alone.
+
+
+def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
+    """A holder frozen past the staleness window finds its claim taken: its eval-side hooks
+    stop (said once), the taker's run; nothing of this process runs them twice."""
+    path = str(tmp_path / "eval_hooks.lock")
+    ran = []
+    owned = OwnedActions([ran.append], claims.Lease(path, "trainer"))
+    try:
+        owned({"step": 10})
+        assert ran == [{"step": 10}] and owned.owned
+        _foreign(path, time.time())  # Taken by another process (another token).
+        deadline = time.monotonic() + 30
+        while not owned.claim.lost:  # Its next renewal finds the other record.
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        owned({"step": 20})
+        owned({"step": 30})
+        assert ran == [{"step": 10}] and owned.owned is False
+    finally:
+        owned.release()
+    assert json.loads(open(path).read())["token"] == "theirs"  # Not its record: left alone.
 
 
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
