@@ -2,8 +2,9 @@
 and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
-tf.io.gfile, as in `gs://`), with its timings shortened; tests/test_gcs_model_dir.py
-runs trainers and sidecars on a real GCS API.
+tf.io.gfile, as in `gs://`), with its timings shortened, and on the GCS emulator
+(tests/gcs) where the bucket's answers matter: reads answered 503, uploads held, a publish
+refused halfway. tests/test_gcs_model_dir.py runs trainers and sidecars there.
 """
 
 import json
@@ -256,22 +257,30 @@ def test_a_directory_is_published_whole_with_its_marker_last(tmp_path):
         ["variables", "saved_model.pb", "fingerprint.pb", PUBLISHED_MARKER])
 
 
-def test_an_object_store_publish_copies_the_entry_file_and_marker_last(tmp_path, monkeypatch):
-    """What a reader polling the final directory sees, copy after copy."""
-    temp, final = str(tmp_path / ".tmp-7"), str(tmp_path / "7")
+def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tmp_path):
+    """What a reader polling the final directory sees: the bucket refuses the upload of
+    `saved_model.pb` (503), and the publish stops there with every other file copied and
+    neither the entry file nor the marker in place."""
+    temp, final = str(tmp_path / ".tmp-7"), f"{gcs_dir}/export/7"
     _saved_model_like(temp)
-    monkeypatch.setattr("ctl.core.model_dir.is_object_store", lambda path: True)
-    order = []
-    copy = tf.io.gfile.copy
-
-    def recording_copy(source, target, overwrite=False):
-        order.append(os.path.relpath(target, final))
-        copy(source, target, overwrite)
-
-    monkeypatch.setattr(tf.io.gfile, "copy", recording_copy)
-    publish_directory(temp, final, last=["saved_model.pb"])
-    assert order[-1] == "saved_model.pb" and len(order) == 4
+    gcs.inject_faults([{"status": 503, "methods": ["POST", "PUT"], "path_contains": "saved_model.pb"}])
+    code = ("from ctl.core.model_dir import publish_directory\n"
+            f"try:\n    publish_directory({temp!r}, {final!r}, last=['saved_model.pb'])\n"
+            "except Exception as error:\n    print(type(error).__name__)")
+    publisher = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES})
+    assert publisher.stdout.strip() == "AbortedError", publisher.stdout + publisher.stderr
+    gcs.reset()
+    copied = {os.path.relpath(os.path.join(root, name), final)
+              for root, _, names in tf.io.gfile.walk(final) for name in names}
+    assert copied == {"variables/variables.index", "variables/variables.data-00000-of-00001",
+                      "fingerprint.pb"}
+    assert not is_published(final)
+    publish_directory(temp, final, last=["saved_model.pb"])  # Again, the bucket answering.
     assert is_published(final) and not os.path.exists(temp)
+    with tf.io.gfile.GFile(f"{final}/saved_model.pb") as f:
+        assert f.read() == "saved_model.pb"
 
 
 # In the processes below: TensorFlow retries a 5xx answer twice, not 10 times up to 32 s apart.
