@@ -22,21 +22,38 @@ sidecar evaluator's announcement, a `Lease` on every storage
   for `STALE_SECONDS`, or left by a process that is gone, which is only told by
   its pid when the record's host, boot id and PID namespace are this process's
   (two containers of one pod share a host name, not their PIDs: there only the
-  renewals tell; tests/test_claims.py::
-  test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken). A taker writes its record,
-  waits `SETTLE_SECONDS` and reads it back: of two processes that write in that
-  window, the later record wins and the other backs off.
+  renewals tell). A taker writes its record, waits `SETTLE_SECONDS` and reads
+  it back: of two processes that write in that window, the later record wins
+  and the other backs off.
+
+A record the store does not answer for (an error after `READ_ATTEMPTS` reads)
+is unknown, never stale and never lost: a taker refuses (with `wait`, the
+trainer's lock, it raises the store's error: a storage fault, exit 74), a holder
+tries again at its next renewal. Only a record with another token is a loss; a
+record that is not JSON has no `renewed` and is stale. `release` lets a renewal
+in flight land (up to `RELEASE_SECONDS`) before it deletes its own record (the
+token compared), so no renewal rewrites it afterwards.
 
 What a lease cannot promise (docs/faults.md, "One trainer per model dir"):
 it needs the hosts' clocks to agree within `STALE_SECONDS` (cloud VMs keep
 theirs within a second); two takers whose write and read-back are more than
 `SETTLE_SECONDS` apart can both believe they hold it; a holder frozen for
 longer than `STALE_SECONDS` (SIGSTOP, a VM pause) loses it to a taker and
-finds out at its next renewal, which logs a WARNING and stops renewing. With
-`wait=True` (the trainer's lock) a taker that finds a fresh record of another
-host watches it for up to `STALE_SECONDS`: renewed means live (refused), not
-renewed means its holder is gone (taken), so a trainer restarted on a new host
-after a SIGKILL waits at most that long instead of being refused.
+finds out at its next renewal, which logs a WARNING, stops renewing and sets
+`lost`: the eval-side hooks stop there (`ctl.core.hooks.OwnedActions`), a
+trainer stops at its next train loop's end, before its checkpoint, with exit 2
+(`ctl.faults.lock.stop_if_taken`). With `wait=True` (the trainer's lock) a
+taker that finds a fresh record of another host watches it for up to
+`STALE_SECONDS`: renewed means live (refused), not renewed means its holder is
+gone (taken), so a trainer restarted on a new host after a SIGKILL waits at
+most that long instead of being refused.
+
+Tests (tests/test_claims.py unless named): another PID namespace
+(`test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken`),
+reads answered 503 (`test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost`),
+a release during an upload (`test_a_lease_released_while_a_renewal_uploads_leaves_no_record`),
+a lost lease (`test_eval_side_hooks_stop_once_their_lease_is_taken`,
+tests/test_gcs_model_dir.py::test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint).
 """
 
 import datetime
