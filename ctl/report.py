@@ -23,7 +23,7 @@ from typing import Dict, List, Tuple
 
 from absl import app, flags, logging
 
-from ctl.core.errors import EXIT_USER_ERROR, UserError
+from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -161,7 +161,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     try:
         plot(train, evals, output)
     except (OSError, tf.errors.OpError) as error:
-        raise UserError(f"cannot write --output={output} ({getattr(error, 'strerror', None) or str(error).splitlines()[0]}); name a "
+        raise UserError(f"cannot write --output={output} ({getattr(error, 'strerror', None) or first_line(error)}); name a "
                         "file you can write.") from error
     return table(model_dir, train, evals), output
 

@@ -43,7 +43,7 @@ from absl import app, flags, logging  # noqa: E402
 import ctl
 from ctl.cluster import tf_config as cluster
 from ctl.core import console, gin_text
-from ctl.core.errors import EXIT_USER_ERROR, UserError
+from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
@@ -158,7 +158,7 @@ def _run() -> None:
         _exit(peers.EXIT_PEER_LOST, f"peer lost: {lost}")
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
-        _fail(str(error).splitlines()[0])
+        _fail(first_line(error, None))
     except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
         fault = storage_fault_within(error, FLAGS.model_dir)
         if fault is None:

@@ -2,12 +2,14 @@
 and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
-tf.io.gfile, as in `gs://`), with its timings shortened; tests/test_gcs_model_dir.py
-runs trainers and sidecars on a real GCS API.
+tf.io.gfile, as in `gs://`), with its timings shortened, and on the GCS emulator
+(tests/gcs) where the bucket's answers matter: reads answered 503, uploads held, a publish
+refused halfway. tests/test_gcs_model_dir.py runs trainers and sidecars there.
 """
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.core import claims
+from ctl.core.hooks import OwnedActions
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
 from ctl.sidecar import announce
 from tests.cli import ROOT
@@ -67,6 +70,38 @@ def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path
     assert lease.try_acquire()
     assert time.monotonic() - started < claims.STALE_SECONDS  # No wait for staleness.
     lease.release()
+
+
+def _renewing(path, record, stop):
+    """Renews `record` at `path` every `RENEW_SECONDS` until `stop` is set: a live holder."""
+    while not stop.wait(claims.RENEW_SECONDS):
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps({**record, "renewed": time.time()}))
+        os.replace(path + ".tmp", path)
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken(tmp_path, quick,
+                                                                                   wait):
+    """Two containers of one pod: the same host name, not the same PIDs (both often PID 1).
+    Its pid means nothing here, dead or this very process's: only its renewals tell."""
+    path = str(tmp_path / "eval_hooks.lock")
+    record = {"role": "trainer", "pid": os.getpid(), "host": socket.gethostname(),
+              "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(), "pid_namespace": "pid:[4026500001]",
+              "token": "the-trainer-container", "since": "2026-11-26T00:00:00Z"}
+    stop = threading.Event()
+    with open(path, "w") as f:
+        f.write(json.dumps({**record, "renewed": time.time()}))
+    renewer = threading.Thread(target=_renewing, args=(path, record, stop))
+    renewer.start()
+    try:
+        lease = claims.Lease(path, "sidecar evaluator", wait=wait)
+        assert not lease.try_acquire()
+        assert json.loads(open(path).read())["token"] == "the-trainer-container"
+    finally:
+        stop.set()
+        renewer.join(timeout=30)
+    assert claims.Lease(path, "sidecar evaluator", wait=True).try_acquire()  # Unrenewed: gone.
 
 
 def _foreign(path, renewed):
@@ -149,6 +184,28 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
     assert os.path.exists(path)  # Not its record: left alone.
 
 
+def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
+    """A holder frozen past the staleness window finds its claim taken: its eval-side hooks
+    stop (said once), the taker's run; nothing of this process runs them twice."""
+    path = str(tmp_path / "eval_hooks.lock")
+    ran = []
+    owned = OwnedActions([ran.append], claims.Lease(path, "trainer"))
+    try:
+        owned({"step": 10})
+        assert ran == [{"step": 10}] and owned.owned
+        _foreign(path, time.time())  # Taken by another process (another token).
+        deadline = time.monotonic() + 30
+        while not owned.claim.lost:  # Its next renewal finds the other record.
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        owned({"step": 20})
+        owned({"step": 30})
+        assert ran == [{"step": 10}] and owned.owned is False
+    finally:
+        owned.release()
+    assert json.loads(open(path).read())["token"] == "theirs"  # Not its record: left alone.
+
+
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     """The sidecar's announcement is a lease: live to a reader while its holder lives, gone
     when released, and gone at once when its process (on this host) is killed."""
@@ -200,19 +257,103 @@ def test_a_directory_is_published_whole_with_its_marker_last(tmp_path):
         ["variables", "saved_model.pb", "fingerprint.pb", PUBLISHED_MARKER])
 
 
-def test_an_object_store_publish_copies_the_entry_file_and_marker_last(tmp_path, monkeypatch):
-    """What a reader polling the final directory sees, copy after copy."""
-    temp, final = str(tmp_path / ".tmp-7"), str(tmp_path / "7")
+def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tmp_path):
+    """What a reader polling the final directory sees: the bucket refuses the upload of
+    `saved_model.pb` (503), and the publish stops there with every other file copied and
+    neither the entry file nor the marker in place."""
+    temp, final = str(tmp_path / ".tmp-7"), f"{gcs_dir}/export/7"
     _saved_model_like(temp)
-    monkeypatch.setattr("ctl.core.model_dir.is_object_store", lambda path: True)
-    order = []
-    copy = tf.io.gfile.copy
-
-    def recording_copy(source, target, overwrite=False):
-        order.append(os.path.relpath(target, final))
-        copy(source, target, overwrite)
-
-    monkeypatch.setattr(tf.io.gfile, "copy", recording_copy)
-    publish_directory(temp, final, last=["saved_model.pb"])
-    assert order[-1] == "saved_model.pb" and len(order) == 4
+    gcs.inject_faults([{"status": 503, "methods": ["POST", "PUT"], "path_contains": "saved_model.pb"}])
+    code = ("from ctl.core.model_dir import publish_directory\n"
+            f"try:\n    publish_directory({temp!r}, {final!r}, last=['saved_model.pb'])\n"
+            "except Exception as error:\n    print(type(error).__name__)")
+    publisher = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES})
+    assert publisher.stdout.strip() == "AbortedError", publisher.stdout + publisher.stderr
+    gcs.reset()
+    copied = {os.path.relpath(os.path.join(root, name), final)
+              for root, _, names in tf.io.gfile.walk(final) for name in names}
+    assert copied == {"variables/variables.index", "variables/variables.data-00000-of-00001",
+                      "fingerprint.pb"}
+    assert not is_published(final)
+    publish_directory(temp, final, last=["saved_model.pb"])  # Again, the bucket answering.
     assert is_published(final) and not os.path.exists(temp)
+    with tf.io.gfile.GFile(f"{final}/saved_model.pb") as f:
+        assert f.read() == "saved_model.pb"
+
+
+# In the processes below: TensorFlow retries a 5xx answer twice, not 10 times up to 32 s apart.
+FEW_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+               "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000"}
+QUICK = "claims.RENEW_SECONDS = 0.5; claims.STALE_SECONDS = 20.0; claims.SETTLE_SECONDS = 0.2; "
+
+
+def _in_a_process(code, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", "from ctl.core import claims; " + QUICK + code],
+                            cwd=ROOT, text=True, env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES},
+                            **kwargs)
+
+
+def _record(path):
+    for _ in range(5):
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                return json.loads(f.read())
+        except tf.errors.InternalError:  # "File contents are inconsistent": renewed meanwhile.
+            time.sleep(0.1)
+    raise AssertionError(f"{path} kept changing while read")
+
+
+def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir):
+    """The bucket answers 503 to every read of the record: a second process takes nothing
+    (refused; the trainer's waiting claim raises the store's error: a storage fault), and
+    the holder does not think it lost the claim: it renews again once reads come back."""
+    path = f"{gcs_dir}/run/eval_hooks.lock"
+    holder = _in_a_process(
+        f"import sys; lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
+        "print('held', flush=True); [print(lease.lost, flush=True) for _ in sys.stdin]",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.stderr.read()
+        token = _record(path)["token"]
+        gcs.inject_faults([{"status": 503, "methods": ["GET"], "path_contains": "eval_hooks.lock"}])
+        for wait in (False, True):
+            taker = _in_a_process(
+                f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
+                "try:\n    print(lease.try_acquire(), lease.holder())\n"
+                "except Exception as error:\n    print(type(error).__name__, error)",
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = taker.communicate(timeout=300)
+            if wait:
+                assert out.startswith("AbortedError") and "503" in out, out + err
+            else:
+                assert out.startswith("False holder unknown: ") and "503" in out, out + err
+        gcs.reset()
+        assert _record(path)["token"] == token  # Never overwritten.
+        renewed = _record(path)["renewed"]
+        deadline = time.monotonic() + 120
+        while _record(path)["renewed"] == renewed:  # Its holder renews again.
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        holder.stdin.write("lost?\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "False"
+        assert _record(path)["token"] == token
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+
+
+def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir, quick):
+    """The bucket holds each upload of the record 4 s (longer than `STALE_SECONDS` here): the
+    renewal in flight when the holder releases lands before the delete, not after it."""
+    path = f"{gcs_dir}/run/eval_hooks.lock"
+    lease = claims.Lease(path, "trainer")
+    assert lease.try_acquire()
+    gcs.inject_faults([{"delay_ms": 4000, "methods": ["POST"], "path_contains": "eval_hooks.lock"}])
+    time.sleep(5 * claims.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
+    lease.release()
+    for renewer in [t for t in threading.enumerate() if t.name.startswith("ctl-lease-")]:
+        renewer.join(timeout=60)  # Whatever it was writing has landed.
+    assert not tf.io.gfile.exists(path)

@@ -116,6 +116,40 @@ def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
     assert not tf.io.gfile.exists(ModelDir(model_dir).trainer_lock_file)  # Released.
 
 
+def test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint(gcs_dir):
+    """Another trainer's record replaces this trainer's lease (as after a freeze longer than
+    the staleness window): at its next loop end it stops, saves nothing more, says so in one
+    line and exits 2; the other's record stays."""
+    model_dir = f"{gcs_dir}/run"
+    lock_file = ModelDir(model_dir).trainer_lock_file
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
+         f"--gin_file={COMFORTS_GIN}", "--gin_bindings=ctl.Schedule.train_steps=1000000",
+         "--gin_bindings=ctl.Schedule.max_checkpoints=100", "--gin_bindings=ctl.Experiment.hooks=[]"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not ModelDir(model_dir).checkpoints():  # Training, its lease taken.
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()
+            time.sleep(0.5)
+        theirs = {"role": "trainer", "pid": 4242, "host": "elsewhere", "token": "theirs",
+                  "renewed": time.time(), "since": "2026-11-26T00:00:00Z"}
+        with tf.io.gfile.GFile(lock_file, "w") as f:
+            f.write(json.dumps(theirs))
+        _, stderr = trainer.communicate(timeout=120)  # It stops within a renewal and a loop.
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.communicate(timeout=60)
+    assert trainer.returncode == 2, stderr[-3000:]
+    lines = ctl_stderr_lines(stderr)
+    assert len(lines) == 1 and "was taken by another trainer (pid 4242 on host elsewhere" in lines[0], lines
+    stopped = int(lines[0].split("stopped after step ")[1].split()[0])
+    assert max(ModelDir(model_dir).checkpoints()) < stopped  # Nothing saved at the stop.
+    assert read_json(lock_file)["token"] == "theirs"
+
+
 def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes_it(gcs, gcs_dir):
     """The sidecar's export of ckpt-10 is held mid-publish (the bucket answers 503 to its
     `saved_model.pb`, copied last) and the sidecar is killed there; its restart publishes it."""

@@ -32,7 +32,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 import gin
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 from ctl.core.task import Task
 
 Override = Union[str, Mapping[str, Any]]
@@ -59,7 +59,7 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
             params = hyperparams.override_params_dict(params, source, is_strict=True)
         except (KeyError, ValueError, AttributeError) as error:
             raise UserError(f"ctl.ModelGardenTask: cannot apply {source!r} to experiment "
-                            f"{experiment!r} ({str(error).splitlines()[0][:200]}); "
+                            f"{experiment!r} ({first_line(error, 200)}); "
                             "check the key names.") from error
     params.validate()
     params.lock()

@@ -15,24 +15,45 @@ sidecar evaluator's announcement, a `Lease` on every storage
   claim's file. The kernel drops it when the holder ends, however it ends
   (exit, exception, SIGKILL), so a restart is never blocked.
 - `Lease`, in an object store (`gs://`, `s3://`), which has no lock: a JSON
-  record `{"role", "pid", "host", "token", "since", "renewed"}` at the claim's
-  path that the holder renews every `RENEW_SECONDS` from a thread of its own
-  and deletes when it releases. Another process takes the claim when there is
-  no record, or when the record is stale: not renewed for `STALE_SECONDS`, or
-  left by a process of this host that is gone. A taker writes its record,
-  waits `SETTLE_SECONDS` and reads it back: of two processes that write in that
-  window, the later record wins and the other backs off.
+  record `{"role", "pid", "host", "boot_id", "pid_namespace", "token", "since",
+  "renewed"}` at the claim's path that the holder renews every `RENEW_SECONDS`
+  from a thread of its own and deletes when it releases. Another process takes
+  the claim when there is no record, or when the record is stale: not renewed
+  for `STALE_SECONDS`, or left by a process that is gone, which is only told by
+  its pid when the record's host, boot id and PID namespace are this process's
+  (two containers of one pod share a host name, not their PIDs: there only the
+  renewals tell). A taker writes its record, waits `SETTLE_SECONDS` and reads
+  it back: of two processes that write in that window, the later record wins
+  and the other backs off.
+
+A record the store does not answer for (an error after `READ_ATTEMPTS` reads)
+is unknown, never stale and never lost: a taker refuses (with `wait`, the
+trainer's lock, it raises the store's error: a storage fault, exit 74), a holder
+tries again at its next renewal. Only a record with another token is a loss; a
+record that is not JSON has no `renewed` and is stale. `release` lets a renewal
+in flight land (up to `RELEASE_SECONDS`) before it deletes its own record (the
+token compared), so no renewal rewrites it afterwards.
 
 What a lease cannot promise (docs/faults.md, "One trainer per model dir"):
 it needs the hosts' clocks to agree within `STALE_SECONDS` (cloud VMs keep
 theirs within a second); two takers whose write and read-back are more than
 `SETTLE_SECONDS` apart can both believe they hold it; a holder frozen for
 longer than `STALE_SECONDS` (SIGSTOP, a VM pause) loses it to a taker and
-finds out at its next renewal, which logs a WARNING and stops renewing. With
-`wait=True` (the trainer's lock) a taker that finds a fresh record of another
-host watches it for up to `STALE_SECONDS`: renewed means live (refused), not
-renewed means its holder is gone (taken), so a trainer restarted on a new host
-after a SIGKILL waits at most that long instead of being refused.
+finds out at its next renewal, which logs a WARNING, stops renewing and sets
+`lost`: the eval-side hooks stop there (`ctl.core.hooks.OwnedActions`), a
+trainer stops at its next train loop's end, before its checkpoint, with exit 2
+(`ctl.faults.lock.stop_if_taken`). With `wait=True` (the trainer's lock) a
+taker that finds a fresh record of another host watches it for up to
+`STALE_SECONDS`: renewed means live (refused), not renewed means its holder is
+gone (taken), so a trainer restarted on a new host after a SIGKILL waits at
+most that long instead of being refused.
+
+Tests (tests/test_claims.py unless named): another PID namespace
+(`test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken`),
+reads answered 503 (`test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost`),
+a release during an upload (`test_a_lease_released_while_a_renewal_uploads_leaves_no_record`),
+a lost lease (`test_eval_side_hooks_stop_once_their_lease_is_taken`,
+tests/test_gcs_model_dir.py::test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint).
 """
 
 import datetime
@@ -49,14 +70,16 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from ctl.core import console
-from ctl.core.model_dir import ModelDir, is_object_store, read_text, write_atomically
+from ctl.core.errors import first_line
+from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
 SETTLE_SECONDS = 1.0
 READ_ATTEMPTS = 3
+RELEASE_SECONDS = 60.0  # How long `release` waits for a renewal in flight.
 
-_HELD_HERE: Dict[str, str] = {}  # path -> token of each lease this process holds.
+_HELD_HERE: Dict[str, "Lease"] = {}  # path -> each lease this process holds.
 
 
 def claim_for(path: str, role: str, wait: bool = False):
@@ -70,13 +93,45 @@ def eval_hooks_claim(model_dir: str, role: str):
     return claim_for(ModelDir(model_dir).eval_hooks_lock_file, role)
 
 
+def held_here(path: str) -> Optional["Lease"]:
+    """The lease on `path` this process took (and has not released), or None; its `lost`
+    says whether another process took it meanwhile."""
+    return _HELD_HERE.get(path)
+
+
+def _boot_id() -> Optional[str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # e.g. "pid:[4026531836]"
+    except OSError:
+        return None
+
+
 def _holder_record(role: str, token: Optional[str] = None) -> Dict[str, Any]:
     return {"role": role, "pid": os.getpid(), "host": socket.gethostname(),
+            "boot_id": _boot_id(), "pid_namespace": _pid_namespace(),
             "token": token, "renewed": time.time(),
             "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
+def _pids_comparable(record: Dict[str, Any]) -> bool:
+    """Whether `record`'s pid names a process this one can see: the same host, the same boot
+    and the same PID namespace. Two containers of one pod share the host name, not the PIDs."""
+    here = (socket.gethostname(), _boot_id(), _pid_namespace())
+    return None not in here[1:] and (record.get("host"), record.get("boot_id"),
+                                     record.get("pid_namespace")) == here
+
+
 def _describe(record: Any, path: str) -> str:
+    if isinstance(record, dict) and "unreadable" in record:
+        return f"holder unknown: {path} could not be read ({record['unreadable']})"
     try:
         return f"pid {record['pid']} on host {record['host']} since {record['since']}"
     except (KeyError, TypeError):
@@ -164,6 +219,7 @@ class Lease:
         self.token = uuid.uuid4().hex
         self.lost = False  # Another process took it while this one held it.
         self._seen: Any = {}  # The last record read.
+        self.read_error: Optional[tf.errors.OpError] = None  # Why the last read failed.
         self._stop: Optional[threading.Event] = None
         self._renewer: Optional[threading.Thread] = None
 
@@ -172,21 +228,32 @@ class Lease:
         return self._stop is not None
 
     def try_acquire(self) -> bool:
+        """Takes it if there is no record or a stale one. A record that cannot be read (the
+        store answers errors) is never taken: refused, or with `wait` its error is raised
+        (the trainer ends with a storage fault)."""
         if self.held:
             return True
         record = self._read()
+        if record is None:
+            return self._unknown()
         if record and not self._stale(record):
-            if not (self.wait and self._watch_until_stale(record)):
-                self._seen = record
+            self._seen = record
+            gone = self._watch_until_stale(record) if self.wait else False
+            if gone is None:
+                return self._unknown()
+            if not gone:
                 return False
         tf.io.gfile.makedirs(os.path.dirname(self.path))
         self._write()
         time.sleep(SETTLE_SECONDS)
-        self._seen = self._read()
-        if self._seen.get("token") != self.token:
+        seen = self._read()
+        if seen is None:  # Its record, unrenewed, goes stale.
+            return self._unknown()
+        self._seen = seen
+        if seen.get("token") != self.token:
             return False
         self._stop = threading.Event()
-        _HELD_HERE[self.path] = self.token
+        _HELD_HERE[self.path] = self
         self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
                                          name=f"ctl-lease-{self.role}")
         self._renewer.start()
@@ -194,14 +261,25 @@ class Lease:
 
     def held_elsewhere(self) -> bool:
         """Whether another live process holds it now (with `wait`: watched until renewed or
-        stale); writes nothing."""
+        stale); writes nothing. A record that cannot be read counts as not held, or with
+        `wait` its error is raised."""
         if self.held:
             return False
         record = self._read()
+        if record is None:
+            return self._unknown()
         if not record or self._stale(record):
             return False
         self._seen = record
-        return not (self.wait and self._watch_until_stale(record))
+        gone = self._watch_until_stale(record) if self.wait else False
+        return self._unknown() if gone is None else not gone
+
+    def _unknown(self) -> bool:
+        """Whether the record is there and live is unknown: refused (False), or raised."""
+        if self.wait:
+            raise self.read_error
+        self._seen = {"unreadable": first_line(self.read_error)}
+        return False
 
     def release(self) -> None:
         if self._stop is None:
@@ -209,15 +287,22 @@ class Lease:
         self._stop.set()
         self._stop = None
         _HELD_HERE.pop(self.path, None)
-        # Not left inside a write while the interpreter exits (TensorFlow aborts then).
-        self._renewer.join(timeout=STALE_SECONDS)
+        # A renewal in flight lands first: written after the delete, it would leave a record
+        # that holds others off until it goes stale (and TensorFlow aborts an interpreter
+        # that exits inside a write).
+        self._renewer.join(timeout=RELEASE_SECONDS)
+        if self._renewer.is_alive():
+            console.warning("lock", "a renewal of %s is still being written after %g s: left "
+                            "there, it goes stale in %g s.", self.path, RELEASE_SECONDS,
+                            STALE_SECONDS)
+            return
         try:
-            record = self._read()
+            record = self._read() or {}
             if record.get("token") == self.token:
                 tf.io.gfile.remove(self.path)
         except tf.errors.OpError as error:  # Best effort: it goes stale on its own.
             console.warning("lock", "could not delete %s (%s); it goes stale in %g s.",
-                            self.path, str(error).splitlines()[0], STALE_SECONDS)
+                            self.path, first_line(error), STALE_SECONDS)
 
     def holder(self) -> str:
         return _describe(self._seen, self.path)
@@ -225,22 +310,32 @@ class Lease:
     def holder_role(self) -> str:
         return _role(self._seen)
 
-    def _read(self) -> Dict[str, Any]:
-        """The record ({} when there is none). A read that fails is tried again (a store under
-        load answers an error now and then); a record still unreadable is garbage, taken as {}
-        with the `renewed` it lacks, so it goes stale."""
+    def _read(self) -> Optional[Dict[str, Any]]:
+        """The record: {} when there is none; None when the store does not answer after
+        `READ_ATTEMPTS` tries (`read_error` says why): unknown, which is never taken for a
+        stale record nor for a lost one. A record that is not a JSON object is
+        `{"garbage": ...}`: it lacks `renewed`, so it is stale."""
         for attempt in range(READ_ATTEMPTS):
+            if attempt:
+                time.sleep(0.5 * attempt)
             try:
-                text = read_text(self.path)
-                if text is None:
+                if not tf.io.gfile.exists(self.path):
                     return {}
-                record = json.loads(text)
-                return record if isinstance(record, dict) else {"garbage": text[:80]}
-            except ValueError as error:  # json.JSONDecodeError is one.
-                problem = error
-                time.sleep(0.5 * (attempt + 1))
-        console.warning("lock", "%s is unreadable (%s): taken as stale.", self.path, problem)
-        return {"garbage": str(problem)}
+                with tf.io.gfile.GFile(self.path, "rb") as f:
+                    data = f.read()
+            except tf.errors.NotFoundError:
+                return {}  # Deleted between the two calls.
+            except tf.errors.OpError as error:  # A store under load answers an error now and then.
+                self.read_error = error
+                continue
+            self.read_error = None
+            try:
+                record = json.loads(data.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError and json.JSONDecodeError are ones.
+                record = None
+            return record if isinstance(record, dict) else {
+                "garbage": data[:80].decode("utf-8", "replace")}
+        return None
 
     def _write(self) -> None:
         write_atomically(self.path, json.dumps(_holder_record(self.role, self.token)) + "\n")
@@ -248,46 +343,59 @@ class Lease:
     def _stale(self, record: Dict[str, Any]) -> bool:
         if record.get("token") == self.token:
             return True
-        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path]:
+        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path].token:
             return False  # Another claim of this process holds it.
-        if record.get("host") == socket.gethostname() and not _alive(record.get("pid")):
-            return True  # Its holder, on this host, is gone (a SIGKILL, a crash).
+        if _pids_comparable(record) and not _alive(record.get("pid")):
+            return True  # Its holder, on this host and in these PIDs, is gone (a SIGKILL).
         renewed = record.get("renewed")
         return not isinstance(renewed, (int, float)) or time.time() - renewed > STALE_SECONDS
 
-    def _watch_until_stale(self, record: Dict[str, Any]) -> bool:
+    def _watch_until_stale(self, record: Dict[str, Any]) -> Optional[bool]:
         """Watches another host's fresh record: True once it went unrenewed for
-        `STALE_SECONDS` (its holder is gone), False as soon as it is renewed."""
+        `STALE_SECONDS` (its holder is gone), False as soon as it is renewed, None if it
+        could not be read at the end (unknown)."""
         console.info("lock", "%s is held by the %s (%s); waiting up to %g s to see whether it "
                      "is still alive", self.path, _role(record), _describe(record, self.path),
                      STALE_SECONDS)
         deadline = time.monotonic() + STALE_SECONDS
+        now: Optional[Dict[str, Any]] = record
         while time.monotonic() < deadline:
             time.sleep(min(RENEW_SECONDS, max(0.0, deadline - time.monotonic())))
             now = self._read()
+            if now is None:
+                continue  # Unknown this time: the next read may tell.
             if not now:
                 return True  # Released meanwhile.
             if now.get("renewed") != record.get("renewed") or now.get("token") != record.get(
                     "token"):
                 self._seen = now
                 return False
-        return True
+        return None if now is None else True
 
     def _renew(self, stop: threading.Event) -> None:
+        """Every `RENEW_SECONDS`: rewrites the record, unless another process's record
+        (another token) replaced it: then `lost`, and renewing ends. A read or a write that
+        fails is tried again at the next renewal."""
         while not stop.wait(RENEW_SECONDS):
+            record = self._read()
+            if record is None:
+                console.warning("lock", "could not read %s to renew it (%s); trying again in %g s",
+                                self.path, first_line(self.read_error), RENEW_SECONDS)
+                continue
+            token = record.get("token")
+            if isinstance(token, str) and token != self.token:
+                self.lost = True
+                self._seen = record
+                console.warning("lock", "lost %s to the %s (%s): another process took this "
+                                "model dir's %s claim; stop one of them.", self.path,
+                                _role(record), _describe(record, self.path), self.role)
+                return
+            if stop.is_set():  # Released while it read: no write after the delete.
+                return
             try:
-                record = self._read()
-                if record and record.get("token") != self.token:
-                    self.lost = True
-                    self._seen = record
-                    console.warning("lock", "lost %s to the %s (%s): another process took this "
-                                  "model dir's %s claim; stop one of them.", self.path,
-                                  _role(record), _describe(record, self.path), self.role)
-                    return
                 self._write()
             except tf.errors.OpError as error:  # The next renewal tries again.
-                console.warning("lock", "could not renew %s (%s)", self.path,
-                                str(error).splitlines()[0])
+                console.warning("lock", "could not renew %s (%s)", self.path, first_line(error))
 
 
 def _alive(pid: Any) -> bool:

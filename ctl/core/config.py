@@ -177,7 +177,7 @@ def call_configured(fn):
         if "Required bindings" not in str(error):
             raise
         raise UserError(
-            f"{str(error).splitlines()[0]}; set it in a --gin_file or with --gin_bindings."
+            f"{first_line(error, None)}; set it in a --gin_file or with --gin_bindings."
         ) from error
 
 

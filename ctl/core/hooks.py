@@ -147,7 +147,10 @@ class OwnedActions:
     `<model_dir>/eval_hooks.lock`, a lease in an object store); the one that gets it runs them for as long
     as it lives, the other never does and says so once, in a WARNING naming
     the owner. The claim dies with its holder; the next process to start may
-    take it. (docs/comforts.md, "Who owns the side effects".)
+    take it. A lease another process took meanwhile (`claim.lost`: its holder
+    was frozen or cut off longer than its staleness window) stops them here,
+    said once (tests/test_claims.py::test_eval_side_hooks_stop_once_their_lease_is_taken).
+    (docs/comforts.md, "Who owns the side effects".)
     """
 
     def __init__(self, actions: Iterable[Callable[[Any], None]], claim):
@@ -160,16 +163,27 @@ class OwnedActions:
             return
         if self.owned is None:
             self.owned = self.claim.try_acquire()
-            if not self.owned:
-                names = ", ".join(sorted({type(getattr(a, "__self__", a)).__name__
-                                          for a in self.actions}))
+            if not self.owned and getattr(self.claim, "read_error", None) is not None:
+                self.owned = None  # Its record could not be read: asked again next time.
+                console.warning("hooks", "the eval-side hooks (%s) skip this evaluation: %s",
+                                self._names(), self.claim.holder())
+            elif not self.owned:
                 console.warning(
                     "hooks", "the eval-side hooks (%s) do not run in this process: the %s (%s) owns "
                     "them (%s); each side effect of a model dir has one owner (docs/comforts.md).",
-                    names, self.claim.holder_role(), self.claim.holder(), self.claim.path)
+                    self._names(), self.claim.holder_role(), self.claim.holder(), self.claim.path)
+        if self.owned and getattr(self.claim, "lost", False):  # A lease another process took.
+            self.owned = False
+            console.warning(
+                "hooks", "the eval-side hooks (%s) stop running in this process: the %s (%s) took "
+                "their claim (%s); each side effect of a model dir has one owner (docs/comforts.md).",
+                self._names(), self.claim.holder_role(), self.claim.holder(), self.claim.path)
         if self.owned:
             for action in self.actions:
                 action(logs)
+
+    def _names(self) -> str:
+        return ", ".join(sorted({type(getattr(a, "__self__", a)).__name__ for a in self.actions}))
 
     def release(self) -> None:
         self.claim.release()

@@ -14,6 +14,7 @@
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
       after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
+        model dir taken (a lease another trainer took)?  stop      # ctl.faults.lock
         bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
                    returns the end at the restored step, so the
                    controller replays up to train_steps
@@ -37,7 +38,7 @@ import tensorflow as tf
 from ctl.core import checkpointing, console
 from ctl.core.runner import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
-from ctl.faults import resume
+from ctl.faults import lock, resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import Preempted, SignalWatcher
 from ctl.faults.step_guard import StepGuard
@@ -138,6 +139,8 @@ class FaultHandler:
                                           int(self.trainer.global_step.numpy()))
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
+        # Before anything this loop would save: a trainer whose model dir another took stops.
+        lock.stop_if_taken(self.manager.restore_directory, end.step)
         if self.per_loop and not _finite((end.logs or {}).get("loss")):
             end = end._replace(bad_step=end.step)  # Somewhere in the loop: named by its end.
         if end.bad_step is not None:

@@ -14,12 +14,31 @@ lease that the trainer renews every few seconds and deletes when it ends
 (`ctl.core.claims.Lease`: what it catches and what it cannot). A trainer that
 finds another host's fresh lease watches it until it is renewed (refused) or
 goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
-`ctl.core.claims.STALE_SECONDS`.
+`ctl.core.claims.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
+was frozen or cut off longer than that) stops at the end of its next train loop,
+before that loop's checkpoint, with one line and exit 2 (`stop_if_taken`,
+`ModelDirTaken`).
 """
 
-from ctl.core.claims import claim_for
+from ctl.core.claims import claim_for, held_here
 from ctl.core.errors import UserError
 from ctl.core.model_dir import ModelDir
+
+
+class ModelDirTaken(UserError):
+    """Another trainer took the lease of this trainer's model dir while it trained."""
+
+
+def stop_if_taken(model_dir: str, step: int) -> None:
+    """Raises `ModelDirTaken` if this process's lease on `model_dir`'s trainer claim was
+    taken by another process (called after each train loop, before its checkpoint)."""
+    lease = held_here(ModelDir(model_dir).trainer_lock_file)
+    if lease is not None and lease.lost:
+        raise ModelDirTaken(
+            f"--model_dir={model_dir} was taken by another trainer ({lease.holder()}) while "
+            f"this one trained: stopped after step {step} without saving it (two trainers "
+            "would overwrite each other's checkpoints); stop one of them, or use another "
+            "--model_dir.")
 
 
 class ModelDirLock:

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl.core import console, contract
+from ctl.core.errors import first_line
 from ctl.faults import run_size
 
 
@@ -203,7 +204,7 @@ class InputPosition:
         except (tf.errors.OpError, ValueError, AssertionError) as error:
             console.warning(
                 "input", "the train input position in %s does not fit this input pipeline (%s): "
-                "skipping the consumed batches instead", path, str(error).strip().splitlines()[0][:200])
+                "skipping the consumed batches instead", path, first_line(error, 200))
             self.trainer.train_dataset = self.with_options(self.trainer.train_dataset)  # Anew.
             return False
         return True

@@ -12,8 +12,9 @@ The announcement is a lease on every storage (local, NFS, object store): the
 sidecar takes it when it starts (`Announcement`), its thread renews it every
 `claims.RENEW_SECONDS` (also during a long evaluation) and it is deleted when
 the sidecar ends. A record not renewed for `claims.STALE_SECONDS`, or left by
-a process of the reader's host that is gone (a killed sidecar), counts as
-gone. The trainer reads it once per evaluation (`InLineEvaluation`), never per
+a process that is gone (a killed sidecar) of the reader's host, boot and PID
+namespace, counts as gone; one the store does not answer for counts as no
+sidecar (in-line evaluation runs). The trainer reads it once per evaluation (`InLineEvaluation`), never per
 train loop. One sidecar is announced at a time: a second one on the same dir
 is told so in one line and evaluates anyway. Best effort across hosts: a
 record's age compares the sidecar host's clock with the trainer's.

@@ -5,8 +5,8 @@ Loaded by `mitmdump -s` (tests/gcs/service.py starts it). Options, set with `--s
 - `gcs_latency_ms`: added to every request before it is forwarded (a bucket's round trip).
 - `gcs_control_file`: a JSON file read at each request, written by `GcsService`:
   `latency_ms` overrides the option, and the first of its `faults` that matches the
-  request is answered by the proxy itself with that rule's status (see
-  `GcsService.inject_faults`).
+  request is held for that rule's `delay_ms`, then answered by the proxy itself with
+  the rule's status, if it has one (see `GcsService.inject_faults`).
 
 Every other host gets a 502 from the proxy itself: nothing leaves 127.0.0.1.
 """
@@ -41,7 +41,9 @@ class GcsEmulatorRoute:
             flow.response = http.Response.make(502, f"{host} is not served here".encode())
             return
         fault = _matching_fault(control.get("faults", ()), flow.request)
-        if fault is not None:
+        if fault is not None and fault.get("delay_ms"):
+            await asyncio.sleep(fault["delay_ms"] / 1000)
+        if fault is not None and fault.get("status"):
             flow.response = http.Response.make(
                 fault["status"], json.dumps({"error": {"code": fault["status"],
                                                        "message": "injected by the test"}}),

@@ -117,9 +117,10 @@ class GcsService:
     def inject_faults(self, rules):
         """The proxy answers each request matching a rule with the rule's status.
 
-        A rule is a dict: `status` (e.g. 503), and optionally `methods` (e.g.
-        ["POST", "PUT"]) and `path_contains` (a substring of the path and query, e.g.
-        "/upload/" or an object's name, URL-encoded). `reset()` ends them.
+        A rule is a dict: `status` (e.g. 503) or `delay_ms` (the request is held that
+        long, then answered with `status` if the rule has one, else forwarded), and
+        optionally `methods` (e.g. ["POST", "PUT"]) and `path_contains` (a substring of the
+        path and query, e.g. "/upload/" or an object's name, URL-encoded). `reset()` ends them.
         """
         self._control["faults"] = list(rules)
         self._write_control()
