@@ -1,14 +1,17 @@
 """The benchmark suite's plumbing: what it runs and reports, not how fast."""
 
 import collections
+import glob
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from bench import loops, measure, object_store, run
+from bench import ablation, loops, measure, object_store, run
 from bench.workloads import BenchTask
 from tests.cli import ROOT
 
@@ -171,6 +174,58 @@ def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
     for theirs in (twin(3), in_place(3)):
         assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+
+
+def _steps_on_disk(directory, tag="loss"):
+    return sorted(event.step for path in glob.glob(os.path.join(directory, "events.out.tfevents.*"))
+                  for event in tf.compat.v1.train.summary_iterator(path)
+                  for value in event.summary.value if value.tag == tag)
+
+
+def test_ablation_train_variants_take_out_their_piece_and_train_alike():
+    runs = {name: build() for name, build in ablation.train_variants("mlp").items()}
+    for run_ in runs.values():
+        run_(100)
+        assert int(run_.global_step.numpy()) == 200  # A warm-up loop, then the 100 asked for.
+    ctl_weights = [v.numpy() for v in runs["ctl"].controller.trainer.model.trainable_variables]
+    for name in ("ctl_b", "eager_summaries", "separate_calls"):  # Same task, seed and data.
+        weights = runs[name].controller.trainer.model.trainable_variables
+        assert all(np.allclose(a, b.numpy(), rtol=1e-4, atol=1e-6)
+                   for a, b in zip(ctl_weights, weights)), name
+    # eager_summaries: each loop's results on disk as the loop returns, nothing kept.
+    eager = runs["eager_summaries"].controller.summary_manager
+    assert eager.kept == 0 and _steps_on_disk(eager.summary_dir) == [100, 200]
+    # separate_calls: the loop's results (of its own steps) and end as the fused loop's.
+    fused, separate = (runs[name].controller.trainer.train(tf.constant(10))
+                       for name in ("ctl", "separate_calls"))
+    assert separate.step == fused.step == 210 and separate.bad_step is None
+    assert set(separate.logs) == set(fused.logs) >= {"loss", "accuracy", "learning_rate"}
+    for name, value in fused.logs.items():
+        assert float(separate.logs[name]) == pytest.approx(float(value), rel=1e-4), name
+
+
+def test_ablation_eval_variants_take_out_their_piece_and_write_their_results(monkeypatch):
+    builders = ablation.eval_variants("mlp")
+    evaluations = {name: builders[name]() for name in ("ctl", "end_in_place", "write_after")}
+    for name, evaluate in evaluations.items():
+        summaries = evaluate.controller.eval_summary_manager
+        written = []
+        writing = summaries.writing
+        monkeypatch.setattr(summaries, "writing", lambda: written.append(1) or writing())
+        results = evaluate(3)
+        assert 0 <= results["accuracy"] <= 1
+        assert _steps_on_disk(summaries.summary_dir) == [0, 0], name  # Warm-up, then this one.
+        assert bool(written) == (name == "write_after"), name  # Eagerly after the loop.
+    ended = []
+    monkeypatch.setattr("ctl.core.trainer.end_off_path", ended.append)
+    evaluations["ctl"](3)
+    assert len(ended) == 1  # The ender thread's, unless in place:
+    evaluations["end_in_place"](3)
+    with ablation.ended_in_place():
+        evaluations["ctl"](3)
+    assert len(ended) == 1
+    evaluations["ctl"](3)
+    assert len(ended) == 2
 
 
 @pytest.mark.parametrize("argument, message", [
