@@ -1,37 +1,42 @@
 """Ablation: what each piece of ctl's speed machinery is worth, on the MLP and the CNN.
 
-    python -m bench.ablation [--rounds 25] [--workloads mlp,cnn] [--seed N]
+    python -m bench.ablation [--rounds 25] [--workloads mlp,cnn] [--kinds train,eval] [--seed N]
 
 In one process, per workload, ctl as `ctl.run` builds it (`loops.ctl_controller`)
-against ctl with one piece taken out, and `ctl_b`, a second build of ctl
-unchanged: the A/A line, how far apart two builds of one thing land here.
+against the same build with one piece taken out for the call, so that a
+piece's ratio carries no difference between builds; two A/A lines say what
+a ratio moves by itself: `ctl_b`, a second build of ctl unchanged (ctl's own
+Trainer class), and `ctl_again`, ctl's own build timed under a second name.
 Each piece is taken out from the bench's side, through ctl's public pieces:
 
 - `end_in_place` (evaluation): each finished eval iterator ends on the
   caller's path (`ended_in_place`) instead of on ctl's ender thread
-  (`end_off_path` in `ctl.core.trainer`).
-- `write_after` (evaluation): the results written after the loop, eagerly
-  (`WritesAfterTrainer`: a Trainer whose `evaluate` takes no `summaries`, so
-  the Controller writes its results under `SummaryManager.writing()`: the
-  kept rows and one flush) instead of in the loop's own call.
+  (`end_off_path`, `ctl.core.trainer`).
+- `write_after` (evaluation): the results written after the loop, eagerly: the
+  same trainer and eval summaries behind a second Controller, whose evaluator
+  takes no `summaries` (`EvaluatesWithoutSummaries`), so that it writes them
+  as for any orbit evaluator (`SummaryManager.writing()`: the kept rows, one
+  flush) instead of ctl's Trainer in its loop's own call.
 - `eager_summaries` (training): each loop's results written as it ends with
   `tf.summary.scalar` under the writer, which flushes (`EagerSummaries`, orbit's
   way with one flush a loop instead of orbit's one a value) instead of kept on
   the host and written every `SummaryManager.FLUSH_SECONDS` in one call.
 - `separate_calls` (training): the graph train loop in three `tf.function`
   calls, metric reset, the loop, and a read of the metrics and the end step
-  (`SeparateCallsTrainer`, as orbit's `StandardTrainer` splits them) instead of
-  one call that does all three.
+  (`TogglingTrainer`, as orbit's `StandardTrainer` splits them) instead of one
+  call that does all three. (ctl's line runs on that Trainer subclass too,
+  its fused loop behind one more Python call; `ctl_b` on `ctl.Trainer`.)
 
 Train variants run `loops * 100` steps a round (cnn: a fifth), eval variants
-`evals` evaluations of 100 batches (cnn: a fifth), each variant in `--instances`
+`loops` evaluations of 100 batches (cnn: a fifth), in each of `--instances`
 builds, interleaved as figures 1 and 2 are (`measure.build_balanced`,
 `measure.interleave`, places drawn from `order_seed`). One JSON line per
 variant: `ratio_to_ctl` is ctl's median time over the variant's (speed without
 the piece over speed with it: below 1, the piece pays), also in CPU time; a
-piece's line also carries that process's A/A ratio (`aa_ratio_to_ctl`). A piece
-earns its place where its ratio lies beyond the A/A spread over processes
-(`python -m bench.run --repeat 3 --only ablation`) on at least one workload.
+piece's line also carries that process's A/A ratios (`aa_ratio_to_ctl`,
+`same_build_aa_ratio_to_ctl`). A piece earns its place where its ratio lies
+beyond the A/A spread over processes (`python -m bench.run --repeat 3 --only
+ablation`) on at least one workload.
 """
 
 import argparse
@@ -46,6 +51,7 @@ import ctl
 from bench import loops, measure
 from bench.workloads import BenchTask
 from ctl.core import trainer as trainer_module
+from ctl.core.controller import Controller
 from ctl.core.summaries import SummaryManager
 
 STEPS_PER_LOOP = 100
@@ -58,16 +64,20 @@ PIECES = {  # variant -> (the piece it takes out, the comparison it is in)
 }
 
 
-class SeparateCallsTrainer(ctl.Trainer):
-    """ctl's Trainer with its graph train loop in three calls: reset; loop; read the metrics
-    and the end step (what `ctl.Trainer.create_train_loop_fn` fuses into one)."""
+class TogglingTrainer(ctl.Trainer):
+    """ctl's Trainer whose graph train loop runs, while `separate_calls` is set, in three calls:
+    reset; the loop; a read of the metrics and the end step (what ctl fuses into one)."""
+
+    separate_calls = False
 
     def create_train_loop_fn(self):
+        fused = super().create_train_loop_fn()
         guard = self.step_guard
         loop = tf.function((guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(
             self.train_step))
         reset = tf.function(self._reset_train_metrics)
         read = tf.function(lambda: (self._train_results(), self._loop_end_values()))
+        self.three_calls = (reset, loop, read)  # (What tests/test_bench.py sees traced.)
 
         def three_calls(iterator, num_steps):
             reset()
@@ -75,15 +85,19 @@ class SeparateCallsTrainer(ctl.Trainer):
             self._last.train, end = read()
             return end
 
-        return three_calls
+        return lambda iterator, num_steps: (three_calls if self.separate_calls else fused)(
+            iterator, num_steps)
 
 
-class WritesAfterTrainer(ctl.Trainer):
-    """ctl's Trainer whose `evaluate` takes no `summaries`: the Controller writes the results
-    after the loop (`SummaryManager.writing()`), as for any other orbit evaluator."""
+class EvaluatesWithoutSummaries(orbit.AbstractEvaluator):
+    """A ctl Trainer's evaluation behind orbit's plain `evaluate(num_steps)`: a Controller
+    writes its results after the loop (`SummaryManager.writing()`), as for any orbit evaluator."""
 
-    def evaluate(self, num_steps, batch_callbacks=()):
-        return super().evaluate(num_steps, batch_callbacks)
+    def __init__(self, trainer: ctl.Trainer):
+        self.trainer = trainer
+
+    def evaluate(self, num_steps):
+        return self.trainer.evaluate(num_steps)
 
 
 class EagerSummaries(SummaryManager):
@@ -119,46 +133,90 @@ def _drop(iterator) -> None:
     """The caller's reference is the last one: its `del` ends the iterator in place."""
 
 
-def train_variants(workload: str):
-    """name -> builder of `run(steps)`, a warmed-up ctl train loop with or without a piece."""
+@contextlib.contextmanager
+def _swapped(owner, name, value):
+    kept = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, kept)
 
-    def build(trainer_cls=None, summaries=None):
+
+def train_variants(workload: str):
+    """name -> builder of {variant: `run(steps)`}: a warmed-up ctl train loop (`ctl`, and
+    `ctl_again`, the same callable), and the same build without each piece; `ctl_b`: a
+    second build of ctl (ctl's own Trainer class)."""
+
+    def build(trainer_cls=TogglingTrainer):
         _, controller = loops.ctl_controller(BenchTask(workload), steps_per_loop=STEPS_PER_LOOP,
                                              trainer_cls=trainer_cls)
-        if summaries is not None:  # The same directory, written another way.
-            controller.summary_manager = summaries(controller.summary_manager.summary_dir,
-                                                   controller.global_step)
         run = loops.drive(controller, STEPS_PER_LOOP)
         run.controller = controller
-        return run
+        if trainer_cls is not TogglingTrainer:
+            return {"ctl_b": run}
+        eager = EagerSummaries(controller.summary_manager.summary_dir, controller.global_step)
 
-    return {"ctl": build, "ctl_b": build,
-            "eager_summaries": functools.partial(build, summaries=EagerSummaries),
-            "separate_calls": functools.partial(build, trainer_cls=SeparateCallsTrainer)}
+        def without(name, value, owner=controller):
+            def run_without(steps):
+                with _swapped(owner, name, value):
+                    run(steps)
+            run_without.controller = controller
+            return run_without
+
+        pieces = {"eager_summaries": without("summary_manager", eager),
+                  "separate_calls": without("separate_calls", True, controller.trainer)}
+        for warm_up in pieces.values():  # Traces the three calls, makes the eager writer.
+            warm_up(STEPS_PER_LOOP)
+        return {"ctl": run, "ctl_again": run, **pieces}
+
+    return {"ctl": build, "ctl_b": functools.partial(build, trainer_cls=ctl.Trainer)}
 
 
 def eval_variants(workload: str):
-    """name -> builder of `evaluate(steps)`: `Controller.evaluate` with or without a piece."""
+    """name -> builder of {variant: `evaluate(steps)`}: `Controller.evaluate` (`ctl`, `ctl_again`)
+    and the same build without each piece; `ctl_b`: a second build of ctl."""
 
-    def build(trainer_cls=None, in_place=False):
-        _, controller = loops.ctl_controller(BenchTask(workload), mode="eval",
-                                             trainer_cls=trainer_cls)
+    def build(pieces=True):
+        trainer, controller = loops.ctl_controller(BenchTask(workload), mode="eval")
 
         def evaluate(steps):
-            with ended_in_place() if in_place else contextlib.nullcontext():
-                return controller.evaluate(steps=steps)
+            return controller.evaluate(steps=steps)
 
         evaluate(10)
         evaluate.controller = controller
-        return evaluate
+        if not pieces:
+            return {"ctl_b": evaluate}
+        # The same trainer and summaries, behind a Controller that writes after the loop.
+        after = Controller(global_step=trainer.global_step,
+                           evaluator=EvaluatesWithoutSummaries(trainer),
+                           strategy=controller.strategy,
+                           eval_summary_manager=controller.eval_summary_manager,
+                           eval_actions=controller.eval_actions)
 
-    return {"ctl": build, "ctl_b": build,
-            "end_in_place": functools.partial(build, in_place=True),
-            "write_after": functools.partial(build, trainer_cls=WritesAfterTrainer)}
+        def end_in_place(steps):
+            with ended_in_place():
+                return controller.evaluate(steps=steps)
+
+        def write_after(steps):
+            return after.evaluate(steps=steps)
+
+        write_after(10)
+        end_in_place.controller = controller
+        write_after.controller = after
+        return {"ctl": evaluate, "ctl_again": evaluate,
+                "end_in_place": end_in_place, "write_after": write_after}
+
+    return {"ctl": build, "ctl_b": functools.partial(build, pieces=False)}
 
 
 def compare(kind: str, workload: str, builders, calls: int, args, seed: int) -> None:
-    runs = measure.build_balanced(builders, args.instances, seed)
+    built = measure.build_balanced(builders, args.instances, seed)
+    runs = {}  # variant -> its callable in each build
+    for builds in built.values():
+        for variants in builds:
+            for name, run in variants.items():
+                runs.setdefault(name, []).append(run)
 
     def each(instances):
         return lambda: [run(STEPS_PER_LOOP) for run in instances for _ in range(calls)]
@@ -167,14 +225,15 @@ def compare(kind: str, workload: str, builders, calls: int, args, seed: int) -> 
     times = measure.interleave({name: each(r) for name, r in runs.items()}, args.rounds,
                                cpu=cpu, seed=seed)
     steps = calls * STEPS_PER_LOOP * args.instances
-    aa = measure.ratio(times["ctl"], times["ctl_b"])
+    aa = {"aa_ratio_to_ctl": measure.ratio(times["ctl"], times["ctl_b"]),
+          "same_build_aa_ratio_to_ctl": measure.ratio(times["ctl"], times["ctl_again"])}
     for name in times:
         line = dict(kind=kind, variant=name, workload=workload,
                     steps_per_sec=steps / measure.median(times[name]),
                     ratio_to_ctl=measure.ratio(times["ctl"], times[name]),
                     cpu_ratio_to_ctl=measure.ratio(cpu["ctl"], cpu[name]))
         if name in PIECES:
-            line.update(piece=PIECES[name][0], aa_ratio_to_ctl=aa)
+            line.update(piece=PIECES[name][0], **aa)
         measure.emit("ablation", **line, rounds=args.rounds, instances=args.instances,
                      calls_per_round=calls, order_seed=seed)
 
