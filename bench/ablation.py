@@ -11,7 +11,7 @@ Each piece is taken out from the bench's side, through ctl's public pieces:
 
 - `end_in_place` (evaluation): each finished eval iterator ends on the
   caller's path (`ended_in_place`) instead of on ctl's ender thread
-  (`end_off_path`, `ctl.core.trainer`).
+  (`end_off_path`, `ctl.core.loops`).
 - `write_after` (evaluation): the results written after the loop, eagerly: the
   same trainer and eval summaries behind a second Controller, whose evaluator
   takes no `summaries` (`EvaluatesWithoutSummaries`), so that it writes them
@@ -41,6 +41,7 @@ ablation`) on at least one workload.
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import sys
 
@@ -50,8 +51,8 @@ import tensorflow as tf
 import ctl
 from bench import loops, measure
 from bench.workloads import BenchTask
-from ctl.core import trainer as trainer_module
-from ctl.core.controller import Controller
+from ctl.core import loops as core_loops
+from ctl.core.controller import BetweenLoops, Controller, Summaries
 from ctl.core.summaries import SummaryManager
 
 STEPS_PER_LOOP = 100
@@ -82,7 +83,7 @@ class TogglingTrainer(ctl.Trainer):
         def three_calls(iterator, num_steps):
             reset()
             loop(iterator, num_steps)
-            self._last.train, end = read()
+            self._last_train.logs, end = read()
             return end
 
         return lambda iterator, num_steps: (three_calls if self.separate_calls else fused)(
@@ -117,7 +118,7 @@ def ended_in_place():
     """In the block, ctl ends each finished eval iterator where it drops it (on the caller's
     path): every ctl module's `end_off_path` is a no-op, whichever module the Trainer's
     evaluation calls it from."""
-    ender = trainer_module.end_off_path
+    ender = core_loops.end_off_path
     modules = [module for name, module in list(sys.modules.items())
                if name.startswith("ctl.") and getattr(module, "end_off_path", None) is ender]
     for module in modules:
@@ -164,7 +165,8 @@ def train_variants(workload: str):
             run_without.controller = controller
             return run_without
 
-        pieces = {"eager_summaries": without("summary_manager", eager),
+        pieces = {"eager_summaries": without(
+                      "summaries", dataclasses.replace(controller.summaries, train=eager)),
                   "separate_calls": without("separate_calls", True, controller.trainer)}
         for warm_up in pieces.values():  # Traces the three calls, makes the eager writer.
             warm_up(STEPS_PER_LOOP)
@@ -191,8 +193,9 @@ def eval_variants(workload: str):
         after = Controller(global_step=trainer.global_step,
                            evaluator=EvaluatesWithoutSummaries(trainer),
                            strategy=controller.strategy,
-                           eval_summary_manager=controller.eval_summary_manager,
-                           eval_actions=controller.eval_actions)
+                           summaries=Summaries(eval=controller.eval_summary_manager),
+                           between_loops=BetweenLoops(
+                               eval_actions=controller.between_loops.eval_actions))
 
         def end_in_place(steps):
             with ended_in_place():

@@ -56,10 +56,10 @@ def main():
         output = to_numpy(end.logs)
         t = lap("ctl: output to NumPy", t)
         step = end.step
-        for handler in controller.after_train_loop:
+        for handler in controller.between_loops.after_train_loop:
             end = handler(end)
             t = lap(f"ctl: after_train_loop {type(handler).__name__}", t)
-        for action in controller.train_actions:
+        for action in controller.between_loops.train_actions:
             action(output)
             name = type(getattr(action, "__self__", action)).__name__
             t = lap(f"ctl: train action {name}", t)

@@ -34,8 +34,8 @@ import tensorflow as tf
 import ctl
 from ctl import train_lib
 from ctl.core.checkpointing import CheckpointManager
-from ctl.core.controller import Controller
-from ctl.core.trainer import end_off_path as _end_off_path
+from ctl.core.controller import Checkpoints, Controller, Summaries
+from ctl.core.loops import end_off_path as _end_off_path
 from ctl.faults.preemption import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
@@ -212,11 +212,9 @@ def sibling_controller(controller: Controller, checkpoint_interval: int,
     return Controller(
         global_step=trainer.global_step, trainer=trainer, evaluator=controller.evaluator,
         strategy=controller.strategy, steps_per_loop=controller.steps_per_loop,
-        checkpoint_manager=manager, enable_async_checkpointing=async_checkpointing,
-        summary_manager=controller.summary_manager,
-        eval_summary_manager=controller.eval_summary_manager,
-        train_actions=controller.train_actions, eval_actions=controller.eval_actions,
-        stop=controller.stop, after_train_loop=controller.after_train_loop)
+        checkpoints=Checkpoints(manager, asynchronous=async_checkpointing),
+        summaries=Summaries(controller.summary_manager, controller.eval_summary_manager),
+        between_loops=controller.between_loops)
 
 
 def _watcher():

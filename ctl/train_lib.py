@@ -29,13 +29,14 @@ from ctl.comforts.progress import MetricsLog, read_metrics
 from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
-from ctl.core.controller import Controller
+from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.core.errors import UserError, require_choice
 from ctl.core.hooks import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import EvaluationStopped, Trainer
+from ctl.core.runner import EvaluationStopped
+from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
@@ -167,19 +168,16 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         evaluator=trainer if evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
-        checkpoint_manager=manager,
-        enable_async_checkpointing=schedule.async_checkpointing,
-        summary_interval=schedule.summary_interval,
-        summary_manager=SummaryManager(summary_dir if chief else None, trainer.global_step),
-        eval_summary_manager=SummaryManager(
-            eval_summary_dir if chief else None, trainer.global_step
-        ),
-        train_actions=train_actions,
-        eval_actions=eval_actions,
-        stop=hooks.run.stop,
-        after_train_loop=[faults] if faults else [],
-        on_checkpoint_end=hooks.actions("on_checkpoint_end"),
-        on_checkpoint_load=hooks.actions("on_checkpoint_load"),
+        checkpoints=Checkpoints(manager, asynchronous=schedule.async_checkpointing,
+                                on_end=hooks.actions("on_checkpoint_end"),
+                                on_load=hooks.actions("on_checkpoint_load")),
+        summaries=Summaries(
+            train=SummaryManager(summary_dir if chief else None, trainer.global_step),
+            eval=SummaryManager(eval_summary_dir if chief else None, trainer.global_step),
+            interval=schedule.summary_interval),
+        between_loops=BetweenLoops(after_train_loop=[faults] if faults else [],
+                                   train_actions=train_actions, eval_actions=eval_actions,
+                                   stop=hooks.run.stop),
     )
     hooks.run.step_fn = lambda: controller.step  # The controller owns the current step.
     return Built(trainer, controller, faults, hooks, eval_side)
@@ -194,6 +192,8 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
         checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
     )
     stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
+    stack.callback(controller.summary_manager.close)  # Object stores: their staging dirs go.
+    stack.callback(controller.eval_summary_manager.close)
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)

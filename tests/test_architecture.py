@@ -3,7 +3,9 @@
 
 The import-linter contracts live in pyproject.toml (`[tool.importlinter]`):
 entry points above the composition root, above the subsystems (sidecar,
-comforts, faults, cluster: independent of each other), above core; no cycles.
+comforts, faults, cluster: independent of each other), above core; inside core, the
+controller over the Trainer over its evaluation over its loop functions over the runner
+contract; no cycles.
 """
 
 import os

@@ -2,7 +2,9 @@
 staged locally and uploaded (ctl.core.checkpointing) on a real GCS API."""
 
 import os
+import sys
 import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -62,9 +64,119 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
     assert sorted(directory.checkpoints()) == [4, 5]  # max_to_keep, in the bucket.
     state = directory.checkpoint_state()
     assert state.latest == f"{gcs_dir}/ckpt-5" and state.all == [f"{gcs_dir}/ckpt-4", state.latest]
+    assert manager.checkpoints == state.all  # What the bucket keeps, not the staged copies.
     restored, _, restored_model = _manager(gcs_dir)
     assert restored.restore_or_initialize() == f"{gcs_dir}/ckpt-5"
     for mine, theirs in zip(model.weights, restored_model.weights):
         assert (mine.numpy() == theirs.numpy()).all()
     manager.close()
     assert not os.path.exists(manager._staging)
+
+
+def _pausing_in(code, at, pause):
+    """A trace function for `sys.settrace`: in frames running `code`, calls `pause()` before
+    the `at`-th bytecode instruction (0 first), so another thread runs right there."""
+    seen = [0]
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            if seen[0] == at:
+                pause()
+            seen[0] += 1
+        return local
+
+    def start(frame, event, arg):
+        if frame.f_code is code:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    return start
+
+
+def test_an_error_stored_while_check_runs_is_raised_by_the_next_wait():
+    # The uploads thread stores its error while the caller's thread is inside `check()`, at
+    # each instruction of `check()` in turn: it is raised then, or by the next `wait()`, never lost.
+    code = Uploads.check.__code__
+    at = 0
+    while True:
+        queue = Uploads("test-uploads")
+        gate = threading.Event()
+
+        def fail():
+            gate.wait()
+            raise tf.errors.UnavailableError(None, None, f"gs://b/x: upload {at} refused")
+
+        queue.submit(fail)
+
+        def pause():  # The upload fails now: the uploads thread has 50 ms to store its error.
+            gate.set()
+            threading.Event().wait(0.05)
+
+        previous = sys.gettrace()
+        sys.settrace(_pausing_in(code, at, pause))
+        try:
+            queue.check()
+            raised = False
+        except tf.errors.UnavailableError:
+            raised = True
+        finally:
+            sys.settrace(previous)
+        if not gate.is_set():  # `check()` ran fewer than `at` instructions: every point was tried.
+            gate.set()
+            with pytest.raises(tf.errors.UnavailableError):
+                queue.wait()
+            break
+        if not raised:
+            with pytest.raises(tf.errors.UnavailableError, match=f"upload {at} refused"):
+                queue.wait()
+        at += 1
+    assert at > 5  # `check()` was paused at each of its instructions.
+
+
+def _failed_upload(gcs, gcs_dir, local):
+    """An upload on the process's uploads thread that the store refuses (403, not retried),
+    run to its end: its error is waiting for the next submit, wait or check."""
+    gcs.inject_faults([{"status": 403, "methods": ["POST", "PUT"], "path_contains": "refused"}])
+    uploads().submit(tf.io.gfile.copy, local, f"{gcs_dir}/refused", True)
+    deadline = time.monotonic() + 60
+    while uploads().pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gcs.reset()
+
+
+def test_a_save_that_hears_of_an_earlier_failed_upload_keeps_its_upload_slot(gcs, gcs_dir, tmp_path):
+    local = tmp_path / "file"
+    local.write_text("x")
+    manager, step, _ = _manager(gcs_dir)
+    step.assign(1)
+    for _ in range(checkpointing.UPLOADS_IN_FLIGHT):  # More than enough to take every slot.
+        _failed_upload(gcs, gcs_dir, str(local))
+        with pytest.raises(tf.errors.PermissionDeniedError):
+            manager.save()
+    saved = []
+    saving = threading.Thread(target=lambda: saved.append(manager.save()), daemon=True)
+    saving.start()
+    saving.join(timeout=60)
+    assert saved == [f"{gcs_dir}/ckpt-1"]  # Not stuck waiting for a slot that was never freed.
+    manager.close()
+    assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
+
+
+def test_an_old_checkpoint_is_retired_index_first_and_a_failed_delete_is_a_warning(gcs, gcs_dir, caplog):
+    # The bucket refuses to delete ckpt-1's index (403, not retried) when ckpt-2 retires it.
+    gcs.inject_faults([{"status": 403, "methods": ["DELETE"], "path_contains": "ckpt-1.index"}])
+    manager, step, _ = _manager(gcs_dir, max_to_keep=1)
+    for number in (1, 2):
+        step.assign(number)
+        manager.save()
+    with caplog.at_level("WARNING", logger="ctl"):
+        manager.close()  # Waits for the uploads: the failed delete raises nothing.
+    gcs.reset()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"{gcs_dir}/ckpt-1" in warnings[0], warnings
+    names = tf.io.gfile.listdir(gcs_dir)
+    indexes = [n[:-len(".index")] for n in names if n.endswith(".index")]
+    for checkpoint in indexes:  # An index in the bucket always has its data there.
+        assert any(n.startswith(checkpoint + ".data-") for n in names), names
+    assert ModelDir(gcs_dir).checkpoint_state().all == [f"{gcs_dir}/ckpt-2"] == manager.checkpoints

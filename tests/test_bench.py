@@ -236,7 +236,7 @@ def test_ablation_eval_variants_take_out_their_piece_and_write_their_results(mon
         assert len(_steps_on_disk(summaries.summary_dir)) == before + 1, name  # On disk now,
         assert len(written) == (name == "write_after"), name  # eagerly after the loop or not.
     ended = []
-    monkeypatch.setattr("ctl.core.trainer.end_off_path", ended.append)
+    monkeypatch.setattr("ctl.core.loops.end_off_path", ended.append)
     evaluations["ctl"](3)
     assert len(ended) == 1  # The ender thread's, unless in place:
     evaluations["end_in_place"](3)

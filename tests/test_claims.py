@@ -1,4 +1,5 @@
-"""Claims without `flock`: the lease an object store gets, and directories published whole.
+"""Claims without `flock`: the lease an object store gets (and every sidecar's announcement),
+and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
 tf.io.gfile, as in `gs://`), with its timings shortened; tests/test_gcs_model_dir.py
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,6 +18,7 @@ import tensorflow as tf
 
 from ctl.core import claims
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
+from ctl.sidecar import announce
 from tests.cli import ROOT
 
 
@@ -112,6 +115,26 @@ def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_tha
         holder.wait(timeout=30)
 
 
+def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick, monkeypatch):
+    """The read-back after `SETTLE_SECONDS`: another taker's record written while this one
+    settles (both found none) wins; this one backs off and names it."""
+    monkeypatch.setattr(claims, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
+    path = str(tmp_path / "trainer.lock")
+    lease = claims.Lease(path, "trainer")
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(lease.try_acquire()))
+    taker.start()
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) and lease.token in open(path).read()):  # Written, settling.
+        assert taker.is_alive() and time.monotonic() < deadline, taken
+        time.sleep(0.01)
+    _foreign(path, time.time())  # The other taker's write, in the window.
+    taker.join(timeout=30)
+    assert taken == [False] and not lease.held
+    assert "pid 4242 on host elsewhere" in lease.holder()
+    assert json.loads(open(path).read())["token"] == "theirs"
+
+
 def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick):
     path = str(tmp_path / "eval_hooks.lock")
     lease = claims.Lease(path, "trainer")
@@ -124,6 +147,35 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
     finally:
         lease.release()
     assert os.path.exists(path)  # Not its record: left alone.
+
+
+def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
+    """The sidecar's announcement is a lease: live to a reader while its holder lives, gone
+    when released, and gone at once when its process (on this host) is killed."""
+    model_dir = str(tmp_path / "run")
+    assert announce.live_sidecar(model_dir) is None
+    with announce.Announcement(model_dir):
+        assert announce.live_sidecar(model_dir) is not None  # Its own process: held here.
+    assert announce.live_sidecar(model_dir) is None
+    assert not os.path.exists(announce.announcement_file(model_dir))  # Deleted at its end.
+
+    code = ("import time; from ctl.sidecar import announce; "
+            f"announcement = announce.Announcement({model_dir!r}).__enter__(); "
+            "print('announced', flush=True); time.sleep(120)")
+    sidecar = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert sidecar.stdout.readline().strip() == "announced"
+        assert f"pid {sidecar.pid} on host" in announce.live_sidecar(model_dir)
+        second = announce.Announcement(model_dir)
+        with second:
+            assert not second.lease.held  # One sidecar announced at a time.
+        assert announce.live_sidecar(model_dir) is not None  # The second left it alone.
+    finally:
+        sidecar.kill()
+        sidecar.wait(timeout=30)
+    assert os.path.exists(announce.announcement_file(model_dir))  # Left behind by the kill...
+    assert announce.live_sidecar(model_dir) is None  # ... and gone: no wait for staleness.
 
 
 def _saved_model_like(directory):

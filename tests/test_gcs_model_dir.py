@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -150,3 +151,71 @@ def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes
     assert [r["number"] for r in read_json_lines(ModelDir(model_dir).sidecar_metrics_file)] == [10, 20]
     assert listing(export) == ["10", "20"] and all(published(f"{export}/{s}") for s in ("10", "20"))
     assert "serving_default" in tf.saved_model.load(f"{export}/10").signatures
+
+
+def test_warm_start_early_stopping_hparams_and_a_profile_in_the_bucket(gcs_dir):
+    """One train_and_eval in the bucket, warm started from a checkpoint in the bucket, with
+    EarlyStopping, the HParams summary and a `ctl.hooks.Profile` trace: each reads or
+    writes its files there."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from tests.comfort_tasks import EncoderTask
+
+    pretrained = EncoderTask().build_model()
+    encoder = [np.full(w.shape, 0.25 + i, np.float32)
+               for i, w in enumerate(pretrained.get_layer("encoder").get_weights())]
+    pretrained.get_layer("encoder").set_weights(encoder)
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=pretrained), f"{gcs_dir}/pretrained",
+                               max_to_keep=1).save(checkpoint_number=10)
+    model_dir = f"{gcs_dir}/run"
+    run = run_ctl(
+        "--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+        "--gin.ctl.Experiment.task=@EncoderTask()", "--gin.RegressionTask.learning_rate=0.0",
+        "--gin.ctl.Schedule.train_steps=100",
+        "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart(), @ctl.hooks.EarlyStopping(), "
+        "@ctl.hooks.Profile()]",
+        f"--gin.ctl.hooks.WarmStart.init_checkpoint='{gcs_dir}/pretrained'",
+        "--gin.ctl.hooks.WarmStart.include=['encoder']",
+        # `examples` is 10 at every evaluation: no improvement after the first.
+        "--gin.ctl.hooks.EarlyStopping.metric='examples'",
+        "--gin.ctl.hooks.EarlyStopping.higher_is_better=True",
+        "--gin.ctl.hooks.EarlyStopping.patience=2",
+        "--gin.ctl.hooks.Profile.start_step=10", "--gin.ctl.hooks.Profile.num_steps=10",
+        timeout=WAIT_S)
+    assert run.returncode == 0, run.stderr[-3000:]
+    directory = ModelDir(model_dir)
+
+    # Warm start: the encoder came from the bucket's checkpoint (learning rate 0 keeps it).
+    assert "restored 2 of 2 chosen variables (include=['encoder'])" in run.stdout, run.stdout
+    assert sorted(directory.checkpoints()) == [30]
+    started = EncoderTask().build_model()
+    tf.train.Checkpoint(model=started).read(f"{model_dir}/ckpt-30").expect_partial()
+    for want, got in zip(encoder, started.get_layer("encoder").get_weights()):
+        np.testing.assert_array_equal(want, got)
+
+    # Early stopping: stopped after two evaluations without improvement, its record in the bucket.
+    assert "early stopping: examples has not improved" in run.stdout
+    assert read_json(directory.early_stopping_file) == {
+        "metric": "examples", "best": 10.0, "evaluations_without_improvement": 2, "step": 30}
+
+    # HParams: the operative values, read from the bucket with TensorBoard's own reader.
+    accumulator = event_accumulator.EventAccumulator(model_dir)
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    start = hparams_metadata.parse_session_start_info_plugin_data(
+        content[hparams_metadata.SESSION_START_INFO_TAG])
+    hparams = {name: getattr(value, value.WhichOneof("kind"))
+               for name, value in start.hparams.items()}
+    assert hparams["Experiment.task"] == "@EncoderTask()"
+    assert hparams["EarlyStopping.patience"] == 2 and hparams["Profile.start_step"] == 10
+
+    # The profile: one trace run under train/plugins/profile, with the train loop's ops in it.
+    [profile_run] = listing(f"{model_dir}/train/plugins/profile")
+    [trace] = tf.io.gfile.glob(f"{model_dir}/train/plugins/profile/{profile_run}/*.xplane.pb")
+    space = xplane_pb2.XSpace()
+    with tf.io.gfile.GFile(trace, "rb") as f:
+        space.ParseFromString(f.read())
+    names = {m.name for plane in space.planes for m in plane.event_metadata.values()}
+    assert any("loop_with_metrics" in name for name in names), sorted(names)[:50]

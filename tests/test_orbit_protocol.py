@@ -1,6 +1,7 @@
 """ctl and orbit's runner protocol, both ways (BUILD.md, "orbit"): ctl's Controller drives
 orbit's own `StandardTrainer`/`StandardEvaluator`; orbit's Controller drives ctl's Trainer
-through a three-line adapter (ctl's `train` returns a `TrainLoopEnd`, orbit's wants a dict)."""
+through a three-line adapter (ctl's `train` returns a `TrainLoopEnd`, orbit's wants a dict); and
+ctl's Controller's arguments: orbit's familiar ones, the rest in three groups, each named in its errors."""
 
 import keras
 import orbit
@@ -8,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core.controller import Controller
+from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
 from tests.cli import scalars
 from tests.tasks import RegressionTask, regression_data
@@ -77,8 +78,8 @@ def test_ctls_controller_drives_orbits_standard_trainer_and_evaluator(tmp_path):
     runner = PlainOrbitRunner()
     controller = Controller(
         global_step=runner.global_step, trainer=runner, evaluator=runner, steps_per_loop=10,
-        summary_manager=SummaryManager(str(tmp_path / "train"), runner.global_step),
-        eval_summary_manager=SummaryManager(str(tmp_path / "eval"), runner.global_step))
+        summaries=Summaries(train=SummaryManager(str(tmp_path / "train"), runner.global_step),
+                            eval=SummaryManager(str(tmp_path / "eval"), runner.global_step)))
     output = controller.train_and_evaluate(train_steps=30, eval_steps=-1, eval_interval=10)
     controller.flush_summaries()
     assert controller.step == int(runner.global_step.numpy()) == 30
@@ -98,3 +99,20 @@ def test_orbits_controller_drives_ctls_trainer_through_the_adapter(tmp_path):
     with pytest.raises(TypeError, match="TrainLoopEnd"):
         orbit.Controller(trainer=trainer, global_step=trainer.global_step,
                          steps_per_loop=10).train(40)
+
+
+def test_a_bad_controller_argument_names_itself_its_value_and_the_fix():
+    runner = PlainOrbitRunner()
+    given = dict(global_step=runner.global_step, trainer=runner, evaluator=runner)
+    with pytest.raises(ValueError, match=r"`steps_per_loop` \(0\) must be a positive integer"):
+        Controller(**given, steps_per_loop=0)
+    with pytest.raises(ValueError, match=r"`summaries.interval` \(15\) must be a positive "
+                                         r"multiple of `steps_per_loop` \(10\)"):
+        Controller(**given, steps_per_loop=10, summaries=Summaries(interval=15))
+    with pytest.raises(TypeError, match=r"`summaries` \(<ctl.core.summaries.SummaryManager .*\) "
+                                        r"must be a ctl.core.controller.Summaries; wrap it: "
+                                        r"summaries=Summaries\(...\)"):
+        Controller(**given, steps_per_loop=10, summaries=SummaryManager(None, runner.global_step))
+    with pytest.raises(ValueError, match=r"pass `checkpoints=Checkpoints\(manager=...\)` to "
+                                         r"Controller\(\) before calling save_checkpoint\(\)"):
+        Controller(**given, steps_per_loop=10).save_checkpoint()

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import ctl
 from ctl import train_lib
-from ctl.core.controller import Controller
+from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
 from tests.tasks import PredictionsTask, RegressionTask
 
@@ -299,7 +299,7 @@ class _OrbitEvaluator(orbit.StandardEvaluator):
 def test_another_orbit_evaluator_has_its_results_on_disk_when_evaluate_returns(tmp_path):
     global_step = tf.Variable(3, dtype=tf.int64)
     controller = Controller(global_step=global_step, evaluator=_OrbitEvaluator(),
-                            eval_summary_manager=SummaryManager(str(tmp_path), global_step))
+                            summaries=Summaries(eval=SummaryManager(str(tmp_path), global_step)))
     assert controller.evaluate(steps=5)["total"] == 45.0
     assert [(tag, step, value) for _, tag, step, value, *_ in _events(str(tmp_path))] == [
         ("total", 3, 45.0)]

@@ -157,7 +157,7 @@ class EndsSlowlyTask(RegressionTask):
 
 @pytest.mark.parametrize("use_tf_while_loop", [True, False], ids=["while_loop", "host_loop"])
 def test_an_evaluation_does_not_wait_for_its_input_pipeline_to_end(strategy, use_tf_while_loop):
-    """The finished eval iterator ends on another thread (`ctl.core.trainer.end_off_path`)."""
+    """The finished eval iterator ends on another thread (`ctl.core.loops.end_off_path`)."""
     release = threading.Event()
     trainer = Trainer(EndsSlowlyTask(release), strategy=strategy,
                       use_tf_while_loop=use_tf_while_loop)

@@ -1,9 +1,8 @@
 """Writes to an object store off the training thread: in order, on one thread of their own.
 
 A request to `gs://` takes tens of milliseconds, and a write is a whole upload
-(an object store cannot append), so a model dir in a bucket cost the main job
-12.8 times its local time when the loop waited for each write (issue 30; the
-bench figure in BUILD.md). Checkpoints (`ctl.core.checkpointing`), summaries
+(an object store cannot append): a loop that waited for each write would wait
+for the store several times a second. Checkpoints (`ctl.core.checkpointing`), summaries
 (`ctl.core.summaries`) and `metrics.jsonl` (`ctl.comforts.progress`) are
 written locally, or kept in memory, and their uploads are handed to the
 process's `Uploads`:
@@ -19,7 +18,8 @@ thread by the next `submit`, `wait` or `check`, so a failing store ends the
 run like a failing local disk. A run waits for its uploads before it ends, and before
 exit 75 after a signal; a SIGKILL loses the uploads still queued (the last
 checkpoint named in the bucket's state file is whole: its index and state
-file are uploaded after its data).
+file are uploaded after its data). What the store's latency still costs the
+main job is bench figure 9 (BUILD.md).
 
 On a file system nothing is handed here: writes are cheap and go to disk at once.
 """
@@ -61,7 +61,8 @@ class Uploads:
 
     def check(self) -> None:
         """Raises the error of an upload that failed since the last check (once)."""
-        error, self._error = self._error, None
+        with self._lock:  # The uploads thread may be storing one right now.
+            error, self._error = self._error, None
         if error is not None:
             raise error
 
@@ -71,8 +72,9 @@ class Uploads:
             try:
                 task()
             except BaseException as error:  # noqa: B902 - raised on the caller's thread.
-                if self._error is None:  # The first one is what the caller hears of.
-                    self._error = error
+                with self._lock:
+                    if self._error is None:  # The first one is what the caller hears of.
+                        self._error = error
             finally:
                 self._queue.task_done()
 

@@ -11,11 +11,11 @@ restarts, and checks on restore that every variable of the model and optimizer
 was found with its shape; a mismatch is a `UserError`, raised before anything
 is written.
 
-In an object store (`gs://`) a checkpoint written in place cost 4-5 s at 50 ms
-a request (TensorFlow writes its shards to a temporary directory and renames
-each: a copy and a delete there), against 0.8 s for writing it locally and
-uploading its two files (bench figure 9, BUILD.md). So there the manager saves
-to a local staging directory and hands the upload to `ctl.core.background`:
+In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
+temporary directory and renames each, a copy and a delete there, every
+request tens of milliseconds, all on the training thread. So there the
+manager saves to a local staging directory (`ctl.core.staging`) and hands the
+upload to `ctl.core.background`:
 the data files, then the index, then the `checkpoint` state file naming it,
 then the deletion of checkpoints beyond `max_to_keep`. A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
@@ -23,14 +23,13 @@ state file names it; `sync()` waits for the uploads.
 """
 
 import os
-import shutil
-import tempfile
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from ctl.core import console, staging
 from ctl.core.background import uploads
 from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
@@ -88,6 +87,7 @@ class CheckpointManager:
         self._uploading = threading.BoundedSemaphore(UPLOADS_IN_FLIGHT)
         self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
         self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
+        self._published: List[str] = []  # Uploads thread: what the state file names, replaced whole.
 
     @property
     def restore_directory(self) -> str:
@@ -99,7 +99,11 @@ class CheckpointManager:
         return self._interval
 
     @property
-    def checkpoints(self):
+    def checkpoints(self) -> List[str]:
+        """The checkpoints kept, oldest first; in an object store, those the bucket's state file
+        names once their upload is done (`sync()` waits for it)."""
+        if self._staging is not None:
+            return list(self._published)
         return self._manager.checkpoints if self._manager is not None else []
 
     def due(self, step: int) -> bool:
@@ -114,12 +118,18 @@ class CheckpointManager:
             # An asynchronous save still writing names its checkpoint in the state file
             # when it finishes: after this save's, which it would hide.
             self.sync(uploaded=False)  # Uploads keep their order (one FIFO thread).
+        if is_object_store(self.directory):
+            uploads().check()  # An earlier upload failed: raise it before staging another.
         path = self._tf_manager().save(checkpoint_number=step, options=options)
         if self._staging is not None:
             self._manager.sync()  # The local files are whole before they are uploaded.
             while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
-                uploads().check()  # A failed upload drops the rest: raise it, not wait.
-            uploads().submit(self._upload, path)
+                uploads().check()  # An upload failed meanwhile: raise it rather than wait on.
+            try:
+                uploads().submit(self._upload, path)
+            except BaseException:  # An upload failed since the check: `_upload` will not run.
+                self._uploading.release()
+                raise
             path = os.path.join(self.directory, os.path.basename(path))
         self._saved_step = step
         self.latest_checkpoint = self.last_saved_path = path
@@ -140,7 +150,7 @@ class CheckpointManager:
                 self._repair = None
             directory, kwargs = self.directory, self._manager_kwargs
             if is_object_store(self.directory):
-                directory = self._staging = tempfile.mkdtemp(prefix="ctl-checkpoints-")
+                directory = self._staging = staging.directory("checkpoints")
                 # Retention is the upload's (in the store): a staged checkpoint stays until
                 # it is uploaded, however many saves come before its turn.
                 kwargs = dict(kwargs, max_to_keep=None)
@@ -175,9 +185,10 @@ class CheckpointManager:
         path = os.path.join(self.directory, name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
-        kept = self._kept()
-        model_dir.write_checkpoint_state(Restored(path, keep=[self._remote[n] for n in kept]),
-                                         quiet=True, stamps=self._uploaded_at)
+        kept = [self._remote[n] for n in self._kept()]
+        model_dir.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
+                                         stamps=self._uploaded_at)
+        self._published = kept
         for file in files:  # Uploaded: the local copy is not needed any more.
             os.remove(os.path.join(self._staging, file))
 
@@ -186,18 +197,35 @@ class CheckpointManager:
         return newest[-self._max_to_keep:] if self._max_to_keep else newest
 
     def _retire(self) -> None:
-        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread)."""
+        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread).
+
+        Each one's index goes first: a reader never finds an index without its
+        data. A delete the store refuses is a warning, not the end of the run:
+        the checkpoint is no longer named by the state file, and one whose index
+        is left is retired again by the next run that saves there.
+        """
         kept = self._kept()
         for number in sorted(self._remote):
             if number not in kept:
-                for file in tf.io.gfile.glob(self._remote.pop(number) + ".*"):
-                    tf.io.gfile.remove(file)
+                path = self._remote.pop(number)
+                try:
+                    files = tf.io.gfile.glob(path + ".*")
+                    for file in sorted(files, key=lambda f: not f.endswith(".index")):
+                        tf.io.gfile.remove(file)
+                except tf.errors.NotFoundError:
+                    pass  # Deleted meanwhile: what was asked.
+                except tf.errors.OpError as error:
+                    console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
+                                    "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
-        """Waits for the uploads and removes the staging directory (object stores)."""
-        self.sync()
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        """Waits for the uploads and, in an object store, removes the staging directory (also
+        when an upload failed)."""
+        try:
+            self.sync()
+        finally:
+            if self._staging is not None:
+                staging.remove(self._staging)
 
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""

@@ -1,10 +1,15 @@
-"""Claims on a model dir: which process is the trainer, which runs the eval-side hooks.
+"""Claims on a model dir: which process is the trainer, which runs the eval-side hooks,
+whether a sidecar evaluator serves it.
 
     claim = claim_for(ModelDir(d).trainer_lock_file, "trainer", wait=True)
     if not claim.try_acquire():
         ...  # claim.holder() names the live process that has it
 
-Two kinds, one interface (`try_acquire`, `release`, `held`, `holder`, `holder_role`):
+Two kinds, one interface (`try_acquire`, `release`, `held`, `held_elsewhere`,
+`holder`, `holder_role`). A process that only asks whether someone live holds
+a claim calls `held_elsewhere()` and takes nothing: a trainer asks so of the
+sidecar evaluator's announcement, a `Lease` on every storage
+(`ctl.sidecar.announce`).
 
 - `FileLock`, on a file system (local disk, NFSv4): an exclusive `flock` on the
   claim's file. The kernel drops it when the holder ends, however it ends
@@ -174,6 +179,7 @@ class Lease:
             if not (self.wait and self._watch_until_stale(record)):
                 self._seen = record
                 return False
+        tf.io.gfile.makedirs(os.path.dirname(self.path))
         self._write()
         time.sleep(SETTLE_SECONDS)
         self._seen = self._read()

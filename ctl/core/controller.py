@@ -10,14 +10,19 @@ through `ctl.core.console` (one format, rate and ETA from steady-state loops),
 and it adds a stop request and checkpoint hooks: `train` also checks
 `stop.should_stop` after every train loop, and `train_and_evaluate` after every
 evaluation, so a stop request ends training at the next boundary, with a final
-checkpoint. Everything runs eagerly on the host.
+checkpoint. Everything runs eagerly on the host. Its constructor takes orbit's
+familiar arguments (`trainer`, `evaluator`, `global_step`, `strategy`,
+`steps_per_loop`) and the rest in three small groups: `Checkpoints` (the
+manager, asynchronous saves, the hooks that see a save or a restore),
+`Summaries` (where the loops' results go) and `BetweenLoops` (what runs after
+a loop, and the stop request).
 
 What happens after each train loop (`_train_n_steps`) costs no eager
 TensorFlow op: orbit's spends about 2 ms of host time there (global-step
 reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
 of a 100-step loop of a small model. ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
-(`ctl.core.trainer.TrainLoopEnd`), keeps the summaries for a flush at most
+(`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
 every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
 at most every 0.1 s and for the last loop of a stretch). Measured with
 `python -m bench.run --only train_throughput`.
@@ -44,9 +49,10 @@ all work from that step; nothing else keeps a copy that could go stale.
       save checkpoint                          # on_checkpoint_end(path)
 """
 
+import dataclasses
 import inspect
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -55,10 +61,50 @@ from ctl.core import console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
-from ctl.core.trainer import TrainLoopEnd, Trainer
+from ctl.core.evaluation import Evaluation
+from ctl.core.runner import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
 Action = Callable[[dict], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoints:
+    """The Controller's checkpoints: who saves and restores them, how, and who hears of it."""
+
+    manager: Optional[CheckpointManager] = None  # Or another manager with orbit's interface.
+    asynchronous: bool = False  # Saves written on a thread (`CheckpointOptions(enable_async=True)`)
+    on_end: Sequence[Callable[[str], None]] = ()  # Called with a save's path once it is complete,
+    on_load: Sequence[Callable[[str], None]] = ()  # and with a restored checkpoint's path.
+
+
+@dataclasses.dataclass(frozen=True)
+class Summaries:
+    """Where the Controller writes the loops' results (None: nowhere), and how often the train
+    step's own `tf.summary` calls record (`interval` steps, a multiple of `steps_per_loop`;
+    None: never)."""
+
+    train: Optional[SummaryManager] = None
+    eval: Optional[SummaryManager] = None
+    interval: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BetweenLoops:
+    """What the Controller runs on the host between loops, in this order, and the stop it heeds.
+
+    `after_train_loop`: functions from a loop's `TrainLoopEnd` to the end to go
+    on from (they may raise, or restore a checkpoint and return
+    `end._replace(step=..., restored=path)`); then the `train_actions`, with
+    the loop's results; `eval_actions` after each evaluation, with its results.
+    `stop` is checked after every train loop and evaluation (None: a
+    `StopRequest` of the Controller's own).
+    """
+
+    after_train_loop: Sequence[AfterTrainLoop] = ()
+    train_actions: Sequence[Action] = ()
+    eval_actions: Sequence[Action] = ()
+    stop: Optional[StopRequest] = None
 
 
 class Controller:
@@ -66,61 +112,69 @@ class Controller:
 
     def __init__(self, *, global_step: tf.Variable, trainer=None, evaluator=None,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 steps_per_loop: Optional[int] = None, checkpoint_manager=None,
-                 enable_async_checkpointing: bool = False,
-                 summary_interval: Optional[int] = None,
-                 summary_manager: Optional[SummaryManager] = None,
-                 eval_summary_manager: Optional[SummaryManager] = None,
-                 train_actions: Iterable[Action] = (), eval_actions: Iterable[Action] = (),
-                 stop: Optional[StopRequest] = None,
-                 after_train_loop: Iterable[AfterTrainLoop] = (),
-                 on_checkpoint_end: Iterable[Callable[[str], None]] = (),
-                 on_checkpoint_load: Iterable[Callable[[str], None]] = ()):
-        """Restores the latest checkpoint of `checkpoint_manager` (or initializes).
-
-        `after_train_loop`: functions from a loop's `TrainLoopEnd` to the end
-        to go on from, run in order before the train actions (they may raise,
-        or restore a checkpoint and return `end._replace(step=..., restored=path)`).
-        """
+                 steps_per_loop: Optional[int] = None,
+                 checkpoints: Checkpoints = Checkpoints(),
+                 summaries: Summaries = Summaries(),
+                 between_loops: BetweenLoops = BetweenLoops()):
+        """Restores the latest checkpoint of `checkpoints.manager` (or initializes)."""
         if trainer is None and evaluator is None:
             raise ValueError("`trainer` and `evaluator` should not both be None.")
         if trainer is not None and (isinstance(steps_per_loop, bool) or
                                     not isinstance(steps_per_loop, int) or steps_per_loop < 1):
             raise ValueError(f"`steps_per_loop` ({steps_per_loop}) must be a positive integer.")
-        if summary_interval is not None and (summary_interval < 1 or
-                                             summary_interval % (steps_per_loop or 1)):
-            raise ValueError(f"`summary_interval` ({summary_interval}) must be a positive "
+        for name, value, kind in (("checkpoints", checkpoints, Checkpoints),
+                                  ("summaries", summaries, Summaries),
+                                  ("between_loops", between_loops, BetweenLoops)):
+            if not isinstance(value, kind):
+                raise TypeError(f"`{name}` ({value!r}) must be a {kind.__module__}."
+                                f"{kind.__name__}; wrap it: {name}={kind.__name__}(...).")
+        interval = summaries.interval
+        if interval is not None and (interval < 1 or interval % (steps_per_loop or 1)):
+            raise ValueError(f"`summaries.interval` ({interval}) must be a positive "
                              f"multiple of `steps_per_loop` ({steps_per_loop}).")
         self.trainer = trainer
         self.evaluator = evaluator
         # ctl's Trainer writes an evaluation's results inside its loop's own call (a
         # subclass that overrides `evaluate` with orbit's signature gets the writer context).
-        self._evaluator_writes = isinstance(evaluator, Trainer) and (
+        self._evaluator_writes = isinstance(evaluator, Evaluation) and (
             "summaries" in inspect.signature(evaluator.evaluate).parameters)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.global_step = global_step
         self.steps_per_loop = steps_per_loop
-        self.summary_interval = summary_interval
-        self.checkpoint_manager = checkpoint_manager
-        self._save_options = tf.train.CheckpointOptions(enable_async=enable_async_checkpointing)
-        if enable_async_checkpointing and checkpoint_manager is not None:
+        # The groups, with their defaults filled in.
+        self.checkpoints = dataclasses.replace(checkpoints, on_end=tuple(checkpoints.on_end),
+                                               on_load=tuple(checkpoints.on_load))
+        self.summaries = dataclasses.replace(
+            summaries, train=summaries.train or SummaryManager(None, global_step),
+            eval=summaries.eval or SummaryManager(None, global_step))
+        self.between_loops = BetweenLoops(
+            tuple(between_loops.after_train_loop), tuple(between_loops.train_actions),
+            tuple(between_loops.eval_actions), between_loops.stop or StopRequest())
+        self._save_options = tf.train.CheckpointOptions(enable_async=checkpoints.asynchronous)
+        if checkpoints.asynchronous and checkpoints.manager is not None:
             compat.share_keras_cpu_twins(
-                tf.train.TrackableView(checkpoint_manager.checkpoint).descendants())
-        self.summary_manager = summary_manager or SummaryManager(None, global_step)
-        self.eval_summary_manager = eval_summary_manager or SummaryManager(None, global_step)
-        self.train_actions = tuple(train_actions)
-        self.eval_actions = tuple(eval_actions)
-        self.stop = stop or StopRequest()
-        self.after_train_loop = tuple(after_train_loop)
-        self._on_checkpoint_end = tuple(on_checkpoint_end)
-        self._on_checkpoint_load = tuple(on_checkpoint_load)
+                tf.train.TrackableView(checkpoints.manager.checkpoint).descendants())
         self._step: Optional[int] = None
         self._train_lines = console.TrainLines()  # Rate and ETA from steady-state loops.
         self._final_step = None  # What train_and_evaluate trains to, for the ETA.
         self._loop_sizes = {}  # num_steps -> its tensor, made once (an eager op a loop otherwise).
         tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
-        if checkpoint_manager is not None:
+        if checkpoints.manager is not None:
             self.restore_checkpoint()
+
+    # orbit's Controller's names for the managers.
+
+    @property
+    def checkpoint_manager(self) -> Optional[CheckpointManager]:
+        return self.checkpoints.manager
+
+    @property
+    def summary_manager(self) -> SummaryManager:
+        return self.summaries.train
+
+    @property
+    def eval_summary_manager(self) -> SummaryManager:
+        return self.summaries.eval
 
     @property
     def step(self) -> int:
@@ -155,7 +209,7 @@ class Controller:
     def _loaded(self, path: str) -> None:
         self._train_lines.restart()  # The next loop traces again.
         console.info("ckpt", "restored model from %s", path, step=self.step)
-        for action in self._on_checkpoint_load:
+        for action in self.checkpoints.on_load:
             action(path)
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
@@ -163,7 +217,7 @@ class Controller:
         current_step = self.step
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
-            while current_step < steps and not self.stop.should_stop:
+            while current_step < steps and not self.between_loops.stop.should_stop:
                 current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop),
                                                    stretch_end=steps)
                 if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
@@ -171,7 +225,7 @@ class Controller:
         except BaseException:
             self.flush_summaries()  # What led up to the error is on disk.
             raise
-        if checkpoint_at_completion or self.stop.should_stop:  # The end of training.
+        if checkpoint_at_completion or self.between_loops.stop.should_stop:  # The end of training.
             self.flush_summaries()
             self._save(check_interval=False)
             self._wait_for_checkpoints()
@@ -189,19 +243,20 @@ class Controller:
         """
         started = time.perf_counter()
         loop_size = self._loop_size(num_steps)
-        if self.summary_interval:  # For tf.summary calls inside the train step.
+        if self.summaries.interval:  # For tf.summary calls inside the train step.
             with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
-                    lambda: self.global_step % self.summary_interval == 0):
+                    lambda: self.global_step % self.summaries.interval == 0):
                 end = self.trainer.train(loop_size)
         else:
             end = self.trainer.train(loop_size)
         if not isinstance(end, TrainLoopEnd):  # Another orbit.AbstractTrainer: read the step.
             end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
         last_time, last_step = self._last_loop_end
-        if end.step != last_step + num_steps and not self.stop.should_stop and end.bad_step is None:
+        stop = self.between_loops.stop
+        if end.step != last_step + num_steps and not stop.should_stop and end.bad_step is None:
             console.warning("train", "trainer.train(%d) moved the global step from %d to %d.",
                             num_steps, last_step, end.step, step=end.step)
-        for handler in self.after_train_loop:
+        for handler in self.between_loops.after_train_loop:
             end = handler(end)
         self._step = end.step
         if end.restored:
@@ -210,13 +265,13 @@ class Controller:
         now = time.perf_counter()
         loop_seconds = now - started
         self._last_loop_end = (now, end.step)
-        for action in self.train_actions:
+        for action in self.between_loops.train_actions:
             action(output)
         steps_per_second = max(end.step - last_step, 0) / max(now - last_time, 1e-9)
         stretch_end = stretch_end or end.step
         self._train_lines.loop_end(end.step, max(self._final_step or 0, stretch_end), output,
                                    num_steps, loop_seconds,
-                                   last=end.step >= stretch_end or self.stop.should_stop)
+                                   last=end.step >= stretch_end or stop.should_stop)
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()
@@ -254,14 +309,14 @@ class Controller:
         on_a_multiple = bool(current_step and eval_interval and current_step % eval_interval == 0)
         if (at_the_end or on_a_multiple) and not skip_evaluation(current_step):
             output = self.evaluate(steps=eval_steps)
-        while current_step < train_steps and not self.stop.should_stop:
+        while current_step < train_steps and not self.between_loops.stop.should_stop:
             self.train(steps=next_evaluation(current_step, eval_interval, train_steps),
                        checkpoint_at_completion=False)
             current_step = self.step
             if not skip_evaluation(current_step):
                 output = self.evaluate(steps=eval_steps)
-        if self.stop.should_stop:
-            console.info("train", "stopped: %s", self.stop.reason, step=current_step)
+        if self.between_loops.stop.should_stop:
+            console.info("train", "stopped: %s", self.between_loops.stop.reason, step=current_step)
         self._save(check_interval=False)
         self._wait_for_checkpoints()
         return output
@@ -302,7 +357,7 @@ class Controller:
         # An async write ran beside the evaluation; actions may read the checkpoint's values
         # (an upload to an object store goes on meanwhile).
         self._wait_for_checkpoints(uploaded=False)
-        for action in self.eval_actions:
+        for action in self.between_loops.eval_actions:
             action(output)
         output.update(rate)
         console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed,
@@ -328,11 +383,11 @@ class Controller:
         saved = path is not None
         if saved:
             console.info("ckpt", "saved checkpoint to %s", path, step=self.step)
-        if saved and self._on_checkpoint_end:
+        if saved and self.checkpoints.on_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
             self._wait_for_checkpoints()
             path = self.checkpoint_manager.last_saved_path
-            for action in self._on_checkpoint_end:
+            for action in self.checkpoints.on_end:
                 action(path)
         return saved
 
@@ -346,8 +401,12 @@ class Controller:
 
     def _require(self, attribute: str, method: str) -> None:
         if getattr(self, attribute) is None:
-            raise ValueError(f"`{attribute}` is not set; pass it to Controller() before "
+            argument = _ARGUMENTS.get(attribute, f"`{attribute}`")
+            raise ValueError(f"`{attribute}` is not set; pass {argument} to Controller() before "
                              f"calling {method}().")
+
+
+_ARGUMENTS = {"checkpoint_manager": "`checkpoints=Checkpoints(manager=...)`"}
 
 
 def next_evaluation(step: int, interval: Optional[int], train_steps: int) -> int:

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from gin import config_parser
 
-from ctl.core.errors import UserError
+from ctl.core.errors import UserError, first_line
 
 GIN_FLAG_PREFIX = "--gin."
 _INCLUDE = re.compile(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$")
@@ -81,7 +81,7 @@ def _files(path: str, search_paths: Sequence[str], what: Optional[str] = None,
     try:
         text = _read(found).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read gin file {found} ({_first_line(error)}); pass a "
+        raise UserError(f"cannot read gin file {found} ({first_line(error)}); pass a "
                         "UTF-8 text file.") from error
     yield found, text
     for number, line in enumerate(text.splitlines(), 1):
@@ -155,8 +155,3 @@ def _gfile():
     import tensorflow as tf  # Only for a remote gin file.
 
     return tf.io.gfile
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

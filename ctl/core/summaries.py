@@ -34,17 +34,17 @@ exit covers its results. An evaluation's `steps_per_second`, timed on the
 host after the call, is kept for the next flush.
 
 In an object store (`gs://`), where a flush of an event file uploads the whole
-file again, the writers write to a local directory and each flush hands an
-upload of the files that grew to `ctl.core.background` (`mirror`): the loop
-never waits for the store, and the uploads land in the order of the flushes,
-before the checkpoint that follows them.
+file again, the writers write to a local directory (`ctl.core.staging`,
+removed by `close()`) and each flush hands an upload of the files that grew to
+`ctl.core.background` (`mirror`): the loop never waits for the store, and the
+uploads land in the order of the flushes, before the checkpoint that follows
+them.
 
 Everything else here runs eagerly, between loops.
 """
 
 import contextlib
 import os
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from ctl.core import staging
 from ctl.core.background import uploads
 from ctl.core.model_dir import is_object_store
 
@@ -72,7 +73,7 @@ class SummaryManager:
         self._pending: List[Tuple[str, int, Dict[str, float]]] = []  # (subdirectory, step, scalars)
         self._last_flush = clock()
         # In an object store: written here, uploaded by `mirror`.
-        self._local = (tempfile.mkdtemp(prefix="ctl-summaries-")
+        self._local = (staging.directory("summaries")
                        if self.enabled and is_object_store(summary_dir) else None)
         self._uploaded: Dict[str, int] = {}  # Local file -> the size uploaded (uploads thread).
         self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
@@ -146,6 +147,17 @@ class SummaryManager:
                 writer.flush()
         if flushed_on_exit is None:
             self.mirror()
+
+    def close(self) -> None:
+        """In an object store: flushes, waits for the uploads, then removes the local copy
+        (also when an upload failed). A no-op elsewhere."""
+        if self._local is None:
+            return
+        try:
+            self.flush_kept()
+            uploads().wait()
+        finally:
+            staging.remove(self._local)
 
     def mirror(self) -> None:
         """In an object store: queues the upload of what the writers flushed (a no-op elsewhere).

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl.core import checkpointing, console
-from ctl.core.trainer import TrainLoopEnd
+from ctl.core.runner import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
@@ -151,7 +151,7 @@ class FaultHandler:
         """Saves a checkpoint of `step` (unless there is one) and raises `Preempted`.
 
         After a train loop a signal ended, and after an evaluation it ended
-        (`ctl.core.trainer.EvaluationStopped`: its results are dropped).
+        (`ctl.core.runner.EvaluationStopped`: its results are dropped).
         """
         path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
         self.manager.sync()  # Written (and uploaded) before the exit names it.

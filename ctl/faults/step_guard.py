@@ -53,7 +53,7 @@ What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job
 
 import tensorflow as tf
 
-from ctl.core.trainer import NO_BAD_STEP
+from ctl.core.runner import NO_BAD_STEP
 
 # No Python control flow on tensors here: autograph need not convert it (tracing time).
 _plain = tf.autograph.experimental.do_not_convert
@@ -62,7 +62,7 @@ _plain = tf.autograph.experimental.do_not_convert
 class StepGuard:
     """Per-step stop conditions of the train loop (variables live on the host).
 
-    Implements the Trainer's extension point `ctl.core.trainer.StepGuard`.
+    Implements the Trainer's extension point `ctl.core.runner.StepGuard`.
     """
 
     def __init__(self, watcher, global_step: tf.Variable, cluster_wide: bool = False):

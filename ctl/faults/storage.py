@@ -22,8 +22,10 @@ What counts as a storage fault:
 - a `tf.errors.OpError` of a kind a file system or an object store raises
   (resource exhausted, permission denied, unavailable, aborted after retries,
   data loss, failed precondition, unknown, internal, deadline exceeded) whose
-  message names a path in the model dir. An out-of-memory error names no path:
-  it keeps its traceback, as every bug does.
+  message names a path in the model dir, or in the local staging root of a model
+  dir in an object store (`ctl.core.staging`: a full local disk there is a
+  storage fault too). An out-of-memory error names no path: it keeps its
+  traceback, as every bug does.
 """
 
 import dataclasses
@@ -33,6 +35,8 @@ import re
 from typing import Optional
 
 import tensorflow as tf
+
+from ctl.core import staging
 
 EXIT_STORAGE_FAULT = 74
 
@@ -81,21 +85,30 @@ def storage_fault_within(error: BaseException, model_dir: str) -> Optional[Stora
 
 def _as_storage_fault(error: BaseException, model_dir: str) -> Optional[StorageFault]:
     if isinstance(error, OSError) and error.errno in _REFUSING_ERRNOS:
-        return StorageFault(str(error.filename or model_dir), os.strerror(error.errno))
+        return StorageFault(_named(str(error.filename or model_dir)), os.strerror(error.errno))
     if isinstance(error, _STORAGE_OP_ERRORS) and model_dir:
         text = _NOISE.sub("", str(getattr(error, "message", "") or error)).strip()
-        path = _path_in(text, model_dir)
+        path = _path_in(text, model_dir) or _path_in(text, staging.current_root())
         if path is None:
             return None
         causes = _CAUSES.findall(text)
         cause = causes[-1] if causes else type(error).__name__
-        return StorageFault(path, cause)
+        return StorageFault(_named(path), cause)
     return None
 
 
-def _path_in(text: str, model_dir: str) -> Optional[str]:
-    """The first path under `model_dir` that `text` names, or None."""
-    root = model_dir.rstrip("/")
+def _named(path: str) -> str:
+    """`path`, said to be local staging if it is (a full /tmp, not the bucket)."""
+    if _path_in(path, staging.current_root()) is not None:
+        return f"{path} (local staging of an object-store model dir, under $TMPDIR or /tmp)"
+    return path
+
+
+def _path_in(text: str, directory: Optional[str]) -> Optional[str]:
+    """The first path under `directory` that `text` names, or None."""
+    if not directory:
+        return None
+    root = directory.rstrip("/")
     for token in re.split(r"[\s'\"]+", text):
         token = _TEMPSTATE.sub("", token.rstrip(";:,."))
         if token == root or token.startswith(root + "/"):

@@ -33,7 +33,6 @@ import contextlib
 import logging as std_logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -41,7 +40,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config, console, model_dir as files
+from ctl.core import config, console, model_dir as files, staging
 from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
@@ -169,15 +168,17 @@ class CheckpointEvaluator:
             return self._restore_from(number, path, path)
         # In an object store each read of the restore is a request: one copy of the files
         # to a local dir first (0.5-1 s against 2.5-3.3 s at 50 ms a request, bench figure 9).
-        with tempfile.TemporaryDirectory(prefix="ctl-sidecar-") as local:
+        local = staging.directory("restore")
+        try:
             try:
-                for remote in tf.io.gfile.glob(path + ".*"):
-                    tf.io.gfile.copy(remote, os.path.join(local, os.path.basename(remote)))
+                remotes = tf.io.gfile.glob(path + ".*")
             except tf.errors.OpError as error:
-                raise UnreadableCheckpointError(
-                    f"cannot read checkpoint {path} ({first_line(error)})",
-                    deleted=isinstance(error, tf.errors.NotFoundError)) from error
+                raise _unreadable(path, error) from error
+            for remote in remotes:
+                _download(remote, os.path.join(local, os.path.basename(remote)), path)
             return self._restore_from(number, path, os.path.join(local, os.path.basename(path)))
+        finally:
+            staging.remove(local)
 
     def _restore_from(self, number: int, path: str, readable: str) -> int:
         """Restores checkpoint `path`, read at `readable` (the same, or a local copy)."""
@@ -211,6 +212,49 @@ class CheckpointEvaluator:
         self._summaries.write_summaries(results)
         self._summaries.flush()
         uploads().wait()  # In the store before the evaluation's record (object stores).
+
+    def close(self) -> None:
+        """Removes the summaries' staging dir (object stores)."""
+        if self._summaries is not None:
+            self._summaries.close()
+
+
+_CHUNK_BYTES = 16 << 20
+
+
+def _download(remote: str, local: str, path: str) -> None:
+    """Copies `remote`, a file of checkpoint `path` in an object store, to the local file `local`.
+
+    A read the store refuses is the checkpoint's: `UnreadableCheckpointError`
+    (recorded, never evaluated). A write the local disk refuses (no space) is
+    the disk's: its `OSError`, naming `local`, ends the sidecar as a storage
+    fault (`python -m ctl.run`: one line, exit 74), and a restart evaluates it.
+    """
+    try:
+        with open(local, "wb") as target:
+            for chunk in _chunks(remote, path):
+                target.write(chunk)
+    except OSError as error:
+        if error.filename is None:  # A failed write names no file.
+            raise OSError(error.errno, error.strerror, local) from error
+        raise
+
+
+def _chunks(remote: str, path: str):
+    try:
+        with tf.io.gfile.GFile(remote, "rb") as source:
+            while True:
+                chunk = source.read(_CHUNK_BYTES)
+                if not chunk:
+                    return
+                yield chunk
+    except tf.errors.OpError as error:
+        raise _unreadable(path, error) from error
+
+
+def _unreadable(path: str, error: tf.errors.OpError) -> UnreadableCheckpointError:
+    return UnreadableCheckpointError(f"cannot read checkpoint {path} ({first_line(error)})",
+                                     deleted=isinstance(error, tf.errors.NotFoundError))
 
 
 # The loop.
@@ -254,7 +298,10 @@ def evaluate_continuously(
             return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
                           experiment.schedule.train_steps, signals)
     finally:
-        eval_end_hooks.release()
+        try:
+            evaluator.close()
+        finally:
+            eval_end_hooks.release()
 
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",

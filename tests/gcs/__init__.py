@@ -1,4 +1,24 @@
-"""A real GCS API for tests and benchmarks (see service.py; `python -m tests.gcs` by hand)."""
+"""A real GCS API for tests and benchmarks: gcp-storage-emulator behind mitmdump, on 127.0.0.1.
+
+mitmdump intercepts TLS for TensorFlow's fixed endpoints (`www.googleapis.com`,
+`storage.googleapis.com`) and answers every other host with a 502 itself (service.py).
+
+In the suite (tests/conftest.py): the session fixture `gcs` (one per test process) starts both
+on free ports, makes mitmproxy's CA in a fresh directory, and sets `HTTPS_PROXY`,
+`CURL_CA_BUNDLE`, `GOOGLE_AUTH_TOKEN_FOR_TESTING`, `NO_GCE_CHECK=true` (and `NO_PROXY` for
+127.0.0.1) in the test process, so the processes a test starts inherit them; `gcs_dir` is a
+fresh `gs://ctl-test/...` dir per test. `gcs.inject_faults` makes the proxy answer matching
+requests with an error status (e.g. 503 for uploads), `gcs.set_latency(ms)` adds a round trip,
+and `CTL_GCS_LATENCY_MS=50` adds one to the whole session.
+
+By hand: `python -m tests.gcs --latency_ms=50` prints the `export` lines to use and serves
+until Ctrl-C.
+
+What the glue fixes for TensorFlow's client (chunked uploads that also carry a Content-Length,
+empty `dir/` objects beside `dir/x`, resumable-upload `Location`s that must lead back through
+the proxy) is in emulator.py and proxy_addon.py; tests/test_gcs.py checks gfile, a checkpoint
+and `ctl.run --mode=train` there.
+"""
 
 from tests.gcs.service import GcsService
 

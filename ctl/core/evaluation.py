@@ -1,0 +1,292 @@
+"""`Evaluation`: the Trainer's side of orbit's evaluator protocol (`evaluate(num_steps)`).
+
+ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`,
+`eval_step`, `eval_reduce`, `eval_end`) are overridden on a Trainer subclass.
+One evaluation (`evaluate`) of each eval set, from the start of the set:
+
+    state = eval_begin()                    # eager: the aggregation state, or None
+    loop(iterator, num_steps):              # one tf.function call if it can be
+      reset eval loss and metrics
+      for _ in range(num_steps or until the eval set ends):
+        if eval_stop requested: break       # only with an eval_stop (ctl.faults.handler)
+        outputs = eval_step(iterator)
+          inputs = next_eval_inputs(iterator)
+          strategy.run(task.validation_step, inputs)
+          strategy.gather(extra logs)       # from every replica of every worker
+        state = eval_reduce(state, outputs) # eager; only if the task aggregates
+                                            # (ctl.core.aggregation)
+      read eval loss and metrics
+      write them to the eval summaries      # only with Controller.evaluate's summaries:
+                                            # tf.summary ops and a flush in the same call
+    if eval_stop requested: raise EvaluationStopped   # incomplete: nothing written
+    return eval_end(state)                  # eager: {loss, metrics, task results}
+                                            # (the iterator ends on a thread of its own:
+                                            # ctl.core.loops.end_off_path)
+
+The loop is one `tf.function` call (`ctl.core.loops.graph_eval_loop`) for a
+fixed number of steps with `use_tf_while_loop`; evaluations over the whole
+eval set, with Keras batch callbacks, or of tasks that aggregate logs on the
+host use the host loop.
+
+The first dimension of every input tensor is the batch: the eval loss is a mean
+over examples, weighted by batch size. Metrics are read across all replicas of
+all workers, and the extra logs of `validation_step` are gathered from all of
+them, so that every worker computes the same results over the whole eval set.
+"""
+
+import contextlib
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import numpy as np
+import orbit
+import tensorflow as tf
+
+from ctl.core import loops
+from ctl.core.loops import plain
+from ctl.core.runner import EvalStop, EvaluationStopped, Logs
+from ctl.core.summaries import SummaryManager
+
+
+class _EvalWriting(NamedTuple):
+    """Where an evaluation's results go (`Trainer.evaluate(summaries=, step=)`)."""
+
+    summaries: SummaryManager
+    step: int
+    step_tensor: tf.Tensor  # The same, int64, for the writing loop's calls.
+
+
+class _WritingEvalLoop:
+    """An eval loop's `tf.function` that writes its results, and the names it writes (traced)."""
+
+    def __init__(self):
+        self.function = None
+        self.written: List[str] = []
+
+
+class Evaluation(orbit.AbstractEvaluator):
+    """Evaluates what a Trainer built, every eval set in turn; the eval hooks a subclass overrides.
+
+    The Trainer builds what is evaluated and sets it before the first
+    evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or
+    None), `eval_loss`, `eval_metrics` and `eval_sets` (`{name: distributed
+    dataset}`, `{None: dataset}` for the one unnamed set).
+    """
+
+    def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool):
+        """`aggregations`: the task's (`ctl.core.aggregation.of_task`); the loop settings are the
+        Trainer's, for its train loops as well."""
+        self._use_tf_function = use_tf_function
+        self._use_tf_while_loop = use_tf_while_loop
+        self.aggregations = aggregations  # Host aggregation of eval outputs.
+        self._aggregates = bool(aggregations)
+        self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
+        self._last_eval = loops.LastResults()  # For eval_end.
+        self._graph_eval_loop = None  # Built on first use.
+        self._writing_eval_loops = {}  # The same, writing its results: per summaries and set.
+        self._host_eval_parts = None
+        # Set by ctl.faults.handler: ends an evaluation on a signal (`evaluate` then raises
+        # EvaluationStopped).
+        self.eval_stop: Optional[EvalStop] = None
+
+    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=(),
+                 summaries: Optional[SummaryManager] = None, step: Optional[int] = None) -> Logs:
+        """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
+
+        Returns the logs of the one unnamed set, or `{name: logs}` for the
+        named sets of `Task.eval_datasets()`, each evaluated in turn from its
+        start (in-line and on the sidecar alike). A fixed number of steps
+        runs as one `tf.function` call that also resets and reads the metrics
+        (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
+        see `on_test_begin`/`on_test_end` around each set and
+        `on_test_batch_begin/end` around each step of a host loop.
+
+        `summaries` (ctl's Controller passes its eval summaries): the results
+        are written there at `step`, a named set's in its subdirectory, and
+        are on disk when this returns, and its writer is the default for the
+        eval steps' own `tf.summary` calls. The one-call loop writes them and
+        flushes as ops of that call (no eager TensorFlow op after it); what it
+        cannot write (a task's aggregations, a value that is no scalar) and a
+        host loop's results are written eagerly after.
+        """
+        if not self.eval_sets:
+            raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
+        if self.ema is not None:
+            self.ema.follow_weights_if_unstarted()
+        writing = None
+        if summaries is not None and summaries.enabled:
+            step = int(self.global_step.numpy()) if step is None else step
+            writing = _EvalWriting(summaries, step, tf.constant(step, tf.int64))
+            kept = summaries.kept
+        if list(self.eval_sets) == [None]:
+            logs = self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks, writing)
+        else:
+            logs = {name: self.evaluate_set(dataset, num_steps, batch_callbacks, writing, name)
+                    for name, dataset in self.eval_sets.items()}
+        if writing is not None and summaries.kept > kept:  # Results the loop could not write.
+            summaries.flush()
+        return logs
+
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=(),
+                     writing: Optional[_EvalWriting] = None, name: Optional[str] = None) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset` (set `name`).
+
+        `writing`: where its results go (`evaluate`); those it leaves are kept in its summaries.
+        """
+        self.eval_dataset = dataset
+        for callback in batch_callbacks:
+            callback.on_test_begin()
+        logs, written = self._evaluate_dataset(num_steps, batch_callbacks, writing, name or "")
+        if self.eval_stop is not None and self.eval_stop.requested():  # Incomplete: dropped.
+            raise EvaluationStopped("the evaluation was stopped before its end")
+        if writing is not None:
+            rest = {key: value for key, value in logs.items() if key not in written}
+            if rest:
+                writing.summaries.write_summaries({name: rest} if name else rest, writing.step)
+        for callback in batch_callbacks:
+            callback.on_test_end(_python_logs(logs))
+        return logs
+
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks,
+                          writing: Optional[_EvalWriting], set_path: str):
+        """The set's logs, and the names of those its loop wrote to `writing` (in the graph)."""
+        state = self.eval_begin()
+        iterator = tf.nest.map_structure(iter, self.eval_dataset)
+        steps = int(num_steps)
+        written = ()
+        if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
+            if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
+                num_steps = tf.constant(steps, tf.int32)
+            if writing is None:
+                if self._graph_eval_loop is None:
+                    self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+                self._last_eval.logs = self._graph_eval_loop(iterator, num_steps)
+            else:
+                loop = self._writing_eval_loop(writing.summaries, set_path)
+                self._last_eval.logs = loop.function(iterator, num_steps, writing.step_tensor)
+                written = loop.written
+        else:
+            if self._host_eval_parts is None:
+                self._host_eval_parts = tuple(
+                    tf.function(fn) if self._use_tf_function else fn
+                    for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
+            step_fn, reset, read = self._host_eval_parts
+            # The eval steps' own summaries go to the eval summaries, flushed at the end.
+            with (writing.summaries.summary_writer().as_default() if writing is not None
+                  else contextlib.nullcontext()):
+                reset()
+                loop = orbit.utils.create_loop_fn(loops.stoppable(
+                    loops.with_batch_callbacks(step_fn, batch_callbacks), self.eval_stop))
+                state = loop(iterator, steps, state=state,
+                             reduce_fn=self.eval_reduce if state is not None else None)
+                self._last_eval.logs = read()
+        loops.end_off_path(iterator)
+        del iterator
+        logs = self.eval_end(state) if state is not None else self.eval_end()
+        # Written by the loop, unless eval_end put another value in its place.
+        return logs, [key for key in written if logs.get(key) is self._last_eval.logs[key]]
+
+    def _writing_eval_loop(self, summaries: SummaryManager, set_path: str) -> _WritingEvalLoop:
+        """The one-call eval loop that also writes its results to `summaries` (`set_path`)."""
+        key = f"{id(summaries)}/{set_path}"  # (A string: the Trainer tracks its attributes.)
+        loop = self._writing_eval_loops.get(key)
+        if loop is None:
+            loop = _WritingEvalLoop()
+
+            def loop_and_write(iterator, num_steps, step):
+                # The eval steps' own tf.summary calls go to the root writer; its context's
+                # exit flushes it, and write_in_graph flushes the set's: ops of this call.
+                with summaries.summary_writer().as_default():
+                    results = self._eval_loop_with_metrics(iterator, num_steps)
+                    # A stopped evaluation's results are incomplete: not written. (Read
+                    # after the loop: a read need not wait for the loop's reads otherwise.)
+                    record = True
+                    if self.eval_stop is not None:
+                        with tf.control_dependencies(tf.nest.flatten(results)):
+                            record = tf.logical_not(self.eval_stop.stop_requested.read_value())
+                    loop.written = summaries.write_in_graph(results, step, set_path, record)
+                return results
+
+            loop.function = tf.function(loop_and_write)
+            self._writing_eval_loops[key] = loop
+        return loop
+
+    def _eval_loop_with_metrics(self, iterator, num_steps):
+        self._reset_eval_metrics()
+        loops.graph_eval_loop(self.eval_step, self.eval_stop)(iterator, num_steps)
+        return self._eval_results()
+
+    @plain
+    def _reset_eval_metrics(self) -> None:
+        for metric in [self.eval_loss, *self.eval_metrics]:
+            metric.reset_state()
+
+    @plain
+    def _eval_results(self) -> Logs:
+        return loops.metric_results([self.eval_loss, *self.eval_metrics])
+
+    def eval_begin(self):
+        """Returns the state `eval_reduce` accumulates, or None (eager)."""
+        if not self._aggregates:
+            return None
+        # A non-None state makes the loop call eval_reduce after each step.
+        return [each.start() for each in self.aggregations]
+
+    @plain
+    def next_eval_inputs(self, iterator):
+        """Returns the next inputs for the model; runs inside `tf.function`."""
+        return next(iterator)
+
+    def eval_step(self, iterator):
+        def step_fn(inputs):
+            logs = dict(
+                self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
+            )
+            # Weigh each batch by its size, so that the remainder batch (and the
+            # empty batch a replica gets when the eval set runs out) count right.
+            examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
+            loss = logs.pop("loss")
+            loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
+            self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
+            if not self._aggregates:
+                return {}
+            return {name: self._with_size(name, value) for name, value in logs.items()}
+
+        outputs = self.strategy.run(step_fn, args=(self.next_eval_inputs(iterator),))
+        # Concatenated over all replicas of all workers, with each replica's size.
+        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)
+
+    def _with_size(self, name, value):
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank == 0:
+            self._scalar_logs.add(name)
+            value = value[tf.newaxis]
+        return value, tf.shape(value)[:1]
+
+    def eval_reduce(self, state=None, step_outputs=None):
+        if state is None:  # The task aggregates nothing.
+            return None
+        step_logs = {}
+        for name, (values, sizes) in step_outputs.items():
+            per_replica = np.split(values.numpy(), np.cumsum(sizes.numpy())[:-1])
+            if name in self._scalar_logs:
+                per_replica = [value[0] for value in per_replica]
+            step_logs[name] = per_replica
+        return [each.update(s, step_logs) for each, s in zip(self.aggregations, state)]
+
+    def eval_end(self, aggregated_logs=None) -> Logs:
+        """The eval loss and metrics, and the results of the task's aggregations."""
+        logs = dict(self._last_eval.logs)
+        if aggregated_logs is not None:
+            step = int(self.global_step.numpy())
+            for each, state in zip(self.aggregations, aggregated_logs):
+                logs.update(each.results(state, step))
+        return logs
+
+
+def _python_logs(logs) -> Logs:
+    """`logs` as Keras callbacks take them: Python numbers (lists for non-scalars)."""
+    values: Dict[str, Any] = {}
+    for name, value in logs.items():
+        array = np.asarray(value)
+        values[name] = array.item() if array.ndim == 0 else array.tolist()
+    return values
