@@ -12,11 +12,6 @@ Each piece is taken out from the bench's side, through ctl's public pieces:
 - `end_in_place` (evaluation): each finished eval iterator ends on the
   caller's path (`ended_in_place`) instead of on ctl's ender thread
   (`end_off_path`, `ctl.core.loops`).
-- `write_after` (evaluation): the results written after the loop, eagerly: the
-  same trainer and eval summaries behind a second Controller, whose evaluator
-  takes no `summaries` (`EvaluatesWithoutSummaries`), so that it writes them
-  as for any orbit evaluator (`SummaryManager.writing()`: the kept rows, one
-  flush) instead of ctl's Trainer in its loop's own call.
 - `eager_summaries` (training): each loop's results written as it ends with
   `tf.summary.scalar` under the writer, which flushes (`EagerSummaries`, orbit's
   way with one flush a loop instead of orbit's one a value) instead of kept on
@@ -52,14 +47,12 @@ import ctl
 from bench import loops, measure
 from bench.workloads import BenchTask
 from ctl.core import loops as core_loops
-from ctl.core.controller import BetweenLoops, Controller, Summaries
 from ctl.core.summaries import SummaryManager
 
 STEPS_PER_LOOP = 100
 
 PIECES = {  # variant -> (the piece it takes out, the comparison it is in)
     "end_in_place": ("eval iterators ended off the path (ender thread)", "eval"),
-    "write_after": ("eval results written in the loop's own call", "eval"),
     "eager_summaries": ("train summaries kept on the host, written every 5 s in one call", "train"),
     "separate_calls": ("metric reset, loop and read (with the end step) in one call", "train"),
 }
@@ -88,17 +81,6 @@ class TogglingTrainer(ctl.Trainer):
 
         return lambda iterator, num_steps: (three_calls if self.separate_calls else fused)(
             iterator, num_steps)
-
-
-class EvaluatesWithoutSummaries(orbit.AbstractEvaluator):
-    """A ctl Trainer's evaluation behind orbit's plain `evaluate(num_steps)`: a Controller
-    writes its results after the loop (`SummaryManager.writing()`), as for any orbit evaluator."""
-
-    def __init__(self, trainer: ctl.Trainer):
-        self.trainer = trainer
-
-    def evaluate(self, num_steps):
-        return self.trainer.evaluate(num_steps)
 
 
 class EagerSummaries(SummaryManager):
@@ -180,7 +162,7 @@ def eval_variants(workload: str):
     and the same build without each piece; `ctl_b`: a second build of ctl."""
 
     def build(pieces=True):
-        trainer, controller = loops.ctl_controller(BenchTask(workload), mode="eval")
+        _, controller = loops.ctl_controller(BenchTask(workload), mode="eval")
 
         def evaluate(steps):
             return controller.evaluate(steps=steps)
@@ -189,26 +171,13 @@ def eval_variants(workload: str):
         evaluate.controller = controller
         if not pieces:
             return {"ctl_b": evaluate}
-        # The same trainer and summaries, behind a Controller that writes after the loop.
-        after = Controller(global_step=trainer.global_step,
-                           evaluator=EvaluatesWithoutSummaries(trainer),
-                           strategy=controller.strategy,
-                           summaries=Summaries(eval=controller.eval_summary_manager),
-                           between_loops=BetweenLoops(
-                               eval_actions=controller.between_loops.eval_actions))
 
         def end_in_place(steps):
             with ended_in_place():
                 return controller.evaluate(steps=steps)
 
-        def write_after(steps):
-            return after.evaluate(steps=steps)
-
-        write_after(10)
         end_in_place.controller = controller
-        write_after.controller = after
-        return {"ctl": evaluate, "ctl_again": evaluate,
-                "end_in_place": end_in_place, "write_after": write_after}
+        return {"ctl": evaluate, "ctl_again": evaluate, "end_in_place": end_in_place}
 
     return {"ctl": build, "ctl_b": functools.partial(build, pieces=False)}
 

@@ -25,13 +25,12 @@ a checkpoint's steps always have their summaries on disk. A value that is
 not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects
 it as orbit's would.
 
-An evaluation's results are on disk when it returns, written by the eval
-loop's own `tf.function` call: ctl's Trainer calls `write_in_graph` there
-(`tf.summary.write` and a flush, ops of that call), so no eager op follows
-the loop; what the loop cannot write is kept and flushed at once. Another
-orbit evaluator runs in `writing()`, the writer's context, whose flush on
-exit covers its results. An evaluation's `steps_per_second`, timed on the
-host after the call, is kept for the next flush.
+An evaluation's results are on disk when it returns: the Controller runs it
+in `writing()`, the writer's context (the default writer of the eval steps'
+own `tf.summary` calls), keeps its results, and the context's end writes them
+with one call whose flush covers the steps' summaries too. An evaluation's
+`steps_per_second`, timed on the host after the loop, is kept for the next
+flush.
 
 In an object store (`gs://`), where a flush of an event file uploads the whole
 file again, the writers write to a local directory (`ctl.core.staging`,
@@ -127,12 +126,14 @@ class SummaryManager:
             yield
             return
         root = self.summary_writer()
-        with root.as_default():  # Flushes on exit.
-            try:
-                yield
-            finally:
-                self._write_kept(flushed_on_exit="")
-        self.mirror()
+        try:
+            with root.as_default():  # Flushes on exit.
+                try:
+                    yield
+                finally:
+                    self._write_kept(flushed_on_exit="")
+        finally:
+            self.mirror()  # Also after an error: what was flushed is uploaded.
 
     def _write_kept(self, flushed_on_exit: Optional[str]) -> None:
         """Writes the kept rows, one call per writer that has some (which flushes it), and
@@ -162,8 +163,7 @@ class SummaryManager:
     def mirror(self) -> None:
         """In an object store: queues the upload of what the writers flushed (a no-op elsewhere).
 
-        Called after each flush of `flush()`, and by whoever flushed a writer
-        otherwise (an evaluation's in-graph write, the end of `writing()`).
+        Called after each flush of `flush()` and at the end of `writing()`.
         """
         if self._local is not None and not self._mirror_queued:
             self._mirror_queued = True
@@ -191,24 +191,6 @@ class SummaryManager:
         """`flush()` if `write_summaries` kept anything since the last one (no eager op otherwise)."""
         if self._pending:
             self.flush()
-
-    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "",
-                       record=True) -> List[str]:
-        """Inside a `tf.function`: writes the values of `values` that `in_graph()` takes, at `step`
-        (an int64 tensor), to the writer of `relative_path`, then flushes it: ops of the function.
-        `record` (a bool tensor) False writes nothing.
-
-        Returns the names it wrote. What lands on disk is what `write_summaries`
-        and `flush` write (float32 scalars, the scalar plugin's metadata). The
-        other values are the caller's to keep with `write_summaries`.
-        """
-        if not self.enabled:
-            return []
-        written = [name for name, value in values.items() if in_graph(value)]
-        with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(record):
-            for name in written:  # The context's exit flushes, in the graph.
-                tf.summary.write(name, tf.cast(values[name], tf.float32), metadata=_SCALAR_METADATA)
-        return written
 
     def flush_if_due(self) -> None:
         """Flushes if the last flush is `FLUSH_SECONDS` old."""
@@ -246,13 +228,6 @@ def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, 
         else:
             found.setdefault(relative_path, {})[name] = value
     return found
-
-
-def in_graph(value) -> bool:
-    """Whether `write_in_graph` writes `value`: a real or integer scalar tensor (the rest goes
-    through `write_summaries`, which says what is wrong with a value that is no scalar)."""
-    return (tf.is_tensor(value) and value.shape.rank == 0
-            and (value.dtype.is_floating or value.dtype.is_integer))
 
 
 def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:
