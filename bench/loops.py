@@ -173,17 +173,19 @@ def orbit_train(task: BenchTask, steps_per_loop: int):
     trainer = _OrbitTrainer(task)
     controller = orbit.Controller(
         trainer=trainer, global_step=trainer.global_step, steps_per_loop=steps_per_loop)
-    return _driver(controller, steps_per_loop)
+    return drive(controller, steps_per_loop)
 
 
 def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
-                   trainer_options=None, fault_tolerance=None, **schedule):
-    """ctl's trainer and controller for `task`, as `ctl.run` builds them."""
+                   trainer_options=None, fault_tolerance=None, trainer_cls=None, **schedule):
+    """ctl's trainer and controller for `task`, as `ctl.run` builds them (`trainer_cls`: a
+    subclass of `ctl.Trainer` in its place, as `ctl.Experiment.trainer_cls` would name it)."""
     schedule.setdefault("checkpoint_interval", NEVER)
-    trainer_cls = ctl.Trainer
+    base = trainer_cls or ctl.Trainer
+    trainer_cls = base
     if trainer_options:  # As gin's `ctl.Trainer.<option> = ...` would bind them.
-        trainer_cls = type("BenchTrainer", (ctl.Trainer,), {
-            "__init__": functools.partialmethod(ctl.Trainer.__init__, **trainer_options)})
+        trainer_cls = type("BenchTrainer", (base,), {
+            "__init__": functools.partialmethod(base.__init__, **trainer_options)})
     experiment = ctl.Experiment(task=task, schedule=ctl.Schedule(train_steps=NEVER, **schedule),
                                 trainer_cls=trainer_cls,
                                 fault_tolerance=fault_tolerance or ctl.FaultTolerance())
@@ -240,7 +242,7 @@ def ctl_train(task: BenchTask, steps_per_loop: int, stop_check: str = "step", **
     _, controller = ctl_controller(task, steps_per_loop=steps_per_loop,
                                    trainer_options=trainer_options,
                                    fault_tolerance=ctl.FaultTolerance(stop_check=stop_check))
-    return _driver(controller, steps_per_loop)
+    return drive(controller, steps_per_loop)
 
 
 def ctl_eval(task: BenchTask):
@@ -268,7 +270,7 @@ def ctl_eval_and_twin(task: BenchTask):
     return evaluate, twin, in_place, trainer.eval_model
 
 
-def _driver(controller, steps_per_loop):
+def drive(controller, steps_per_loop):
     """`run(num_steps)`: `controller.train` to `num_steps` past the step it is at.
 
     ctl's Controller keeps that step on the host (`step`); an eager read of the

@@ -50,7 +50,6 @@ all work from that step; nothing else keeps a copy that could go stale.
 """
 
 import dataclasses
-import inspect
 import time
 from typing import Callable, Optional, Sequence
 
@@ -61,7 +60,6 @@ from ctl.core import console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.hooks import StopRequest
 from ctl.core.summaries import SummaryManager
-from ctl.core.evaluation import Evaluation
 from ctl.core.runner import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
@@ -134,10 +132,6 @@ class Controller:
                              f"multiple of `steps_per_loop` ({steps_per_loop}).")
         self.trainer = trainer
         self.evaluator = evaluator
-        # ctl's Trainer writes an evaluation's results inside its loop's own call (a
-        # subclass that overrides `evaluate` with orbit's signature gets the writer context).
-        self._evaluator_writes = isinstance(evaluator, Evaluation) and (
-            "summaries" in inspect.signature(evaluator.evaluate).parameters)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.global_step = global_step
         self.steps_per_loop = steps_per_loop
@@ -325,13 +319,12 @@ class Controller:
         """Runs one evaluation of `steps` batches (-1: the whole eval set); returns NumPy results.
 
         orbit's, with the same lines and summaries, and the host work after
-        the loop cut as in `_train_n_steps`. The results are on disk when this
-        returns: ctl's Trainer writes and flushes them inside its loop's own
-        call when the evaluation is that one call (a fixed number of steps, no
-        host aggregation), so that no eager op follows the loop, and eagerly
-        after a host loop (`ctl.core.summaries`). `steps_per_second` is kept
-        for the next flush (after a train loop, at a checkpoint, at the end:
-        `flush_summaries`).
+        the loop cut as in `_train_n_steps`. The eval summaries' writer is the
+        default for the evaluation (the eval steps' own `tf.summary` calls);
+        the results are kept and written with one call and one flush as that
+        context ends (`SummaryManager.writing()`), so they are on disk when
+        this returns. `steps_per_second` is kept for the next flush (after a
+        train loop, at a checkpoint, at the end: `flush_summaries`).
         """
         self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
@@ -339,17 +332,11 @@ class Controller:
         step = self.step
         summaries = self.eval_summary_manager
         start = time.perf_counter()
-        if self._evaluator_writes:
-            output = self.evaluator.evaluate(self._loop_size(steps), summaries=summaries, step=step)
+        with summaries.writing():  # The default for the eval steps; flushed at its end.
+            output = self.evaluator.evaluate(self._loop_size(steps))
             elapsed = time.perf_counter() - start
-            summaries.mirror()  # Written and flushed in the loop's call.
             output = to_numpy(output or {})
-        else:
-            with summaries.writing():  # The default for the eval steps; flushed at its end.
-                output = self.evaluator.evaluate(self._loop_size(steps))
-                elapsed = time.perf_counter() - start
-                output = to_numpy(output or {})
-                summaries.write_summaries(output, step=step)
+            summaries.write_summaries(output, step=step)
         # The results are on disk now; the rate is kept for the next flush (`flush_summaries`).
         rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
         if rate:

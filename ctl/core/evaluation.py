@@ -16,8 +16,6 @@ One evaluation (`evaluate`) of each eval set, from the start of the set:
         state = eval_reduce(state, outputs) # eager; only if the task aggregates
                                             # (ctl.core.aggregation)
       read eval loss and metrics
-      write them to the eval summaries      # only with Controller.evaluate's summaries:
-                                            # tf.summary ops and a flush in the same call
     if eval_stop requested: raise EvaluationStopped   # incomplete: nothing written
     return eval_end(state)                  # eager: {loss, metrics, task results}
                                             # (the iterator ends on a thread of its own:
@@ -34,8 +32,7 @@ all workers, and the extra logs of `validation_step` are gathered from all of
 them, so that every worker computes the same results over the whole eval set.
 """
 
-import contextlib
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import orbit
@@ -44,23 +41,6 @@ import tensorflow as tf
 from ctl.core import loops
 from ctl.core.loops import plain
 from ctl.core.runner import EvalStop, EvaluationStopped, Logs
-from ctl.core.summaries import SummaryManager
-
-
-class _EvalWriting(NamedTuple):
-    """Where an evaluation's results go (`Trainer.evaluate(summaries=, step=)`)."""
-
-    summaries: SummaryManager
-    step: int
-    step_tensor: tf.Tensor  # The same, int64, for the writing loop's calls.
-
-
-class _WritingEvalLoop:
-    """An eval loop's `tf.function` that writes its results, and the names it writes (traced)."""
-
-    def __init__(self):
-        self.function = None
-        self.written: List[str] = []
 
 
 class Evaluation(orbit.AbstractEvaluator):
@@ -82,14 +62,12 @@ class Evaluation(orbit.AbstractEvaluator):
         self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
         self._last_eval = loops.LastResults()  # For eval_end.
         self._graph_eval_loop = None  # Built on first use.
-        self._writing_eval_loops = {}  # The same, writing its results: per summaries and set.
         self._host_eval_parts = None
         # Set by ctl.faults.handler: ends an evaluation on a signal (`evaluate` then raises
         # EvaluationStopped).
         self.eval_stop: Optional[EvalStop] = None
 
-    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=(),
-                 summaries: Optional[SummaryManager] = None, step: Optional[int] = None) -> Logs:
+    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
         Returns the logs of the one unnamed set, or `{name: logs}` for the
@@ -98,117 +76,56 @@ class Evaluation(orbit.AbstractEvaluator):
         runs as one `tf.function` call that also resets and reads the metrics
         (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
         see `on_test_begin`/`on_test_end` around each set and
-        `on_test_batch_begin/end` around each step of a host loop.
-
-        `summaries` (ctl's Controller passes its eval summaries): the results
-        are written there at `step`, a named set's in its subdirectory, and
-        are on disk when this returns, and its writer is the default for the
-        eval steps' own `tf.summary` calls. The one-call loop writes them and
-        flushes as ops of that call (no eager TensorFlow op after it); what it
-        cannot write (a task's aggregations, a value that is no scalar) and a
-        host loop's results are written eagerly after.
+        `on_test_batch_begin/end` around each step of a host loop. The eval
+        steps' own `tf.summary` calls go to the default writer of the caller
+        (ctl's Controller: its eval summaries, `SummaryManager.writing()`).
         """
         if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
         if self.ema is not None:
             self.ema.follow_weights_if_unstarted()
-        writing = None
-        if summaries is not None and summaries.enabled:
-            step = int(self.global_step.numpy()) if step is None else step
-            writing = _EvalWriting(summaries, step, tf.constant(step, tf.int64))
-            kept = summaries.kept
         if list(self.eval_sets) == [None]:
-            logs = self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks, writing)
-        else:
-            logs = {name: self.evaluate_set(dataset, num_steps, batch_callbacks, writing, name)
-                    for name, dataset in self.eval_sets.items()}
-        if writing is not None and summaries.kept > kept:  # Results the loop could not write.
-            summaries.flush()
-        return logs
+            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
+        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
+                for name, dataset in self.eval_sets.items()}
 
-    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=(),
-                     writing: Optional[_EvalWriting] = None, name: Optional[str] = None) -> Logs:
-        """One evaluation of `num_steps` batches of one distributed eval `dataset` (set `name`).
-
-        `writing`: where its results go (`evaluate`); those it leaves are kept in its summaries.
-        """
+    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
         self.eval_dataset = dataset
         for callback in batch_callbacks:
             callback.on_test_begin()
-        logs, written = self._evaluate_dataset(num_steps, batch_callbacks, writing, name or "")
+        logs = self._evaluate_dataset(num_steps, batch_callbacks)
         if self.eval_stop is not None and self.eval_stop.requested():  # Incomplete: dropped.
             raise EvaluationStopped("the evaluation was stopped before its end")
-        if writing is not None:
-            rest = {key: value for key, value in logs.items() if key not in written}
-            if rest:
-                writing.summaries.write_summaries({name: rest} if name else rest, writing.step)
         for callback in batch_callbacks:
             callback.on_test_end(_python_logs(logs))
         return logs
 
-    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks,
-                          writing: Optional[_EvalWriting], set_path: str):
-        """The set's logs, and the names of those its loop wrote to `writing` (in the graph)."""
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
-        written = ()
         if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
             if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
                 num_steps = tf.constant(steps, tf.int32)
-            if writing is None:
-                if self._graph_eval_loop is None:
-                    self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
-                self._last_eval.logs = self._graph_eval_loop(iterator, num_steps)
-            else:
-                loop = self._writing_eval_loop(writing.summaries, set_path)
-                self._last_eval.logs = loop.function(iterator, num_steps, writing.step_tensor)
-                written = loop.written
+            if self._graph_eval_loop is None:
+                self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+            self._last_eval.logs = self._graph_eval_loop(iterator, num_steps)
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = tuple(
                     tf.function(fn) if self._use_tf_function else fn
                     for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
             step_fn, reset, read = self._host_eval_parts
-            # The eval steps' own summaries go to the eval summaries, flushed at the end.
-            with (writing.summaries.summary_writer().as_default() if writing is not None
-                  else contextlib.nullcontext()):
-                reset()
-                loop = orbit.utils.create_loop_fn(loops.stoppable(
-                    loops.with_batch_callbacks(step_fn, batch_callbacks), self.eval_stop))
-                state = loop(iterator, steps, state=state,
-                             reduce_fn=self.eval_reduce if state is not None else None)
-                self._last_eval.logs = read()
+            reset()
+            loop = orbit.utils.create_loop_fn(loops.stoppable(
+                loops.with_batch_callbacks(step_fn, batch_callbacks), self.eval_stop))
+            state = loop(iterator, steps, state=state,
+                         reduce_fn=self.eval_reduce if state is not None else None)
+            self._last_eval.logs = read()
         loops.end_off_path(iterator)
         del iterator
-        logs = self.eval_end(state) if state is not None else self.eval_end()
-        # Written by the loop, unless eval_end put another value in its place.
-        return logs, [key for key in written if logs.get(key) is self._last_eval.logs[key]]
-
-    def _writing_eval_loop(self, summaries: SummaryManager, set_path: str) -> _WritingEvalLoop:
-        """The one-call eval loop that also writes its results to `summaries` (`set_path`)."""
-        key = f"{id(summaries)}/{set_path}"  # (A string: the Trainer tracks its attributes.)
-        loop = self._writing_eval_loops.get(key)
-        if loop is None:
-            loop = _WritingEvalLoop()
-
-            def loop_and_write(iterator, num_steps, step):
-                # The eval steps' own tf.summary calls go to the root writer; its context's
-                # exit flushes it, and write_in_graph flushes the set's: ops of this call.
-                with summaries.summary_writer().as_default():
-                    results = self._eval_loop_with_metrics(iterator, num_steps)
-                    # A stopped evaluation's results are incomplete: not written. (Read
-                    # after the loop: a read need not wait for the loop's reads otherwise.)
-                    record = True
-                    if self.eval_stop is not None:
-                        with tf.control_dependencies(tf.nest.flatten(results)):
-                            record = tf.logical_not(self.eval_stop.stop_requested.read_value())
-                    loop.written = summaries.write_in_graph(results, step, set_path, record)
-                return results
-
-            loop.function = tf.function(loop_and_write)
-            self._writing_eval_loops[key] = loop
-        return loop
+        return self.eval_end(state) if state is not None else self.eval_end()
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
         self._reset_eval_metrics()

@@ -13,24 +13,24 @@ ctl's `SummaryManager` keeps the interface of orbit's (`summary_writer`,
 float32 values and scalar plugin metadata that `tf.summary.scalar` writes, a
 nested dict's values in a subdirectory per key, as for named eval sets), and
 is ctl's own: no orbit class to keep in step with. `write_summaries` keeps a
-loop's scalars with their step, as Python floats; `flush` hands them to the
-writers and flushes those. A flush of a few loops writes one `Summary` proto
-per loop (`tf.summary.experimental.write_raw_pb`, one eager call each); a
-flush of `BATCH_ROWS` loops or more writes them all with one call of a
-`tf.function` per writer (`tf.summary.write` in a `tf.while_loop`), traced at
-its first such flush (0.1 s): about 0.6 ms a call and 0.03 ms a loop instead
-of 0.24 ms a loop. The controller flushes before each checkpoint, at the end
-of training, and otherwise every `FLUSH_SECONDS`, so a checkpoint's steps
-always have their summaries on disk. A value that is not a real scalar goes
-to `tf.summary.scalar`, after a flush, which rejects it as orbit's would.
+loop's scalars with their step, as Python floats; `flush` writes all a
+writer's kept rows with one call of a `tf.function` of that writer
+(`tf.summary.write` in a `tf.while_loop`, then a flush; traced at its first
+flush, 0.1 s): about 0.6 ms a call and 0.03 ms a loop, where a
+`tf.summary.scalar` per value costs 0.2-0.5 ms. Keeping them pays: written
+eagerly after each loop instead, ctl's MLP trained at 0.74 of its speed
+(`python -m bench.ablation`, docs/bench.md; the CNN did not notice). The controller flushes before each
+checkpoint, at the end of training, and otherwise every `FLUSH_SECONDS`, so
+a checkpoint's steps always have their summaries on disk. A value that is
+not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects
+it as orbit's would.
 
-An evaluation's results are on disk when it returns, written by the eval
-loop's own `tf.function` call: ctl's Trainer calls `write_in_graph` there
-(`tf.summary.write` and a flush, ops of that call), so no eager op follows
-the loop; what the loop cannot write is kept and flushed at once. Another
-orbit evaluator runs in `writing()`, the writer's context, whose flush on
-exit covers its results. An evaluation's `steps_per_second`, timed on the
-host after the call, is kept for the next flush.
+An evaluation's results are on disk when it returns: the Controller runs it
+in `writing()`, the writer's context (the default writer of the eval steps'
+own `tf.summary` calls), keeps its results, and the context's end writes them
+with one call whose flush covers the steps' summaries too. An evaluation's
+`steps_per_second`, timed on the host after the loop, is kept for the next
+flush.
 
 In an object store (`gs://`), where a flush of an event file uploads the whole
 file again, the writers write to a local directory (`ctl.core.staging`,
@@ -49,7 +49,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from ctl.core import staging
@@ -61,7 +60,6 @@ class SummaryManager:
     """Loop summaries of one directory (`None`: every call is a no-op), buffered on the host."""
 
     FLUSH_SECONDS = 5.0
-    BATCH_ROWS = 8  # Loops kept for one writer from which a flush makes one tf.function call.
 
     def __init__(self, summary_dir: Optional[str], global_step: tf.Variable,
                  clock=time.monotonic):
@@ -128,31 +126,26 @@ class SummaryManager:
             yield
             return
         root = self.summary_writer()
-        with root.as_default():  # Flushes on exit.
-            try:
-                yield
-            finally:
-                self._write_kept(flushed_on_exit="")
-        self.mirror()
+        try:
+            with root.as_default():  # Flushes on exit.
+                try:
+                    yield
+                finally:
+                    self._write_kept(flushed_on_exit="")
+        finally:
+            self.mirror()  # Also after an error: what was flushed is uploaded.
 
     def _write_kept(self, flushed_on_exit: Optional[str]) -> None:
-        """Writes the kept rows and flushes every writer but `flushed_on_exit` (inside its context)."""
+        """Writes the kept rows, one call per writer that has some (which flushes it), and
+        flushes the other writers but `flushed_on_exit` (inside its context, which flushes it)."""
         self._last_flush = self._clock()
         pending, self._pending = self._pending, []
         for relative_path, writer in list(self._writers.items()):
             rows = [(step, scalars) for path, step, scalars in pending if path == relative_path]
-            if len(rows) >= self.BATCH_ROWS:
-                self._batch_writer(relative_path)(*_flattened(rows))  # Flushes too.
-                continue
-            if relative_path == flushed_on_exit:  # In its context already, which flushes it.
-                writer.set_as_default()  # (No flush; the context restores the previous default.)
-                writing = contextlib.nullcontext()
-            else:
-                writing = writer.as_default()  # Flushes on exit.
-            with writing, tf.summary.record_if(True):
-                for step, scalars in rows:
-                    tf.summary.experimental.write_raw_pb(
-                        scalars_proto(scalars).SerializeToString(), step=step)
+            if rows:
+                self._batch_writer(relative_path)(*_flattened(rows))
+            elif relative_path != flushed_on_exit:
+                writer.flush()
         if flushed_on_exit is None:
             self.mirror()
 
@@ -170,8 +163,7 @@ class SummaryManager:
     def mirror(self) -> None:
         """In an object store: queues the upload of what the writers flushed (a no-op elsewhere).
 
-        Called after each flush of `flush()`, and by whoever flushed a writer
-        otherwise (an evaluation's in-graph write, the end of `writing()`).
+        Called after each flush of `flush()` and at the end of `writing()`.
         """
         if self._local is not None and not self._mirror_queued:
             self._mirror_queued = True
@@ -199,24 +191,6 @@ class SummaryManager:
         """`flush()` if `write_summaries` kept anything since the last one (no eager op otherwise)."""
         if self._pending:
             self.flush()
-
-    def write_in_graph(self, values: Dict[str, Any], step, relative_path: str = "",
-                       record=True) -> List[str]:
-        """Inside a `tf.function`: writes the values of `values` that `in_graph()` takes, at `step`
-        (an int64 tensor), to the writer of `relative_path`, then flushes it: ops of the function.
-        `record` (a bool tensor) False writes nothing.
-
-        Returns the names it wrote. What lands on disk is what `write_summaries`
-        and `flush` write (float32 scalars, the scalar plugin's metadata). The
-        other values are the caller's to keep with `write_summaries`.
-        """
-        if not self.enabled:
-            return []
-        written = [name for name, value in values.items() if in_graph(value)]
-        with self.summary_writer(relative_path).as_default(step=step), tf.summary.record_if(record):
-            for name in written:  # The context's exit flushes, in the graph.
-                tf.summary.write(name, tf.cast(values[name], tf.float32), metadata=_SCALAR_METADATA)
-        return written
 
     def flush_if_due(self) -> None:
         """Flushes if the last flush is `FLUSH_SECONDS` old."""
@@ -256,13 +230,6 @@ def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, 
     return found
 
 
-def in_graph(value) -> bool:
-    """Whether `write_in_graph` writes `value`: a real or integer scalar tensor (the rest goes
-    through `write_summaries`, which says what is wrong with a value that is no scalar)."""
-    return (tf.is_tensor(value) and value.shape.rank == 0
-            and (value.dtype.is_floating or value.dtype.is_integer))
-
-
 def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """`values` as Python floats, or `None` if one is not a real scalar (or there are none)."""
     if not values:
@@ -279,17 +246,6 @@ def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:
     return scalars
 
 
-def scalars_proto(scalars: Dict[str, float]) -> summary_pb2.Summary:
-    """One `Summary` with a scalar summary per entry: what `tf.summary.scalar` writes for each
-    (a float32 scalar tensor with the scalar plugin's metadata)."""
-    summary = summary_pb2.Summary()
-    for name, value in scalars.items():
-        summary.value.add(tag=name, metadata=_SCALAR_METADATA).tensor.CopyFrom(
-            tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE,
-                                   tensor_content=np.float32(value).tobytes()))
-    return summary
-
-
 def _flattened(rows: List[Tuple[int, Dict[str, float]]]):
     """`rows` of (step, scalars) as three flat arrays, one entry per value: tags, steps, values."""
     tags = [name for _, scalars in rows for name in scalars]
@@ -299,4 +255,3 @@ def _flattened(rows: List[Tuple[int, Dict[str, float]]]):
 
 
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
-_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
