@@ -52,7 +52,7 @@ the last one's background threads (its prefetch refilling, TensorFlow's pools
 spinning down). ctl's MLP loop over the mean of three copies of `raw_fused`:
 median 0.937 (0.92-0.99) over five processes without the pause, 0.990
 (0.97-1.01) over four with it, in a scratch run; the full run after it, on a host
-at about half its usual speed, did not show it (2026-11-25e, docs/bench-history.md)."""
+at about half its usual speed, did not show it (2026-11-25e, `bench/results/2026-11-25e-throughput.json`)."""
 
 
 def balanced_orders(count: int) -> List[List[int]]:

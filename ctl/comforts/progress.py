@@ -72,7 +72,7 @@ class MetricsLog(Hook):
             return
         if self._file is None:
             # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran 3%
-            # slower (docs/bench-history.md), though a line alone cost less (0.02 ms against 0.08).
+            # slower (docs/bench.md), though a line alone cost less (0.02 ms against 0.08).
             self._file = tf.io.gfile.GFile(self.path, "a")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
