@@ -346,12 +346,12 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
 
 
 def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir, quick):
-    """The bucket holds each upload of the record 4 s (longer than `STALE_SECONDS` here): the
+    """The bucket holds each upload of the record 2 s (longer than `STALE_SECONDS` here): the
     renewal in flight when the holder releases lands before the delete, not after it."""
     path = f"{gcs_dir}/run/eval_hooks.lock"
     lease = claims.Lease(path, "trainer")
     assert lease.try_acquire()
-    gcs.inject_faults([{"delay_ms": 4000, "methods": ["POST"], "path_contains": "eval_hooks.lock"}])
+    gcs.inject_faults([{"delay_ms": 2000, "methods": ["POST"], "path_contains": "eval_hooks.lock"}])
     time.sleep(5 * claims.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
     lease.release()
     for renewer in [t for t in threading.enumerate() if t.name.startswith("ctl-lease-")]:
