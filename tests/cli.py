@@ -62,15 +62,16 @@ class CtlProcess:
     def stderr(self):
         return self._read(self._err)
 
-    def wait_until(self, condition, timeout=120):
-        """Waits until `condition()` holds; False if the process ended first."""
+    def wait_until(self, condition, timeout=120, poll_s=0.02):
+        """Waits until `condition()` holds, looking every `poll_s` seconds (longer for a
+        bucket: each look is a request); False if the process ended first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if condition():
                 return True
             if self.proc.poll() is not None:
                 return condition()
-            time.sleep(0.02)
+            time.sleep(poll_s)
         raise TimeoutError(f"not reached in {timeout} s; stdout: {self.stdout()[-2000:]}")
 
     def wait_for_output(self, text, timeout=60):

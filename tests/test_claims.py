@@ -349,11 +349,12 @@ def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir,
     """The bucket holds each upload of the record 2 s (longer than `STALE_SECONDS` here): the
     renewal in flight when the holder releases lands before the delete, not after it."""
     path = f"{gcs_dir}/run/eval_hooks.lock"
-    lease = claims.Lease(path, "trainer")
+    lease = claims.Lease(path, "released-while-renewing")  # Its renewer's thread is named so.
     assert lease.try_acquire()
     gcs.inject_faults([{"delay_ms": 2000, "methods": ["POST"], "path_contains": "eval_hooks.lock"}])
     time.sleep(5 * claims.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
     lease.release()
-    for renewer in [t for t in threading.enumerate() if t.name.startswith("ctl-lease-")]:
-        renewer.join(timeout=60)  # Whatever it was writing has landed.
+    for renewer in [t for t in threading.enumerate()
+                    if t.name == "ctl-lease-released-while-renewing"]:
+        renewer.join(timeout=60)  # Whatever it was writing has landed (not other tests' leases).
     assert not tf.io.gfile.exists(path)

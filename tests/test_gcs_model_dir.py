@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
-from tests.cli import ROOT, ctl_stderr_lines, run_ctl
+from tests.cli import ROOT, CtlProcess, ctl_stderr_lines, run_ctl
 
 COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
 WAIT_S = 300
@@ -89,30 +89,28 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     assert tf.io.gfile.stat(f"{model_dir}/report.png").length > 1000
 
 
+def _training(process: CtlProcess, model_dir: str) -> None:
+    """Waits until `process` trains in `model_dir`: its first checkpoint is there (its lease taken)."""
+    assert process.wait_until(lambda: bool(ModelDir(model_dir).checkpoints()), WAIT_S, 0.5), \
+        process.stderr()[-3000:]
+
+
 def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
     model_dir = f"{gcs_dir}/run"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
-         f"--gin_file={COMFORTS_GIN}", "--gin_bindings=ctl.Schedule.train_steps=100000",
-         "--gin_bindings=ctl.Experiment.hooks=[]"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not ModelDir(model_dir).checkpoints():  # Training, its lease taken.
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
-            time.sleep(0.5)
+    with CtlProcess("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                    "--gin_bindings=ctl.Schedule.train_steps=100000",
+                    "--gin_bindings=ctl.Experiment.hooks=[]") as first:
+        _training(first, model_dir)
         second = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                          timeout=WAIT_S)
         assert second.returncode == 2, second.stderr[-3000:]
         lines = ctl_stderr_lines(second.stderr)
         assert len(lines) == 1, lines
         [line] = lines
-        assert "is in use by another trainer" in line and f"pid {first.pid}" in line, line
-    finally:
-        first.send_signal(signal.SIGTERM)
-        first.wait(timeout=WAIT_S)
-    assert first.returncode == 75, first.stderr.read()[-3000:]
+        assert "is in use by another trainer" in line and f"pid {first.proc.pid}" in line, line
+        first.proc.send_signal(signal.SIGTERM)
+        stopped = first.finish(timeout=WAIT_S)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert not tf.io.gfile.exists(ModelDir(model_dir).trainer_lock_file)  # Released.
 
 
@@ -122,27 +120,18 @@ def test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint(
     line and exits 2; the other's record stays."""
     model_dir = f"{gcs_dir}/run"
     lock_file = ModelDir(model_dir).trainer_lock_file
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "ctl.run", "--mode=train", f"--model_dir={model_dir}",
-         f"--gin_file={COMFORTS_GIN}", "--gin_bindings=ctl.Schedule.train_steps=1000000",
-         "--gin_bindings=ctl.Schedule.max_checkpoints=100", "--gin_bindings=ctl.Experiment.hooks=[]"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not ModelDir(model_dir).checkpoints():  # Training, its lease taken.
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()
-            time.sleep(0.5)
+    with CtlProcess("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                    "--gin_bindings=ctl.Schedule.train_steps=1000000",
+                    "--gin_bindings=ctl.Schedule.max_checkpoints=100",
+                    "--gin_bindings=ctl.Experiment.hooks=[]") as trainer:
+        _training(trainer, model_dir)
         theirs = {"role": "trainer", "pid": 4242, "host": "elsewhere", "token": "theirs",
                   "renewed": time.time(), "since": "2026-11-26T00:00:00Z"}
         with tf.io.gfile.GFile(lock_file, "w") as f:
             f.write(json.dumps(theirs))
-        _, stderr = trainer.communicate(timeout=120)  # It stops within a renewal and a loop.
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.communicate(timeout=60)
-    assert trainer.returncode == 2, stderr[-3000:]
+        stopped = trainer.finish(timeout=120)  # It stops within a renewal and a loop.
+    stderr = stopped.stderr
+    assert stopped.returncode == 2, stderr[-3000:]
     lines = ctl_stderr_lines(stderr)
     assert len(lines) == 1 and "was taken by another trainer (pid 4242 on host elsewhere" in lines[0], lines
     stopped = int(lines[0].split("stopped after step ")[1].split()[0])
@@ -161,20 +150,13 @@ def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes
     assert trained.returncode == 0, trained.stderr[-3000:]
     export = f"{model_dir}/export/latest"
     gcs.inject_faults([{"path_contains": "export%2Flatest%2F10%2Fsaved_model.pb", "status": 503}])
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "ctl.run", "--mode=continuous_eval", f"--model_dir={model_dir}"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while "variables" not in listing(f"{export}/10"):  # Copying, saved_model.pb held.
-            assert sidecar.poll() is None and time.monotonic() < deadline, sidecar.stderr.read()
-            time.sleep(0.2)
+    with CtlProcess("--mode=continuous_eval", f"--model_dir={model_dir}") as sidecar:
+        # Copying, saved_model.pb held by the bucket.
+        assert sidecar.wait_until(lambda: "variables" in listing(f"{export}/10"), WAIT_S, 0.2), \
+            sidecar.stderr()[-3000:]
         time.sleep(1)
-    finally:
-        sidecar.kill()
-        sidecar.communicate(timeout=60)
-    assert sidecar.returncode == -signal.SIGKILL
+    # Killed (SIGKILL) on the way out of the block.
+    assert sidecar.proc.returncode == -signal.SIGKILL
     assert not published(f"{export}/10")
     assert "saved_model.pb" not in listing(f"{export}/10")  # No reader would load it.
     assert not read_json_lines(ModelDir(model_dir).sidecar_metrics_file)  # Not recorded as done.
