@@ -1,8 +1,10 @@
 """Test setup: two logical CPU devices, so MirroredStrategy has two replicas."""
 
 import functools
+import gc
 import os
 import re
+import threading
 import uuid
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -29,6 +31,38 @@ def mirrored():
 @pytest.fixture(params=["default", "mirrored"])
 def strategy(request):
     return tf.distribute.get_strategy() if request.param == "default" else mirrored()
+
+
+class _Collector:
+    """Collects each test's garbage on a thread of its own, off the next test's path.
+
+    A test process runs hundreds of in-process runs, and their objects (trainers, Keras
+    models, tf.functions, distributed iterators) sit in reference cycles until Python's
+    collector finds them, at whatever allocation comes next: often inside a later test's
+    tracing. Freeing a `MultiDeviceIterator` (MirroredStrategy's input) waits for its
+    host pipeline's autotuning thread, which TensorFlow 2.20 does not wake: up to its
+    optimization period, 60 s for an iterator alive that long (seen with gdb: the test's
+    thread in `~LogicalThreadWrapper` under `~MultiDeviceIterator`, 80-200 s stalls of
+    tests that take 1 s alone). TensorFlow lets go of the GIL meanwhile, so a collection
+    on this thread after each test takes those waits off every test's path.
+    """
+
+    def __init__(self):
+        self._thread = None
+
+    def collect_soon(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=gc.collect, daemon=True, name="tests-collect")
+            self._thread.start()
+
+
+_COLLECTOR = _Collector()
+
+
+@pytest.fixture(autouse=True)
+def garbage_collected_off_the_test_path():
+    yield
+    _COLLECTOR.collect_soon()
 
 
 @pytest.fixture(autouse=True)
