@@ -21,9 +21,14 @@ import os
 import sys
 from typing import Dict, List, Tuple
 
-from absl import app, flags, logging
+from ctl.core import process_end
 
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line
+if __name__ == "__main__":  # First, so that it runs after every other exit handler.
+    process_end.end_after_exit_handlers()
+
+from absl import app, flags, logging  # noqa: E402
+
+from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -271,4 +276,4 @@ if __name__ == "__main__":
     flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png; "
                         "for several runs, report.png in their common parent).")
     flags.mark_flag_as_required("model_dir")
-    app.run(main, flags_parser=_parse_flags)
+    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))

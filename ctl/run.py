@@ -29,6 +29,11 @@ does not import) are found after the import, by `ctl.core.config.parse`.
 
 import os
 
+from ctl.core import process_end
+
+if __name__ == "__main__":  # First, so that it runs after every other exit handler.
+    process_end.end_after_exit_handlers()
+
 # TensorFlow's C++ INFO lines (oneDNN notices, end-of-sequence rendezvous) drown the
 # loop's own log: this command keeps warnings and errors. Set before TensorFlow is
 # imported; a value the user set wins. (`import ctl` leaves the process's setting alone.)
@@ -40,10 +45,10 @@ import sys  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-import ctl
-from ctl.cluster import tf_config as cluster
-from ctl.core import console, gin_text
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line
+import ctl  # noqa: E402
+from ctl.cluster import tf_config as cluster  # noqa: E402
+from ctl.core import console, gin_text  # noqa: E402
+from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
@@ -180,4 +185,4 @@ def _finish_on_a_late_signal() -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))

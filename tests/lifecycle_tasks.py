@@ -7,10 +7,13 @@ stretch, or inside the final evaluation. Each eval step it starts appends
 `eval` to `progress_file`.
 """
 
+import atexit
 import time
 
 import gin
 import tensorflow as tf
+
+import ctl
 
 from tests.fault_tasks import ProbeTask
 
@@ -44,3 +47,22 @@ class PacedTask(ProbeTask):
             with tf.control_dependencies([_pause(self.eval_seconds)]):
                 inputs = tf.nest.map_structure(tf.identity, inputs)
         return super().validation_step(inputs, model, metrics)
+
+
+@gin.configurable
+class CarelessHook(ctl.hooks.Hook):
+    """Leaves its writes to the process's end: at the run's end it writes `path` through a
+    file it never closes, and registers an exit handler that writes `path`.atexit."""
+
+    def __init__(self, path):
+        self.path = path
+        self.file = None
+
+    def on_trial_close(self, unused_logs):
+        self.file = open(self.path, "w")
+        self.file.write("written, never closed\n")
+        atexit.register(self._at_exit)
+
+    def _at_exit(self):
+        with open(self.path + ".atexit", "w") as f:
+            f.write("ran\n")

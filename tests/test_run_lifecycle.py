@@ -73,10 +73,17 @@ def _files_and_times(directory):
 @pytest.mark.slow
 def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing(tmp_path):
     model_dir = str(tmp_path / "run")
+    careless = str(tmp_path / "careless.txt")
     args = ["--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
-            "--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.BestCheckpoint()]"]
+            "--gin_bindings=import tests.lifecycle_tasks",
+            "--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.BestCheckpoint(), @CarelessHook()]",
+            f"--gin_bindings=CarelessHook.path='{careless}'"]
     first = run_ctl(*args)
     assert first.returncode == 0, first.stderr
+    # The process ends without the interpreter's teardown (ctl.core.process_end), after
+    # the exit handlers and with the files a hook left open flushed.
+    assert open(careless).read() == "written, never closed\n"
+    assert open(careless + ".atexit").read() == "ran\n"
     done = [line for line in first.stdout.splitlines() if line.startswith(" done |")]
     assert 3 <= len(done) <= 5, first.stdout
     text = "\n".join(done)

@@ -1,0 +1,62 @@
+"""The end of a ctl command's process: its exit handlers, then no teardown.
+
+When a command's `main` returns or exits, what it writes is written: checkpoints
+committed, summary writers flushed and closed, uploads to an object store waited
+for. The interpreter then runs the `atexit` handlers (TensorFlow's async
+checkpoints, ctl's iterator ender and staging dir, `tempfile`'s cleanups) and
+after them a last garbage collection that frees TensorFlow's objects one by one:
+about 2 s of CPU after a 7-s digits run on the 2-core host (a quarter of the
+command), writing nothing.
+
+A command registers `end_after_exit_handlers` before its other imports, so that
+it runs after every other handler, and runs its `main` through `run`. The
+process then ends right after the last handler, with the status `main` chose,
+once Python files still open (a hook's) and the logging handlers are flushed. A
+`main` that raises anything but `SystemExit` keeps the interpreter's usual end,
+after its traceback.
+"""
+
+import atexit
+import gc
+import io
+import logging
+import os
+import sys
+from typing import Callable, Optional
+
+_status: Optional[int] = None
+
+
+def end_after_exit_handlers() -> None:
+    """Registers the end; call it before anything else registers an `atexit` handler."""
+    atexit.register(_end)
+
+
+def run(main: Callable[[], None]) -> None:
+    """Runs `main` (which may end in `sys.exit`, as absl's `app.run` does), keeping its status."""
+    global _status
+    try:
+        main()
+    except SystemExit as done:
+        _status = _status_of(done.code)
+        raise
+    _status = 0
+
+
+def _status_of(code) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1  # Python printed a message on stderr.
+
+
+def _end() -> None:
+    if _status is None:
+        return  # An exception, or not run through `run`: the interpreter's usual end.
+    logging.shutdown()
+    for stream in [o for o in gc.get_objects() if isinstance(o, io.IOBase)]:
+        try:
+            if not stream.closed and stream.writable():
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # A broken pipe or a detached stream: nothing more can reach it.
+    os._exit(_status)
