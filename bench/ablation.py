@@ -212,17 +212,11 @@ def compare(kind: str, workload: str, builders, calls: int, args, seed: int) -> 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=25)
+    measure.add_balanced_flags(parser, rounds=25)
     parser.add_argument("--loops", type=int, default=5,
                         help="train loops and evaluations per round and build (mlp); cnn: a fifth")
-    parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--kinds", default="train,eval")
-    parser.add_argument("--instances", type=int, default=2,
-                        help="builds of each variant, in balanced order (measure.build_balanced)")
-    measure.add_seed_flag(parser)
-    args = parser.parse_args()
-    seed = measure.draw_seed(args.seed)
-    measure.claim_stdout()
+    args, seed = measure.start(parser)
     variants = {"train": train_variants, "eval": eval_variants}
     for workload in args.workloads.split(","):
         calls = args.loops if workload == "mlp" else max(1, args.loops // 5)

@@ -32,16 +32,10 @@ TARGET = 0.98
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=25)
+    measure.add_balanced_flags(parser, rounds=25)
     parser.add_argument("--evals", type=int, default=5, help="evaluations per round (mlp); cnn: a fifth")
     parser.add_argument("--eval_steps", type=int, default=100)
-    parser.add_argument("--workloads", default="mlp,cnn")
-    parser.add_argument("--instances", type=int, default=2,
-                        help="copies of each variant, built in balanced order (measure.build_balanced)")
-    measure.add_seed_flag(parser)
-    args = parser.parse_args()
-    seed = measure.draw_seed(args.seed)
-    measure.claim_stdout()
+    args, seed = measure.start(parser)
     for workload in args.workloads.split(","):
         evals = args.evals if workload == "mlp" else max(1, args.evals // 5)
         runs = measure.build_balanced({

@@ -74,11 +74,24 @@ def balanced_orders(count: int) -> List[List[int]]:
     return orders + [order[::-1] for order in orders] if count % 2 else orders
 
 
-def add_seed_flag(parser) -> None:
-    """`--seed`, a figure's seed for `shuffled` (see `draw_seed`)."""
+def add_balanced_flags(parser, rounds: int) -> None:
+    """The flags of a figure that builds its variants in balanced, shuffled orders:
+    `--rounds`, `--workloads`, `--instances` and `--seed` (see `draw_seed`)."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--workloads", default="mlp,cnn")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="builds of each variant, in balanced order (build_balanced)")
     parser.add_argument("--seed", type=int, default=None,
                         help="the variants' places in the build and round orders (measure.shuffled); "
                              "default: drawn anew, reported as order_seed")
+
+
+def start(parser):
+    """Parses a figure's flags and claims stdout: `(args, seed)`, the seed `args.seed` or drawn."""
+    args = parser.parse_args()
+    seed = draw_seed(args.seed)
+    claim_stdout()
+    return args, seed
 
 
 def draw_seed(given: Optional[int] = None) -> int:

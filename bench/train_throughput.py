@@ -65,19 +65,13 @@ def builders(steps_per_round: int, xla: bool, variants: Optional[str] = None):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=15)
+    measure.add_balanced_flags(parser, rounds=15)
     parser.add_argument("--loops", type=int, default=5, help="loops per round (mlp); cnn: a fifth")
     parser.add_argument("--steps_per_loop", type=int, default=100)
-    parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--xla", action="store_true", help="add Keras fit and ctl with XLA")
-    parser.add_argument("--instances", type=int, default=2,
-                        help="copies of each variant, built in balanced order (measure.build_balanced)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated subset of the variants (raw and raw_fused always run)")
-    measure.add_seed_flag(parser)
-    args = parser.parse_args()
-    seed = measure.draw_seed(args.seed)
-    measure.claim_stdout()
+    args, seed = measure.start(parser)
     for workload in args.workloads.split(","):
         loops_per_round = args.loops if workload == "mlp" else max(1, args.loops // 5)
         steps = loops_per_round * args.steps_per_loop

@@ -7,6 +7,7 @@ tf.io.gfile, as in `gs://`), with its timings shortened, and on the GCS emulator
 refused halfway. tests/test_gcs_model_dir.py runs trainers and sidecars there.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -70,6 +71,19 @@ def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path
     assert lease.try_acquire()
     assert time.monotonic() - started < claims.STALE_SECONDS  # No wait for staleness.
     lease.release()
+
+
+@contextlib.contextmanager
+def _a_process_that_said(line, code):
+    """`python -c code` once it printed `line` (a lease it holds); killed on the way out."""
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert process.stdout.readline().strip() == line
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
 
 
 def _renewing(path, record, stop):
@@ -136,18 +150,12 @@ def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_tha
             "claims.SETTLE_SECONDS = 0.1; "
             f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
             "print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with _a_process_that_said("held", code) as holder:
         waiting = claims.Lease(path, "trainer", wait=True)
         started = time.monotonic()
         assert not waiting.try_acquire()  # A live holder renews.
         assert time.monotonic() - started < claims.STALE_SECONDS
         assert f"pid {holder.pid}" in waiting.holder()
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
 
 
 def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick, monkeypatch):
@@ -219,18 +227,12 @@ def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     code = ("import time; from ctl.sidecar import announce; "
             f"announcement = announce.Announcement({model_dir!r}).__enter__(); "
             "print('announced', flush=True); time.sleep(120)")
-    sidecar = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        assert sidecar.stdout.readline().strip() == "announced"
+    with _a_process_that_said("announced", code) as sidecar:
         assert f"pid {sidecar.pid} on host" in announce.live_sidecar(model_dir)
         second = announce.Announcement(model_dir)
         with second:
             assert not second.lease.held  # One sidecar announced at a time.
         assert announce.live_sidecar(model_dir) is not None  # The second left it alone.
-    finally:
-        sidecar.kill()
-        sidecar.wait(timeout=30)
     assert os.path.exists(announce.announcement_file(model_dir))  # Left behind by the kill...
     assert announce.live_sidecar(model_dir) is None  # ... and gone: no wait for staleness.
 
