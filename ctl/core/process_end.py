@@ -4,9 +4,9 @@ When a command's `main` returns or exits, what it writes is written: checkpoints
 committed, summary writers flushed and closed, uploads to an object store waited
 for. The interpreter then runs the `atexit` handlers (TensorFlow's async
 checkpoints, ctl's iterator ender and staging dir, `tempfile`'s cleanups) and
-after them a last garbage collection that frees TensorFlow's objects one by one:
-about 2 s of CPU after a 7-s digits run on the 2-core host (a quarter of the
-command), writing nothing.
+after them a last garbage collection that frees TensorFlow's objects one by one,
+writing nothing: on the 2-core host, 0.85 s of the 1.55 s from a digits run's
+last line to its exit, 2.4 s of 3.1 s under Mirrored.
 
 A command registers `end_after_exit_handlers` before its other imports, so that
 it runs after every other handler, and runs its `main` through `run`. The
