@@ -21,7 +21,6 @@ import gc
 import io
 import logging
 import os
-import sys
 from typing import Callable, Optional
 
 _status: Optional[int] = None
