@@ -3,12 +3,12 @@
     python -m bench.object_store [--rounds 2] [--latencies 0,50] [--checkpoints 10]
         [--sidecar_intervals 2,8] [--systems ctl,mg] [--train_steps 10000]
 
-Starts the test GCS API (tests/gcs: an emulator behind a proxy on 127.0.0.1)
+Starts the test GCS API (tests/gcs: an emulator, as Google's hosts, on 127.0.0.1)
 once, then times, interleaved (measure.interleave), whole processes of the
 main job (figure 8's commands: digits, `--train_steps` steps, configs/digits.gin's
 intervals) for ctl and for Model Garden (bench/mg_digits.py), each on a fresh
 model dir: a local one, and `gs://` with each of `--latencies` milliseconds
-added by the proxy to every request (a bucket's round trip). The latency is
+added by the emulator to every request (a bucket's round trip). The latency is
 set just before each `gs://` run (`GcsService.set_latency`).
 
 Reports per system its median seconds per storage and `gs@N / local` per

@@ -1,5 +1,5 @@
 """The GCS API the suite runs `gs://` tests against (tests/gcs): TensorFlow's own GCS
-filesystem, through the proxy, to the emulator."""
+filesystem, through the emulator's HTTPS proxy port, to the emulator."""
 
 import numpy as np
 import pytest

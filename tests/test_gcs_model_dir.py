@@ -1,7 +1,7 @@
 """A model dir in an object store: every mode and every eval-side file on a real GCS API.
 
-The `gcs` fixture (tests/conftest.py, tests/gcs) serves a GCS emulator behind a
-TLS proxy on 127.0.0.1; TensorFlow's own `gs://` filesystem talks to it. Nothing
+The `gcs` fixture (tests/conftest.py, tests/gcs) serves a GCS emulator as Google's
+hosts (an HTTPS proxy, over TLS) on 127.0.0.1; TensorFlow's own `gs://` filesystem talks to it. Nothing
 here reads the model dir but through `tf.io.gfile`, as ctl must.
 """
 

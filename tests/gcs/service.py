@@ -1,11 +1,11 @@
-"""A GCS API on 127.0.0.1: gcp-storage-emulator behind mitmdump, for TensorFlow's `gs://`.
+"""A GCS API on 127.0.0.1: gcp-storage-emulator as Google's hosts, for TensorFlow's `gs://`.
 
 TensorFlow's GCS filesystem talks to a fixed endpoint (https://www.googleapis.com), but
 honours HTTPS_PROXY, CURL_CA_BUNDLE, GOOGLE_AUTH_TOKEN_FOR_TESTING and NO_GCE_CHECK. So
-the service starts the emulator (tests/gcs/emulator.py) and a TLS-intercepting proxy
-(mitmdump with tests/gcs/proxy_addon.py) that sends Google's hosts to it, and `env()`
-gives the variables that point TensorFlow there. mitmproxy makes its CA in a fresh
-directory on first start: nothing is installed by hand.
+the service starts the emulator (tests/gcs/emulator.py), which is also the HTTPS proxy
+that answers for Google's hosts, and `env()` gives the variables that point TensorFlow
+there, with the test CA (tests/gcs/tls/ca.pem) as the only one trusted: nothing is
+installed by hand.
 """
 
 import ctypes
@@ -21,29 +21,28 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
+CA_BUNDLE = os.path.join(_HERE, "tls", "ca.pem")  # The test CA: it signed only the emulator's.
 _START_TIMEOUT_S = 60
 _PR_SET_PDEATHSIG = 1
-_LISTENING = re.compile(r"proxy listening at .*?:(\d+)")
 
 
 def _end_with_parent():
     """In the child, before exec: SIGTERM when the process that started it dies (Linux),
-    so a killed test run leaves no emulator or proxy behind."""
+    so a killed test run leaves no emulator behind."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class GcsService:
-    """The emulator and the proxy, as two child processes; `stop()` ends both.
+    """The emulator, as a child process; `stop()` ends it.
 
-    `latency_ms` is added by the proxy to every request (a bucket's round trip).
+    `latency_ms` is added to every request (a bucket's round trip).
     """
 
     def __init__(self, bucket: str = "ctl-test", latency_ms: int = 0):
         self.bucket = bucket
         self.latency_ms = latency_ms
         self.workdir = tempfile.mkdtemp(prefix="ctl-gcs-")
-        self.ca_bundle = os.path.join(self.workdir, "mitmproxy-ca-cert.pem")
         self._control_file = os.path.join(self.workdir, "control.json")
         self._control = {}
         self._processes = []
@@ -55,26 +54,9 @@ class GcsService:
             raise
 
     def _start(self):
-        emulator = self._spawn([sys.executable, "-m", "tests.gcs.emulator", self.bucket], "emulator")
-        emulator_port = int(self._wait_for(emulator, re.compile(r"port=(\d+)"), "emulator"))
-        mitmdump = shutil.which("mitmdump", path=os.path.dirname(sys.executable)) or shutil.which("mitmdump")
-        if mitmdump is None:
-            raise RuntimeError("mitmdump not found: install the test extra (pip install -e '.[test]').")
-        proxy = self._spawn([
-            mitmdump, "--listen-host", "127.0.0.1", "--listen-port", "0",
-            "-s", os.path.join(_HERE, "proxy_addon.py"),
-            "--set", f"confdir={self.workdir}",
-            "--set", "connection_strategy=lazy",  # Never dial Google: the addon reroutes first.
-            "--set", "validate_inbound_headers=false",  # TensorFlow's chunked + Content-Length.
-            "--set", "http2=false",
-            "--set", "termlog_verbosity=info", "--set", "flow_detail=0",
-            "--set", f"gcs_emulator_port={emulator_port}",
-            "--set", f"gcs_latency_ms={self.latency_ms}",
-            "--set", f"gcs_control_file={self._control_file}",
-        ], "proxy")
-        self.proxy_port = int(self._wait_for(proxy, _LISTENING, "proxy"))
-        if not os.path.exists(self.ca_bundle):
-            raise RuntimeError(f"mitmdump made no CA at {self.ca_bundle}")
+        emulator = self._spawn([sys.executable, "-m", "tests.gcs.emulator", self.bucket,
+                                self._control_file, str(self.latency_ms)], "emulator")
+        self.proxy_port = int(self._wait_for(emulator, re.compile(r"port=(\d+)"), "emulator"))
 
     def _spawn(self, argv, name):
         log = open(os.path.join(self.workdir, f"{name}.log"), "w+")
@@ -109,13 +91,13 @@ class GcsService:
         return {
             "HTTPS_PROXY": proxy, "https_proxy": proxy,
             "NO_PROXY": local, "no_proxy": local,
-            "CURL_CA_BUNDLE": self.ca_bundle,
+            "CURL_CA_BUNDLE": CA_BUNDLE,
             "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
             "NO_GCE_CHECK": "true",
         }
 
     def inject_faults(self, rules):
-        """The proxy answers each request matching a rule with the rule's status.
+        """Each request matching a rule is answered with the rule's status.
 
         A rule is a dict: `status` (e.g. 503) or `delay_ms` (the request is held that
         long, then answered with `status` if the rule has one, else forwarded), and
@@ -126,7 +108,7 @@ class GcsService:
         self._write_control()
 
     def set_latency(self, latency_ms: int):
-        """From the next request on, the proxy adds `latency_ms` to each one."""
+        """From the next request on, `latency_ms` is added to each one."""
         self._control["latency_ms"] = int(latency_ms)
         self._write_control()
 
@@ -136,7 +118,7 @@ class GcsService:
         self._write_control()
 
     def _write_control(self):
-        # The proxy reads the file at each request; a rename, so it never sees half of one.
+        # The emulator reads the file at each request; a rename, so it never sees half of one.
         with open(self._control_file + ".tmp", "w") as f:
             json.dump(self._control, f)
         os.replace(self._control_file + ".tmp", self._control_file)
