@@ -7,9 +7,11 @@ dir not created). Every damaged model dir ends with the newest checkpoint that
 restores restored and the run completed to `train_steps` (docs/faults.md,
 "the corruption policy"), or, when none restores, with the one-line error.
 
-Cost: the cases that fail before TensorFlow does real work run `ctl.run`'s
-`main` in this process (stderr captured, `SystemExit` caught); the rest are
-real processes, run a few at a time from one test.
+Cost: the `ctl.run` cases run its `main` in this process (stderr captured,
+`SystemExit` caught), where TensorFlow is imported already; real processes, run
+a few at a time from one test, are left for what needs a process of its own: a
+TensorFlow not yet set up (logical CPUs, a cluster strategy) and the other tools,
+whose flags would clash with `ctl.run`'s.
 """
 
 import concurrent.futures
@@ -45,7 +47,7 @@ class Case:
     args: Callable[..., List[str]]  # (model_dir, tmp) -> arguments
     message: str  # Part of the one line ctl prints.
     tool: str = "ctl.run"
-    in_process: bool = True  # Fails before TensorFlow does real work.
+    in_process: bool = True  # False: needs a process of its own (see the module's docstring).
     model_dir: str = "trained"  # "trained" (a copy of a 20-step run), "new" (not there), "empty"
     env: Optional[Dict[str, str]] = None
     setup: Optional[Callable] = None  # (model_dir, tmp) -> None, before the snapshot.
@@ -195,16 +197,14 @@ CASES = {
     "model dir under a file": Case(run(), "cannot write to --model_dir", model_dir="under a file"),
     "eval without a checkpoint": Case(run(mode="eval"), "holds no checkpoint", model_dir="empty"),
     "mismatched checkpoint": Case(run(*WIDE, mode="train_and_eval"),
-                                  "holds a checkpoint of a different model", in_process=False),
+                                  "holds a checkpoint of a different model"),
     "mismatched checkpoint, eval": Case(run(*WIDE, mode="eval"),
-                                        "holds a checkpoint of a different model", in_process=False),
-    "every checkpoint damaged": Case(run(), "no checkpoint in --model_dir", setup=damage_all,
-                                     in_process=False),
+                                        "holds a checkpoint of a different model"),
+    "every checkpoint damaged": Case(run(), "no checkpoint in --model_dir", setup=damage_all),
     "every checkpoint damaged, eval": Case(run(mode="eval"), "no checkpoint in --model_dir",
-                                           setup=damage_all, in_process=False),
+                                           setup=damage_all),
     "model dir in use by another trainer": Case(
-        run(), "is in use by another trainer (pid 1 on host elsewhere", setup=hold_trainer_lock,
-        in_process=False),
+        run(), "is in use by another trainer (pid 1 on host elsewhere", setup=hold_trainer_lock),
     # The sidecar without --gin_file waits for the trainer's config.gin: bounded, checked.
     "sidecar: model dir is a file": Case(run(gin=None, mode="continuous_eval"),
                                          "is a file, not a directory", model_dir="file"),
@@ -223,8 +223,7 @@ CASES = {
         run("--gin_bindings=ctl.ContinuousEval.timeout=0", gin=None, mode="continuous_eval"),
         "ctl.ContinuousEval.timeout (0)", model_dir="empty"),
     "sidecar of a different model": Case(
-        run(*WIDE, mode="continuous_eval"), "evaluate it with the trainer's config",
-        in_process=False),
+        run(*WIDE, mode="continuous_eval"), "evaluate it with the trainer's config"),
     # TF_CONFIG.
     "TF_CONFIG not JSON": Case(run(), "TF_CONFIG", env={"TF_CONFIG": "{not json"}),
     "TF_CONFIG without task": Case(run(), "TF_CONFIG",
@@ -244,8 +243,7 @@ CASES = {
         in_process=False),
     # The task's own settings, found when its input pipeline is built.
     "BATCH_SIZE=0 (digits)": Case(run("--gin_bindings=BATCH_SIZE=0", gin=DIGITS_GIN),
-                                  "DigitsTask cannot build its input pipeline", model_dir="new",
-                                  in_process=False),
+                                  "DigitsTask cannot build its input pipeline", model_dir="new"),
     "batch size the replicas cannot split": Case(
         run("--strategy=mirrored", "--cpu_replicas=2", "--gin_bindings=RegressionTask.batch_size=7"),
         "RegressionTask cannot build its input pipeline", model_dir="new", in_process=False),
@@ -336,7 +334,7 @@ def run_in_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             app.run(run_module.main, argv=["ctl.run", *args], flags_parser=run_module._parse_flags)
     except SystemExit as exit_:
-        code = exit_.code
+        code = 0 if exit_.code is None else exit_.code
     finally:
         handler.stream = stream
         for name, value in saved_env.items():
@@ -396,7 +394,12 @@ def test_bad_input_in_process(name, trained_dir, tmp_path):
     case = CASES[name]
     model_dir = prepare(case, trained_dir, str(tmp_path))
     before = state(model_dir)
-    code, stdout, stderr = run_in_process(case.tool, case.args(model_dir, str(tmp_path)), case.env)
+    try:
+        code, stdout, stderr = run_in_process(case.tool, case.args(model_dir, str(tmp_path)),
+                                              case.env)
+    finally:
+        while _held:
+            _held.pop().close()
     problems = check(name, case, code, stdout, stderr, before, state(model_dir))
     assert not problems, "\n".join(problems)
 
@@ -466,29 +469,22 @@ DAMAGED = {  # name -> (damage, mode, checkpoint restored)
 
 
 @pytest.mark.slow
-def test_damaged_model_dirs_restore_the_newest_intact_checkpoint_and_complete(trained_dir, tmp_path):
-    def one(item):
-        index, (name, (damage, mode, restored)) = item
-        model_dir = str(tmp_path / f"damaged{index}")
-        shutil.copytree(trained_dir, model_dir)
-        damage(model_dir)
-        code, stdout, stderr = run_process(
-            "ctl.run", [f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
-                        "--gin_bindings=ctl.Schedule.train_steps=30"], None)
-        problems = []
-        if code != 0 or "Traceback" in stderr or ctl_stderr_lines(stderr):
-            problems.append(f"exit status {code}; stderr: {stderr.strip()[-600:]}")
-        if f"restored model from {os.path.join(model_dir, f'ckpt-{restored}')}\n" not in stdout:
-            problems.append(f"ckpt-{restored} not restored")
-        if mode == "train":
-            marker = read_json(ModelDir(model_dir).finished_file) or {}
-            latest = ModelDir(model_dir).checkpoint_state().latest or ""
-            if marker.get("final_step") != 30 or not latest.endswith("ckpt-30"):
-                problems.append(f"not completed to step 30: {marker}, {latest}")
-        elif f"eval | step: {restored:6d}" not in stdout:
-            problems.append(f"step {restored} not evaluated")
-        return [f"{name}: {p}" for p in problems]
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        problems = [p for found in pool.map(one, enumerate(sorted(DAMAGED.items()))) for p in found]
-    assert not problems, "\n".join(problems)
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_damaged_model_dirs_restore_the_newest_intact_checkpoint_and_complete(name, trained_dir,
+                                                                             tmp_path):
+    damage, mode, restored = DAMAGED[name]
+    model_dir = str(tmp_path / "damaged")
+    shutil.copytree(trained_dir, model_dir)
+    damage(model_dir)
+    code, stdout, stderr = run_in_process(
+        "ctl.run", [f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+                    "--gin_bindings=ctl.Schedule.train_steps=30"], None)
+    assert code == 0 and "Traceback" not in stderr and not ctl_stderr_lines(stderr), (
+        f"exit status {code}; stderr: {stderr.strip()[-600:]}")
+    assert f"restored model from {os.path.join(model_dir, f'ckpt-{restored}')}\n" in stdout
+    if mode == "train":
+        marker = read_json(ModelDir(model_dir).finished_file) or {}
+        latest = ModelDir(model_dir).checkpoint_state().latest or ""
+        assert marker.get("final_step") == 30 and latest.endswith("ckpt-30"), (marker, latest)
+    else:
+        assert f"eval | step: {restored:6d}" in stdout, stdout
