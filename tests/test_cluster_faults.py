@@ -35,7 +35,9 @@ from tests.fault_tasks import ProbeTask
 from tests.test_comforts import exported, model_at, served
 from tests.test_faults_processes import assert_bit_equal, latest_step, read_steps
 
-# Split out of the default run (about 5 minutes of 2-worker and PS clusters); .ci/run runs them.
+# Split out of the default run; .ci/run runs them next, two at a time (`-n 2 --dist loadgroup`):
+# the tests that share the module's uninterrupted reference run in one group, so it runs once,
+# the parameter-server cluster in the other.
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -177,6 +179,7 @@ def committed_checkpoints(model_dir):
                   for p in glob.glob(os.path.join(model_dir, "ckpt-*.index")))
 
 
+@pytest.mark.xdist_group("beside_the_reference")
 def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar(tmp_path, reference):
     """Items 1, 2 and 5: SIGTERM to worker 1, then SIGKILL of the chief, restarts by the launcher."""
     seed = random.randrange(1 << 30)
@@ -232,6 +235,7 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
     assert len(re.findall(r"^\[launch\] started evaluator", chaos.output, re.M)) == 1
 
 
+@pytest.mark.xdist_group("beside_the_reference")
 def test_multi_worker_nan_on_one_replica_stops_or_recovers_every_worker_alike(tmp_path, reference):
     """Item 3 ('stop' and 'recover' with a NaN on worker 1's replica only) and item 4 (chief-only side effects)."""
     poison = ("ProbeTask.nan_replica=1", "ctl.Schedule.train_steps=30")
@@ -292,6 +296,7 @@ def checkpoint_step(path):
     return int(tf.train.load_variable(path, "global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
+@pytest.mark.xdist_group("parameter_servers")
 def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
     """Items 6, 7 and 8 (the ps killed, then frozen) on one cluster (chief + 2 workers + 1 ps),
     restarted by the launcher; then NaN under parameter servers."""
@@ -388,6 +393,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
     assert checkpoint_step(tf.train.latest_checkpoint(again.model_dir)) == target
 
 
+@pytest.mark.xdist_group("beside_the_reference")
 def test_multi_worker_restart_at_a_new_size_two_workers_one_then_two(tmp_path, reference):
     """Item 'restart at a new size': the same global step, the examples consumed carried over, one WARNING."""
     model_dir = tmp_path / "resized"

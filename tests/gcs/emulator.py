@@ -22,7 +22,12 @@ so a fresh install behaves the same):
   the body is read here (chunked wins) and handed on whole.
 - A resumable upload's session URL (`Location`) must lead back over https.
 - On disk the emulator keeps one file per object, and a directory marker `a/` and an
-  object `a/b` cannot both be files there: storage is kept in memory instead.
+  object `a/b` cannot both be files there: storage is kept in memory instead, and the
+  emulator's copy of all metadata, rewritten as JSON after each change for a restart to
+  read back, is not kept (nothing restarts it; the copy grew with the session and took a
+  quarter of the service's CPU).
+- Deletes are final (the bucket's soft-delete retention is 0), as a test bucket's would
+  be: a deleted object is neither listed nor served either way.
 - One storage request at a time (the emulator's storage is a dict it rewrites whole);
   each connection has a thread, so latency, a held request or a slow client holds up
   only its own connection.
@@ -220,10 +225,16 @@ class _Server(server.ThreadingHTTPServer):
     request_queue_size = 128  # Many clients connect at once in a cluster test.
 
 
+class _MemoryStorage(Storage):
+    def _write_config_to_file(self):
+        pass  # Only a restart reads it (see the module's docstring).
+
+
 def serve(bucket: str, control_file: str, latency_ms: int = 0):
     emulator.Request = _Request
-    storage = Storage(use_memory_fs=True, data_dir=tempfile.gettempdir())  # Memory only.
+    storage = _MemoryStorage(use_memory_fs=True, data_dir=tempfile.gettempdir())
     buckets.create_bucket(bucket, storage)
+    storage.buckets[bucket]["softDeletePolicy"] = {"retentionDurationSeconds": 0}
     settings = _Settings(control_file, latency_ms)
     httpd = _Server(("127.0.0.1", 0), partial(_Handler, storage, settings))
     print(f"port={httpd.server_address[1]}", flush=True)
