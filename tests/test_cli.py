@@ -1,4 +1,4 @@
-"""`python -m ctl.run` end to end: modes, outputs, resume and every bad input."""
+"""`python -m ctl.run` end to end: modes, outputs and resume (every bad input: test_bad_inputs.py)."""
 
 import os
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
+from tests.cli import TEST_GIN, run_ctl, scalars
 from tests.tasks import regression_data
 
 pytestmark = pytest.mark.slow
@@ -85,73 +85,3 @@ def untrained_eval_loss():
     """RegressionTask's eval loss before any step (zero weights): the mean squared target."""
     _, targets = regression_data(10, seed=1)
     return float(np.mean(np.square(targets)))
-
-
-def _bad_gin_file(tmp_path, text):
-    path = tmp_path / "bad.gin"
-    path.write_text(text)
-    return f"--gin_file={path}"
-
-
-BAD_INPUTS = {
-    "unknown mode": (lambda d, t: ["--mode=trian", f"--model_dir={d}", f"--gin_file={TEST_GIN}"],
-                     "--mode=trian"),
-    "missing gin file": (lambda d, t: ["--mode=train", f"--model_dir={d}", "--gin_file=nope.gin"],
-                         "nope.gin"),
-    "unparsable gin file": (lambda d, t: ["--mode=train", f"--model_dir={d}",
-                                          _bad_gin_file(t, "import tests.tasks\nfoo = = 3\n")],
-                            "cannot parse gin config"),
-    "unknown gin binding": (lambda d, t: ["--mode=train", f"--model_dir={d}", f"--gin_file={TEST_GIN}",
-                                          "--gin_bindings=ctl.Schedule.train_stepz=3"],
-                            "train_stepz"),
-    "REQUIRED macro unset": (lambda d, t: ["--mode=train", f"--model_dir={d}", f"--gin_file={TEST_GIN}",
-                                           "--gin_bindings=STEPS=%gin.REQUIRED",
-                                           "--gin_bindings=ctl.Schedule.train_steps=%STEPS"],
-                             "REQUIRED"),
-    "REQUIRED parameter unset": (lambda d, t: ["--mode=train", f"--model_dir={d}",
-                                               _bad_gin_file(t, "import tests.tasks\n"
-                                                             "ctl.Experiment.task = @RegressionTask()\n")],
-                                 "train_steps"),
-    "bad schedule value": (lambda d, t: ["--mode=train", f"--model_dir={d}", f"--gin_file={TEST_GIN}",
-                                         "--gin_bindings=ctl.Schedule.steps_per_loop=0"],
-                           "steps_per_loop (0) must be a positive integer"),
-    "mismatched checkpoint": (lambda d, t: ["--mode=train_and_eval", f"--model_dir={d}",
-                                            f"--gin_file={TEST_GIN}",
-                                            "--gin_bindings=ctl.Schedule.train_steps=40",
-                                            "--gin_bindings=RegressionTask.flavor='tf_keras'",
-                                            "--gin_bindings=PredictionsTask.batch_size=3",
-                                            "--gin_bindings=ctl.Experiment.task=@WideTask()"],
-                              "holds a checkpoint of a different model"),
-    "stray argument": (lambda d, t: ["--mode=train", f"--model_dir={d}", "train"],
-                       "unexpected arguments"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_one_clear_line_and_damages_nothing(case, trained_dir, tmp_path):
-    args, message = BAD_INPUTS[case]
-    before = snapshot(trained_dir)
-    result = run_ctl(*args(trained_dir, tmp_path))
-    assert result.returncode == 2, result.stderr
-    lines = ctl_stderr_lines(result.stderr)
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ctl.run: error: ") and message in lines[0], lines[0]
-    assert snapshot(trained_dir) == before
-
-
-def test_unwritable_model_dir(tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    result = run_ctl("--mode=train", f"--model_dir={blocker}/run", f"--gin_file={TEST_GIN}")
-    assert result.returncode == 2
-    lines = ctl_stderr_lines(result.stderr)
-    assert len(lines) == 1 and "cannot write to --model_dir" in lines[0], result.stderr
-    assert blocker.read_text() == "not a directory"
-
-
-def test_eval_without_checkpoint_refuses(tmp_path):
-    result = run_ctl("--mode=eval", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}")
-    assert result.returncode == 2
-    lines = ctl_stderr_lines(result.stderr)
-    assert len(lines) == 1 and "holds no checkpoint" in lines[0], result.stderr
-    assert os.listdir(tmp_path) == []

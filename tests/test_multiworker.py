@@ -117,20 +117,6 @@ def test_two_workers_resume_train_and_eval_like_one_worker(tmp_path, one_worker)
     assert glob.glob(os.path.join(scratch, "ctl-worker-*")) == []
 
 
-def test_parameter_servers_train_to_the_target_step(tmp_path):
-    model_dir = str(tmp_path / "model")
-    status, output, _ = launch(
-        tmp_path, ["--workers=2", "--ps=1"],
-        ["--mode=train", "--strategy=parameter_server", f"--model_dir={model_dir}",
-         f"--gin_file={CLUSTER_GIN}", "--gin_bindings=ctl.Schedule.train_steps=30"])
-    assert status == 0, output[-5000:]
-    checkpoint = tf.train.latest_checkpoint(model_dir)
-    assert checkpoint.endswith("ckpt-30")
-    assert tf.train.load_variable(checkpoint, "global_step/.ATTRIBUTES/VARIABLE_VALUE") == 30
-    train = scalars(os.path.join(model_dir, "train"))
-    assert set(train["loss"]) == {10, 20, 30} and train["loss"][30] < train["loss"][10]
-
-
 def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker):
     model_dir = str(tmp_path / "model")
     status, output, _ = launch(
@@ -142,12 +128,17 @@ def test_two_workers_and_an_evaluator_agree_with_one_worker(tmp_path, one_worker
     assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker["evals"], steps=[20])
 
 
-def test_parameter_servers_with_a_sidecar_evaluator(tmp_path):
+def test_parameter_servers_train_to_the_target_step_beside_a_sidecar_evaluator(tmp_path):
     model_dir = str(tmp_path / "model")
     status, output, _ = launch(
         tmp_path, ["--workers=2", "--ps=1", "--evaluator"],
         ["--mode=train", "--strategy=parameter_server", f"--model_dir={model_dir}",
-         f"--gin_file={CLUSTER_GIN}"])
+         f"--gin_file={CLUSTER_GIN}", "--gin_bindings=ctl.Schedule.train_steps=30"])
     assert status == 0, output[-5000:]
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    assert checkpoint.endswith("ckpt-30")
+    assert tf.train.load_variable(checkpoint, "global_step/.ATTRIBUTES/VARIABLE_VALUE") == 30
+    train = scalars(os.path.join(model_dir, "train"))
+    assert set(train["loss"]) == {10, 20, 30} and train["loss"][30] < train["loss"][10]
     evals = scalars(os.path.join(model_dir, "eval"))
-    assert 20 in evals["loss"] and evals["examples"][20] == 9 and evals["aggregated_examples"][20] == 9
+    assert 30 in evals["loss"] and evals["examples"][30] == 9 and evals["aggregated_examples"][30] == 9
