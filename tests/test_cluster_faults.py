@@ -35,9 +35,8 @@ from tests.fault_tasks import ProbeTask
 from tests.test_comforts import exported, model_at, served
 from tests.test_faults_processes import assert_bit_equal, latest_step, read_steps
 
-# Split out of the default run; .ci/run runs them next, two at a time (`-n 2 --dist loadgroup`):
-# the tests that share the module's uninterrupted reference run in one group, so it runs once,
-# the parameter-server cluster in the other.
+# Under xdist (`--dist loadgroup`, pyproject.toml) the tests that share the module's uninterrupted
+# reference run are one group, so it runs once; the parameter-server cluster is another.
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
