@@ -33,11 +33,13 @@ def _suggest(message: str) -> str:
     if unknown:
         matches = difflib.get_close_matches(unknown.group(1), _registered_names(), n=3,
                                             cutoff=0.6)
+        # A near name may be a typo, or only another function: the decorator hint either way.
+        fix = ("needs @gin.configurable (or gin.external_configurable) in a module the gin file "
+               "imports; ctl.KerasModelTask's model_fn, train_data and eval_data also take a "
+               "'package.module.function' string.")
         if matches:
-            return f" Did you mean {', '.join(matches)}?"
-        return (" A function of yours needs @gin.configurable (or gin.external_configurable) in "
-                "a module the gin file imports; ctl.KerasModelTask's model_fn, train_data and "
-                "eval_data also take a 'package.module.function' string.")
+            return f" Did you mean {', '.join(matches)}? If not, a function of yours {fix}"
+        return f" A function of yours {fix}"
     parameter = re.match(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'",
                          message)
     if parameter:
