@@ -406,7 +406,7 @@ def test_bad_input_in_process(name, trained_dir, tmp_path):
 
 @pytest.mark.slow
 def test_bad_inputs_in_processes(trained_dir, tmp_path):
-    """The cases that need TensorFlow to work (or another tool): real processes, a few at a time."""
+    """The cases that need a process of their own (a fresh TensorFlow, another tool): a few at a time."""
     prepared = {}
     for index, name in enumerate(PROCESSES):
         tmp = str(tmp_path / f"case{index}")

@@ -45,44 +45,34 @@ class GcsService:
         self.workdir = tempfile.mkdtemp(prefix="ctl-gcs-")
         self._control_file = os.path.join(self.workdir, "control.json")
         self._control = {}
-        self._processes = []
-        self.proxy_port = None
+        self._log_path = os.path.join(self.workdir, "emulator.log")
+        with open(self._log_path, "w") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "tests.gcs.emulator", self.bucket, self._control_file,
+                 str(self.latency_ms)],
+                cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_end_with_parent)
         try:
-            self._start()
+            self.proxy_port = int(self._wait_for(re.compile(r"port=(\d+)")))
         except BaseException:
             self.stop()
             raise
 
-    def _start(self):
-        emulator = self._spawn([sys.executable, "-m", "tests.gcs.emulator", self.bucket,
-                                self._control_file, str(self.latency_ms)], "emulator")
-        self.proxy_port = int(self._wait_for(emulator, re.compile(r"port=(\d+)"), "emulator"))
-
-    def _spawn(self, argv, name):
-        log = open(os.path.join(self.workdir, f"{name}.log"), "w+")
-        process = subprocess.Popen(
-            argv, cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_end_with_parent)
-        process.log_path = log.name
-        log.close()
-        self._processes.append(process)
-        return process
-
-    @staticmethod
-    def _wait_for(process, pattern, name):
-        """The first group of `pattern` in the process's log, waiting at most a minute."""
+    def _wait_for(self, pattern):
+        """The first group of `pattern` in the emulator's log, waiting at most a minute."""
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
-            with open(process.log_path) as f:
+            with open(self._log_path) as f:
                 match = pattern.search(f.read())
             if match:
                 return match.group(1)
-            if process.poll() is not None:
+            if self._process.poll() is not None:
                 break
             time.sleep(0.05)
-        with open(process.log_path) as f:
-            raise RuntimeError(f"the GCS {name} did not start (exit {process.poll()}):\n{f.read()[-3000:]}")
+        with open(self._log_path) as f:
+            raise RuntimeError(f"the GCS emulator did not start (exit {self._process.poll()}):\n"
+                               f"{f.read()[-3000:]}")
 
     def env(self) -> dict:
         """What a process needs for `gs://` to reach this service."""
@@ -124,14 +114,11 @@ class GcsService:
         os.replace(self._control_file + ".tmp", self._control_file)
 
     def stop(self):
-        for process in self._processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self._processes:
+        if self._process.poll() is None:
+            self._process.terminate()
             try:
-                process.wait(timeout=10)
+                self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-        self._processes = []
+                self._process.kill()
+                self._process.wait(timeout=10)
         shutil.rmtree(self.workdir, ignore_errors=True)
