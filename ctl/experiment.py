@@ -76,7 +76,7 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, its trainer class, the schedule, the fault tolerance and hooks (ctl.comforts.hooks)."""
+    """A task, its trainer class, the schedule, the fault tolerance and hooks (`ctl.hooks`)."""
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)

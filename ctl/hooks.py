@@ -3,18 +3,18 @@
     ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
     ctl.hooks.BestCheckpoint.metric = 'accuracy'
 
-The protocol (`Hook`, `Run`, `StopRequest`) is `ctl.core.hooks`'; the hooks are
+The protocol (`Hook`, `Run`, `StopRequest`) is `ctl.core.hook_protocol`'s; the hooks are
 `ctl.comforts`' (docs/comforts.md). Each hook is a gin configurable under the
 same name (`ctl.hooks.NAME`).
 """
 
 from ctl.comforts.best import BestCheckpoint
 from ctl.comforts.exporting import BestExporter, CheckpointExporter, FinalExporter, LatestExporter
-from ctl.comforts.hooks import EarlyStopping
+from ctl.comforts.early_stopping import EarlyStopping
 from ctl.comforts.keras_callbacks import KerasCallbacks
 from ctl.comforts.profile import Profile
 from ctl.comforts.warm_start import WarmStart
-from ctl.core.hooks import Hook, Run, StopRequest
+from ctl.core.hook_protocol import Hook, Run, StopRequest
 
 __all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "EarlyStopping",
            "FinalExporter", "Hook", "KerasCallbacks", "LatestExporter", "Profile", "Run",

@@ -6,7 +6,7 @@ Controller and checkpoint manager, the fault handler, lock and signal watcher
 (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
-(`ctl.core.hooks`), the Trainer's `step_guard`, the checkpoint's contents
+(`ctl.core.hook_protocol`), the Trainer's `step_guard`, the checkpoint's contents
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
@@ -31,7 +31,7 @@ from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.core.errors import UserError, require_choice
-from ctl.core.hooks import Hooks, OwnedActions, Run
+from ctl.core.hook_protocol import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.core import claims
-from ctl.core.hooks import OwnedActions
+from ctl.core.hook_protocol import OwnedActions
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
 from ctl.sidecar import announce
 from tests.cli import ROOT

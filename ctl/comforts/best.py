@@ -28,9 +28,9 @@ from typing import Any, Dict, Optional
 import gin
 import tensorflow as tf
 
-from ctl.comforts.hooks import improved, metric_value
+from ctl.comforts.early_stopping import improved, metric_value
 from ctl.core import console
-from ctl.core.hooks import Hook, Run
+from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import ModelDir, publish_directory, read_json, write_json
 
 

@@ -2,7 +2,7 @@
 
 As `tf.estimator`'s LatestExporter, BestExporter and FinalExporter (and
 Determined's export of every checkpoint: CheckpointExporter), each an ordinary
-hook (ctl.comforts.hooks) acting on evaluation results or checkpoint saves:
+hook (`ctl.hooks`) acting on evaluation results or checkpoint saves:
 
     ctl.Experiment.hooks = [@ctl.hooks.LatestExporter(), @ctl.hooks.BestExporter(), @ctl.hooks.FinalExporter()]
     ctl.hooks.BestExporter.metric = 'accuracy'
@@ -28,7 +28,7 @@ import tensorflow as tf
 from ctl.comforts.best import BestMetric
 from ctl.core import console
 from ctl.core.errors import UserError
-from ctl.core.hooks import Hook, Run
+from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import ModelDir, is_published, publish_directory
 from ctl.core.serving import default_serving_signatures
 

@@ -17,7 +17,7 @@ import os
 import tensorflow as tf
 
 from ctl.core import config
-from ctl.core.hooks import Hook
+from ctl.core.hook_protocol import Hook
 
 
 class HParamsSummary(Hook):

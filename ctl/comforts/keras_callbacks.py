@@ -20,7 +20,7 @@ from typing import Any, Dict, Sequence
 import gin
 
 from ctl.comforts.progress import scalars
-from ctl.core.hooks import Hook, Run
+from ctl.core.hook_protocol import Hook, Run
 
 
 @gin.configurable(module="ctl.hooks")

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import UserError
-from ctl.core.hooks import Hook, Run
+from ctl.core.hook_protocol import Hook, Run
 
 PROFILE_DIR = "train"  # TensorBoard's run; the profiler adds plugins/profile/<run>/.
 

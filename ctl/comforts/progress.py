@@ -4,7 +4,7 @@
     {"kind": "eval", "step": 200, "time": 1700000001.5, "loss": 0.35, "accuracy": 0.88}
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
-`MetricsLog` is a hook (ctl.comforts.hooks) that ctl adds to every run on the
+`MetricsLog` is a hook (`ctl.hooks`) that ctl adds to every run on the
 chief; it runs eagerly on the host. What a run prints is `ctl.core.console`'s.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.hooks import flat_logs
-from ctl.core.hooks import Hook, Run
+from ctl.comforts.early_stopping import flat_logs
+from ctl.core.hook_protocol import Hook, Run
 from ctl.core.background import uploads
 from ctl.core.model_dir import ModelDir, is_object_store, read_json_lines, read_text, write_atomically
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 from ctl.core import console
 from ctl.core.checkpoint_contents import SavedGraph, variable_paths
 from ctl.core.errors import UserError, first_line
-from ctl.core.hooks import Hook
+from ctl.core.hook_protocol import Hook
 
 
 def select(model, include: Sequence[str]):

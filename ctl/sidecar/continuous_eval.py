@@ -45,7 +45,7 @@ from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError, first_line
-from ctl.core.hooks import Hooks, OwnedActions, Run
+from ctl.core.hook_protocol import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.summaries import SummaryManager
@@ -380,7 +380,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
 def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
                      model_dir: str) -> OwnedActions:
     """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint,
-    run only if this process owns them (`ctl.core.hooks.OwnedActions`).
+    run only if this process owns them (`ctl.core.hook_protocol.OwnedActions`).
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
     as `FinalExporter` stay with the trainer, so the two never race for a file.

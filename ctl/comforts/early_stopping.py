@@ -1,7 +1,7 @@
 """Hooks that ship with ctl: early stopping, and the helpers hooks share.
 
 The hook protocol itself (what a hook is, `Run`, `Hooks`, `StopRequest`) is
-core's, `ctl.core.hooks`; every hook here is an ordinary one. Named eval sets
+core's, `ctl.core.hook_protocol`; every hook here is an ordinary one. Named eval sets
 reach hooks as nested dicts; `flat_logs` and `metric_value` name their metrics
 "set/name".
 
@@ -15,7 +15,7 @@ import gin
 import orbit
 
 from ctl.core.errors import UserError
-from ctl.core.hooks import Hook, Run
+from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import ModelDir, read_json, write_json
 
 
