@@ -29,7 +29,7 @@ import tensorflow as tf
 from ctl import train_lib
 from ctl.cluster import tf_config
 from ctl.comforts.exporting import export_saved_model
-from ctl.comforts.early_stopping import flat_logs
+from ctl.comforts.eval_results import flat_logs
 from ctl.core import checkpointing, config, console
 from ctl.core.errors import UserError, one_line
 from ctl.experiment import Experiment, Schedule

@@ -340,7 +340,7 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
 
 
 def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
-    from ctl.comforts.early_stopping import metric_value
+    from ctl.comforts.eval_results import metric_value
     from ctl.comforts.progress import scalars
 
     logs = {"clean": {"loss": np.float32(0.5), "accuracy": np.float32(0.75)},

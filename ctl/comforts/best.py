@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 import gin
 import tensorflow as tf
 
-from ctl.comforts.early_stopping import improved, metric_value
+from ctl.comforts.eval_results import improved, metric_value
 from ctl.core import console
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import ModelDir, publish_directory, read_json, write_json

@@ -16,7 +16,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.comforts.early_stopping import flat_logs
+from ctl.comforts.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.background import uploads
 from ctl.core.model_dir import ModelDir, is_object_store, read_json_lines, read_text, write_atomically
