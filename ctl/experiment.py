@@ -76,7 +76,14 @@ class Schedule:
 @gin.configurable(module="ctl")
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A task, its trainer class, the schedule, the fault tolerance and hooks (`ctl.hooks`)."""
+    """A task, its trainer class, the schedule, the fault tolerance and hooks (`ctl.hooks`).
+
+    `trainer_cls` is the `ctl.Trainer` subclass that runs the task (default
+    `ctl.Trainer`): to change *how* one part of the loop runs (a train or eval
+    hook of the Trainer, e.g. `next_train_inputs`), subclass it, register the
+    subclass with gin and bind `ctl.Experiment.trainer_cls = @MyTrainer`. The
+    trainer and a sidecar evaluator build the same class.
+    """
 
     task: Task = gin.REQUIRED
     schedule: Schedule = dataclasses.field(default_factory=Schedule)

@@ -149,7 +149,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
         checkpoint_interval=schedule.checkpoint_interval,
-        init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
+        init_fn=hooks.initialize,  # The hooks' on_initialize, then the task's initialize.
     )
     faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
     train_actions = []

@@ -293,7 +293,8 @@ def test_a_hook_without_hook_methods_is_a_user_error(tmp_path):
         ctl.run_experiment("train", str(tmp_path), experiment=experiment([object()]))
 
 
-def test_keras_early_stopping_callback_stops_the_run(tmp_path):
+def test_keras_early_stopping_callback_stops_the_run(tmp_path, caplog):
+    """It stops through ctl's stop request, and a warning names ctl's early stopping (the one route)."""
     import keras
 
     stopper = keras.callbacks.EarlyStopping(monitor="val_examples", mode="max", patience=1)
@@ -303,6 +304,9 @@ def test_keras_early_stopping_callback_stops_the_run(tmp_path):
     evals = [call[1] for call in hooks[1].calls if call[0] == "eval"]
     assert evals == [20, 40]  # `val_examples` never improves after the first evaluation.
     assert stopper.stopped_epoch == 1
+    said = [r.getMessage() for r in caplog.records if "ctl.hooks.EarlyStopping keeps the count" in r.getMessage()]
+    assert said == ["EarlyStopping counts its patience in this process only (a restart starts it over); "
+                    "ctl.hooks.EarlyStopping keeps the count in the model dir (docs/comforts.md)."]
 
 
 def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path):

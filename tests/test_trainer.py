@@ -101,21 +101,26 @@ def test_build_model_without_variables_is_a_user_error():
 
 
 def test_initialize_runs_only_when_the_model_dir_has_no_checkpoint(tmp_path):
+    """One warm-start route: the hooks' `on_initialize`, then the task's `initialize`, once."""
     calls = []
 
     class Pretrained(RegressionTask):
         def initialize(self, model):
-            calls.append(1)
+            calls.append("task")
             model.layers[-1].kernel.assign(TRUE_WEIGHTS)
 
+    class Initializer(ctl.hooks.Hook):
+        def on_initialize(self):
+            calls.append("hook")
+
     def run(steps):
-        experiment = ctl.Experiment(task=Pretrained(), schedule=ctl.Schedule(
+        experiment = ctl.Experiment(task=Pretrained(), hooks=[Initializer()], schedule=ctl.Schedule(
             train_steps=steps, steps_per_loop=5, eval_interval=None))
         return ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment)
 
     assert run(0)["loss"] == pytest.approx(0.0, abs=1e-10)  # Pretrained weights are exact.
     assert run(5)["loss"] == pytest.approx(0.0, abs=1e-6)   # Restored, not initialized again.
-    assert len(calls) == 1
+    assert calls == ["hook", "task"]
 
 
 def test_one_device_strategy_trains():

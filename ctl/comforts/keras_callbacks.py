@@ -13,6 +13,11 @@ A callback that sets `model.stop_training = True` (Keras' `EarlyStopping`,
 `TerminateOnNaN`) makes a ctl stop request. Batch-level methods are not called:
 steps run inside `tf.function`. The callbacks must come from the same Keras as
 the model.
+
+Early stopping has one route, `ctl.hooks.EarlyStopping` (its count survives a
+restart, in the model dir); Keras' `EarlyStopping` here still stops the run
+through the same stop request, but counts in this process only, and says so
+once when bound.
 """
 
 from typing import Any, Dict, Sequence
@@ -20,6 +25,7 @@ from typing import Any, Dict, Sequence
 import gin
 
 from ctl.comforts.progress import scalars
+from ctl.core import console
 from ctl.core.hook_protocol import Hook, Run
 
 
@@ -35,6 +41,11 @@ class KerasCallbacks(Hook):
     def bind(self, run: Run) -> None:
         super().bind(run)
         for callback in self.callbacks:
+            if any(c.__name__ == "EarlyStopping" for c in type(callback).__mro__):
+                console.warning(
+                    "hooks", "%s counts its patience in this process only (a restart starts it "
+                    "over); ctl.hooks.EarlyStopping keeps the count in the model dir "
+                    "(docs/comforts.md).", type(callback).__name__)
             callback.set_model(run.model)
             callback.on_train_begin({})
 

@@ -13,12 +13,12 @@ the host, and hands each eval step to every `Aggregation` of the task:
     results = union of aggregation.results(state, global_step)
 
 so each worker computes the same results, whatever the number of replicas or
-workers. A task has two ways to say what to aggregate, both aggregations:
-
-* `Task.build_reducers()`: `Reducer`s, which see one replica's batch at a time
-  and combine per-replica states at the end (`ctl.cluster.reducers.AUC`);
-* `Task.aggregate_logs` / `reduce_aggregated_logs` (Model Garden's names),
-  which see each step's per-replica lists: `TaskAggregation`.
+workers. One route: a task's aggregations are `of_task(task)`, what
+`Task.build_reducers()` returns (`Reducer`s, which see one replica's batch at a
+time and combine per-replica states at the end, e.g. `ctl.cluster.reducers.AUC`;
+or any `Aggregation`). `Task.aggregate_logs` / `reduce_aggregated_logs` (Model
+Garden's names, kept so `ctl.ModelGardenTask` and ported tasks run unchanged)
+are a thin alias: one more aggregation, `TaskAggregation`, first in the list.
 """
 
 import abc

@@ -133,7 +133,11 @@ class Hooks:
             action(*args)
 
     def initialize(self) -> None:
+        """The one warm-start route: the model dir holds no checkpoint, so every hook's
+        `on_initialize` (e.g. `ctl.hooks.WarmStart`), then the task's `initialize(model)`."""
         self.call("on_initialize")
+        if self.run.task is not None:
+            self.run.task.initialize(self.run.model)
 
 
 class OwnedActions:

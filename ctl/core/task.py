@@ -164,7 +164,11 @@ class Task:
     def initialize(self, model) -> None:
         """Called once when the model dir holds no checkpoint yet.
 
-        Override to load pretrained weights, e.g. with
+        The task's side of the one warm-start route (`Hooks.initialize` in
+        `ctl.core.hook_protocol`): it runs right after the hooks' `on_initialize`,
+        so after `ctl.hooks.WarmStart`, which loads pretrained weights from gin
+        without code. Override it for what a hook cannot say (Model Garden's
+        name: `ctl.ModelGardenTask` forwards it), e.g.
         `tf.train.Checkpoint(encoder=model.encoder).read(path)`.
         """
         del model
