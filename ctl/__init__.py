@@ -12,6 +12,23 @@ had been imported eagerly.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exported); `__getattr__` imports at run time.
+    from ctl import hooks as hooks
+    from ctl.adapters.keras_model import KerasModelTask as KerasModelTask
+    from ctl.adapters.model_garden import ModelGardenTask as ModelGardenTask
+    from ctl.core.aggregation import Aggregation as Aggregation, Reducer as Reducer
+    from ctl.core.checkpointing import restore_model as restore_model
+    from ctl.core.errors import UserError as UserError
+    from ctl.core.runner import TrainLoopEnd as TrainLoopEnd
+    from ctl.core.schedules import register_schedules as register_schedules, with_warmup as with_warmup
+    from ctl.core.task import Task as Task
+    from ctl.core.trainer import Trainer as Trainer
+    from ctl.experiment import Experiment as Experiment, Schedule as Schedule
+    from ctl.faults.handler import FaultTolerance as FaultTolerance
+    from ctl.sidecar.scheduler import ContinuousEval as ContinuousEval
+    from ctl.train_lib import MODES as MODES, run_experiment as run_experiment
 
 _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],

@@ -166,8 +166,8 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     try:
         plot(train, evals, output)
     except (OSError, tf.errors.OpError) as error:
-        raise UserError(f"cannot write --output={output} ({getattr(error, 'strerror', None) or first_line(error)}); name a "
-                        "file you can write.") from error
+        reason = getattr(error, "strerror", None) or first_line(error)
+        raise UserError(f"cannot write --output={output} ({reason}); name a file you can write.") from error
     return table(model_dir, train, evals), output
 
 

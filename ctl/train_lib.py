@@ -16,7 +16,7 @@ parsed; tests and notebooks call it directly.
 import contextlib
 import shutil
 import tempfile
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -152,7 +152,7 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
         init_fn=hooks.initialize,  # The hooks' on_initialize, then the task's initialize.
     )
     faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
-    train_actions = []
+    train_actions: List[Callable[[Any], None]] = []
     if train and chief:
         train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
     train_actions += hooks.actions("on_train_loop_end")

@@ -134,3 +134,106 @@ def test_the_top_level_reads_as_the_concepts_and_the_hooks_are_ctl_hooks():
         assert gin.get_configurable(f"ctl.hooks.{name}") is getattr(ctl.hooks, name), name
     assert {"Hook", "Run", "StopRequest"} | hooks == set(ctl.hooks.__all__)
     assert gin.get_configurable("ctl.with_warmup") is ctl.with_warmup
+
+
+def _habits(root: str, cache: str) -> list:
+    """`ruff check` and `mypy` on `root`'s ctl/, with `root`'s pyproject.toml: the failed ones' output."""
+    failed = []
+    for command in ([sys.executable, "-m", "ruff", "check", "--no-cache", "ctl"],
+                    [sys.executable, "-m", "mypy", "--cache-dir", cache]):
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            failed.append(done.stdout + done.stderr)
+    return failed
+
+
+def test_ruff_and_mypy_pass_on_ctl(tmp_path):
+    """The levels are pyproject.toml's (`[tool.ruff]`, `[tool.mypy]`); the suite runs them so
+    `.ci/run` stays the README's one command."""
+    assert _habits(ROOT, str(tmp_path / "mypy")) == []
+
+
+def test_an_unused_import_and_a_wrong_type_fail_them(tmp_path):
+    shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    errors = tmp_path / "ctl" / "core" / "errors.py"
+    errors.write_text("import json\n" + errors.read_text() + "\n\nWRONG: int = 'a string'\n")
+    failed = _habits(str(tmp_path), str(tmp_path / "mypy"))
+    assert len(failed) == 2
+    assert "F401" in failed[0] and "`json` imported but unused" in failed[0]
+    assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in failed[1]
+
+
+def test_every_lazy_public_name_is_imported_for_type_checkers():
+    """ctl/__init__.py's table of lazy names and its `if TYPE_CHECKING:` imports (what editors
+    follow to `ctl.Trainer`) list the same names, each from the module that defines it."""
+    import ast
+
+    import ctl
+
+    with open(os.path.join(ROOT, "ctl", "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    typed = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name}: re-export it as `{alias.name} as {alias.name}`"
+            module = node.module if node.module != "ctl" else f"ctl.{alias.name}"
+            typed.setdefault(module, []).append(alias.name)
+    lazy = {module: sorted(names) for module, names in ctl._MODULES.items()}
+    lazy.update({f"ctl.{name}": [name] for name in ctl._SUBMODULES})
+    assert {module: sorted(names) for module, names in typed.items()} == lazy
+
+
+CITED = re.compile(r"(?<![\w/.])((?:tests|docs|bench|configs|experiments|tools|ctl)/[\w./-]*\w)(::test_\w+)?"
+                   r"|(?<![\w/])(::test_\w+)")
+DOTTED = re.compile(r"(?<![\w.])ctl(?:\.\w+)+")
+
+
+def _defines(source: str, name: str) -> bool:
+    return bool(re.search(rf"^\s*(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]|\bimport\b.*\b{name}\b"
+                          rf"|[\"']{name}[\"']", source, re.M))
+
+
+def _unresolved_dotted(name: str):
+    """`name` (ctl.a.b.C.attr) if its first part after the modules is not defined in the last module."""
+    parts, here = name.split("."), os.path.join(ROOT, "ctl")
+    i = 1
+    while i < len(parts) and (os.path.isdir(os.path.join(here, parts[i]))
+                              or os.path.isfile(os.path.join(here, parts[i] + ".py"))):
+        here = os.path.join(here, parts[i]) + ("" if os.path.isdir(os.path.join(here, parts[i])) else ".py")
+        i += 1
+    if i == len(parts) or parts[i] == "NAME":  # A module, or a placeholder (`ctl.hooks.NAME`).
+        return None
+    with open(os.path.join(here, "__init__.py") if os.path.isdir(here) else here) as f:
+        return None if _defines(f.read(), parts[i]) else name
+
+
+def test_every_test_path_and_ctl_name_cited_in_ctl_exists():
+    """A docstring or message in ctl/ citing a test, a file of the repo or a `ctl.` name that is gone
+    (a module renamed, a test deleted) is a false claim, as in the docs (test_docs)."""
+    missing = []
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "ctl")):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            where = os.path.relpath(path, ROOT)
+            with open(path) as f:
+                text = f.read()
+            last_file = None
+            for match in CITED.finditer(text):
+                cited, test = match.group(1), match.group(2) or match.group(3)
+                if cited:
+                    last_file = cited
+                    if not os.path.exists(os.path.join(ROOT, cited)):
+                        missing.append(f"{where}: {cited}")
+                        continue
+                if test:
+                    assert last_file, f"{where}: {test} names no file before it"
+                    with open(os.path.join(ROOT, last_file)) as f:
+                        if not re.search(rf"def {test[2:]}\b", f.read()):
+                            missing.append(f"{where}: {last_file}{test}")
+            missing += [f"{where}: {n}" for n in map(_unresolved_dotted, DOTTED.findall(text)) if n]
+    assert not missing, "cited in ctl/ but not there:\n" + "\n".join(sorted(set(missing)))

@@ -61,7 +61,7 @@ class KerasModelTask(Task):
         self.batch_size = batch_size
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
-        self.model = None
+        self.model: Any = None
 
     # The model and its optimizer, as compiled.
 

@@ -27,7 +27,7 @@ Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Sequence, Union
 
 import gin
 import tensorflow as tf

@@ -34,7 +34,7 @@ class AUC(Reducer):
         pairs = [pair for state in states for pair in state]
         if not pairs:
             return np.zeros(0), np.zeros(0)
-        return (np.concatenate([s for s, _ in pairs]), np.concatenate([l for _, l in pairs]))
+        return (np.concatenate([s for s, _ in pairs]), np.concatenate([y for _, y in pairs]))
 
     def result(self, state):
         scores, labels = state

@@ -13,7 +13,8 @@ temporary directory next to it and published whole (`ctl.core.model_dir.
 publish_directory`: renamed into place on a file system; in an object store
 copied with `saved_model.pb` and then the marker `ctl_published.json` last), so
 a reader sees a whole SavedModel or none, and a restart replaces a half one
-that an interrupted export left. A step already exported is not written again. The signatures are the task's `serving_signatures(model)`.
+that an interrupted export left. A step already exported is not written again.
+The signatures are the task's `serving_signatures(model)`.
 
 All of this runs eagerly on the host, on the chief (or on a sidecar evaluator,
 which binds its own model and step; see docs/comforts.md).

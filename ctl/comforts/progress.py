@@ -50,7 +50,7 @@ class MetricsLog(Hook):
     def bind(self, run: Run) -> None:
         super().bind(run)
         self.path = ModelDir(run.model_dir).metrics_file
-        self._file = None
+        self._file: Optional[Any] = None  # A GFile, opened on the first line.
         self._lines: Optional[List[str]] = None  # Object stores: every line of the file.
         self._queued = False
 

@@ -16,7 +16,7 @@ the chosen variables, a shape mismatch, or an `include` that names nothing is a
 `UserError`. Runs eagerly on the host, before the first step.
 """
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import gin
 import tensorflow as tf
@@ -66,7 +66,7 @@ class WarmStart(Hook):
         self.init_checkpoint = init_checkpoint
         self.include = list(include)
         self.checkpoint_prefix = checkpoint_prefix
-        self.report = None
+        self.report: Optional[Dict[str, list]] = None
 
     def on_initialize(self) -> None:
         self.report = warm_start(self.run.model, self.init_checkpoint, self.include,

@@ -25,7 +25,7 @@ assuming how Keras names its attributes.
 """
 
 import collections
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -57,7 +57,7 @@ def build_checkpoint(global_step: tf.Variable, model, optimizer,
     return tf.train.Checkpoint(**objects)
 
 
-def variable_paths(obj) -> Dict[str, object]:
+def variable_paths(obj) -> Dict[str, Any]:
     """Maps object path (e.g. `layer_with_weights-0/kernel`) -> variable, under `obj`.
 
     Walks the object graph breadth-first with `tf.train.TrackableView`, the

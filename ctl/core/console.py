@@ -157,7 +157,7 @@ class Console(logging.Handler):
         self.clock = clock
         self.every_seconds = every_seconds
         self.history_seconds = history_seconds
-        self._bar = None
+        self._bar: Optional[Any] = None  # A tqdm bar, once there is one.
         self._last_train_line = None  # clock() of the last plain train line.
         self._last_history = None  # clock() of the last train line above the bar.
 

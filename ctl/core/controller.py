@@ -150,7 +150,7 @@ class Controller:
                 tf.train.TrackableView(checkpoints.manager.checkpoint).descendants())
         self._step: Optional[int] = None
         self._train_lines = console.TrainLines()  # Rate and ETA from steady-state loops.
-        self._final_step = None  # What train_and_evaluate trains to, for the ETA.
+        self._final_step: Optional[int] = None  # What train_and_evaluate trains to, for the ETA.
         self._loop_sizes = {}  # num_steps -> its tensor, made once (an eager op a loop otherwise).
         tf.summary.experimental.set_step(global_step)  # For tf.summary calls without a step.
         if checkpoints.manager is not None:

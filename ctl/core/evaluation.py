@@ -61,8 +61,8 @@ class Evaluation(orbit.AbstractEvaluator):
         self._aggregates = bool(aggregations)
         self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
         self._last_eval = loops.LastResults()  # For eval_end.
-        self._graph_eval_loop = None  # Built on first use.
-        self._host_eval_parts = None
+        self._graph_eval_loop: Optional[Any] = None  # Built on first use.
+        self._host_eval_parts: Optional[Any] = None
         # Set by ctl.faults.handler: ends an evaluation on a signal (`evaluate` then raises
         # EvaluationStopped).
         self.eval_stop: Optional[EvalStop] = None

@@ -485,17 +485,17 @@ class ModelDir:
                                stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
         name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
-        known, stamps = stamps or {}, []
+        known, times = stamps or {}, []
         for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
-                stamps.append(known.get(path) or tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
+                times.append(known.get(path) or tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
             except tf.errors.NotFoundError:
-                stamps.append(time.time())
+                times.append(time.time())
         lines = [f"model_checkpoint_path: {json.dumps(os.path.basename(restored.path))}"]
         lines += [f"all_model_checkpoint_paths: {json.dumps(os.path.basename(p))}"
                   for p in restored.keep]
-        lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
-        lines.append(f"last_preserved_timestamp: {min(stamps, default=time.time()) - 1!r}")
+        lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in times]
+        lines.append(f"last_preserved_timestamp: {min(times, default=time.time()) - 1!r}")
         write_atomically(self.file(CHECKPOINT_STATE_FILE), "\n".join(lines) + "\n")
         if not quiet:
             console.info("ckpt", "rewrote %s: the latest checkpoint is %s",

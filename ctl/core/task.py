@@ -192,10 +192,9 @@ class Task:
         """
         return default_serving_signatures(model)
 
-    @classmethod
-    def aggregates_logs(cls) -> bool:
+    def aggregates_logs(self) -> bool:
         """Whether this task collects eval outputs beyond its Keras metrics."""
-        return cls.aggregate_logs is not Task.aggregate_logs
+        return type(self).aggregate_logs is not Task.aggregate_logs
 
 
 def shard_for_pipeline(dataset: tf.data.Dataset, global_batch_size: int,

@@ -86,7 +86,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         self.task = task
         self.strategy = strategy or tf.distribute.get_strategy()
         self._last_train = loops.LastResults()  # For train_loop_end.
-        self._train_loop = None  # Built on first use (create_train_loop_fn).
+        self._train_loop: Optional[Any] = None  # Built on first use (create_train_loop_fn).
         self._train_iterator = None  # (dataset, its iterator): made anew when the dataset changes.
         # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss (and
         # `eval_stop` an evaluation: `Evaluation`).

@@ -115,7 +115,7 @@ class InputPosition:
         self.trainer = trainer
         self._options = None  # The tf.data options under which the iterator saves, if it does.
         self.why_not_saved = self._choose_options(probe)
-        self.how = None  # How the last resume found the position: "checkpoint", "skip" or "start".
+        self.how: Optional[str] = None  # How the last resume found the position: "checkpoint", "skip" or "start".
         # Examples consumed, for a restart at another size (None under parameter servers).
         self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs)
         self.examples = run_size.ExamplesRecord() if self.size is not None else None

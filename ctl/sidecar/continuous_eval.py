@@ -153,7 +153,7 @@ class CheckpointEvaluator:
         for callback in self.callbacks:
             if hasattr(callback, "set_model"):
                 callback.set_model(self.model)
-        self._summaries = None
+        self._summaries: Optional[SummaryManager] = None
         self.die_after_metrics_append = False  # The test-only fault point (top of the module).
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
