@@ -237,3 +237,21 @@ def test_every_test_path_and_ctl_name_cited_in_ctl_exists():
                             missing.append(f"{where}: {last_file}{test}")
             missing += [f"{where}: {n}" for n in map(_unresolved_dotted, DOTTED.findall(text)) if n]
     assert not missing, "cited in ctl/ but not there:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_each_package_docstring_names_its_modules_and_no_other():
+    """A package's docstring is its map: every module of the package in backticks, and no
+    backticked bare lowercase name that is not one of them (a module that moved)."""
+    import ast
+
+    wrong = []
+    for package in ("adapters", "cluster", "comforts", "core", "faults", "sidecar"):
+        directory = os.path.join(ROOT, "ctl", package)
+        modules = {name[:-3] for name in os.listdir(directory)
+                   if name.endswith(".py") and name != "__init__.py"}
+        with open(os.path.join(directory, "__init__.py")) as f:
+            named = set(re.findall(r"`([a-z_][a-z0-9_]*)`", ast.get_docstring(ast.parse(f.read())) or ""))
+        named -= {"ctl"}
+        wrong += [f"ctl/{package}: {m} not in its docstring" for m in sorted(modules - named)]
+        wrong += [f"ctl/{package}: its docstring names `{m}`, no module of it" for m in sorted(named - modules)]
+    assert not wrong, "\n".join(wrong)

@@ -2,7 +2,7 @@
 
 `tf_config` validates TF_CONFIG and plans what each role runs, `distribute`
 creates the `tf.distribute` strategy (mirrored, multi-worker, parameter
-servers, TPU) and serves non-training tasks, and `reducers` combine eval results
-that Keras metrics cannot hold over replicas and workers. Nothing is
-re-exported here: the public API is `ctl`.
+servers, TPU) and serves non-training tasks, `peers` names a lost peer in one
+line, and `reducers` combine eval results that Keras metrics cannot hold over
+replicas and workers. Nothing is re-exported here: the public API is `ctl`.
 """

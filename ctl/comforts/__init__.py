@@ -1,8 +1,11 @@
-"""Everyday comforts around a training run.
+"""Everyday comforts around a training run: the hooks ctl ships (`ctl.hooks`).
 
-Plain-callable hooks with early stopping and stop requests (`hooks`), Keras
-callbacks (`keras_callbacks`), the best checkpoint (`best`), SavedModel
+Early stopping (`early_stopping`, reading results as `eval_results` does),
+Keras callbacks (`keras_callbacks`), the best checkpoint (`best`), SavedModel
 exporters (`exporting`), warm starting a subset of variables (`warm_start`),
-`--mode=smoke` (`smoke`) and the progress line and metrics.jsonl (`progress`).
-Nothing is re-exported here: the public API is `ctl`.
+a profile of chosen steps (`profile`), the gin values as HParams (`hparams`),
+the progress line and metrics.jsonl (`progress`) and the end of a run
+(`run_end`). The hook protocol itself is `ctl.core.hook_protocol`'s;
+`--mode=smoke` is `ctl.smoke`. Nothing is re-exported here: the public API is
+`ctl`.
 """

@@ -39,8 +39,8 @@ def scalars(logs) -> Dict[str, float]:
 class MetricsLog(Hook):
     """Appends a JSON line per train loop and per evaluation to `<model_dir>/metrics.jsonl`.
 
-    The file stays open between lines (opening it per line cost 0.2 ms after
-    a loop); each line is flushed as one write, so readers never see half a
+    The file stays open between lines (opening it per line cost time after
+    every loop: docs/bench.md); each line is flushed as one write, so readers never see half a
     record and a killed run loses none. In an object store, where an append
     uploads the whole file again, the lines are kept in memory and the file
     is uploaded whole from `ctl.core.background` (one upload queued at a time,
@@ -71,8 +71,8 @@ class MetricsLog(Hook):
             self._append_in_store(json.dumps(record) + "\n")
             return
         if self._file is None:
-            # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran 3%
-            # slower (docs/bench.md), though a line alone cost less (0.02 ms against 0.08).
+            # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran
+            # slower, though a line alone cost less (docs/bench.md).
             self._file = tf.io.gfile.GFile(self.path, "a")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

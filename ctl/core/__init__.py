@@ -1,9 +1,16 @@
-"""The core of ctl: what a user writes and how it is trained.
+"""The core of ctl: what a user writes, how it is trained, and the extension points.
 
-`Task` says what (model, optimizer, inputs, losses, metrics, steps), `Trainer`
-runs the train and eval loops on orbit, `Experiment` and `Schedule` say what to
-run and when, and `run_experiment` drives the modes on a `Controller` with ctl's
-checkpoint manager, loop summaries and asynchronous saving; gin at the edges
-(`config`) and `UserError` for user mistakes (`errors`). Nothing is re-exported
-here: the public API is `ctl`.
+`task` is what a user writes (`Task`; `contract` checks it at start); the
+`trainer` runs it on orbit (`Trainer` over `evaluation`, its loops in `loops`,
+the runner contract in `runner`; the step's gradient pipeline in `train_step`,
+`precision`, `xla`, `ema`; learning rates in `schedules`), and `controller`
+drives train and eval loops with `checkpointing` and `summaries`. The model
+dir's files are `model_dir`'s (with `checkpoint_contents`, `claims`,
+`staging` and `background` for object stores); the extension points the
+subsystems plug into are `hook_protocol` (hooks, train/eval actions, the stop
+request), `runner` and `aggregation`. Around them: gin at the edges (`config`,
+`gin_text`), `UserError` (`errors`), what a run prints (`console`), the
+default serving signature (`serving`) and a command's end (`process_end`).
+`Experiment` (`ctl.experiment`) and the composition root (`ctl.train_lib`)
+are above core. Nothing is re-exported here: the public API is `ctl`.
 """

@@ -18,9 +18,9 @@ manager, asynchronous saves, the hooks that see a save or a restore),
 a loop, and the stop request).
 
 What happens after each train loop (`_train_n_steps`) costs no eager
-TensorFlow op: orbit's spends about 2 ms of host time there (global-step
-reads, two summary-writer flushes, a summary op, a pretty-printed output), 10%
-of a 100-step loop of a small model. ctl's takes the loop's results and the
+TensorFlow op: orbit's spends host time there (global-step reads, two
+summary-writer flushes, a summary op, a pretty-printed output), a share of
+a short loop of a small model that figure 1 shows (docs/bench.md). ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
 (`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
 every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
@@ -405,7 +405,7 @@ def next_evaluation(step: int, interval: Optional[int], train_steps: int) -> int
 
 
 def to_numpy(logs):
-    """`logs` with every tensor as a NumPy value (`tf.nest.map_structure` costs 0.15 ms here)."""
+    """`logs` with every tensor as a NumPy value (cheaper here than `tf.nest.map_structure`)."""
     if isinstance(logs, dict):
         return {name: to_numpy(value) for name, value in logs.items()}
     return logs.numpy() if tf.is_tensor(logs) else logs

@@ -55,7 +55,7 @@ import tensorflow as tf
 from ctl.core.runner import EvalStop, Logs, StepGuard
 
 # ctl's own graph code with no Python control flow on tensors and no user code
-# in it: autograph need not convert it (converting these helpers took ~70% of
+# in it: autograph need not convert it (converting these helpers took most of
 # the autograph time of the digits job's tracing). Keras' own fit does not
 # convert metrics' `result`/`reset_state` or learning-rate schedules either.
 # Methods a subclass overrides are converted as usual.
@@ -132,8 +132,8 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
     `tf.function` call.
 
     The loop also returns `read_end()` (the global step and the guard's bad
-    step it ended at): a separate reset or read cost 0.4-0.7 ms right after a
-    loop here, 2-4% of a 100-step loop of a small model (bench/, figure 1).
+    step it ended at): a separate reset or read right after a loop cost a
+    share of a short loop of a small model (figure 1, docs/bench.md).
     """
     loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(step_fn)
 
@@ -215,8 +215,8 @@ class _IteratorEnder:
 
     The last reference to an iterator stops its input pipeline's threads
     (prefetch, parallel map) and waits for them: after each evaluation of
-    figure 2's MLP (bench/eval_throughput.py) that was 0.5 ms of a 1-step one
-    and 1.6 ms of a 100-step one, all of it on the caller's path. TensorFlow
+    figure 2's MLP (bench/eval_throughput.py) that time was all on the
+    caller's path. TensorFlow
     lets go of the GIL while it does so, so the run goes on meanwhile; the
     next evaluation makes its own iterator.
     """

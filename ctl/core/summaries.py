@@ -3,10 +3,9 @@
 orbit's Controller writes the results of every train loop and evaluation
 (loss, metrics, learning rate, steps/sec) through its `SummaryManager`, which
 runs `tf.summary.scalar` eagerly once per value and flushes the writer each
-time. Every eager TensorFlow call costs 0.2-0.5 ms on this CPU (an empty
-`tf.function` call 0.3 ms, one `tf.summary.scalar` 0.4 ms, measured), and
-orbit's way came to 0.6 ms a loop: 3% of a 100-step loop of a small model
-(bench/, figure 1).
+time. Every eager TensorFlow call (an empty `tf.function` call, one
+`tf.summary.scalar`) costs host time, and orbit's way came to a share of a
+short loop of a small model that figure 1 shows (docs/bench.md).
 
 ctl's `SummaryManager` keeps the interface of orbit's (`summary_writer`,
 `write_summaries`, `flush`) and what lands on disk (the same tags, steps,
@@ -16,10 +15,9 @@ is ctl's own: no orbit class to keep in step with. `write_summaries` keeps a
 loop's scalars with their step, as Python floats; `flush` writes all a
 writer's kept rows with one call of a `tf.function` of that writer
 (`tf.summary.write` in a `tf.while_loop`, then a flush; traced at its first
-flush, 0.1 s): about 0.6 ms a call and 0.03 ms a loop, where a
-`tf.summary.scalar` per value costs 0.2-0.5 ms. Keeping them pays: written
-eagerly after each loop instead, ctl's MLP trained at 0.74 of its speed
-(`python -m bench.ablation`, docs/bench.md; the CNN did not notice). The controller flushes before each
+flush): one call for many loops, where `tf.summary.scalar` costs a call per
+value. Keeping them pays: written eagerly after each loop instead, ctl's MLP
+trained slower (docs/bench.md; the CNN did not notice). The controller flushes before each
 checkpoint, at the end of training, and otherwise every `FLUSH_SECONDS`, so
 a checkpoint's steps always have their summaries on disk. A value that is
 not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects

@@ -214,9 +214,9 @@ class InputPosition:
 
         Tried on `probe`, with an iterator that has produced one element (some
         ops refuse only once they run: `from_generator`). The full state, not
-        tf.data's symbolic checkpoints: those make a `shuffle` 20 times slower
-        per batch in TensorFlow 2.20 (digits: 12 ms instead of 0.5 ms a batch,
-        measured), for a smaller checkpoint (no prefetch buffers).
+        tf.data's symbolic checkpoints: those make a `shuffle` many times slower
+        per batch in TensorFlow 2.20 (measured on digits), for a smaller
+        checkpoint (no prefetch buffers).
         """
         dataset = self.trainer.train_dataset
         if not isinstance(dataset, tf.data.Dataset):

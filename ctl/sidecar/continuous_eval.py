@@ -167,7 +167,7 @@ class CheckpointEvaluator:
         if not is_object_store(path):
             return self._restore_from(number, path, path)
         # In an object store each read of the restore is a request: one copy of the files
-        # to a local dir first (0.5-1 s against 2.5-3.3 s at 50 ms a request, bench figure 9).
+        # to a local dir first (faster at an object store's latency: bench figure 9, docs/bench.md).
         local = staging.directory("restore")
         try:
             try:
