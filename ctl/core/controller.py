@@ -2,7 +2,8 @@
 
 ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
 `orbit.AbstractEvaluator` (ctl's `Trainer`, and orbit's own `StandardTrainer` and
-`StandardEvaluator`: tests/test_orbit_protocol.py) and subclasses nothing of orbit's `Controller`, whose
+`StandardEvaluator`: tests/test_orbit_protocol.py; orbit's own tests of its Controller run against
+this one: tests/test_orbit_controller_tests.py) and subclasses nothing of orbit's `Controller`, whose
 loop it would otherwise override method by method (BUILD.md, "orbit"). It
 keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
 `save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
