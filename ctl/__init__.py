@@ -34,6 +34,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],
     "ctl.adapters.model_garden": ["ModelGardenTask"],
     "ctl.core.aggregation": ["Aggregation", "Reducer"],
+    "ctl.core.arguments": ["Check", "Range", "check_arguments"],
     "ctl.core.checkpointing": ["restore_model"],
     "ctl.core.errors": ["UserError"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],

@@ -10,6 +10,7 @@ the lower half of the vocabulary outnumber those from the upper half.
 
 import os
 import tempfile
+from typing import Annotated, Optional
 
 import gin
 import numpy as np
@@ -21,6 +22,7 @@ from official.nlp.modeling import models, networks
 
 import ctl
 from experiments import records
+from experiments.checks import AtLeastOne, LearningRate, Seed, SeqLength, VocabSize
 
 SPLITS = {"train": 4096, "eval": 500}
 
@@ -38,13 +40,21 @@ def generate(split: str, seq_length: int, vocab_size: int, seed: int):
         yield {"input_word_ids": np.concatenate([[1], tokens]), "label": np.array([label])}
 
 
+ATTENTION_HEADS = 2
+
+
 @gin.configurable
+@ctl.check_arguments
 class BertClassifierTask(ctl.Task):
     """Binary classification with a tiny BERT from Model Garden (Keras 2, tf_keras)."""
 
-    def __init__(self, seq_length: int = 16, vocab_size: int = 32, hidden_size: int = 32,
-                 num_layers: int = 1, batch_size: int = 32, learning_rate=1e-3,
-                 data_dir: str = None, seed: int = 0):
+    def __init__(self, seq_length: SeqLength = 16, vocab_size: VocabSize = 32,
+                 hidden_size: Annotated[int, ctl.Range(at_least=ATTENTION_HEADS), ctl.Check(
+                     lambda size: size % ATTENTION_HEADS == 0,
+                     f"a multiple of {ATTENTION_HEADS} (the attention heads)")] = 32,
+                 num_layers: AtLeastOne = 1, batch_size: AtLeastOne = 32,
+                 learning_rate: LearningRate = 1e-3, data_dir: Optional[str] = None,
+                 seed: Seed = 0):
         self.seq_length = seq_length
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -59,7 +69,7 @@ class BertClassifierTask(ctl.Task):
         tf_keras.utils.set_random_seed(self.seed)
         encoder = networks.BertEncoderV2(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_layers=self.num_layers,
-            num_attention_heads=2, inner_dim=2 * self.hidden_size,
+            num_attention_heads=ATTENTION_HEADS, inner_dim=2 * self.hidden_size,
             max_sequence_length=self.seq_length)
         model = models.BertClassifier(network=encoder, num_classes=2)
         ids = tf.ones((1, self.seq_length), tf.int32)

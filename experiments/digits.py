@@ -10,15 +10,17 @@ import tensorflow as tf
 
 import ctl
 
+from experiments.checks import AtLeastOne, LearningRate, Seed
 from experiments.digits_data import HELD_OUT_FRACTION, load_split  # noqa: F401 (re-exported)
 
 
 @gin.configurable
+@ctl.check_arguments
 class DigitsTask(ctl.Task):
     """Classifies 8x8 digits with a `64-hidden_units-10` MLP."""
 
-    def __init__(self, hidden_units: int = 128, batch_size: int = 64,
-                 learning_rate: float = 1e-3, seed: int = 0):
+    def __init__(self, hidden_units: AtLeastOne = 128, batch_size: AtLeastOne = 64,
+                 learning_rate: LearningRate = 1e-3, seed: Seed = 0):
         self.hidden_units = hidden_units
         self.batch_size = batch_size
         self.learning_rate = learning_rate

@@ -1,17 +1,25 @@
 """What a `model.fit` user already has: a function returning a compiled model, and the data.
 
-Used by configs/keras_model.gin through `ctl.KerasModelTask`; nothing here
-imports ctl. The data is scikit-learn's bundled digits (experiments/digits.py).
+Used by configs/keras_model.gin through `ctl.KerasModelTask`; the model
+function's arguments are checked as every shipped experiment's are
+(`ctl.check_arguments`), the one use of ctl here. The data is scikit-learn's
+bundled digits (experiments/digits.py).
 """
+
+from typing import Annotated
 
 import gin
 import keras
 
+import ctl
 from experiments import digits
+from experiments.checks import AtLeastOne, Seed
 
 
 @gin.configurable
-def compiled_mlp(hidden_units: int = 128, learning_rate: float = 1e-3, seed: int = 0):
+@ctl.check_arguments
+def compiled_mlp(hidden_units: AtLeastOne = 128,
+                 learning_rate: Annotated[float, ctl.Range(above=0)] = 1e-3, seed: Seed = 0):
     """A compiled Keras 3 MLP, exactly as one would pass it to `fit`."""
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([

@@ -16,11 +16,14 @@ its data dir (atomically, like experiments/records.py) and returns the
 
 import os
 import tempfile
-from typing import Any, Callable, Dict, Iterable
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import gin
 import numpy as np
 import tensorflow as tf
+
+import ctl
+from experiments.checks import AtLeastOne, Seed, SeqLength, VocabSize
 
 SPLITS = {"train": 0, "eval": 1}
 
@@ -50,9 +53,11 @@ def _write_once(directory: str, split: str, examples: Callable[[], Iterable[byte
 
 
 @gin.configurable
-def image_classification_data(data_dir: str = None, seed: int = 0, image_size: int = 32,
-                              num_classes: int = 3, train_examples: int = 256,
-                              eval_examples: int = 64) -> Dict[str, Any]:
+@ctl.check_arguments
+def image_classification_data(data_dir: Optional[str] = None, seed: Seed = 0,
+                              image_size: AtLeastOne = 32, num_classes: AtLeastOne = 3,
+                              train_examples: AtLeastOne = 256,
+                              eval_examples: AtLeastOne = 64) -> Dict[str, Any]:
     """Generates (once) JPEG images of `num_classes` classes; returns the params_override."""
     from official.vision.data import tf_example_builder
 
@@ -78,9 +83,11 @@ def image_classification_data(data_dir: str = None, seed: int = 0, image_size: i
 
 
 @gin.configurable
-def sentence_prediction_data(data_dir: str = None, seed: int = 0, seq_length: int = 16,
-                             vocab_size: int = 32, train_examples: int = 512,
-                             eval_examples: int = 128) -> Dict[str, Any]:
+@ctl.check_arguments
+def sentence_prediction_data(data_dir: Optional[str] = None, seed: Seed = 0,
+                             seq_length: SeqLength = 16, vocab_size: VocabSize = 32,
+                             train_examples: AtLeastOne = 512,
+                             eval_examples: AtLeastOne = 128) -> Dict[str, Any]:
     """Generates (once) token sequences with a binary label; returns the params_override."""
     directory = _data_dir("sentences", data_dir, seed, seq_length, vocab_size)
 

@@ -242,8 +242,29 @@ CASES = {
         "stop_check='loop' is for one-process strategies, not MultiWorkerMirroredStrategy",
         in_process=False),
     # The task's own settings, found when its input pipeline is built.
+    # The shipped experiments' arguments, checked as the task is built (`ctl.check_arguments`).
     "BATCH_SIZE=0 (digits)": Case(run("--gin_bindings=BATCH_SIZE=0", gin=DIGITS_GIN),
-                                  "DigitsTask cannot build its input pipeline", model_dir="new"),
+                                  "DigitsTask.batch_size=0 is out of range; bind it to an "
+                                  "integer >= 1 (default: 64).", model_dir="new"),
+    "hidden_units=0 (digits)": Case(run("--gin.DigitsTask.hidden_units=0", gin=DIGITS_GIN),
+                                    "DigitsTask.hidden_units=0 is out of range; bind it to an "
+                                    "integer >= 1 (default: 128).", model_dir="new"),
+    "a learning rate that is a string (digits)": Case(
+        run("--gin.DigitsTask.learning_rate='fast'", gin=DIGITS_GIN),
+        "DigitsTask.learning_rate='fast' is a str; bind it to a number > 0 or a callable"),
+    "a negative hidden size (the fit user's model function)": Case(
+        run("--gin.compiled_mlp.hidden_units=-1", gin=os.path.join(ROOT, "configs", "keras_model.gin")),
+        "compiled_mlp.hidden_units=-1 is out of range; bind it to an integer >= 1"),
+    "a BERT hidden size the attention heads cannot split": Case(
+        run("--gin.BertClassifierTask.hidden_size=33",
+            gin=os.path.join(ROOT, "configs", "bert_classifier.gin")),
+        "BertClassifierTask.hidden_size=33 is not a multiple of 2 (the attention heads); bind it "
+        "to an integer >= 2 that is a multiple of 2", model_dir="new"),
+    "a one-token sequence (Model Garden sentence prediction)": Case(
+        run("--gin.sentence_prediction_data.seq_length=1",
+            gin=os.path.join(ROOT, "configs", "model_garden_sentence_prediction.gin")),
+        "sentence_prediction_data.seq_length=1 is out of range; bind it to an integer >= 2",
+        model_dir="new"),
     "batch size the replicas cannot split": Case(
         run("--strategy=mirrored", "--cpu_replicas=2", "--gin_bindings=RegressionTask.batch_size=7"),
         "RegressionTask cannot build its input pipeline", model_dir="new", in_process=False),

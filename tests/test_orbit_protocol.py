@@ -1,7 +1,11 @@
 """ctl and orbit's runner protocol, both ways (BUILD.md, "orbit"): ctl's Controller drives
-orbit's own `StandardTrainer`/`StandardEvaluator`; orbit's Controller drives ctl's Trainer
-through a three-line adapter (ctl's `train` returns a `TrainLoopEnd`, orbit's wants a dict); and
-ctl's Controller's arguments: orbit's familiar ones, the rest in three groups, each named in its errors."""
+orbit's own `StandardTrainer`/`StandardEvaluator`; orbit's Controller drives ctl's Trainer as it
+is (its `train` returns a `TrainLoopEnd`: a dict of the loop's results, which orbit's Controller
+adds its rate to), with TensorFlow's checkpoint manager; and ctl's Controller's arguments:
+orbit's familiar ones, the rest in three groups, each named in its errors. orbit's own tests of
+its Controller run against ctl's in tests/test_orbit_controller_tests.py."""
+
+import os
 
 import keras
 import orbit
@@ -57,16 +61,6 @@ class PlainOrbitRunner(orbit.StandardTrainer, orbit.StandardEvaluator):
         return {"loss": self.eval_loss.result()}
 
 
-class OrbitTrainer(orbit.AbstractTrainer):
-    """ctl's Trainer for orbit's Controller, which assigns into the dict `train` returns."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def train(self, num_steps):
-        return dict(self.trainer.train(num_steps).logs)
-
-
 def assert_trained_and_evaluated(summary_dir, output):
     evals = scalars(str(summary_dir / "eval"))["loss"]
     assert sorted(evals) == [10, 20, 30] and evals[30] < 0.5 * evals[10]
@@ -86,19 +80,37 @@ def test_ctls_controller_drives_orbits_standard_trainer_and_evaluator(tmp_path):
     assert_trained_and_evaluated(tmp_path, output)
 
 
-def test_orbits_controller_drives_ctls_trainer_through_the_adapter(tmp_path):
+def orbit_controller(trainer, model_dir, **kwargs):
+    """orbit's own Controller over ctl's Trainer, checkpoints every 10 steps in `model_dir`."""
+    manager = tf.train.CheckpointManager(trainer.checkpoint, str(model_dir), max_to_keep=None,
+                                         step_counter=trainer.global_step, checkpoint_interval=10)
+    return orbit.Controller(trainer=trainer, evaluator=trainer, global_step=trainer.global_step,
+                            steps_per_loop=10, checkpoint_manager=manager, **kwargs)
+
+
+def test_orbits_controller_drives_ctls_trainer(tmp_path):
     trainer = ctl.Trainer(RegressionTask())
-    controller = orbit.Controller(
-        trainer=OrbitTrainer(trainer), evaluator=trainer, global_step=trainer.global_step,
-        steps_per_loop=10, summary_dir=str(tmp_path / "train"),
-        eval_summary_dir=str(tmp_path / "eval"))
+    seen = []  # What orbit's Controller hands its train actions: ctl's loop results.
+    controller = orbit_controller(trainer, tmp_path / "model", summary_dir=str(tmp_path / "train"),
+                                  eval_summary_dir=str(tmp_path / "eval"),
+                                  train_actions=[seen.append])
     controller.train_and_evaluate(train_steps=30, eval_steps=-1, eval_interval=10)
     assert int(trainer.global_step.numpy()) == 30
-    assert_trained_and_evaluated(tmp_path, controller.evaluate(steps=-1))
-    # Without it: orbit's Controller cannot add its rate to a TrainLoopEnd.
-    with pytest.raises(TypeError, match="TrainLoopEnd"):
-        orbit.Controller(trainer=trainer, global_step=trainer.global_step,
-                         steps_per_loop=10).train(40)
+    assert [(end.step, sorted(end)) for end in seen] == [
+        (step, ["learning_rate", "loss", "mae"]) for step in (10, 20, 30)]
+    assert sorted(scalars(str(tmp_path / "train"))["steps_per_second"]) == [10, 20, 30]
+    output = controller.evaluate(steps=-1)
+    assert_trained_and_evaluated(tmp_path, output)
+    assert [os.path.basename(path) for path in controller.checkpoint_manager.checkpoints] == [
+        "ckpt-10", "ckpt-20", "ckpt-30"]
+    # A new Trainer under a new orbit Controller restores step 30's model, and evaluates it so.
+    restored = ctl.Trainer(RegressionTask())
+    again = orbit_controller(restored, tmp_path / "model")
+    assert int(restored.global_step.numpy()) == 30
+    assert float(again.evaluate(steps=-1)["loss"]) == pytest.approx(float(output["loss"]))
+    again.train(steps=40)  # Trains on from there, and saves at 40.
+    assert int(restored.global_step.numpy()) == 40
+    assert os.path.basename(again.checkpoint_manager.latest_checkpoint) == "ckpt-40"
 
 
 def test_a_bad_controller_argument_names_itself_its_value_and_the_fix():

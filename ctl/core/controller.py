@@ -2,7 +2,8 @@
 
 ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
 `orbit.AbstractEvaluator` (ctl's `Trainer`, and orbit's own `StandardTrainer` and
-`StandardEvaluator`: tests/test_orbit_protocol.py) and subclasses nothing of orbit's `Controller`, whose
+`StandardEvaluator`: tests/test_orbit_protocol.py; orbit's own tests of its Controller run against
+this one: tests/test_orbit_controller_tests.py) and subclasses nothing of orbit's `Controller`, whose
 loop it would otherwise override method by method (BUILD.md, "orbit"). It
 keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
 `save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
@@ -35,7 +36,8 @@ this controller's checkpoint (nothing process-wide).
 The controller is the one owner of "the current step" on the host
 (`Controller.step`): it takes it from each loop's `TrainLoopEnd`, after the
 `after_train_loop` handlers (the fault handler) had their say, and from the
-global step after every restore. A handler that restores a checkpoint returns
+global step after every restore and as each `train` or `train_and_evaluate`
+call starts (its caller may have moved the global step). A handler that restores a checkpoint returns
 the end with the restored step, so the next loop, the summaries and the hooks
 all work from that step; nothing else keeps a copy that could go stale.
 
@@ -51,7 +53,7 @@ all work from that step; nothing else keeps a copy that could go stale.
 
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -70,7 +72,11 @@ Action = Callable[[dict], None]
 class Checkpoints:
     """The Controller's checkpoints: who saves and restores them, how, and who hears of it."""
 
-    manager: Optional[CheckpointManager] = None  # Or another manager with orbit's interface.
+    # ctl's `CheckpointManager`, or another with the interface of `tf.train.CheckpointManager`
+    # that orbit's Controller uses: `checkpoint`, `directory`, `restore_or_initialize()`,
+    # `save(checkpoint_number=, check_interval=, options=)` (None when it did not save: it
+    # keeps its own interval) and `sync()`; `tf.train.CheckpointManager` itself will do.
+    manager: Optional[CheckpointManager] = None
     asynchronous: bool = False  # Saves written on a thread (`CheckpointOptions(enable_async=True)`)
     on_end: Sequence[Callable[[str], None]] = ()  # Called with a save's path once it is complete,
     on_load: Sequence[Callable[[str], None]] = ()  # and with a restored checkpoint's path.
@@ -110,16 +116,22 @@ class Controller:
 
     def __init__(self, *, global_step: tf.Variable, trainer=None, evaluator=None,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 steps_per_loop: Optional[int] = None,
+                 steps_per_loop: Optional[Union[int, Callable[[int], int]]] = None,
                  checkpoints: Checkpoints = Checkpoints(),
                  summaries: Summaries = Summaries(),
                  between_loops: BetweenLoops = BetweenLoops()):
-        """Restores the latest checkpoint of `checkpoints.manager` (or initializes)."""
+        """Restores the latest checkpoint of `checkpoints.manager` (or initializes).
+
+        `steps_per_loop`: the steps of each train loop, or, as orbit's, a
+        function from the global step to the next loop's steps.
+        """
         if trainer is None and evaluator is None:
             raise ValueError("`trainer` and `evaluator` should not both be None.")
-        if trainer is not None and (isinstance(steps_per_loop, bool) or
-                                    not isinstance(steps_per_loop, int) or steps_per_loop < 1):
-            raise ValueError(f"`steps_per_loop` ({steps_per_loop}) must be a positive integer.")
+        if trainer is not None and not callable(steps_per_loop) and (
+                isinstance(steps_per_loop, bool) or not isinstance(steps_per_loop, int) or
+                steps_per_loop < 1):
+            raise ValueError(f"`steps_per_loop` ({steps_per_loop}) must be a positive integer "
+                             "or a function of the global step.")
         for name, value, kind in (("checkpoints", checkpoints, Checkpoints),
                                   ("summaries", summaries, Summaries),
                                   ("between_loops", between_loops, BetweenLoops)):
@@ -127,7 +139,8 @@ class Controller:
                 raise TypeError(f"`{name}` ({value!r}) must be a {kind.__module__}."
                                 f"{kind.__name__}; wrap it: {name}={kind.__name__}(...).")
         interval = summaries.interval
-        if interval is not None and (interval < 1 or interval % (steps_per_loop or 1)):
+        if interval is not None and (interval < 1 or (
+                not callable(steps_per_loop) and interval % (steps_per_loop or 1))):
             raise ValueError(f"`summaries.interval` ({interval}) must be a positive "
                              f"multiple of `steps_per_loop` ({steps_per_loop}).")
         self.trainer = trainer
@@ -208,13 +221,13 @@ class Controller:
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
         self._require("trainer", "train")
-        current_step = self.step
+        current_step = self.refresh_step()  # Whoever calls may have moved the global step.
         self._last_loop_end = (time.perf_counter(), current_step)
         try:
             while current_step < steps and not self.between_loops.stop.should_stop:
-                current_step = self._train_n_steps(min(steps - current_step, self.steps_per_loop),
-                                                   stretch_end=steps)
-                if self.checkpoint_manager is not None and self.checkpoint_manager.due(current_step):
+                current_step = self._train_n_steps(
+                    min(steps - current_step, self._loop_steps(current_step)), stretch_end=steps)
+                if self._checkpoint_may_be_due(current_step):
                     self._save(check_interval=True)
         except BaseException:
             self.flush_summaries()  # What led up to the error is on disk.
@@ -272,6 +285,20 @@ class Controller:
         self.eval_summary_manager.flush_if_due()
         return end.step
 
+    def _loop_steps(self, step: int) -> int:
+        """The steps of the train loop that starts at `step` (`steps_per_loop`)."""
+        if callable(self.steps_per_loop):
+            return self.steps_per_loop(step)
+        return self.steps_per_loop
+
+    def _checkpoint_may_be_due(self, step: int) -> bool:
+        """Whether to ask the manager for a save at `step`: ctl's says without a TensorFlow op
+        (`due`); another decides in `save(check_interval=True)`."""
+        manager = self.checkpoint_manager
+        if manager is None:
+            return False
+        return manager.due(step) if isinstance(manager, CheckpointManager) else True
+
     def _loop_size(self, num_steps: int) -> tf.Tensor:
         """`num_steps` as a tensor, made once per value (an eager op a loop otherwise)."""
         loop_size = self._loop_sizes.get(num_steps)
@@ -297,7 +324,7 @@ class Controller:
         self._require("trainer", "train_and_evaluate")
         self._require("evaluator", "train_and_evaluate")
         output = None
-        current_step = self.step
+        current_step = self.refresh_step()
         self._final_step = train_steps
         at_the_end = current_step >= train_steps  # (With train_steps = 0: an evaluation at 0.)
         on_a_multiple = bool(current_step and eval_interval and current_step % eval_interval == 0)
@@ -311,6 +338,7 @@ class Controller:
                 output = self.evaluate(steps=eval_steps)
         if self.between_loops.stop.should_stop:
             console.info("train", "stopped: %s", self.between_loops.stop.reason, step=current_step)
+        self.flush_summaries()  # The last loops' results are on disk, with or without a checkpoint.
         self._save(check_interval=False)
         self._wait_for_checkpoints()
         return output
@@ -365,7 +393,8 @@ class Controller:
         if self.checkpoint_manager is None:
             return False
         self.flush_summaries()  # A checkpoint's steps have their summaries on disk.
-        path = self.checkpoint_manager.save(check_interval=check_interval,
+        path = self.checkpoint_manager.save(checkpoint_number=self.step,
+                                            check_interval=check_interval,
                                             options=self._save_options)
         saved = path is not None
         if saved:
@@ -373,7 +402,6 @@ class Controller:
         if saved and self.checkpoints.on_end:
             # Hooks read the checkpoint's files: with async saving, wait for them.
             self._wait_for_checkpoints()
-            path = self.checkpoint_manager.last_saved_path
             for action in self.checkpoints.on_end:
                 action(path)
         return saved

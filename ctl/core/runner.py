@@ -8,7 +8,7 @@ end a loop at a step boundary, `StepGuard` and `EvalStop`, which
 `ctl.faults` implements (signals, NaN losses) without core naming it.
 """
 
-from typing import Any, Dict, NamedTuple, Optional, Protocol
+from typing import Any, Dict, Optional, Protocol
 
 import tensorflow as tf
 
@@ -17,20 +17,48 @@ Logs = Dict[str, Any]
 NO_BAD_STEP = -1  # A StepGuard's `bad_step` when every loss was finite.
 
 
-class TrainLoopEnd(NamedTuple):
-    """What one train loop hands back (`Trainer.train`): its results and where it ended.
+class TrainLoopEnd(dict):
+    """What one train loop hands back (`Trainer.train`): its results, and where it ended.
 
-    Plain values, handed from the trainer to the controller and from there to
-    whatever runs after the loop (the fault handler, train actions, hooks), so
-    nothing has to remember to refresh a shared copy when a restore moves the
-    global step: whoever restores returns a new `TrainLoopEnd`
-    (`end._replace(step=..., restored=path)`).
+    A dict of the loop's results, as `orbit.AbstractTrainer.train` returns
+    (orbit's Controller adds its own entries to it), that also says where the
+    loop ended: `step`, the global step; `bad_step`, the step whose loss was NaN
+    or Inf (with a step guard); `restored`, set by a handler that restored this
+    checkpoint after the loop. Handed from the trainer to the controller and
+    from there to whatever runs after the loop (the fault handler, train
+    actions, hooks), so nothing has to remember to refresh a shared copy when a
+    restore moves the global step: whoever restores returns a new one
+    (`end._replace(step=..., restored=path)`). Built without arguments (as
+    `tf.nest` copies a dict) it knows no step.
     """
 
-    logs: Logs
-    step: int  # The global step the loop ended at.
-    bad_step: Optional[int] = None  # The step whose loss was NaN or Inf (with a step guard).
-    restored: Optional[str] = None  # Set by a handler that restored this checkpoint after the loop.
+    def __init__(self, logs: Optional[Logs] = None, step: Optional[int] = None,
+                 bad_step: Optional[int] = None, restored: Optional[str] = None):
+        super().__init__(logs or {})
+        self.step = step
+        self.bad_step = bad_step
+        self.restored = restored
+
+    @property
+    def logs(self) -> Logs:
+        """The loop's results, as a plain dict."""
+        return dict(self)
+
+    def _replace(self, **changes) -> "TrainLoopEnd":
+        """A copy with some of `logs`, `step`, `bad_step`, `restored` changed."""
+        fields = dict(logs=self.logs, step=self.step, bad_step=self.bad_step,
+                      restored=self.restored)
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"TrainLoopEnd has no field {sorted(unknown)[0]!r}.")
+        return TrainLoopEnd(**{**fields, **changes})
+
+    def __repr__(self) -> str:
+        """Its results, and where the loop ended if known (a copy by `tf.nest` knows nothing)."""
+        fields = ", ".join(f"{name}={value!r}" for name, value in (
+            ("step", self.step), ("bad_step", self.bad_step), ("restored", self.restored))
+            if value is not None)
+        return f"TrainLoopEnd({dict(self)!r}, {fields})" if fields else repr(dict(self))
 
 
 class StepGuard(Protocol):
