@@ -51,13 +51,6 @@ from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import announce, scheduler as sidecar
 
-# Test-only fault point: tests set CTL_FAULT_POINT=after_metrics_append to make the
-# sidecar SIGKILL itself right after appending an evaluation's metrics line and
-# before recording its progress (tests/test_continuous_eval.py). Read once, at start.
-FAULT_POINT_VARIABLE = "CTL_FAULT_POINT"
-AFTER_METRICS_APPEND = "after_metrics_append"
-
-
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations."""
 
@@ -154,7 +147,6 @@ class CheckpointEvaluator:
             if hasattr(callback, "set_model"):
                 callback.set_model(self.model)
         self._summaries = None
-        self.die_after_metrics_append = False  # The test-only fault point (top of the module).
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
@@ -289,8 +281,6 @@ def evaluate_continuously(
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
     evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
-    evaluator.die_after_metrics_append = (
-        os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
         # A trainer evaluating in-line steps aside while this announcement is live.
@@ -421,8 +411,6 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     files.append_json_line(evaluator.metrics_file, record)
-    if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
-        os.kill(os.getpid(), signal.SIGKILL)
     return sidecar.EVALUATED, output
 
 
