@@ -6,7 +6,7 @@ Controller and checkpoint manager, the fault handler, lock and signal watcher
 (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
-(`ctl.core.hooks`), the Trainer's `step_guard`, the checkpoint's contents
+(`ctl.core.hooks`), the Trainer's stop source, the checkpoint's contents
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
@@ -137,7 +137,8 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     if experiment.fault_tolerance.seed is not None:
         resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate
+        experiment.task, strategy=strategy, train=train, evaluate=evaluate,
+        stop=watcher if train else None, guard_steps=experiment.fault_tolerance.guard_steps,
     )
     summary_dir = ModelDir(model_dir).train_dir
     eval_summary_dir = ModelDir(model_dir).eval_dir

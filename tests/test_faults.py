@@ -15,7 +15,7 @@ from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
 from ctl.faults.preemption import Preempted, SignalWatcher
-from ctl.faults.step_guard import StepGuard
+from ctl.core.loops import StepGuard
 from tests.cli import ROOT, checkpoint_values, scalars
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")

@@ -5,7 +5,7 @@ interpreter, which a `tf.while_loop` of thousands of steps does not do. So
 `SignalWatcher` also hands the signal to a thread through
 `signal.set_wakeup_fd`: CPython's C-level handler writes the signal number to
 a pipe, the thread wakes and sets a `tf.Variable` that the train loop reads
-before every step (`ctl.faults.step_guard`). The loop therefore ends within one step
+before every step (`ctl.core.loops.StepGuard`). The loop therefore ends within one step
 of the signal, whether it runs on the host or as one `tf.while_loop`.
 
 After the loop, `ctl.faults.handler` saves a checkpoint and raises `Preempted`;
@@ -19,7 +19,7 @@ during its teardown.
 
 Under `MultiWorkerMirroredStrategy` the signal may reach one worker only; the
 step guard agrees on it across workers in the step's all-reduce
-(`ctl.faults.step_guard`), so every worker stops after the same step, saves
+(`ctl.core.loops.StepGuard`), so every worker stops after the same step, saves
 that checkpoint together and exits 75; a worker that was not signalled says
 "stopped by a signal to another worker".
 
@@ -71,7 +71,7 @@ class SignalWatcher:
 
 A request sets two variables, from the watcher thread: `stop_requested`
 (False, then True) for whoever asks whether to stop, and `step_limit` (0,
-then `STOPPED`), which `ctl.faults.step_guard.StepGuard`'s loops, counting
+then `STOPPED`), which `ctl.core.loops.StepGuard`'s loops, counting
 their steps up to 0, compare their count with: one comparison a step.
 
     Outside the main thread signals cannot be caught; the watcher then does
