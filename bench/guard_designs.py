@@ -25,7 +25,7 @@ import tensorflow as tf
 from bench import measure
 from bench.workloads import BenchTask
 from ctl.core.loops import StepGuard
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 
 DESIGNS = ("none", "previous", "ctl")
 

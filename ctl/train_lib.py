@@ -2,8 +2,8 @@
 
 train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
 sidecar. This is the one module that names them all: the core's Trainer,
-Controller and checkpoint manager, the fault handler, lock and signal watcher
-(`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+Controller, checkpoint manager and signal watcher (`ctl.core.stop`), the fault
+handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.hooks`), the Trainer's stop source, the checkpoint's contents
@@ -36,12 +36,12 @@ from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
+from ctl.core.stop import SignalWatcher
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
-from ctl.faults.preemption import SignalWatcher
 from ctl.sidecar import announce, continuous_eval
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from tests.cli import ROOT, TEST_GIN, CtlProcess, ctl_stderr_lines, run_ctl
 
 LIFECYCLE_GIN = os.path.join(ROOT, "tests", "lifecycle.gin")

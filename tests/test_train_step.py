@@ -14,7 +14,7 @@ import tensorflow as tf
 import ctl
 from ctl.comforts.best import read_best
 from ctl.core.trainer import Trainer
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
 from tests.sidecar_tasks import SlowRegressionTask

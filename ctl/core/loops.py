@@ -46,7 +46,7 @@ The guarded train loop (`StepGuard`): it ends early, at a step boundary, on a st
 orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
 Trainer a loop that also ends early when
 
-  * a stop was requested (the stop source, `ctl.faults.preemption.SignalWatcher`, lowers its
+  * a stop was requested (the stop source, `ctl.core.stop.SignalWatcher`, lowers its
     `step_limit` variable, from a thread, while the loop runs): checked
     before every step;
   * the last step's loss was NaN or Inf: `check_loss`, called by the Trainer

@@ -36,6 +36,7 @@ from ctl.core.errors import UserError, user_error_within
 from ctl.core.evaluation import Evaluation
 from ctl.core.loops import plain
 from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd
+from ctl.core.stop import SignalWatcher
 from ctl.core.task import Task
 from ctl.core.train_step import GradientPipeline
 
@@ -64,7 +65,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
 
     What may end a loop early is given at construction (the composition
     root, `ctl.train_lib`, passes them from `ctl.FaultTolerance`):
-      stop: the stop source (`ctl.faults.preemption.SignalWatcher`), or None:
+      stop: the stop source (`ctl.core.stop.SignalWatcher`), or None:
         loops run to their end.
       guard_steps: with a `stop`, train loops look at it, and at each step's
         loss, before every step (`ctl.core.loops.StepGuard`: `step_guard`);
@@ -86,7 +87,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         clip_norm: Optional[float] = None,
         accumulation_steps: int = 1,
         ema_decay: Optional[float] = None,
-        stop=None,
+        stop: Optional[SignalWatcher] = None,
         guard_steps: bool = True,
     ):
         if use_tf_while_loop and not use_tf_function:

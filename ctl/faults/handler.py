@@ -8,7 +8,7 @@
 
 `run_experiment` wires the pieces around one train run:
 
-    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.core.stop
       Trainer(..., stop=watcher, guard_steps=stop_check == 'step')   # the loop: ctl.core.loops.StepGuard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
@@ -40,7 +40,8 @@ from ctl.core.runner import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import lock, resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
-from ctl.faults.preemption import Preempted, SignalWatcher
+from ctl.core.stop import SignalWatcher
+from ctl.faults.preemption import Preempted
 
 
 STOP_CHECKS = ("step", "loop")
