@@ -11,7 +11,7 @@ in the orders of `measure.interleave`, 5 loops of 100 steps a call. Designs:
 - none:     `for _ in tf.range(n)`-style loop, no guard (`i < n`);
 - previous: ctl's guard until 2026-11-24: `i < n and not stop_requested`, the
             NaN verdict riding `i`;
-- ctl:      `ctl.faults.step_guard.StepGuard.graph_loop`, as the Trainer uses it.
+- ctl:      `ctl.core.loops.StepGuard.graph_loop`, as the Trainer uses it.
 
 Prints one JSON line per design: median ms a loop and its ratio to `none`.
 """
@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from bench import measure
 from bench.workloads import BenchTask
-from ctl.faults.preemption import SignalWatcher
-from ctl.faults.step_guard import StepGuard
+from ctl.core.loops import StepGuard
+from ctl.core.stop import SignalWatcher
 
 DESIGNS = ("none", "previous", "ctl")
 

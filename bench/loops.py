@@ -36,7 +36,7 @@ from ctl import train_lib
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Checkpoints, Controller, Summaries
 from ctl.core.loops import end_off_path as _end_off_path
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9

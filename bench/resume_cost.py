@@ -32,7 +32,7 @@ from bench.startup import time_to_line
 from ctl import train_lib
 from ctl.core import config
 from ctl.experiment import Experiment
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINES = {"digits": "configs/digits.gin", "map1ms": "bench/configs/resume_map.gin"}

@@ -40,7 +40,7 @@ _STOP_GRACE_S = 10.0
 # How long the tasks restarted with a lost one may take to notice the loss and exit.
 _GROUP_EXIT_S = 60.0
 # The exit statuses of ctl.run that a restart resolves: preempted after a
-# checkpoint, and a multi-worker peer lost (`ctl.faults.preemption`, `ctl.cluster.peers`).
+# checkpoint, and a multi-worker peer lost (`ctl.core.stop`, `ctl.cluster.peers`).
 RESTARTABLE = (75, 69)
 _KILLED = (signal.SIGKILL, signal.SIGTERM)
 

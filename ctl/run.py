@@ -12,14 +12,15 @@ when `--verbosity` asks (`--verbosity=0` shows them; absl's flag).
 The same command runs on every task of a cluster; the role comes from
 TF_CONFIG (see `ctl.cluster.tf_config`). A user mistake ends in one line on stderr and
 exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
-and exits with status 75 (`ctl.faults.preemption.EXIT_PREEMPTED`): run the same
+and exits with status 75 (`ctl.core.stop.EXIT_PREEMPTED`): run the same
 command again to resume. In a multi-worker cluster, a worker that loses a peer
 exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
 A full disk, a refused write or an object store's errors end in one line naming the
 path and the cause and exit status 74 (`ctl.faults.storage.EXIT_STORAGE_FAULT`): fix
 the storage and run the same command again.
 A sidecar (`continuous_eval`) stops the same way on SIGTERM or SIGINT, between
-two evaluations, with status 75.
+two evaluations, with status 75. Signals, the second signal's exit and a late
+signal's are `ctl.core.stop`'s.
 
 TensorFlow is imported only once the flags and the gin text are checked
 (`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
@@ -40,7 +41,6 @@ if __name__ == "__main__":  # First, so that it runs after every other exit hand
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import logging as std_logging  # noqa: E402 - after the setting above.
-import signal  # noqa: E402
 import sys  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
@@ -117,7 +117,8 @@ def main(argv):
     except UserError as error:
         _fail(str(error))
     _run()
-    _finish_on_a_late_signal()
+    from ctl.core import stop  # TensorFlow is imported by now.
+    stop.exit_0_on_a_late_signal()  # The run is done.
 
 
 def _run() -> None:
@@ -125,7 +126,8 @@ def _run() -> None:
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
     from ctl.core import config
-    from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
+    from ctl.core.stop import EXIT_PREEMPTED
+    from ctl.faults.preemption import Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
     from ctl.sidecar import continuous_eval
     from ctl.sidecar.scheduler import ContinuousEval
@@ -169,19 +171,6 @@ def _run() -> None:
         if fault is None:
             raise  # A bug keeps its traceback.
         _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(FLAGS.model_dir)}")
-
-
-def _finish_on_a_late_signal() -> None:
-    """The run is done and its files are written: a SIGTERM or SIGINT while the
-    interpreter winds TensorFlow down ends the process with status 0, in one line."""
-    def finish(signum, unused_frame):
-        console.info("signal", "received %s after the run ended: exiting with status 0.",
-                     signal.Signals(signum).name)
-        sys.stdout.flush()
-        os._exit(0)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, finish)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
 train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
 sidecar. This is the one module that names them all: the core's Trainer,
-Controller and checkpoint manager, the fault handler, lock and signal watcher
-(`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+Controller, checkpoint manager and signal watcher (`ctl.core.stop`), the fault
+handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
-(`ctl.core.hook_protocol`), the Trainer's `step_guard`, the checkpoint's contents
+(`ctl.core.hook_protocol`), the Trainer's stop source, the checkpoint's contents
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
@@ -36,12 +36,12 @@ from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
+from ctl.core.stop import SignalWatcher
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
-from ctl.faults.preemption import SignalWatcher
 from ctl.sidecar import announce, continuous_eval
 
 
@@ -137,7 +137,8 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     if experiment.fault_tolerance.seed is not None:
         resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate
+        experiment.task, strategy=strategy, train=train, evaluate=evaluate,
+        stop=watcher if train else None, guard_steps=experiment.fault_tolerance.guard_steps,
     )
     summary_dir = ModelDir(model_dir).train_dir
     eval_summary_dir = ModelDir(model_dir).eval_dir

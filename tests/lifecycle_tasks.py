@@ -52,17 +52,18 @@ class PacedTask(ProbeTask):
 @gin.configurable
 class CarelessHook(ctl.hooks.Hook):
     """Leaves its writes to the process's end: at the run's end it writes `path` through a
-    file it never closes, and registers an exit handler that writes `path`.atexit."""
+    file it never closes (a Python file; a `tf.io.gfile.GFile` in an object store, `gs://`),
+    and registers an exit handler that writes `path`.atexit."""
 
     def __init__(self, path):
         self.path = path
         self.file = None
 
     def on_trial_close(self, unused_logs):
-        self.file = open(self.path, "w")
+        self.file = tf.io.gfile.GFile(self.path, "w") if "://" in self.path else open(self.path, "w")
         self.file.write("written, never closed\n")
         atexit.register(self._at_exit)
 
     def _at_exit(self):
-        with open(self.path + ".atexit", "w") as f:
+        with tf.io.gfile.GFile(self.path + ".atexit", "w") as f:
             f.write("ran\n")

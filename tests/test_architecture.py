@@ -35,17 +35,17 @@ def test_import_contracts_hold():
 
 
 def test_a_back_edge_into_a_subsystem_breaks_the_contracts(tmp_path):
-    """core naming a subsystem (here the fault tolerance's step guard) is refused."""
+    """core naming a subsystem (here the fault tolerance's NaN policy) is refused."""
     shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
     trainer = tmp_path / "ctl" / "core" / "trainer.py"
     trainer.write_text(trainer.read_text().replace(
-        "\nimport gin\n", "\nimport gin\nfrom ctl.faults import step_guard  # noqa\n", 1))
+        "\nimport gin\n", "\nimport gin\nfrom ctl.faults import nan_guard  # noqa\n", 1))
     result = lint_imports(str(tmp_path))
     assert result.returncode != 0
     assert "ctl.core is not allowed to import ctl.faults" in result.stdout
-    assert "ctl.core.trainer -> ctl.faults.step_guard" in result.stdout
+    assert "ctl.core.trainer -> ctl.faults.nan_guard" in result.stdout
 
 
 def _layout_modules():

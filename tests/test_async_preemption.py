@@ -12,7 +12,7 @@ import signal
 import pytest
 import tensorflow as tf
 
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from tests.cli import ctl_stderr_lines
 from tests.test_faults_processes import Trainer, read_steps, run_to_end
 

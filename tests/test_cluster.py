@@ -12,7 +12,7 @@ import tensorflow as tf
 from ctl import launch
 from ctl.cluster import peers, tf_config as cluster
 from ctl.core.errors import UserError
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
 
 

@@ -29,7 +29,7 @@ from ctl import launch
 from ctl.cluster import peers
 from ctl.cluster.peers import EXIT_PEER_LOST
 from ctl.faults import run_size
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from tests.cli import ROOT, ctl_stderr_lines
 from tests.fault_tasks import ProbeTask
 from tests.test_comforts import exported, model_at, served

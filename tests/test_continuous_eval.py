@@ -21,7 +21,7 @@ import ctl
 from ctl.comforts.best import read_best
 from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
-from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, run_ctl, scalars, snapshot
+from tests.cli import ROOT, TEST_GIN, ctl_env, ctl_stderr_lines, run_ctl, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
 from tests.tasks import RegressionTask, regression_data
 
@@ -138,7 +138,7 @@ def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path,
 
 
 def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_each_once(tmp_path):
-    """The sidecar's test-only fault point kills it in the window between appending a
+    """A sidecar killed (tests/sidecar_killed_after_metrics_line.py) in the window between appending a
     checkpoint's metrics line and recording its progress; the restarted sidecar
     evaluates every checkpoint exactly once (metrics, progress and summaries)."""
     model_dir = str(tmp_path / "run")
@@ -149,8 +149,10 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     steps = sorted(ModelDir(model_dir).checkpoints())
     assert steps == [10, 20, 30, 40]
 
-    killed = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S, env={
-        continuous_eval.FAULT_POINT_VARIABLE: continuous_eval.AFTER_METRICS_APPEND})
+    killed = subprocess.run(  # Killed after its first metrics line, before its progress.
+        [sys.executable, "-m", "tests.sidecar_killed_after_metrics_line", "--mode=continuous_eval",
+         f"--model_dir={model_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
+        env=ctl_env())
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # In the window: one metrics line, and no progress recorded for it.
     [first] = evaluated_numbers(model_dir)

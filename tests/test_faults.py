@@ -14,8 +14,9 @@ from ctl.core import config
 from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
-from ctl.faults.preemption import Preempted, SignalWatcher
-from ctl.faults.step_guard import StepGuard
+from ctl.core.stop import SignalWatcher
+from ctl.faults.preemption import Preempted
+from ctl.core.loops import StepGuard
 from tests.cli import ROOT, checkpoint_values, scalars
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")

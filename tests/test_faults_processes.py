@@ -16,7 +16,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from ctl.comforts.progress import read_metrics
 from tests.cli import (ROOT, CtlProcess, checkpoint_values, ctl_stderr_lines, scalars,
                        snapshot)
@@ -241,11 +241,13 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
     assert latest_step(model_dir) == 20
 
 
-def test_a_second_signal_exits_at_once():
+@pytest.mark.parametrize("train", [True, False], ids=["trainer", "sidecar"])
+def test_a_second_signal_exits_at_once(train):
+    """The trainer's watcher and the sidecar's (`ctl.core.stop.SignalWatcher(train=False)`)."""
     script = (
         "import os, signal, time\n"
-        "from ctl.faults.preemption import SignalWatcher\n"
-        "with SignalWatcher() as watcher:\n"
+        "from ctl.core.stop import SignalWatcher\n"
+        f"with SignalWatcher(train={train}) as watcher:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    while watcher.signum is None: time.sleep(0.01)\n"
         "    print('first handled', flush=True)\n"

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import ctl
 from ctl import train_lib
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 from tests.cli import checkpoint_values
 from tests.fault_tasks import ProbeTask
 

@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
-from ctl.faults.preemption import EXIT_PREEMPTED
+from ctl.core.stop import EXIT_PREEMPTED
 from tests.cli import ROOT, TEST_GIN, CtlProcess, ctl_stderr_lines, run_ctl
 
 LIFECYCLE_GIN = os.path.join(ROOT, "tests", "lifecycle.gin")
@@ -111,6 +112,21 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
     assert longer.returncode == 0, longer.stderr
     assert eval_steps(model_dir) == [10, 20, 30]
     assert "trained to step 30" in longer.stdout
+
+
+def test_a_hooks_last_write_to_a_bucket_survives_the_fast_exit(gcs_dir, tmp_path):
+    """A hook leaves a `tf.io.gfile.GFile` on gs:// open at the run's end: the fast exit
+    (ctl.core.process_end) closes it, so its write reaches the bucket (the GCS emulator)."""
+    careless = f"{gcs_dir}/careless.txt"
+    run = run_ctl("--mode=train", f"--model_dir={tmp_path / 'run'}", f"--gin_file={TEST_GIN}",
+                  "--gin_bindings=import tests.lifecycle_tasks",
+                  "--gin_bindings=ctl.Experiment.hooks=[@CarelessHook()]",
+                  f"--gin_bindings=CarelessHook.path='{careless}'",
+                  "--gin_bindings=ctl.Schedule.train_steps=10")
+    assert run.returncode == 0, run.stderr
+    assert tf.io.gfile.GFile(careless + ".atexit").read() == "ran\n"
+    assert tf.io.gfile.exists(careless), "the hook's last write was lost"
+    assert tf.io.gfile.GFile(careless).read() == "written, never closed\n"
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import tensorflow as tf
 import ctl
 from ctl import train_lib
 from ctl.faults import run_size
-from ctl.faults.preemption import SignalWatcher
+from ctl.core.stop import SignalWatcher
 from tests.conftest import mirrored
 from tests.tasks import RegressionTask, regression_data
 

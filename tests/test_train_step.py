@@ -14,8 +14,8 @@ import tensorflow as tf
 import ctl
 from ctl.comforts.best import read_best
 from ctl.core.trainer import Trainer
-from ctl.faults.preemption import SignalWatcher
-from ctl.faults.step_guard import NO_BAD_STEP, StepGuard
+from ctl.core.stop import SignalWatcher
+from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
 from tests.sidecar_tasks import SlowRegressionTask
 from tests.tasks import FLAVORS, RegressionTask, regression_data
@@ -186,8 +186,8 @@ class _Overflowing(RegressionTask):
 @pytest.mark.parametrize("flavor", FLAVOR_NAMES)
 def test_float16_overflow_skips_the_update_and_is_no_nan_stop(strategy, flavor):
     task = _Overflowing(flavor)
-    trainer = Trainer(task, strategy=strategy, mixed_precision="mixed_float16")
-    trainer.step_guard = StepGuard(SignalWatcher(), trainer.global_step)
+    trainer = Trainer(task, strategy=strategy, mixed_precision="mixed_float16",
+                      stop=SignalWatcher())  # Never signalled: the watcher is not entered.
     assert trainer.model.layers[-1].compute_dtype == "float16"
     assert keras.mixed_precision.global_policy().name == "float32"  # Only while building.
     logs = train(trainer, steps=2)

@@ -60,7 +60,7 @@ import tensorflow as tf
 from ctl import compat
 from ctl.core import console
 from ctl.core.checkpointing import CheckpointManager
-from ctl.core.hook_protocol import StopRequest
+from ctl.core.stop import StopRequest
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import TrainLoopEnd
 

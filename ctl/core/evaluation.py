@@ -8,7 +8,7 @@ One evaluation (`evaluate`) of each eval set, from the start of the set:
     loop(iterator, num_steps):              # one tf.function call if it can be
       reset eval loss and metrics
       for _ in range(num_steps or until the eval set ends):
-        if eval_stop requested: break       # only with an eval_stop (ctl.faults.handler)
+        if eval_stop requested: break       # only with an eval_stop (the Trainer's `stop`)
         outputs = eval_step(iterator)
           inputs = next_eval_inputs(iterator)
           strategy.run(task.validation_step, inputs)
@@ -32,7 +32,7 @@ all workers, and the extra logs of `validation_step` are gathered from all of
 them, so that every worker computes the same results over the whole eval set.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
 import orbit
@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from ctl.core import loops
 from ctl.core.loops import plain
-from ctl.core.runner import EvalStop, EvaluationStopped, Logs
+from ctl.core.runner import EvaluationStopped, Logs
 
 
 class Evaluation(orbit.AbstractEvaluator):
@@ -52,9 +52,11 @@ class Evaluation(orbit.AbstractEvaluator):
     dataset}`, `{None: dataset}` for the one unnamed set).
     """
 
-    def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool):
+    def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool,
+                 eval_stop=None):
         """`aggregations`: the task's (`ctl.core.aggregation.of_task`); the loop settings are the
-        Trainer's, for its train loops as well."""
+        Trainer's, for its train loops as well; `eval_stop`: the stop source that ends an
+        evaluation before its next step (`evaluate` then raises EvaluationStopped), or None."""
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
         self.aggregations = aggregations  # Host aggregation of eval outputs.
@@ -63,9 +65,13 @@ class Evaluation(orbit.AbstractEvaluator):
         self._last_eval = loops.LastResults()  # For eval_end.
         self._graph_eval_loop: Optional[Any] = None  # Built on first use.
         self._host_eval_parts: Optional[Any] = None
-        # Set by ctl.faults.handler: ends an evaluation on a signal (`evaluate` then raises
-        # EvaluationStopped).
-        self.eval_stop: Optional[EvalStop] = None
+        self._eval_stop = eval_stop
+
+    @property
+    def eval_stop(self):
+        """The stop source that ends an evaluation early (its `stop_requested` variable, its
+        `requested()`), or None; fixed at construction."""
+        return self._eval_stop
 
     def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.

@@ -1,4 +1,4 @@
-"""The hook protocol: what a hook is, what it sees (`Run`) and the stop request.
+"""The hook protocol: what a hook is, what it sees (`Run`) and the stop request (`ctl.core.stop`).
 
 A hook is any object with some of these methods; ctl calls the ones it has,
 all eagerly, on the host, in the order the hooks are listed:
@@ -33,25 +33,12 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import UserError
+# The stop request is defined with every other stop (signals, the second signal's exit);
+# it belongs to the hook protocol, and `ctl.hooks` exports it from here.
+from ctl.core.stop import StopRequest
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")
-
-
-class StopRequest:
-    """A flag any hook may raise; the controller stops at the next boundary."""
-
-    def __init__(self):
-        self.reason: Optional[str] = None
-
-    @property
-    def should_stop(self) -> bool:
-        return self.reason is not None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-            console.info("stop", "stop requested: %s", reason)
 
 
 @dataclasses.dataclass

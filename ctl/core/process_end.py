@@ -11,7 +11,9 @@ last line to its exit, 2.4 s of 3.1 s under Mirrored.
 A command registers `end_after_exit_handlers` before its other imports, so that
 it runs after every other handler, and runs its `main` through `run`. The
 process then ends right after the last handler, with the status `main` chose,
-once Python files still open (a hook's) and the logging handlers are flushed. A
+once the files still open (a hook's) are written: `tf.io.gfile.GFile` writers
+closed (in an object store a write reaches the store only on close), Python
+files and the logging handlers flushed. A
 `main` that raises anything but `SystemExit` keeps the interpreter's usual end,
 after its traceback.
 """
@@ -21,6 +23,7 @@ import gc
 import io
 import logging
 import os
+import sys
 from typing import Callable, Optional
 
 _status: Optional[int] = None
@@ -52,6 +55,7 @@ def _end() -> None:
     if _status is None:
         return  # An exception, or not run through `run`: the interpreter's usual end.
     logging.shutdown()
+    _close_gfile_writers()
     for stream in [o for o in gc.get_objects() if isinstance(o, io.IOBase)]:
         try:
             if not stream.closed and stream.writable():
@@ -59,3 +63,17 @@ def _end() -> None:
         except (OSError, ValueError):
             pass  # A broken pipe or a detached stream: nothing more can reach it.
     os._exit(_status)
+
+
+def _close_gfile_writers() -> None:
+    """Closes every `tf.io.gfile.GFile` still open for writing (if TensorFlow was imported)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return
+    for file in [o for o in gc.get_objects() if isinstance(o, tf.io.gfile.GFile)]:
+        if file.mode.startswith("r") and "+" not in file.mode:
+            continue  # A reader: nothing to write.
+        try:
+            file.close()  # Flushes, and uploads to an object store; a closed file does nothing.
+        except tf.errors.OpError:
+            pass  # The store refused it: nothing more can reach it.

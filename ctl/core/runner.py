@@ -1,20 +1,17 @@
-"""The runner contract: what a train loop hands back, and the extension points that end loops early.
+"""The runner contract: what a train loop hands back, and how an evaluation says it was stopped.
 
 The Trainer (`ctl.core.trainer`) implements orbit's runner protocol
 (`train(num_steps)`, `evaluate(num_steps)`); these are the few pieces around
 it that other layers name: the `TrainLoopEnd` a train loop returns (the
-Controller, the fault handler), and the two objects a Trainer may be given to
-end a loop at a step boundary, `StepGuard` and `EvalStop`, which
-`ctl.faults` implements (signals, NaN losses) without core naming it.
+Controller, the fault handler), and `EvaluationStopped`, raised by an
+evaluation that the Trainer's stop source ended before its end.
 """
 
-from typing import Any, Dict, Optional, Protocol
-
-import tensorflow as tf
+from typing import Any, Dict, Optional
 
 Logs = Dict[str, Any]
 
-NO_BAD_STEP = -1  # A StepGuard's `bad_step` when every loss was finite.
+NO_BAD_STEP = -1  # A step guard's `bad_step` when every loss was finite (`ctl.core.loops.StepGuard`).
 
 
 class TrainLoopEnd(dict):
@@ -61,51 +58,5 @@ class TrainLoopEnd(dict):
         return f"TrainLoopEnd({dict(self)!r}, {fields})" if fields else repr(dict(self))
 
 
-class StepGuard(Protocol):
-    """The extension point that may end a train loop early, at a step boundary.
-
-    A Trainer's `step_guard` is None (orbit's loops) or an object like this one;
-    `ctl.faults.step_guard.StepGuard` (signals, NaN losses) is ctl's.
-    """
-
-    bad_step: tf.Variable  # The step whose loss was not finite, or NO_BAD_STEP.
-
-    def graph_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)` as one `tf.while_loop`; called inside `tf.function`.
-
-        `step_fn` (the Trainer's `train_step`) returns what `check_loss` returned.
-        """
-
-    def host_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)` as a Python loop of `step_fn` calls."""
-
-    def should_stop(self) -> tf.Tensor:
-        """Whether the loop must end before its next step (graph or eager)."""
-
-    def skip_if_stopped(self, step_fn):
-        """`step_fn` that does nothing once `should_stop()`: for steps scheduled ahead (parameter servers)."""
-
-    def check_loss(self, strategy: tf.distribute.Strategy, per_replica_loss,
-                   global_step) -> Optional[tf.Tensor]:
-        """Called after each step, in cross-replica context, with the step's loss.
-
-        May return a verdict (a bool tensor: may the loop go on) that `train_step`
-        hands back to the loop.
-        """
-
-
-class EvalStop(Protocol):
-    """The extension point that may end an in-line evaluation early, before its next step.
-
-    A Trainer's `eval_stop` is None (evaluations run to their end) or an object
-    like this one; `ctl.faults.preemption.SignalWatcher` (a signal) is ctl's.
-    """
-
-    stop_requested: tf.Variable  # A bool: graph eval loops read it before every step.
-
-    def requested(self) -> bool:
-        """Whether a stop was requested (eager: between host loop steps, after an evaluation)."""
-
-
 class EvaluationStopped(Exception):
-    """An evaluation ended early on the Trainer's `eval_stop`: its results are incomplete."""
+    """An evaluation ended early on the Trainer's stop source (`eval_stop`): its results are incomplete."""

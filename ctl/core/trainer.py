@@ -9,11 +9,12 @@ Its pieces, one idea each:
 - this module: building (model, optimizer, metrics, datasets, checkpoint)
   and the train step and train hooks;
 - `ctl.core.loops`: the loop functions, and the train loop as pseudo-code,
-  saying which hook runs eagerly and which inside `tf.function`;
+  saying which hook runs eagerly and which inside `tf.function`; the
+  guarded train loop (`StepGuard`) that ends early on a stop or a NaN loss;
 - `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer
   inherits), its hooks and its loop as pseudo-code;
-- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`) and the
-  extension points that end a loop early (`StepGuard`, `EvalStop`).
+- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`), and what an
+  evaluation a stop ended raises (`EvaluationStopped`).
 
 The train-step settings (`mixed_precision`, `jit_compile`, `clip_norm`,
 `accumulation_steps`, `ema_decay`) are described in docs/train_step.md; their
@@ -34,12 +35,14 @@ from ctl.core.ema import MovingAverage
 from ctl.core.errors import UserError, user_error_within
 from ctl.core.evaluation import Evaluation
 from ctl.core.loops import plain
-from ctl.core.runner import NO_BAD_STEP, Logs, StepGuard, TrainLoopEnd
+from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd
+from ctl.core.stop import SignalWatcher
 from ctl.core.task import Task
 from ctl.core.train_step import GradientPipeline
 
 
-@gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate"])
+@gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate", "stop",
+                                          "guard_steps"])
 class Trainer(orbit.AbstractTrainer, Evaluation):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
@@ -59,6 +62,16 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
       accumulation_steps: one update per this many batches (micro-batches).
       ema_decay: keep a moving average of the weights; evaluation, the
         sidecar, the best checkpoint and exports use it.
+
+    What may end a loop early is given at construction (the composition
+    root, `ctl.train_lib`, passes them from `ctl.FaultTolerance`):
+      stop: the stop source (`ctl.core.stop.SignalWatcher`), or None:
+        loops run to their end.
+      guard_steps: with a `stop`, train loops look at it, and at each step's
+        loss, before every step (`ctl.core.loops.StepGuard`: `step_guard`);
+        False: only after each loop (`ctl.FaultTolerance.stop_check='loop'`).
+        A one-process strategy's evaluations also end before their next step
+        on a stop (`eval_stop`); a cluster's run to their end (lockstep).
     """
 
     def __init__(
@@ -74,6 +87,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         clip_norm: Optional[float] = None,
         accumulation_steps: int = 1,
         ema_decay: Optional[float] = None,
+        stop: Optional[SignalWatcher] = None,
+        guard_steps: bool = True,
     ):
         if use_tf_while_loop and not use_tf_function:
             raise UserError(
@@ -88,9 +103,6 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         self._last_train = loops.LastResults()  # For train_loop_end.
         self._train_loop: Optional[Any] = None  # Built on first use (create_train_loop_fn).
         self._train_iterator = None  # (dataset, its iterator): made anew when the dataset changes.
-        # Set by ctl.faults.handler: ends a train loop early on a signal or a NaN loss (and
-        # `eval_stop` an evaluation: `Evaluation`).
-        self.step_guard: Optional[StepGuard] = None
         with self.strategy.scope():
             with precision.policy(mixed_precision):
                 # The average's copy first: a task that remembers the model it built last
@@ -119,9 +131,15 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
             self.eval_loss = tf.keras.metrics.Mean("loss")
         self._task_step = xla.compile_if(jit_compile, self._task_train_step)
         self._eval_checkpoint = None  # Built on first use, with ema_decay.
-        # Evaluation's own state, and the loop settings the train loops follow too.
-        Evaluation.__init__(self, aggregation.of_task(task), use_tf_function, use_tf_while_loop)
         self.init_async()
+        # Outside the strategy's scope: plain host variables that every worker reads.
+        self._step_guard = (loops.StepGuard.for_strategy(self.strategy, stop, self.global_step)
+                            if stop is not None and guard_steps else None)
+        lockstep = isinstance(self.strategy, (tf.distribute.MultiWorkerMirroredStrategy,
+                                              tf.distribute.ParameterServerStrategy))
+        # Evaluation's own state, and the loop settings the train loops follow too.
+        Evaluation.__init__(self, aggregation.of_task(task), use_tf_function, use_tf_while_loop,
+                            eval_stop=None if lockstep else stop)
         if evaluate and self._coordinator is not None:
             raise UserError(
                 "ParameterServerStrategy trains only; evaluate with the sidecar evaluator "
@@ -155,6 +173,12 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         """`task.build_inputs(...)` as ctl reads it: checked, the train set repeated
         (`ctl.core.contract.inputs`)."""
         return contract.inputs(self.task, training, input_context, **kwargs)
+
+    @property
+    def step_guard(self) -> Optional[loops.StepGuard]:
+        """What ends a train loop early on a stop or a NaN loss (None: orbit's loops), fixed at
+        construction (`stop`, `guard_steps`)."""
+        return self._step_guard
 
     @property
     def eval_model(self):

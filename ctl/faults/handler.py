@@ -8,8 +8,8 @@
 
 `run_experiment` wires the pieces around one train run:
 
-    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.faults.preemption
-      trainer.step_guard = StepGuard.for_strategy(...)               # ctl.faults.step_guard
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.core.stop
+      Trainer(..., stop=watcher, guard_steps=stop_check == 'step')   # the loop: ctl.core.loops.StepGuard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
@@ -40,8 +40,8 @@ from ctl.core.runner import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
 from ctl.faults import lock, resume
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
-from ctl.faults.preemption import Preempted, SignalWatcher
-from ctl.faults.step_guard import StepGuard
+from ctl.core.stop import SignalWatcher
+from ctl.faults.preemption import Preempted
 
 
 STOP_CHECKS = ("step", "loop")
@@ -80,6 +80,12 @@ class FaultTolerance:
     seed: Optional[int] = None
     stop_check: str = "step"
 
+    @property
+    def guard_steps(self) -> bool:
+        """Whether the train loop looks for a signal and a bad loss before every step (the
+        Trainer's `guard_steps`)."""
+        return self.stop_check == "step"
+
     def __post_init__(self):
         require_choice("ctl.FaultTolerance.nan_policy", self.nan_policy, NAN_POLICIES)
         require_choice("ctl.FaultTolerance.stop_check", self.stop_check, STOP_CHECKS)
@@ -99,8 +105,9 @@ class FaultHandler:
     Takes the loop's `TrainLoopEnd` and returns the one to go on from: the
     same, or after a NaN recovery the restored checkpoint's step.
 
-    Also installs the per-step guard in `trainer`, and says at start whether
-    the train input can be replayed exactly.
+    `trainer` was built with the run's stop source (`watcher`) and
+    `settings.guard_steps` (`ctl.train_lib`); says at start whether the train
+    input can be replayed exactly.
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
@@ -109,22 +116,18 @@ class FaultHandler:
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
-        self.guard = StepGuard.for_strategy(trainer.strategy, watcher, trainer.global_step)
+        self.guard = trainer.step_guard  # None with stop_check='loop'.
         self.budget = RecoveryBudget(settings.max_recoveries, settings.healthy_interval)
-        self.per_loop = settings.stop_check == "loop"
+        self.per_loop = not settings.guard_steps
         parameter_servers = isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy)
-        if self.per_loop and (self.guard.cluster_wide or parameter_servers):
+        multi_worker = isinstance(trainer.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if self.per_loop and (multi_worker or parameter_servers):
             name = ("ParameterServerStrategy" if parameter_servers
                     else "MultiWorkerMirroredStrategy")
             raise UserError(
                 f"ctl.FaultTolerance.stop_check='loop' is for one-process strategies, not {name}: "
                 "on a cluster the per-step guard makes every worker stop after the same step; "
                 "leave stop_check = 'step'.")
-        trainer.step_guard = None if self.per_loop else self.guard
-        # A signal ends an in-line evaluation before its next step, on one process; a
-        # cluster's workers evaluate in lockstep (collectives), so there it runs to its end.
-        if not (self.guard.cluster_wide or parameter_servers):
-            trainer.eval_stop = watcher
         probe = resume.probe_pipeline(trainer.task)
         resume.warn_if_not_replayable(trainer.task, settings.seed is not None, probe)
         # Before the restore: it may set options on the train dataset.
@@ -146,7 +149,8 @@ class FaultHandler:
         if end.bad_step is not None:
             end = self._on_bad_loss(end.bad_step, end)
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
-        if self.guard.stopped_by_request() if self.guard.cluster_wide else self.watcher.signum is not None:
+        cluster_wide = self.guard is not None and self.guard.cluster_wide
+        if self.guard.stopped_by_request() if cluster_wide else self.watcher.signum is not None:
             self.preempt(end.step)
         return end
 
@@ -184,7 +188,8 @@ class FaultHandler:
                         "in the loop ending at" if self.per_loop else "at", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)
-        self.guard.clear()
+        if self.guard is not None:
+            self.guard.clear()
         self.input_position.resume(path, step)
         return end._replace(step=step, bad_step=None, restored=path)
 

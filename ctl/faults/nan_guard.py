@@ -1,6 +1,6 @@
 """What to do when a step's loss is NaN or Inf: the policy, without TensorFlow.
 
-The per-step check runs in the train loop (`ctl.faults.step_guard`); this module
+The per-step check runs in the train loop (`ctl.core.loops.StepGuard`); this module
 decides, after the loop has stopped on a bad step, whether to stop the run or
 to recover from the last checkpoint, and keeps count of recoveries.
 

@@ -19,7 +19,8 @@ SIGTERM or SIGINT (Ctrl-C) stops the sidecar at its next look at the model
 dir: at once while it waits (for `config.gin` or a checkpoint), after the
 evaluation in progress otherwise; it raises `Stopped` (`python -m ctl.run`:
 one line, exit 75, as the trainer) and a restart goes on where it stopped.
-A second signal ends the process at once with `128 + signum`.
+A second signal ends the process at once with `128 + signum`. The signals are
+watched as the trainer's are (`ctl.core.stop.SignalWatcher`).
 
 A checkpoint is committed once the `checkpoint` state file names it, or its
 index file is `settle_seconds` old (tf_keras' `ModelCheckpoint` names only the
@@ -29,11 +30,9 @@ model=..., optimizer=...)` (a `model` object at the root), and tf_keras'
 optimizer's values stay unread.
 """
 
-import contextlib
 import logging as std_logging
 import os
 import signal
-import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -48,15 +47,9 @@ from ctl.core.errors import UserError, first_line
 from ctl.core.hook_protocol import Hooks, OwnedActions, Run
 from ctl.core.claims import eval_hooks_claim
 from ctl.core.model_dir import ModelDir, is_object_store
+from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import announce, scheduler as sidecar
-
-# Test-only fault point: tests set CTL_FAULT_POINT=after_metrics_append to make the
-# sidecar SIGKILL itself right after appending an evaluation's metrics line and
-# before recording its progress (tests/test_continuous_eval.py). Read once, at start.
-FAULT_POINT_VARIABLE = "CTL_FAULT_POINT"
-AFTER_METRICS_APPEND = "after_metrics_append"
-
 
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations."""
@@ -68,38 +61,10 @@ class Stopped(Exception):
                          "lost. Run the same command again to go on.")
 
 
-class _Signals:
-    """SIGTERM and SIGINT, recorded for the sidecar's loop to stop at its next look (eager,
-    main thread only: elsewhere the default handling stays)."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-
-    def check(self, evaluations: Optional[int] = None) -> None:
-        if self.signum is not None:
-            raise Stopped(self.signum, evaluations)
-
-    def record(self, signum, unused_frame) -> None:
-        if self.signum is not None:
-            console.warning("signal", "second %s: exiting now with status %d.",
-                            signal.Signals(signum).name, 128 + signum)
-            os._exit(128 + signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _stopped_by_signals():
-    signals = _Signals()
-    if threading.current_thread() is not threading.main_thread():
-        yield signals
-        return
-    old = {signum: signal.signal(signum, signals.record)
-           for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield signals
-    finally:
-        for signum, handler in old.items():
-            signal.signal(signum, handler)
+def _check(signals: SignalWatcher, evaluations: Optional[int] = None) -> None:
+    """Raises `Stopped` once a signal came (the sidecar's loop looks between evaluations)."""
+    if signals.requested():
+        raise Stopped(signals.signum, evaluations)
 
 
 def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float = 0.5) -> str:
@@ -108,16 +73,16 @@ def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: flo
     Raises `UserError` when `model_dir` is not a directory or after `timeout`
     seconds (None: no limit) without the file, and `Stopped` on SIGTERM or SIGINT.
     """
-    with _stopped_by_signals() as signals:
+    with SignalWatcher(train=False) as signals:
         return _wait_for_config(model_dir, timeout, poll_interval, signals)
 
 
 def _wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float,
-                     signals: _Signals) -> str:
+                     signals: SignalWatcher) -> str:
     path = ModelDir(model_dir).config_file
     start = next_log = time.monotonic()
     while not tf.io.gfile.exists(path):
-        signals.check()
+        _check(signals)
         if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
             raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at "
                             "the trainer's model dir.")
@@ -154,7 +119,6 @@ class CheckpointEvaluator:
             if hasattr(callback, "set_model"):
                 callback.set_model(self.model)
         self._summaries: Optional[SummaryManager] = None
-        self.die_after_metrics_append = False  # The test-only fault point (top of the module).
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
@@ -289,12 +253,10 @@ def evaluate_continuously(
         "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
     evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
-    evaluator.die_after_metrics_append = (
-        os.environ.get(FAULT_POINT_VARIABLE) == AFTER_METRICS_APPEND)  # Test-only, see above.
     eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
     try:
         # A trainer evaluating in-line steps aside while this announcement is live.
-        with announce.Announcement(model_dir), _stopped_by_signals() as signals:
+        with announce.Announcement(model_dir), SignalWatcher(train=False) as signals:
             return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
                           experiment.schedule.train_steps, signals)
     finally:
@@ -306,7 +268,7 @@ def evaluate_continuously(
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
            progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock,
-           train_steps: Optional[int], signals: _Signals) -> Dict[str, Any]:
+           train_steps: Optional[int], signals: SignalWatcher) -> Dict[str, Any]:
     """The loop of the module docstring. A finished marker of a run asked for fewer
     than `train_steps` is stale (a trainer extending the run has not cleared it yet)."""
     model_dir = directory.path
@@ -316,7 +278,7 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
     waiting = False
     seen = {}
     while True:
-        signals.check(progress.evaluations)
+        _check(signals, progress.evaluations)
         present = directory.checkpoints()
         ready = directory.committed_checkpoints(settings.settle_seconds, present)
         final = directory.final_checkpoint_number(train_steps)
@@ -421,8 +383,6 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     files.append_json_line(evaluator.metrics_file, record)
-    if evaluator.die_after_metrics_append:  # Test-only fault point (top of the module).
-        os.kill(os.getpid(), signal.SIGKILL)
     return sidecar.EVALUATED, output
 
 
