@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -86,8 +86,8 @@ class SignalWatcher:
         self.signum: Optional[int] = None
         self._old_handlers = {}
         self._old_wakeup_fd = -1
-        self._pipe = None
-        self._thread = None
+        self._pipe: Optional[Tuple[int, int]] = None
+        self._thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "SignalWatcher":
         if threading.current_thread() is not threading.main_thread():
@@ -138,6 +138,7 @@ class SignalWatcher:
                         "exiting with status %d.", name, EXIT_PREEMPTED)
 
     def _watch(self) -> None:
+        assert self._pipe is not None  # Started by __enter__.
         read_fd = self._pipe[0]
         while True:
             try:
