@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.adapters.keras_model import KerasModelTask as KerasModelTask
     from ctl.adapters.model_garden import ModelGardenTask as ModelGardenTask
     from ctl.core.aggregation import Aggregation as Aggregation, Reducer as Reducer
+    from ctl.core.arguments import Check as Check, Range as Range, check_arguments as check_arguments
     from ctl.core.checkpointing import restore_model as restore_model
     from ctl.core.errors import UserError as UserError
     from ctl.core.runner import TrainLoopEnd as TrainLoopEnd
