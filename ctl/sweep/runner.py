@@ -23,6 +23,7 @@ killed with -9 leaves no trial training unseen.
 import ctypes
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,14 +93,16 @@ def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
 
 
 def last_line(log_path: str) -> str:
-    """The child's one line: its `ctl.run: ...` line, else the last line it wrote."""
+    """The child's one line: its `ctl.run: ...` line, else its traceback's exception line, else
+    the last line it wrote."""
     try:
         with open(log_path, errors="replace") as f:
             lines = [line.strip() for line in f.read().splitlines() if line.strip()]
     except OSError:
         return "no output"
     ours = [line for line in lines if line.startswith("ctl.run:")]
-    return (ours or lines or ["no output"])[-1][:400]
+    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b.*:", line)]
+    return (ours or raised or lines or ["no output"])[-1][:400]
 
 
 def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],

@@ -37,12 +37,9 @@ import optuna
 from optuna.trial import TrialState
 
 from ctl.core.errors import UserError, first_line
+from ctl.sweep import sweep_dir as layout
 from ctl.sweep.sweep_file import SweepFile
 
-JOURNAL_FILE = "study.journal"
-SWEEP_RECORD_FILE = "sweep.json"
-TRIALS_DIR = "trials"
-WORKERS_DIR = "workers"
 # Trial system attributes.
 OWNER = "ctl_owner"
 HEARTBEAT = "ctl_heartbeat"
@@ -82,7 +79,7 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         os.makedirs(sweep_dir, exist_ok=True)
-        return JournalStorage(JournalFileBackend(os.path.join(sweep_dir, JOURNAL_FILE)))
+        return JournalStorage(JournalFileBackend(layout.journal_file(sweep_dir)))
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
     except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
@@ -93,26 +90,10 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str]) -> None:
     """`<sweep_dir>/sweep.json`: the study's name and storage (no password) and the objective."""
-    from ctl.core.model_dir import write_json
-
-    write_json(os.path.join(sweep_dir, SWEEP_RECORD_FILE), {
+    layout.write_record(sweep_dir, {
         "study": sweep.study, "storage": without_password(storage) if storage else None,
         "objective": sweep.objective, "direction": sweep.direction, "trials": sweep.trials,
         "sweep_file": os.path.abspath(sweep.path)})
-
-
-def read_record(sweep_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import read_json
-
-    return read_json(os.path.join(sweep_dir, SWEEP_RECORD_FILE))
-
-
-def is_sweep_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, SWEEP_RECORD_FILE))
-
-
-def trial_dir(sweep_dir: str, number: int) -> str:
-    return os.path.join(sweep_dir, TRIALS_DIR, str(number))
 
 
 def make_sampler(sweep: SweepFile, number: int = 0) -> optuna.samplers.BaseSampler:
@@ -243,9 +224,9 @@ class Slot:
     def __init__(self, sweep_dir: str, index: int):
         self.index = index
         self.key = f"{socket.gethostname()}:{os.path.abspath(sweep_dir)}:{index}"
-        directory = os.path.join(sweep_dir, WORKERS_DIR)
-        os.makedirs(directory, exist_ok=True)
-        self._file = open(os.path.join(directory, f"{index}.lock"), "a+")
+        path = layout.slot_lock_file(sweep_dir, index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, "a+")
 
     def try_acquire(self) -> bool:
         try:

@@ -23,8 +23,9 @@ import dataclasses
 import difflib
 import json
 import math
-import tomllib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tomllib
 
 from ctl.core.errors import UserError
 

@@ -21,7 +21,8 @@ from typing import Sequence
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
-from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study, trial_dir
+from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
+from ctl.sweep.sweep_dir import trial_dir
 from ctl.sweep.sweep_file import SweepFile
 
 EXIT_PREEMPTED = runner.EXIT_PREEMPTED
