@@ -199,6 +199,17 @@ def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(swee
     assert "trial 3: failed in" in sweep["done"].stdout
 
 
+@pytest.mark.slow
+def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_trial_in_hparams(sweep):
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    logdir = plugin_event_multiplexer.EventMultiplexer()
+    logdir.AddRunsFromDirectory(sweep["dir"])
+    logdir.Reload()
+    runs = logdir.PluginRunToTagToContent("hparams")
+    assert {os.path.join("trials", "0"), os.path.join("trials", "1")} <= set(runs), sorted(runs)
+
+
 # Faults.
 
 
@@ -264,3 +275,11 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
     assert steps[-1] == 6000 and step < 6000
     assert model_dir.final_checkpoint_number() == 6000
+
+
+def test_the_shipped_sweep_file_fits_its_config():
+    from ctl.sweep import sweep_file
+
+    sweep = sweep_file.load(os.path.join(ROOT, "configs", "digits_sweep.toml"))
+    assert sweep.trials == 12 and sweep.pruner["name"] == "asha"
+    sweep_file.check_against_config(sweep, [DIGITS_GIN], [], [])

@@ -80,12 +80,18 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
 
         os.makedirs(sweep_dir, exist_ok=True)
         return JournalStorage(JournalFileBackend(layout.journal_file(sweep_dir)))
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-    except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
-        raise UserError(f"cannot open --storage={without_password(storage)} "
-                        f"({first_line(error)}); check the server, the user and the database."
-                        ) from error
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
+            # Machines that start together race to create the tables: the loser sees a
+            # duplicate key, and finds the tables there when it looks again.
+            if "duplicate key" in str(error) and attempt < 4:
+                time.sleep(1 + attempt)
+                continue
+            raise UserError(f"cannot open --storage={without_password(storage)} "
+                            f"({first_line(error)}); check the server, the user and the database."
+                            ) from error
 
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str]) -> None:
