@@ -15,6 +15,11 @@ curves to `<model_dir>/report.png` (or `--output`). The best checkpoint's record
 
 "Best" is the minimum for metrics named like a loss or an error (loss, error,
 mae, mse, perplexity), else the maximum.
+
+A sweep dir (`python -m ctl.sweep`'s `--sweep_dir`, as `--model_dir` or as the one
+argument: `python -m ctl.report runs/digits_sweep`) gets `ctl.sweep.report`'s view:
+its trials sorted by the objective, and a PNG of the optimization history and
+of each binding against the objective.
 """
 
 import os
@@ -242,17 +247,25 @@ def plot_runs(runs, path: str) -> None:
 
 
 def main(argv):
-    if len(argv) > 1:
-        _fail(f"unexpected arguments {argv[1:]}")
+    model_dirs = FLAGS.model_dir or argv[1:2]
+    if len(argv) > 1 and (FLAGS.model_dir or len(argv) > 2):
+        _fail(f"unexpected arguments {argv[1 + (not FLAGS.model_dir):]}")
+    if not model_dirs:
+        _fail("name a run's directory with --model_dir=DIR (or a sweep's: --model_dir=SWEEP_DIR).")
     # TensorFlow's C++ INFO lines: warnings and errors only (a value the user set wins).
     # Before TensorFlow's import, here, so that `import ctl.report` changes nothing.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     logging.set_verbosity(logging.WARNING)
+    from ctl.sweep import report as sweep_report
+    from ctl.sweep import sweep_dir
+
     try:
-        if len(FLAGS.model_dir) > 1:
-            text, path = compare(FLAGS.model_dir, FLAGS.output)
+        if len(model_dirs) == 1 and sweep_dir.is_sweep_dir(model_dirs[0]):
+            text, path = sweep_report.report(model_dirs[0], FLAGS.output)
+        elif len(model_dirs) > 1:
+            text, path = compare(model_dirs, FLAGS.output)
         else:
-            text, path = report(FLAGS.model_dir[0], FLAGS.output)
+            text, path = report(model_dirs[0], FLAGS.output)
     except UserError as error:
         _fail(str(error))
     print(text)
@@ -272,8 +285,8 @@ def _parse_flags(argv):
 
 
 if __name__ == "__main__":
-    flags.DEFINE_multi_string("model_dir", None, "The run's directory; repeat to compare runs.")
+    flags.DEFINE_multi_string("model_dir", None, "The run's directory; repeat to compare runs; "
+                              "or a sweep's directory.")
     flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png; "
                         "for several runs, report.png in their common parent).")
-    flags.mark_flag_as_required("model_dir")
     process_end.run(lambda: app.run(main, flags_parser=_parse_flags))

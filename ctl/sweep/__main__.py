@@ -1,0 +1,150 @@
+"""`python -m ctl.sweep`: a hyperparameter sweep over gin bindings, each trial a ctl run.
+
+    python -m ctl.sweep --gin_file=configs/digits.gin --sweep_file=configs/digits_sweep.toml \
+        --sweep_dir=runs/digits_sweep [--workers=2] [--storage=postgresql://...] [--gin_bindings=...]
+
+The sweep file and the gin config are checked first (`ctl.sweep.sweep_file`): a
+mistake ends in one line on stderr and exit status 2, before any trial. Then
+the study is opened or created (`ctl.sweep.study`) and `--workers` processes
+take its trials (`ctl.sweep.worker`). Run the same command again to resume a
+sweep (after a crash, a kill -9, a reboot); on another machine, with the same
+`--storage`, to add workers. SIGTERM or SIGINT stops the running trials at a
+checkpoint and exits 75. Without Optuna installed: one line naming the extra.
+"""
+
+from ctl.core import process_end
+
+if __name__ == "__main__":  # First, so that it runs after every other exit handler.
+    process_end.end_after_exit_handlers()
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
+flags.DEFINE_multi_string("gin_bindings", [], "A gin binding of every trial (before the sampled ones).")
+flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
+flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): objective, budget, sampler, pruner, space.")
+flags.DEFINE_string("sweep_dir", None, "The sweep's directory: trials/<number>/ model dirs, the study.")
+flags.DEFINE_integer("workers", 1, "Worker processes on this machine, each running one trial at a time.",
+                     lower_bound=1)
+flags.DEFINE_string("storage", None, "The study's database, e.g. postgresql://USER@HOST:PORT/DB "
+                    "(default: a journal file in --sweep_dir).")
+flags.DEFINE_float("heartbeat_seconds", 10.0, "How often a worker renews its running trial's heartbeat.",
+                   lower_bound=0.1)
+flags.DEFINE_float("grace_seconds", 60.0, "A running trial whose heartbeat is this old is taken over.",
+                   lower_bound=0.1)
+flags.DEFINE_bool("as_worker", False, "Internal: run as one of --workers (the checks were done).")
+flags.mark_flag_as_required("sweep_file")
+flags.mark_flag_as_required("sweep_dir")
+
+
+def _fail(message: str) -> None:
+    print(f"ctl.sweep: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def _parse_flags(argv):
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        _fail(f"{error}. See --helpfull.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag.")
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        _fail("ctl.sweep runs on Optuna, which is not installed: pip install 'ctl[sweep]'.")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    try:
+        sys.exit(_sweep())
+    except UserError as error:
+        _fail(str(error))
+
+
+def _sweep() -> int:
+    import optuna
+
+    from ctl.sweep import pruning, study, sweep_file
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sweep = sweep_file.load(FLAGS.sweep_file)
+    sweep_dir = os.path.abspath(FLAGS.sweep_dir)
+    if not FLAGS.as_worker:
+        _check(sweep)
+    storage = study.open_storage(sweep_dir, FLAGS.storage)
+    try:
+        opened = study.Study(storage, sweep, pruning.make_pruner(sweep.pruner))
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the database's errors, whatever the driver.
+        raise UserError(f"cannot open the study {sweep.study!r} in "
+                        f"{study.without_password(FLAGS.storage or sweep_dir)} ({first_line(error)})"
+                        "; check --storage.") from error
+    if FLAGS.as_worker or FLAGS.workers == 1:
+        return _work(opened, sweep, sweep_dir)
+    study.write_record(sweep_dir, sweep, FLAGS.storage)
+    return _supervise(FLAGS.workers)
+
+
+def _check(sweep) -> None:
+    """The gin text, then the space against the config (TensorFlow is imported here)."""
+    import ctl
+    from ctl.core import gin_text
+    from ctl.sweep import sweep_file
+
+    gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
+    sweep_file.check_against_config(sweep, FLAGS.gin_file, FLAGS.gin_bindings,
+                                    FLAGS.gin_search_paths)
+
+
+def _work(opened, sweep, sweep_dir: str) -> int:
+    from ctl.sweep import progress, study, worker
+
+    study.write_record(sweep_dir, sweep, FLAGS.storage)
+    slot = study.take_slot(sweep_dir)
+    one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
+                        FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds)
+    one.install_signals()
+    one.say(f"study {sweep.study!r}: {progress.line(opened, sweep.objective)}")
+    status = one.run()
+    if status == 0:
+        one.say(f"done: {progress.line(opened, sweep.objective)}")
+        one.say(f"to look: python -m ctl.report --model_dir={sweep_dir} ; "
+                f"tensorboard --logdir {sweep_dir}")
+    return status
+
+
+def _supervise(workers: int) -> int:
+    """Starts `workers` worker processes (this command with --as_worker), passes SIGTERM and
+    SIGINT on to them, and exits 75 if one was stopped, else with the worst status."""
+    from ctl.sweep.runner import EXIT_PREEMPTED, die_with_parent
+
+    argv = [sys.executable, "-m", "ctl.sweep", *sys.argv[1:], "--as_worker", "--workers=1"]
+    children = [subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                for _ in range(workers)]
+
+    def forward(signum, unused_frame):
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    statuses = [child.wait() for child in children]
+    if EXIT_PREEMPTED in statuses:
+        return EXIT_PREEMPTED
+    return max(statuses, key=abs)
+
+
+if __name__ == "__main__":
+    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))

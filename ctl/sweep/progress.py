@@ -1,0 +1,16 @@
+"""The sweep's progress on the console: one line after each trial that ends.
+
+    sweep | worker 0 | 7/12 ended (4 complete, 2 pruned, 1 failed), 2 running | best accuracy = 0.9611 (trial 3)
+"""
+
+from ctl.sweep.study import Study
+
+
+def line(study: Study, objective: str) -> str:
+    counts = study.counts()
+    ended = counts["complete"] + counts["pruned"] + counts["fail"]
+    best = study.best()
+    best_text = (f"best {objective} = {best.value:.6g} (trial {best.number})" if best is not None
+                 else "no trial complete yet")
+    return (f"{ended}/{study.budget} ended ({counts['complete']} complete, {counts['pruned']} "
+            f"pruned, {counts['fail']} failed), {counts['running']} running | {best_text}")

@@ -1,0 +1,159 @@
+"""`python -m ctl.report <sweep_dir>`: the trials of a sweep sorted by the objective, and a PNG.
+
+The table has a row per trial of the budget: completed trials first, best
+first (by their objective), then pruned ones (by the value they were pruned
+at), failed, running and waiting ones; each with its state, value, sampled
+bindings, the steps its run trained and the time it took. A failed trial's one
+line follows the table. The PNG (`<sweep_dir>/report.png`, or `--output`) has
+the optimization history (each trial's value and the best so far) and a panel
+per binding of the space, its values against the objective.
+
+The study is found through `<sweep_dir>/sweep.json` (`ctl.sweep.study`); a
+PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
+"""
+
+import datetime
+import io
+import os
+from typing import List, Optional, Tuple
+
+from ctl.core.errors import UserError
+
+
+def _order(trial, maximize: bool) -> Tuple[int, float, int]:
+    rank = {"COMPLETE": 0, "PRUNED": 1, "FAIL": 2, "RUNNING": 3, "WAITING": 4}[trial.state.name]
+    value = trial.value if trial.value is not None else float("nan")
+    key = -value if maximize else value
+    return rank, key if key == key else float("inf"), trial.number
+
+
+def load(sweep_dir: str):
+    """(record, study, trials of the budget) of `sweep_dir`."""
+    try:
+        import optuna
+    except ImportError as error:
+        raise UserError("reading a sweep needs Optuna, which is not installed: pip install "
+                        "'ctl[sweep]'.") from error
+    from ctl.sweep import study
+    from ctl.sweep.sweep_dir import read_record
+
+    record = read_record(sweep_dir)
+    if not isinstance(record, dict) or "study" not in record:
+        raise UserError(f"{sweep_dir}/sweep.json is unreadable; run the sweep's command again to "
+                        "rewrite it.")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = study.open_storage(sweep_dir, record.get("storage"))
+    loaded = optuna.load_study(study_name=record["study"], storage=storage)
+    budget = record.get("trials") or len(loaded.trials)
+    return record, loaded, [t for t in loaded.get_trials(deepcopy=False) if t.number < budget]
+
+
+def _steps(trial, sweep_dir: str) -> Optional[int]:
+    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.sweep.study import MODEL_DIR
+    from ctl.sweep.sweep_dir import trial_dir
+
+    model_dir = trial.system_attrs.get(MODEL_DIR) or trial_dir(sweep_dir, trial.number)
+    steps = [r.get("step") for r in read_json_lines(ModelDir(model_dir).metrics_file)]
+    steps = [s for s in steps if isinstance(s, int)]
+    return max(steps) if steps else None
+
+
+def _seconds(trial) -> Optional[float]:
+    if trial.datetime_start is None:
+        return None
+    end = trial.datetime_complete or datetime.datetime.now()
+    return (end - trial.datetime_start).total_seconds()
+
+
+def table(sweep_dir: str) -> Tuple[str, list, dict]:
+    record, loaded, trials = load(sweep_dir)
+    maximize = record.get("direction", "maximize") == "maximize"
+    objective = record.get("objective", "value")
+    bindings = sorted({name for t in trials for name in t.params})
+    header = ["trial", "state", objective, *bindings, "steps", "time"]
+    rows, failures = [], []
+    for trial in sorted(trials, key=lambda t: _order(t, maximize)):
+        steps, seconds = _steps(trial, sweep_dir), _seconds(trial)
+        rows.append([str(trial.number), trial.state.name.lower(),
+                     "-" if trial.value is None else f"{trial.value:.6g}",
+                     *(_short(trial.params.get(name, "-")) for name in bindings),
+                     "-" if steps is None else str(steps),
+                     "-" if seconds is None else f"{seconds:.0f}s"])
+        if trial.state.name == "FAIL" and trial.user_attrs.get("fail_reason"):
+            failures.append(f"trial {trial.number} failed: {trial.user_attrs['fail_reason']}")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [f"ctl report: sweep {record['study']!r} in {sweep_dir}: {len(trials)} trials, "
+             f"{record.get('direction', 'maximize')} {objective}",
+             "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines.append("-" * len(lines[-1]))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines + failures), trials, record
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def plot(trials: list, record: dict, path: str) -> None:
+    """Optimization history and each binding against the objective, as one PNG (written atomically)."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
+                        "pip install 'ctl[report]' (or matplotlib).") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ctl.core.model_dir import write_atomically
+
+    objective = record.get("objective", "value")
+    maximize = record.get("direction", "maximize") == "maximize"
+    scored = sorted((t for t in trials if t.value is not None and t.state.name in ("COMPLETE", "PRUNED")),
+                    key=lambda t: t.number)
+    bindings = sorted({name for t in trials for name in t.params})
+    panels = 1 + len(bindings)
+    columns = min(3, panels)
+    rows = -(-panels // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    history = axes.flat[0]
+    for state, marker in (("COMPLETE", "o"), ("PRUNED", "x")):
+        points = [(t.number, t.value) for t in scored if t.state.name == state]
+        history.plot([p[0] for p in points], [p[1] for p in points], marker, linestyle="none",
+                     label=state.lower())
+    complete = [t for t in scored if t.state.name == "COMPLETE"]
+    best: List[Tuple[int, float]] = []
+    for t in complete:
+        value = t.value if not best else (max if maximize else min)(best[-1][1], t.value)
+        best.append((t.number, value))
+    history.step([p[0] for p in best], [p[1] for p in best], where="post", label="best so far")
+    history.set_title("optimization history")
+    history.set_xlabel("trial")
+    history.set_ylabel(objective)
+    history.legend(fontsize="small")
+    history.grid(alpha=0.3)
+    for axis, name in zip(list(axes.flat)[1:], bindings):
+        points = [(t.params[name], t.value) for t in complete if name in t.params]
+        numeric = all(isinstance(p[0], (int, float)) for p in points)
+        xs = [p[0] if numeric else str(p[0]) for p in points]
+        axis.plot(xs, [p[1] for p in points], "o", linestyle="none")
+        if numeric and points and min(xs) > 0 and max(xs) / min(xs) > 100:
+            axis.set_xscale("log")
+        axis.set_title(name, fontsize="small")
+        axis.set_ylabel(objective)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[panels:]:
+        axis.axis("off")
+    figure.tight_layout()
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
+    plt.close(figure)
+    write_atomically(path, image.getvalue())
+
+
+def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
+    """(table, png path) of the sweep in `sweep_dir`."""
+    text, trials, record = table(sweep_dir)
+    output = output or os.path.join(sweep_dir, "report.png")
+    plot(trials, record, output)
+    return text, output

@@ -1,0 +1,164 @@
+"""A trial: one `python -m ctl.run --mode=train_and_eval` process in the trial's model dir.
+
+Its sampled bindings follow the sweep command's `--gin_bindings` on its command
+line, so its `config.gin` holds them, and running the same command again
+resumes it from its own checkpoint (every guarantee of a run holds). While it
+runs, the worker reads its evaluations from `metrics.jsonl`
+(`ctl.comforts.progress`'s records), reports the objective to Optuna at each one and asks
+the pruner; it renews the trial's heartbeat. The child's output goes to
+`<trial dir>/sweep_trial.log`.
+
+How it ends, from the child's exit status:
+  0                        complete: the objective of its last evaluation
+  75 after a prune         pruned (the SIGTERM made it checkpoint and stop)
+  75 after the worker's    interrupted: the trial stays RUNNING, to resume
+     own SIGTERM
+  75 otherwise             preempted on its own: run again (it resumes)
+  anything else            failed, with the child's one line (`ctl.run: error: ...`)
+
+On Linux the child is killed with its worker (`PR_SET_PDEATHSIG`): a worker
+killed with -9 leaves no trial training unseen.
+"""
+
+import ctypes
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+import optuna
+
+from ctl.sweep import pruning
+from ctl.sweep.study import Study, make_sampler
+from ctl.sweep.sweep_file import SweepFile
+
+LOG_FILE = "sweep_trial.log"
+EXIT_PREEMPTED = 75  # ctl.faults.preemption.EXIT_PREEMPTED, without importing TensorFlow's side.
+POLL_S = 0.5
+
+
+class Outcome(NamedTuple):
+    state: str  # complete, pruned, failed, interrupted, again
+    value: Optional[float] = None
+    message: str = ""
+
+
+def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
+    """The trial's values of the space: sampled now, or those it already has (a resumed trial)."""
+    params = {}
+    for p in sweep.space:
+        low, high = p.values[0], p.values[-1]
+        if p.kind == "choice":
+            params[p.binding] = trial.suggest_categorical(p.binding, list(p.values))
+        elif p.kind.startswith("int_"):
+            params[p.binding] = trial.suggest_int(p.binding, low, high, log=p.kind.endswith("log_uniform"))
+        else:
+            params[p.binding] = trial.suggest_float(p.binding, low, high, log=p.kind == "log_uniform")
+    return params
+
+
+def command(model_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
+            search_paths: Sequence[str]) -> List[str]:
+    argv = [sys.executable, "-m", "ctl.run", "--mode=train_and_eval", f"--model_dir={model_dir}"]
+    argv += [f"--gin_file={path}" for path in gin_files]
+    argv += [f"--gin_bindings={binding}" for binding in gin_bindings]
+    if search_paths:
+        argv.append(f"--gin_search_paths={','.join(search_paths)}")
+    return argv
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """In a child, before it runs its program: `signum` reaches it when its parent dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # Not Linux: the child outlives a killed worker, and its trainer.lock says so.
+
+
+def eval_records(model_dir: str) -> List[Dict[str, Any]]:
+    """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
+    from ctl.core.model_dir import ModelDir, read_json_lines
+
+    return [r for r in read_json_lines(ModelDir(model_dir).metrics_file) if r.get("kind") == "eval"]
+
+
+def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
+    value = record.get(objective)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def last_line(log_path: str) -> str:
+    """The child's one line: its `ctl.run: ...` line, else its traceback's exception line, else
+    the last line it wrote."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = [line.strip() for line in f.read().splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    ours = [line for line in lines if line.startswith("ctl.run:")]
+    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b.*:", line)]
+    return (ours or raised or lines or ["no output"])[-1][:400]
+
+
+def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],
+        gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
+        heartbeat_s: float, say=print) -> Outcome:
+    """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
+    study.optuna.sampler = make_sampler(sweep, number)
+    trial = optuna.Trial(study.optuna, study.trial_id(number))
+    params = suggest(trial, sweep)
+    bindings = sweep.bindings(params)
+    os.makedirs(model_dir, exist_ok=True)
+    reported = set(study.trial(number).intermediate_values)
+    if stop.is_set():
+        return Outcome("interrupted")
+    say(f"trial {number}: starting in {model_dir}: {', '.join(bindings)}")
+    log_path = os.path.join(model_dir, LOG_FILE)
+    with open(log_path, "a") as log:
+        child = subprocess.Popen(command(model_dir, gin_files, list(gin_bindings) + bindings,
+                                         search_paths),
+                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    pruned, stopped, last_beat = None, False, time.monotonic()
+    while True:
+        done = child.poll() is not None
+        if stop.is_set() and not stopped and not done:
+            child.send_signal(signal.SIGTERM)
+            stopped = True
+        if time.monotonic() - last_beat >= heartbeat_s:
+            study.beat(number)
+            last_beat = time.monotonic()
+        for record in eval_records(model_dir):
+            step, value = record.get("step"), objective_value(record, sweep.objective)
+            if not isinstance(step, int) or step in reported or value is None or math.isnan(value):
+                continue
+            reported.add(step)
+            trial.report(value, step)
+            if pruned is None and not done and not stopped and trial.should_prune():
+                pruning.record_pruned(model_dir, sweep.pruner, sweep.objective, step, value)
+                child.send_signal(signal.SIGTERM)
+                pruned = (step, value)
+        if done:
+            break
+        time.sleep(POLL_S)
+    status = child.returncode
+    if pruned is not None and status in (0, EXIT_PREEMPTED):
+        return Outcome("pruned", pruned[1], f"pruned at step {pruned[0]}")
+    if stopped and status == EXIT_PREEMPTED:
+        return Outcome("interrupted")
+    if status == EXIT_PREEMPTED:
+        return Outcome("again", message=last_line(log_path))
+    if status != 0:
+        return Outcome("failed", message=f"exit status {status}: {last_line(log_path)}")
+    values = [objective_value(r, sweep.objective) for r in eval_records(model_dir)]
+    values = [v for v in values if v is not None]
+    if not values:
+        return Outcome("failed", message=f"no evaluation recorded objective {sweep.objective!r} "
+                       f"in {model_dir}/metrics.jsonl")
+    if math.isnan(values[-1]):
+        return Outcome("failed", message=f"{sweep.objective} is NaN at the last evaluation")
+    return Outcome("complete", values[-1])

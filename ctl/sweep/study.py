@@ -1,0 +1,261 @@
+"""The study: where it is stored, its budget as a queue of trials, and who runs which trial.
+
+Storage. By default the study is Optuna's journal file `<sweep_dir>/study.journal`
+(`JournalFileBackend`: appends under a lock file, so the worker processes of one
+machine share it). `--storage=postgresql://USER@HOST:PORT/DB` puts it in
+PostgreSQL (Optuna's `RDBStorage`, SQLAlchemy with psycopg 3: the URL's scheme
+becomes `postgresql+psycopg://`): the same command on several machines works one
+study. `<sweep_dir>/sweep.json` records where the study is (the URL without its
+password), for `python -m ctl.report`.
+
+The budget is exact. The process that creates the study enqueues exactly
+`trials` WAITING trials (numbers 0 .. trials-1); a worker claims one by moving
+it from WAITING to RUNNING, which the storage does for one caller only
+(`set_trial_state_values` returns False to the others: a row lock in
+PostgreSQL, the journal's lock file). No trial is ever created beyond the
+queue, so a study never holds more than `trials` trials that ran, whatever the
+number of workers. (Two commands that create the same study at the same moment
+may both enqueue: the trials numbered `trials` and above are never claimed.)
+
+Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
+slot held with `flock` on `<sweep_dir>/workers/<slot>.lock`), its model dir and
+a heartbeat (a time, renewed every `heartbeat` seconds). A worker that starts in
+a slot resumes the RUNNING trials of its slot (its predecessor died: kill -9,
+a reboot). A worker takes over another's RUNNING trial once its heartbeat is
+`grace` seconds old: it writes itself as the owner, waits, and reads the
+owner again (a second claimer in that window wins, the first one leaves it).
+"""
+
+import fcntl
+import os
+import socket
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional
+
+import optuna
+from optuna.trial import TrialState
+
+from ctl.core.errors import UserError, first_line
+from ctl.sweep import sweep_dir as layout
+from ctl.sweep.sweep_file import SweepFile
+
+# Trial system attributes.
+OWNER = "ctl_owner"
+HEARTBEAT = "ctl_heartbeat"
+MODEL_DIR = "ctl_model_dir"
+FAIL_REASON = "ctl_fail_reason"
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def storage_url(storage: Optional[str]) -> Optional[str]:
+    """The SQLAlchemy URL of a `--storage` (`postgresql://` becomes `postgresql+psycopg://`)."""
+    if not storage:
+        return None
+    scheme, sep, rest = storage.partition("://")
+    if not sep:
+        raise UserError(f"--storage={storage} is not a URL; use postgresql://USER@HOST:PORT/DB "
+                        "(or leave it out for a journal file in --sweep_dir).")
+    if scheme in ("postgresql", "postgres"):
+        return f"postgresql+psycopg://{rest}"
+    if scheme in ("postgresql+psycopg", "sqlite", "mysql+pymysql"):
+        return storage
+    raise UserError(f"--storage={storage}: unknown scheme {scheme!r}; use postgresql://USER@HOST:"
+                    "PORT/DB (or leave it out for a journal file in --sweep_dir).")
+
+
+def without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.BaseStorage:
+    """The study's storage: the journal file in `sweep_dir`, or the database at `storage`."""
+    url = storage_url(storage)
+    if url is None:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        os.makedirs(sweep_dir, exist_ok=True)
+        return JournalStorage(JournalFileBackend(layout.journal_file(sweep_dir)))
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
+            # Machines that start together race to create the tables: the loser sees a
+            # duplicate key, and finds the tables there when it looks again.
+            if "duplicate key" in str(error) and attempt < 4:
+                time.sleep(1 + attempt)
+                continue
+            raise UserError(f"cannot open --storage={without_password(storage)} "
+                            f"({first_line(error)}); check the server, the user and the database."
+                            ) from error
+
+
+def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str]) -> None:
+    """`<sweep_dir>/sweep.json`: the study's name and storage (no password) and the objective."""
+    layout.write_record(sweep_dir, {
+        "study": sweep.study, "storage": without_password(storage) if storage else None,
+        "objective": sweep.objective, "direction": sweep.direction, "trials": sweep.trials,
+        "sweep_file": os.path.abspath(sweep.path)})
+
+
+def make_sampler(sweep: SweepFile, number: int = 0) -> optuna.samplers.BaseSampler:
+    """The sweep file's sampler, for trial `number`: seeded with `seed + number`, so that with
+    `seed` the suggestions depend on the study's history, not on which worker asks."""
+    seed = None if sweep.seed is None else sweep.seed + number
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if sweep.sampler == "grid":
+        return optuna.samplers.GridSampler(sweep.grid(), seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+class Study:
+    """An Optuna study of a sweep, with its storage and its budget."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, sweep: SweepFile,
+                 pruner: optuna.pruners.BasePruner, wait_s: float = 30.0):
+        """Loads the study, creating it (with its queue of `sweep.trials` trials) if it is new.
+
+        A study found with fewer trials than the budget (the budget was raised, or
+        its creator died while it enqueued) is topped up once its creator had
+        `wait_s` seconds to enqueue.
+        """
+        self.storage = storage
+        self.budget = sweep.trials
+        sampler = make_sampler(sweep)
+        try:
+            self.optuna = optuna.create_study(storage=storage, study_name=sweep.study,
+                                              sampler=sampler, pruner=pruner,
+                                              direction=sweep.direction)
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            self.optuna = optuna.load_study(study_name=sweep.study, storage=storage,
+                                            sampler=sampler, pruner=pruner)
+            created = False
+        self.study_id = storage.get_study_id_from_name(sweep.study)
+        have = self.optuna.direction.name.lower()
+        if have != sweep.direction:
+            raise UserError(f"--sweep_file={sweep.path}: direction = {sweep.direction!r}, but "
+                            f"the study {sweep.study!r} in this storage was created to {have}; "
+                            "keep the direction, or name a new study (study = \"...\").")
+        if created:
+            self.optuna.set_user_attr("objective", sweep.objective)
+        else:
+            deadline = time.monotonic() + wait_s
+            while len(self.all_trials()) < self.budget and time.monotonic() < deadline:
+                time.sleep(0.5)
+        for _ in range(self.budget - len(self.all_trials())):
+            # Not `enqueue_trial`, whose trials the grid sampler takes as fixed by hand.
+            storage.create_new_trial(self.study_id, optuna.trial.create_trial(state=TrialState.WAITING))
+
+    def all_trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
+        return self.optuna.get_trials(deepcopy=False, states=states)
+
+    def trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
+        """The trials of the budget's queue (numbers below the budget)."""
+        return [t for t in self.all_trials(states) if t.number < self.budget]
+
+    def trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def trial(self, number: int) -> optuna.trial.FrozenTrial:
+        return self.storage.get_trial(self.trial_id(number))
+
+    def claim_next(self) -> Optional[int]:
+        """Claims the lowest-numbered WAITING trial of the budget; its number, or None."""
+        for trial in sorted(self.trials((TrialState.WAITING,)), key=lambda t: t.number):
+            try:
+                if self.storage.set_trial_state_values(self.trial_id(trial.number),
+                                                       state=TrialState.RUNNING):
+                    return trial.number
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        return None
+
+    def set_attr(self, number: int, key: str, value: Any) -> None:
+        self.storage.set_trial_system_attr(self.trial_id(number), key, value)
+
+    def beat(self, number: int) -> None:
+        self.set_attr(number, HEARTBEAT, time.time())
+
+    def own(self, number: int, slot: "Slot", model_dir: str) -> None:
+        self.set_attr(number, OWNER, slot.key)
+        self.set_attr(number, MODEL_DIR, model_dir)
+        self.beat(number)
+
+    def orphans(self, slot: "Slot") -> List[optuna.trial.FrozenTrial]:
+        """RUNNING trials of this slot: its previous worker died running them."""
+        return [t for t in self.trials((TrialState.RUNNING,))
+                if t.system_attrs.get(OWNER) == slot.key]
+
+    def take_over_stale(self, slot: "Slot", grace: float,
+                        settle: float) -> Optional[optuna.trial.FrozenTrial]:
+        """Takes over a RUNNING trial whose heartbeat is `grace` seconds old; the trial, or None."""
+        for trial in self.trials((TrialState.RUNNING,)):
+            if heartbeat_age(trial) < grace:
+                continue
+            self.set_attr(trial.number, OWNER, slot.key)
+            self.beat(trial.number)
+            time.sleep(settle)
+            again = self.trial(trial.number)
+            if again.state == TrialState.RUNNING and again.system_attrs.get(OWNER) == slot.key:
+                return again
+        return None
+
+    def counts(self) -> Dict[str, int]:
+        """Trials of the budget by state name (complete, pruned, fail, running, waiting)."""
+        found = {state.name.lower(): 0 for state in (*ENDED, TrialState.RUNNING, TrialState.WAITING)}
+        for trial in self.trials():
+            found[trial.state.name.lower()] += 1
+        return found
+
+    def best(self) -> Optional[optuna.trial.FrozenTrial]:
+        return best_of(self.trials(), self.optuna.direction.name.lower())
+
+
+def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    if not done:
+        return None
+    return (max if direction == "maximize" else min)(done, key=lambda t: t.value)
+
+
+class Slot:
+    """A worker slot of this machine's sweep dir, held (flock) while the worker lives."""
+
+    def __init__(self, sweep_dir: str, index: int):
+        self.index = index
+        self.key = f"{socket.gethostname()}:{os.path.abspath(sweep_dir)}:{index}"
+        path = layout.slot_lock_file(sweep_dir, index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, "a+")
+
+    def try_acquire(self) -> bool:
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            self._file.close()
+            return False
+
+
+def take_slot(sweep_dir: str) -> Slot:
+    """The lowest free worker slot of `sweep_dir` (held until the process ends)."""
+    index = 0
+    while True:
+        slot = Slot(sweep_dir, index)
+        if slot.try_acquire():
+            return slot
+        index += 1
+
+
+def heartbeat_age(trial: optuna.trial.FrozenTrial) -> float:
+    beat = trial.system_attrs.get(HEARTBEAT)
+    if beat is None:
+        start = trial.datetime_start
+        beat = start.timestamp() if start else 0.0
+    return time.time() - beat

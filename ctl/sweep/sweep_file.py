@@ -1,0 +1,264 @@
+"""The sweep file: TOML (read with the standard library), checked whole before any trial starts.
+
+    objective = "accuracy"        # an eval metric of the trials ("set/name" for a named eval set)
+    direction = "maximize"        # or "minimize"
+    trials = 12                   # the budget: trials that end completed, pruned or failed
+    sampler = "tpe"               # tpe (default), random, grid
+    seed = 0                      # the sampler's seed: repeatable suggestions
+    pruner = "asha"               # asha (default), median, none; or a table, e.g.
+                                  # pruner = { name = "median", startup_trials = 2, warmup_steps = 0 }
+    [space]                       # keys are gin bindings, as on --gin_bindings
+    "DigitsTask.learning_rate" = { log_uniform = [1e-4, 1e-1] }
+    "DigitsTask.hidden_units" = { choice = [32, 64, 128] }
+    "TRAIN_STEPS" = { int_uniform = [500, 2000] }
+
+`load` reads the text (a typo in a key, a bad distribution, a bad sampler or
+pruner: `UserError`); `check_against_config` parses the gin files with a value
+of each binding, as `ctl.run` would, so that an unknown configurable, parameter
+or macro is found before a trial runs, and checks the objective against the
+task's eval metrics when the task's own code cannot add others.
+"""
+
+import dataclasses
+import difflib
+import json
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tomllib
+
+from ctl.core.errors import UserError
+
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("asha", "median", "none")
+DIRECTIONS = ("maximize", "minimize")
+KEYS = ("objective", "direction", "trials", "sampler", "seed", "pruner", "study", "space")
+# A distribution: its kind and the Optuna suggestion it is.
+DISTRIBUTIONS = ("log_uniform", "uniform", "int_uniform", "int_log_uniform", "choice")
+PRUNER_OPTIONS = {
+    "asha": ("name", "min_resource", "reduction_factor"),
+    "median": ("name", "startup_trials", "warmup_steps"),
+    "none": ("name",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One binding of the space: `kind` is one of DISTRIBUTIONS; `values` its bounds or choices."""
+
+    binding: str
+    kind: str
+    values: Tuple[Any, ...]
+
+    def gin_value(self, value: Any) -> str:
+        """`value` as gin text: numbers and booleans as Python writes them, strings quoted
+        unless they are a gin reference (`@name`, `%MACRO`)."""
+        if isinstance(value, str):
+            return value if value[:1] in "@%" else json.dumps(value)
+        return repr(value)
+
+    def binding_text(self, value: Any) -> str:
+        return f"{self.binding} = {self.gin_value(value)}"
+
+    def example(self) -> Any:
+        """A value of the space (to check the binding against the gin config)."""
+        return self.values[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepFile:
+    path: str
+    objective: str
+    direction: str
+    trials: int
+    sampler: str
+    seed: Optional[int]
+    pruner: Dict[str, Any]
+    study: str
+    space: Tuple[Parameter, ...]
+
+    def bindings(self, params: Dict[str, Any]) -> List[str]:
+        """The gin bindings of a trial's sampled `params` (keyed by binding), in the file's order."""
+        return [p.binding_text(params[p.binding]) for p in self.space if p.binding in params]
+
+    def grid(self) -> Dict[str, List[Any]]:
+        return {p.binding: list(p.values) for p in self.space}
+
+
+def _fail(path: str, message: str) -> UserError:
+    return UserError(f"--sweep_file={path}: {message}")
+
+
+def _unknown_key(path: str, key: str, known: Sequence[str], where: str) -> UserError:
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}?" if near else f"the keys are: {', '.join(known)}."
+    return _fail(path, f"unknown key {key!r}{where}; {hint}")
+
+
+def load(path: str) -> SweepFile:
+    """Reads and checks the sweep file at `path`; raises `UserError` (one line) on any mistake."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as error:
+        raise UserError(f"cannot read --sweep_file={path} ({error.strerror}); name an existing "
+                        "TOML file.") from error
+    except tomllib.TOMLDecodeError as error:
+        raise _fail(path, f"not valid TOML ({error}); see docs/how-to/tune-hyperparameters.md.")
+    for key in data:
+        if key not in KEYS:
+            raise _unknown_key(path, key, KEYS, "")
+    objective = data.get("objective")
+    if not isinstance(objective, str) or not objective:
+        raise _fail(path, 'needs objective = "METRIC", an eval metric of the trials (e.g. '
+                    '"accuracy").')
+    direction = _choice(path, data, "direction", DIRECTIONS, "maximize")
+    trials = data.get("trials")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise _fail(path, f"trials = {trials!r}: the budget must be a positive integer (e.g. "
+                    "trials = 12).")
+    sampler = _choice(path, data, "sampler", SAMPLERS, "tpe")
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _fail(path, f"seed = {seed!r}: a seed is an integer (e.g. seed = 0).")
+    pruner = _pruner(path, data.get("pruner", "asha"))
+    study = data.get("study", _stem(path))
+    if not isinstance(study, str) or not study:
+        raise _fail(path, f"study = {study!r}: the study's name is a non-empty string.")
+    space = data.get("space")
+    if not isinstance(space, dict) or not space:
+        raise _fail(path, 'needs a [space] table of gin bindings, e.g. '
+                    '"DigitsTask.learning_rate" = { log_uniform = [1e-4, 1e-1] }.')
+    parameters = tuple(_parameter(path, binding, spec) for binding, spec in space.items())
+    if sampler == "grid":
+        kinds = [p.binding for p in parameters if p.kind != "choice"]
+        if kinds:
+            raise _fail(path, f'sampler = "grid" takes choices only, but {kinds[0]!r} is not '
+                        '{ choice = [...] }; list its values, or use sampler = "tpe".')
+        size = math.prod(len(p.values) for p in parameters)
+        if trials > size:
+            raise _fail(path, f"trials = {trials} is more than the grid's {size} points; set "
+                        f"trials = {size} or fewer.")
+    return SweepFile(path, objective, direction, trials, sampler, seed, pruner, study, parameters)
+
+
+def _stem(path: str) -> str:
+    import os
+
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _choice(path: str, data: Dict[str, Any], key: str, choices: Sequence[str], default: str) -> str:
+    value = data.get(key, default)
+    if value not in choices:
+        raise _fail(path, f"{key} = {value!r}; expected one of: {', '.join(choices)}.")
+    return value
+
+
+def _pruner(path: str, value: Any) -> Dict[str, Any]:
+    options = {"name": value} if isinstance(value, str) else value
+    if not isinstance(options, dict) or options.get("name") not in PRUNERS:
+        name = options.get("name") if isinstance(options, dict) else options
+        raise _fail(path, f"pruner = {name!r}; expected one of: {', '.join(PRUNERS)} (or a table "
+                    'with name = "...").')
+    known = PRUNER_OPTIONS[options["name"]]
+    for key, option in options.items():
+        if key not in known:
+            raise _unknown_key(path, key, known, f" in pruner {options['name']!r}")
+        if key != "name" and (isinstance(option, bool) or not isinstance(option, int)
+                              or option < 0):
+            raise _fail(path, f"pruner's {key} = {option!r}; expected a non-negative integer.")
+    return dict(options)
+
+
+def _parameter(path: str, binding: str, spec: Any) -> Parameter:
+    where = f"[space] {binding!r}"
+    if "=" in binding or not binding.replace(".", "").replace("/", "").replace("_", "").isalnum():
+        raise _fail(path, f"{where} is not a gin binding's name (e.g. \"DigitsTask.learning_rate\" "
+                    "or \"TRAIN_STEPS\").")
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise _fail(path, f"{where} = {spec!r}; expected one distribution, e.g. "
+                    "{ log_uniform = [1e-4, 1e-1] } or { choice = [32, 64] }.")
+    (kind, values), = spec.items()
+    if kind not in DISTRIBUTIONS:
+        near = difflib.get_close_matches(kind, DISTRIBUTIONS, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}?" if near else f"expected one of: {', '.join(DISTRIBUTIONS)}."
+        raise _fail(path, f"{where} has an unknown distribution {kind!r}; {hint}")
+    if not isinstance(values, list) or not values:
+        raise _fail(path, f"{where}: {kind} takes a list, e.g. {kind} = "
+                    f"{'[32, 64]' if kind == 'choice' else '[LOW, HIGH]'}.")
+    if kind == "choice":
+        for value in values:
+            if not isinstance(value, (bool, int, float, str)):
+                raise _fail(path, f"{where}: choice {value!r} is not a number, boolean or string.")
+        if len(set(map(repr, values))) < len(values):
+            raise _fail(path, f"{where}: choice lists a value twice.")
+        return Parameter(binding, kind, tuple(values))
+    integer = kind.startswith("int_")
+    numbers = (int,) if integer else (int, float)
+    if (len(values) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers) for v in values)):
+        raise _fail(path, f"{where}: {kind} takes [LOW, HIGH], two {'integers' if integer else 'numbers'}; "
+                    f"got {values!r}.")
+    low, high = values
+    if not low < high:
+        raise _fail(path, f"{where}: {kind} = [{low}, {high}] needs LOW < HIGH.")
+    if kind.endswith("log_uniform") and low <= 0:
+        raise _fail(path, f"{where}: {kind} needs LOW > 0 (got {low}); use uniform for a range "
+                    "that includes 0.")
+    return Parameter(binding, kind, (low if integer else float(low), high if integer else float(high)))
+
+
+def check_against_config(sweep: SweepFile, gin_files: Sequence[str], gin_bindings: Sequence[str],
+                         search_paths: Sequence[str]) -> None:
+    """Parses the gin config with a value of every binding of the space (as a trial's `ctl.run`
+    will), then checks the objective; raises `UserError` naming the sweep file's mistake.
+
+    Imports TensorFlow and the gin files' modules (what a trial imports).
+    """
+    import gin
+
+    import ctl
+    from ctl.core import config
+
+    ctl.import_api()
+    sampled = [p.binding_text(p.example()) for p in sweep.space]
+    try:
+        config.parse(gin_files, list(gin_bindings) + sampled, search_paths)
+    except UserError as error:
+        culprit = next((p.binding for p in sweep.space if p.binding.split(".")[-1] in str(error)
+                        or p.binding.rsplit(".", 1)[0] in str(error)), None)
+        if culprit is None:
+            raise
+        message = str(error).replace("Fix the binding in --gin_file or --gin_bindings.",
+                                     "Fix the key in the sweep file's [space].")
+        raise UserError(f"--sweep_file={sweep.path}: [space] {culprit!r}: {message}") from None
+    try:
+        _check_objective(sweep)
+    finally:
+        gin.clear_config()
+
+
+def _check_objective(sweep: SweepFile) -> None:
+    """Raises `UserError` if the task's eval logs cannot hold the objective.
+
+    Checkable when the task reports only its loss and its `build_metrics(training=False)`
+    (it does not override `validation_step` or the log aggregation, which may add others).
+    """
+    from ctl.core.task import Task
+    from ctl.experiment import Experiment
+
+    try:
+        task = Experiment().task
+    except Exception:  # noqa: BLE001 - a task that cannot be built here: its trial will say why.
+        return
+    for method in ("validation_step", "aggregate_logs", "reduce_aggregated_logs"):
+        if getattr(type(task), method) is not getattr(Task, method):
+            return
+    metrics = ["loss"] + [m.name for m in task.build_metrics(training=False)]
+    sets = list(task.eval_datasets() or ())
+    names = [f"{eval_set}/{name}" for eval_set in sets for name in metrics] if sets else metrics
+    if sweep.objective not in names:
+        near = difflib.get_close_matches(sweep.objective, names, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}?" if near else f"the eval metrics: {', '.join(names)}."
+        raise _fail(sweep.path, f"objective = {sweep.objective!r} is not an eval metric of "
+                    f"{type(task).__name__}; {hint}")

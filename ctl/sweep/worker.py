@@ -1,0 +1,119 @@
+"""A worker: takes trials of the study one at a time and runs each to its end.
+
+In order, it runs: the RUNNING trials of its own slot (its predecessor died
+running them: they resume from their checkpoints, same number, same values),
+the next WAITING trial of the budget, and a RUNNING trial of another worker
+whose heartbeat is older than the grace period. With none of them but trials
+still running elsewhere it waits (one may need taking over); it ends when every
+trial of the budget ended.
+
+SIGTERM (or SIGINT) is passed to the running trial, which saves a checkpoint
+and exits 75; the trial stays RUNNING in the study (to resume) and the worker
+exits 75.
+"""
+
+import os
+import signal
+import threading
+import time
+from typing import Sequence
+
+from optuna.trial import TrialState
+
+from ctl.sweep import progress, runner
+from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
+from ctl.sweep.sweep_dir import trial_dir
+from ctl.sweep.sweep_file import SweepFile
+
+EXIT_PREEMPTED = runner.EXIT_PREEMPTED
+IDLE_POLL_S = 2.0
+
+
+class Worker:
+    def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
+                 gin_files: Sequence[str], gin_bindings: Sequence[str],
+                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float):
+        self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
+        self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
+        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self.stop = threading.Event()
+
+    def say(self, text: str) -> None:
+        print(f"sweep | worker {self.slot.index} | {text}", flush=True)
+
+    def install_signals(self) -> None:
+        def on_signal(signum, unused_frame):
+            self.say(f"received {signal.Signals(signum).name}: stopping the trial at a checkpoint")
+            self.stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, on_signal)
+
+    def run(self) -> int:
+        """Runs trials until the budget is spent (0) or a signal stops it (75)."""
+        while not self.stop.is_set():
+            number = self._next()
+            if number is None:
+                counts = self.study.counts()
+                if counts["running"] == 0 and counts["waiting"] == 0:
+                    return 0
+                self.stop.wait(IDLE_POLL_S)
+                continue
+            self._run(number)
+        return EXIT_PREEMPTED
+
+    def _next(self):
+        orphans = self.study.orphans(self.slot)
+        if orphans:
+            number = orphans[0].number
+            self.say(f"trial {number}: resuming it (its worker in this slot ended before it did)")
+            return number
+        number = self.study.claim_next()
+        if number is not None:
+            self.study.own(number, self.slot, trial_dir(self.sweep_dir, number))
+            return number
+        stale = self.study.take_over_stale(self.slot, self.grace_s, min(2.0, self.heartbeat_s))
+        if stale is not None:
+            self.say(f"trial {stale.number}: taking it over (no heartbeat for {self.grace_s:g} s)")
+            recorded = stale.system_attrs.get(MODEL_DIR)
+            model_dir = recorded if recorded and os.path.isdir(recorded) else trial_dir(
+                self.sweep_dir, stale.number)
+            self.study.own(stale.number, self.slot, model_dir)
+            return stale.number
+        return None
+
+    def _run(self, number: int) -> None:
+        frozen = self.study.trial(number)
+        model_dir = frozen.system_attrs.get(MODEL_DIR) or trial_dir(self.sweep_dir, number)
+        started = time.time()
+        while True:
+            outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
+                                 self.gin_bindings, self.search_paths, self.stop,
+                                 self.heartbeat_s, self.say)
+            if outcome.state != "again":
+                break
+            self.say(f"trial {number}: its run stopped on its own ({outcome.message}); resuming it")
+        if outcome.state == "interrupted":
+            self.say(f"trial {number}: stopped at a checkpoint; the same command resumes it")
+            return
+        trial_id = self.study.trial_id(number)
+        if outcome.state == "failed":
+            self.study.set_attr(number, FAIL_REASON, outcome.message)
+            self.study.storage.set_trial_user_attr(trial_id, "fail_reason", outcome.message)
+            self._tell(number, None, TrialState.FAIL)
+        elif outcome.state == "pruned":
+            self._tell(number, None, TrialState.PRUNED)
+        else:
+            self._tell(number, outcome.value, TrialState.COMPLETE)
+        seconds = time.time() - started
+        detail = f" = {outcome.value:.6g}" if outcome.value is not None else ""
+        self.say(f"trial {number}: {outcome.state}{detail} in {seconds:.0f} s"
+                 f"{': ' + outcome.message if outcome.message else ''}")
+        self.say(progress.line(self.study, self.sweep.objective))
+
+    def _tell(self, number: int, value, state) -> None:
+        try:
+            self.study.optuna.tell(number, value, state=state)
+        except RuntimeError as error:  # GridSampler stops the study when its grid is done.
+            if "Study.stop" not in str(error):
+                raise

@@ -1,0 +1,285 @@
+"""`python -m ctl.sweep`: sweep files checked before any trial, an exact budget with two workers,
+pruning at evaluations, failed trials, SIGTERM, kill -9 and the heartbeat takeover.
+
+One module-scoped sweep (4 trials, 2 workers, tiny digits runs) is read by several tests. Its random
+sampler is seeded (each trial's suggestions are a function of its number): trials 0 and 1 train well,
+trial 2 has a learning rate of 1e-6 and starts once one of them completed (median pruner, one startup
+trial), so it is pruned at its first evaluation, and trial 3 binds `hidden_units = -1`, which Keras
+refuses: it fails.
+"""
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.cli import ROOT, ctl_env
+
+pytestmark = pytest.mark.xdist_group("sweep")
+
+DIGITS_GIN = os.path.join(ROOT, "configs", "digits.gin")
+TINY = ["--gin_bindings=TRAIN_STEPS=60", "--gin_bindings=ctl.Schedule.eval_interval=20",
+        "--gin_bindings=ctl.Schedule.steps_per_loop=10",
+        "--gin_bindings=ctl.Schedule.checkpoint_interval=20"]
+SWEEP = """\
+objective = "accuracy"
+direction = "maximize"
+trials = 4
+sampler = "random"
+seed = 40
+pruner = { name = "median", startup_trials = 1 }
+[space]
+"DigitsTask.learning_rate" = { choice = [0.01, 1e-6] }
+"DigitsTask.hidden_units" = { choice = [32, -1] }
+"""
+
+
+def sweep_command(sweep_file, sweep_dir, *args):
+    return [sys.executable, "-m", "ctl.sweep", f"--gin_file={DIGITS_GIN}",
+            f"--sweep_file={sweep_file}", f"--sweep_dir={sweep_dir}", *args]
+
+
+def run_sweep(sweep_file, sweep_dir, *args, timeout=600):
+    return subprocess.run(sweep_command(sweep_file, sweep_dir, *args), cwd=ROOT, env=ctl_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_sweep(sweep_file, sweep_dir, *args, log=None):
+    return subprocess.Popen(sweep_command(sweep_file, sweep_dir, *args), cwd=ROOT, env=ctl_env(),
+                            stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True)
+
+
+def load_trials(sweep_dir, name):
+    import optuna
+
+    from ctl.sweep import study
+
+    storage = study.open_storage(sweep_dir, None)
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The shared sweep: 4 trials, 2 workers."""
+    root = tmp_path_factory.mktemp("sweep")
+    sweep_file = write(root / "tiny.toml", SWEEP)
+    sweep_dir = str(root / "sweep")
+    started = time.time()
+    done = run_sweep(sweep_file, sweep_dir, "--workers=2", *TINY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"dir": sweep_dir, "file": sweep_file, "done": done, "seconds": time.time() - started,
+            "trials": {t.number: t for t in load_trials(sweep_dir, "tiny")}}
+
+
+# The sweep file: one line, exit 2, before any trial.
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('objectiv = "accuracy"\ntrials = 2\n[space]\n"X.y" = { choice = [1] }\n',
+     "unknown key 'objectiv'; did you mean 'objective'?"),
+    ('objective = "accuracy"\ntrials = 2\n[space]\n"X.y" = { log_uniform = [0, 1] }\n',
+     "log_uniform needs LOW > 0"),
+    ('objective = "accuracy"\ntrials = 2\n[space]\n"X.y" = { log_unifrom = [1, 2] }\n',
+     "unknown distribution 'log_unifrom'; did you mean 'log_uniform'?"),
+    ('objective = "accuracy"\ntrials = 2\nsampler = "tpe2"\n[space]\n"X.y" = { choice = [1] }\n',
+     "sampler = 'tpe2'; expected one of: tpe, random, grid."),
+    ('objective = "accuracy"\ntrials = 0\n[space]\n"X.y" = { choice = [1] }\n',
+     "trials = 0: the budget must be a positive integer"),
+    ('objective = "accuracy"\ntrials = 2\npruner = { name = "asha", min_resorce = 5 }\n'
+     '[space]\n"X.y" = { choice = [1] }\n', "unknown key 'min_resorce' in pruner 'asha'"),
+    ('objective = "accuracy"\ntrials = 9\nsampler = "grid"\n[space]\n"X.y" = { choice = [1, 2] }\n',
+     "trials = 9 is more than the grid's 2 points"),
+])
+def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
+    from ctl.core.errors import UserError
+    from ctl.sweep import sweep_file
+
+    with pytest.raises(UserError) as raised:
+        sweep_file.load(write(tmp_path / "bad.toml", text))
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("space, expected", [
+    ('"DigitsTask.learning_rat" = { log_uniform = [1e-4, 1e-1] }',
+     "[space] 'DigitsTask.learning_rat': bad gin config: Configurable 'DigitsTask' doesn't have a "
+     "parameter named 'learning_rat'"),
+    ('"DigitsTask.hidden_units" = { choice = [32] }\n', None),  # The objective, below.
+])
+def test_a_sweep_file_that_does_not_fit_the_config_ends_before_any_trial(tmp_path, space, expected):
+    objective = "acuracy" if expected is None else "accuracy"
+    sweep_file = write(tmp_path / "bad.toml", f'objective = "{objective}"\ntrials = 2\n[space]\n{space}\n')
+    done = run_sweep(sweep_file, str(tmp_path / "sweep"), timeout=300)
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert (expected or "objective = 'acuracy' is not an eval metric of DigitsTask; did you mean "
+            "'accuracy'?") in lines[0]
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def test_without_optuna_one_line_names_the_extra(tmp_path):
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    write(blocker / "optuna.py", "raise ImportError('No module named optuna')\n")
+    done = subprocess.run([sys.executable, "-m", "ctl.sweep", "--sweep_file=x.toml", "--sweep_dir=d"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=ctl_env({"PYTHONPATH": os.pathsep.join([str(blocker), ROOT])}))
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("ctl.sweep: error: ctl.sweep runs on Optuna, which is not "
+                                   "installed: pip install 'ctl[sweep]'.")
+
+
+# The shared sweep.
+
+
+@pytest.mark.slow
+def test_the_budget_is_exact_with_two_workers(sweep):
+    trials = sweep["trials"]
+    assert sorted(trials) == [0, 1, 2, 3]
+    assert all(t.state.name in ("COMPLETE", "PRUNED", "FAIL") for t in trials.values())
+    assert sorted(os.listdir(os.path.join(sweep["dir"], "trials"))) == ["0", "1", "2", "3"]
+    out = sweep["done"].stdout
+    assert "4/4 ended (2 complete, 1 pruned, 1 failed), 0 running" in out
+    assert "worker 0" in out and "worker 1" in out
+    assert "best accuracy = " in out
+
+
+@pytest.mark.slow
+def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
+    from ctl.core.model_dir import ModelDir, read_json_lines
+
+    for number in (0, 1):
+        trial = sweep["trials"][number]
+        assert trial.state.name == "COMPLETE"
+        model_dir = ModelDir(os.path.join(sweep["dir"], "trials", str(number)))
+        with open(model_dir.config_file) as f:
+            config = f.read()
+        assert "DigitsTask.learning_rate = 0.01" in config and "DigitsTask.hidden_units = 32" in config
+        evals = [r for r in read_json_lines(model_dir.metrics_file) if r["kind"] == "eval"]
+        assert trial.value == evals[-1]["accuracy"] and evals[-1]["step"] == 60
+        assert trial.intermediate_values == {r["step"]: r["accuracy"] for r in evals}
+        assert model_dir.final_checkpoint_number() == 60
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
+    from ctl.core.model_dir import ModelDir
+    from ctl.sweep import pruning
+
+    trial = sweep["trials"][2]
+    assert trial.state.name == "PRUNED" and trial.params["DigitsTask.learning_rate"] == 1e-6
+    model_dir = os.path.join(sweep["dir"], "trials", "2")
+    record = pruning.read_pruned(model_dir)
+    assert record["pruner"] == "median" and record["step"] == 20 and record["objective"] == "accuracy"
+    assert "not good enough for the median pruner" in record["why"]
+    directory = ModelDir(model_dir)
+    assert directory.final_checkpoint_number() is None  # Stopped before its 60 steps...
+    assert max(directory.checkpoints()) >= 20  # ...at a checkpoint.
+    with open(os.path.join(model_dir, "sweep_trial.log")) as f:
+        assert "ctl.run: preempted" in f.read()
+
+
+@pytest.mark.slow
+def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(sweep):
+    trial = sweep["trials"][3]
+    assert trial.state.name == "FAIL" and trial.params["DigitsTask.hidden_units"] == -1
+    reason = trial.user_attrs["fail_reason"]
+    assert reason.startswith("exit status 1: ") and "units" in reason and "\n" not in reason
+    assert "trial 3: failed in" in sweep["done"].stdout
+
+
+@pytest.mark.slow
+def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_trial_in_hparams(sweep):
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    logdir = plugin_event_multiplexer.EventMultiplexer()
+    logdir.AddRunsFromDirectory(sweep["dir"])
+    logdir.Reload()
+    runs = logdir.PluginRunToTagToContent("hparams")
+    assert {os.path.join("trials", "0"), os.path.join("trials", "1")} <= set(runs), sorted(runs)
+
+
+# Faults.
+
+
+@pytest.mark.slow
+def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp_path):
+    """SIGTERM: the trial checkpoints, the worker exits 75. The same command: the trial resumes (its
+    slot's orphan). kill -9 of that worker mid-trial, then a worker in another slot (the first slot
+    held, as by a worker that never returns): it takes the trial over after the grace period. One
+    trial, same number, same values, resumed from its checkpoints each time, never restarted."""
+    from ctl.core.model_dir import ModelDir, read_json_lines
+
+    sweep_file = write(tmp_path / "one.toml", 'objective = "accuracy"\ntrials = 1\nsampler = "random"\n'
+                       'seed = 0\npruner = "none"\n[space]\n'
+                       '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
+    sweep_dir = str(tmp_path / "sweep")
+    long_run = ["--gin_bindings=TRAIN_STEPS=6000", "--gin_bindings=ctl.Schedule.steps_per_loop=100",
+                "--gin_bindings=ctl.Schedule.checkpoint_interval=200",
+                "--gin_bindings=ctl.Schedule.eval_interval=3000",
+                "--heartbeat_seconds=1", "--grace_seconds=6"]
+    model_dir = ModelDir(os.path.join(sweep_dir, "trials", "0"))
+
+    def wait_for_checkpoint_after(step, proc, timeout=300):
+        deadline = time.monotonic() + timeout
+        while not any(n > step for n in model_dir.checkpoints()):
+            assert proc.poll() is None, f"the sweep ended ({proc.returncode}) before a checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.2)
+        return max(model_dir.checkpoints())
+
+    with tempfile.TemporaryFile("w+") as log:
+        first = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
+        try:
+            step = wait_for_checkpoint_after(0, first)
+            params = load_trials(sweep_dir, "one")[0].params
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(timeout=120) == 75
+        finally:
+            first.kill()
+        log.seek(0)
+        assert "stopped at a checkpoint; the same command resumes it" in log.read()
+    assert [t.state.name for t in load_trials(sweep_dir, "one")] == ["RUNNING"]
+
+    with tempfile.TemporaryFile("w+") as log:
+        second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
+        try:
+            step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
+            second.kill()  # kill -9: its trial's ctl.run dies with it (PR_SET_PDEATHSIG).
+            second.wait(timeout=60)
+        finally:
+            second.kill()
+        log.seek(0)
+        assert "trial 0: resuming it" in log.read()
+
+    with open(os.path.join(sweep_dir, "workers", "0.lock"), "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # Slot 0's worker "never returns".
+        third = run_sweep(sweep_file, sweep_dir, *long_run)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "worker 1 | trial 0: taking it over (no heartbeat for 6 s)" in third.stdout
+    trials = load_trials(sweep_dir, "one")
+    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE")]
+    assert trials[0].params == params
+    steps = [r["step"] for r in read_json_lines(model_dir.metrics_file) if r["kind"] == "train"]
+    assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
+    assert steps[-1] == 6000 and step < 6000
+    assert model_dir.final_checkpoint_number() == 6000
+
+
+def test_the_shipped_sweep_file_fits_its_config():
+    from ctl.sweep import sweep_file
+
+    sweep = sweep_file.load(os.path.join(ROOT, "configs", "digits_sweep.toml"))
+    assert sweep.trials == 12 and sweep.pruner["name"] == "asha"
+    sweep_file.check_against_config(sweep, [DIGITS_GIN], [], [])
