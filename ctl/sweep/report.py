@@ -15,7 +15,7 @@ PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
 import datetime
 import io
 import os
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ctl.core.errors import UserError
 
@@ -135,7 +135,7 @@ def plot(trials: list, record: dict, path: str) -> None:
     for axis, name in zip(list(axes.flat)[1:], bindings):
         points = [(t.params[name], t.value) for t in complete if name in t.params]
         numeric = all(isinstance(p[0], (int, float)) for p in points)
-        xs = [p[0] if numeric else str(p[0]) for p in points]
+        xs: List[Any] = [p[0] if numeric else str(p[0]) for p in points]
         axis.plot(xs, [p[1] for p in points], "o", linestyle="none")
         if numeric and points and min(xs) > 0 and max(xs) / min(xs) > 100:
             axis.set_xscale("log")

@@ -92,6 +92,7 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
             raise UserError(f"cannot open --storage={without_password(storage)} "
                             f"({first_line(error)}); check the server, the user and the database."
                             ) from error
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str]) -> None:
@@ -130,7 +131,7 @@ class Study:
         try:
             self.optuna = optuna.create_study(storage=storage, study_name=sweep.study,
                                               sampler=sampler, pruner=pruner,
-                                              direction=sweep.direction)
+                                              direction=sweep.direction)  # type: ignore[arg-type]
             created = True
         except optuna.exceptions.DuplicatedStudyError:
             self.optuna = optuna.load_study(study_name=sweep.study, storage=storage,
