@@ -19,7 +19,7 @@ writer's kept rows with one call of a `tf.function` of that writer
 flush, 0.1 s): about 0.6 ms a call and 0.03 ms a loop, where a
 `tf.summary.scalar` per value costs 0.2-0.5 ms. Keeping them pays: written
 eagerly after each loop instead, ctl's MLP trained at 0.74 of its speed
-(`python -m bench.ablation`, docs/bench.md; the CNN did not notice). The controller flushes before each
+(figure 11, commit 18774f0; the CNN did not notice). The controller flushes before each
 checkpoint, at the end of training, and otherwise every `FLUSH_SECONDS`, so
 a checkpoint's steps always have their summaries on disk. A value that is
 not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects

@@ -25,7 +25,7 @@ comparison, the least that reading a stop request before every step takes
 before the step's updates are). On the bench MLP (240 ops a step) it runs at
 1.00 of the same loop without a guard; the previous condition, `i <
 num_steps and not stop_requested` (a read, a negation and a conjunction),
-at 0.975 (`python -m bench.guard_designs`, docs/faults.md). A compute-bound
+at 0.975 (commit f0d7fc8, docs/faults.md). A compute-bound
 model notices neither. `host_loop` does the same with one `tf.function`
 call per step.
 
