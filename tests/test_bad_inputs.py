@@ -22,8 +22,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 from typing import Callable, Dict, List, Optional
 
 from absl import app
@@ -32,10 +30,11 @@ from absl import logging as absl_logging
 import gin
 import pytest
 
-import ctl
-from ctl.core import config
 from ctl.core.model_dir import ModelDir, read_json
-from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, snapshot
+from tests.support.env import ROOT, TEST_GIN
+from tests.support.processes import ctl_command
+from tests.support.processes import run as run_command
+from tests.support.reading import ctl_stderr_lines, snapshot
 
 DIGITS_GIN = os.path.join(ROOT, "configs", "digits.gin")
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -280,21 +279,11 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    """A 20-step run of tests/regression.gin: ckpt-10, ckpt-20, summaries, configs."""
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    config.parse([TEST_GIN], [])
-    ctl.run_experiment("train", model_dir)
-    gin.clear_config()
-    return model_dir
-
-
 def prepare(case: Case, trained_dir: str, tmp: str) -> str:
     """The case's model dir, set up; the path the case is run with."""
     model_dir = os.path.join(tmp, "run")
     if case.model_dir == "trained":
-        shutil.copytree(trained_dir, model_dir)
+        shutil.copytree(trained_dir(), model_dir)
     elif case.model_dir == "empty":
         os.makedirs(model_dir)
     elif case.model_dir == "file":
@@ -348,9 +337,7 @@ def run_in_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
 
 
 def run_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
-    result = subprocess.run(
-        [sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=PROCESS_TIMEOUT_S, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    result = run_command(ctl_command(*args, module=tool), timeout=PROCESS_TIMEOUT_S, env=env)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -392,7 +379,7 @@ def test_there_are_sixty_distinct_bad_inputs():
 @pytest.mark.parametrize("name", IN_PROCESS)
 def test_bad_input_in_process(name, trained_dir, tmp_path):
     case = CASES[name]
-    model_dir = prepare(case, trained_dir, str(tmp_path))
+    model_dir = prepare(case, trained_dir(), str(tmp_path))
     before = state(model_dir)
     try:
         code, stdout, stderr = run_in_process(case.tool, case.args(model_dir, str(tmp_path)),
@@ -411,7 +398,7 @@ def test_bad_inputs_in_processes(trained_dir, tmp_path):
     for index, name in enumerate(PROCESSES):
         tmp = str(tmp_path / f"case{index}")
         os.makedirs(tmp)
-        model_dir = prepare(CASES[name], trained_dir, tmp)
+        model_dir = prepare(CASES[name], trained_dir(), tmp)
         prepared[name] = (tmp, model_dir, state(model_dir))
 
     def one(name):
@@ -474,7 +461,7 @@ def test_damaged_model_dirs_restore_the_newest_intact_checkpoint_and_complete(na
                                                                              tmp_path):
     damage, mode, restored = DAMAGED[name]
     model_dir = str(tmp_path / "damaged")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     damage(model_dir)
     code, stdout, stderr = run_in_process(
         "ctl.run", [f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",

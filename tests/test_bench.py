@@ -10,7 +10,7 @@ import pytest
 
 from bench import loops, measure, object_store, run
 from bench.workloads import BenchTask
-from tests.cli import ROOT
+from tests.support.env import ROOT
 
 
 @pytest.fixture(autouse=True, scope="module")

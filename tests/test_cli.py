@@ -6,22 +6,16 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.cli import TEST_GIN, run_ctl, scalars
+from tests.support.env import TEST_GIN
+from tests.support.processes import run_ctl
+from tests.support.reading import scalars
 from tests.tasks import regression_data
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    """A model dir trained for 20 steps by `--mode=train`."""
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    result = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
-    assert result.returncode == 0, result.stderr
-    return model_dir
-
-
 def test_train_writes_checkpoints_configs_and_summaries(trained_dir):
+    trained_dir = trained_dir()  # By `python -m ctl.run --mode=train` (tests/support/trained.py).
     files = set(os.listdir(trained_dir))
     assert {"ckpt-10.index", "ckpt-20.index", "checkpoint", "config.gin",
             "operative_config.gin"} <= files
@@ -37,7 +31,7 @@ def test_train_writes_checkpoints_configs_and_summaries(trained_dir):
 
 def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     result = run_ctl("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
     assert result.returncode == 0, result.stderr
     evals = scalars(os.path.join(model_dir, "eval"))
@@ -50,7 +44,7 @@ def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
 
 def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
                      f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps=40")
     assert result.returncode == 0, result.stderr

@@ -18,9 +18,11 @@ from ctl.comforts.exporting import FinalExporter
 from ctl.core.hooks import Hook
 from ctl.comforts.progress import read_metrics
 from ctl.core import config
-from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
+from tests.support.env import ROOT
+from tests.support.processes import run_ctl
+from tests.support.reading import ctl_stderr_lines, snapshot
+from tests.support.strategies import mirrored
 from tests.comfort_tasks import EncoderTask
-from tests.conftest import mirrored
 from tests.tasks import RegressionTask, regression_data
 
 COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
@@ -193,7 +195,7 @@ def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
 def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
     model_dir, _ = run_dir
     output = tmp_path / "curves.png"
-    result = run_ctl_module("ctl.report", f"--model_dir={model_dir}", f"--output={output}")
+    result = run_ctl(f"--model_dir={model_dir}", f"--output={output}", module="ctl.report")
     assert result.returncode == 0, result.stderr
     assert output.read_bytes().startswith(b"\x89PNG") and output.stat().st_size > 10_000
     rows = {tuple(line.split()[:2]): line.split() for line in result.stdout.splitlines()}
@@ -202,13 +204,6 @@ def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
     assert "steps: 40" in result.stdout
     assert "best checkpoint: loss" in result.stdout
 
-
-def run_ctl_module(module, *args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 @pytest.mark.slow
