@@ -1,10 +1,10 @@
 """The model dir's corruption policy in-process: train, eval and the sidecar on damaged model dirs.
 
 A 20-step run (`trained_dir`) leaves ckpt-10 and ckpt-20; each case damages
-a copy and runs again. Whatever the damage, the run restores the newest checkpoint that
-restores and goes on to `train_steps`; it never starts from step 0 while a
-checkpoint is there. (The same cases through `python -m ctl.run`, with their
-one-line errors and file hashes: tests/test_bad_inputs.py.)
+a copy and runs again. Whatever the damage, the run restores the newest checkpoint
+that restores and goes on to `train_steps`; it never starts from step 0 while a
+checkpoint is there. (Two of these cases, and every checkpoint damaged, through
+`python -m ctl.run` with their output and file hashes: tests/test_bad_inputs.py.)
 """
 
 import os
@@ -50,9 +50,9 @@ def _names(model_dir):
     return [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)]
 
 
-def _state(text: bytes):
+def _state(text: bytes, name="checkpoint"):
     def damage(model_dir):
-        with tf.io.gfile.GFile(os.path.join(model_dir, "checkpoint"), "wb") as f:
+        with tf.io.gfile.GFile(os.path.join(model_dir, name), "wb") as f:
             f.write(text)
     return damage
 
@@ -88,6 +88,7 @@ DAMAGE = {
     "newest checkpoint's index truncated": (_truncate(20, ".index"), 10),
     "newest index gone, data left": (_delete(20, ".index"), 10),
     "garbage state and newest truncated": (lambda d: (_state(b"\x00\x00")(d), _truncate(20, ".data-")(d)), 10),
+    "run-finished marker cut short": (_state(b'{"final_st', name="ctl_run_finished.json"), 20),
 }
 
 
