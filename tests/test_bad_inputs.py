@@ -279,11 +279,12 @@ CASES = {
 }
 
 
-def prepare(case: Case, trained_dir: str, tmp: str) -> str:
-    """The case's model dir, set up; the path the case is run with."""
+def prepare(case: Case, trained: str, tmp: str) -> str:
+    """The case's model dir (a copy of the model dir `trained`, if it asks), set up; the path the
+    case is run with."""
     model_dir = os.path.join(tmp, "run")
     if case.model_dir == "trained":
-        shutil.copytree(trained_dir(), model_dir)
+        shutil.copytree(trained, model_dir)
     elif case.model_dir == "empty":
         os.makedirs(model_dir)
     elif case.model_dir == "file":

@@ -15,15 +15,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_train_writes_checkpoints_configs_and_summaries(trained_dir):
-    trained_dir = trained_dir()  # By `python -m ctl.run --mode=train` (tests/support/trained.py).
-    files = set(os.listdir(trained_dir))
+    model_dir = trained_dir()  # By `python -m ctl.run --mode=train` (tests/support/trained.py).
+    files = set(os.listdir(model_dir))
     assert {"ckpt-10.index", "ckpt-20.index", "checkpoint", "config.gin",
             "operative_config.gin"} <= files
-    with open(os.path.join(trained_dir, "config.gin")) as f:
+    with open(os.path.join(model_dir, "config.gin")) as f:
         assert "Schedule.train_steps = 20" in f.read()  # As gin writes it, module or not.
-    with open(os.path.join(trained_dir, "operative_config.gin")) as f:
+    with open(os.path.join(model_dir, "operative_config.gin")) as f:
         assert "RegressionTask.learning_rate = 0.1" in f.read()  # A default, recorded.
-    train = scalars(os.path.join(trained_dir, "train"))
+    train = scalars(os.path.join(model_dir, "train"))
     for tag in ("loss", "mae", "learning_rate", "steps_per_second"):
         assert set(train[tag]) == {10, 20}, tag
     assert "operative_config" in train

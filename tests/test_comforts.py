@@ -20,7 +20,7 @@ from ctl.comforts.progress import read_metrics
 from ctl.core import config
 from tests.support.env import ROOT
 from tests.support.processes import run_ctl
-from tests.support.reading import ctl_stderr_lines, snapshot
+from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
 from tests.comfort_tasks import EncoderTask
 from tests.tasks import RegressionTask, regression_data
@@ -46,23 +46,6 @@ def run_dir(tmp_path_factory):
                      f"--gin_file={COMFORTS_GIN}")
     assert result.returncode == 0, result.stderr
     return model_dir, result.stdout
-
-
-def model_at(path, task=None):
-    model = (task or RegressionTask()).build_model()
-    tf.train.Checkpoint(model=model).read(path).expect_partial()
-    return model
-
-
-def served(export_dir, features):
-    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
-    (name,) = signature.structured_input_signature[1]
-    return signature(**{name: tf.constant(features)})["outputs"].numpy()
-
-
-def exported(model_dir, name):
-    return sorted(int(s) for s in os.listdir(os.path.join(model_dir, "export", name))
-                  if s.isdigit())
 
 
 @pytest.mark.slow
