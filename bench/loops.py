@@ -81,16 +81,6 @@ def raw_train(task: BenchTask, steps_per_loop: int, fused: bool = False):
     return run
 
 
-def raw_pieces(task: BenchTask, steps_per_loop: int):
-    """The unfused raw loop's three host steps, as (name, callable) for `bench.host_overhead`."""
-    loop, iterator, metrics, _ = raw_train_loop(task, fused=False)
-    num_steps = tf.constant(steps_per_loop)
-    loop(iterator, num_steps)
-    return [("eager metric reset", lambda: _reset(metrics)),
-            ("the loop", lambda: loop(iterator, num_steps)),
-            ("eager metric read", lambda: _numpy(_results(metrics)))]
-
-
 def raw_eval(task: BenchTask, fused: bool = False, model=None, data=None,
              end_off_path: bool = False):
     """The hand-written eval loop; `fused` as in `raw_train`.

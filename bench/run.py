@@ -9,7 +9,7 @@ figures' own logs go to `bench/results/<figure>.log`.
 The sidecar latency figure comes from `bench/sidecar_latency.py` when it is
 present; otherwise a JSON line says it was skipped.
 
-`--repeat N` runs each in-process figure (throughput, controller cost, stall, ablation)
+`--repeat N` runs each in-process figure (throughput, controller cost, stall)
 N times, each time in a fresh process, and reports per line the median of
 every number over the N processes, with `spread` ([min, max] of each) and
 `met_runs` (in how many processes the target was met; `met`: in most). The
@@ -49,7 +49,6 @@ FIGURES = {
                     ["--rounds", "1", "--steps", "0,10000000", "--pipelines", "digits"]),
     "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
                          ["--rounds", "2", "--loops", "1"]),
-    "ablation": (["-m", "bench.ablation"], ["--rounds", "25"], ["--rounds", "3"]),
 }
 # Figures whose every round is a new process already: run once under --repeat.
 SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job", "object_store"}

@@ -1,6 +1,5 @@
 """Test setup: two logical CPU devices, so MirroredStrategy has two replicas."""
 
-import functools
 import gc
 import os
 import re
@@ -13,19 +12,10 @@ import gin  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-REPLICAS = 2
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(REPLICAS)]
-)
+from tests.support.strategies import mirrored, split_the_cpu  # noqa: E402
+from tests.support.trained import trained_dir  # noqa: E402, F401  (a fixture for every module)
 
-
-@functools.lru_cache(maxsize=None)
-def mirrored():
-    # One instance per process: two MirroredStrategy objects over the same devices
-    # allocate the same collective keys, and TensorFlow refuses a gather under a
-    # key an all-reduce used before ("Collective instance ... expected type").
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+split_the_cpu()
 
 
 @pytest.fixture(params=["default", "mirrored"])
@@ -77,7 +67,7 @@ def gcs():
     """A GCS API on 127.0.0.1 (tests/gcs), with this process's env pointing `gs://` at it.
 
     Set before TensorFlow first touches `gs://`, and inherited by the processes a test
-    starts (tests/cli.py passes os.environ on). One per test process (xdist worker).
+    starts (tests/support/env.py passes os.environ on). One per test process (xdist worker).
     CTL_GCS_LATENCY_MS adds that many milliseconds to every request (a bucket's round trip).
     """
     from tests.gcs import GcsService

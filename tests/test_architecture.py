@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.cli import ROOT
+from tests.support.env import ROOT, ctl_env
 
 LINT_IMPORTS = ("import sys; from importlinter.cli import lint_imports_command; "
                 "sys.exit(lint_imports_command())")
@@ -24,7 +24,7 @@ def lint_imports(root: str) -> subprocess.CompletedProcess:
     """`lint-imports` on the `ctl` package under `root`, with `root`'s pyproject.toml."""
     return subprocess.run(
         [sys.executable, "-c", LINT_IMPORTS, "--no-cache"], cwd=root, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "PYTHONPATH": root},
+        text=True, timeout=300, env=ctl_env({"PYTHONPATH": root}),
     )
 
 
@@ -83,8 +83,7 @@ def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
 
 
 def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it():
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["PYTHONPATH"] = ROOT
+    env = {k: v for k, v in ctl_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     result = _python("import os, ctl; ctl.Task; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))",
                      env=env)
     assert result.returncode == 0, result.stderr

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from ctl.core.stop import EXIT_PREEMPTED
-from tests.cli import ctl_stderr_lines
-from tests.test_faults_processes import Trainer, read_steps, run_to_end
+from tests.support.probe import read_steps, run_to_end, Trainer
+from tests.support.reading import ctl_stderr_lines
 
 pytestmark = pytest.mark.slow
 # Host loops of 200 steps: the signal stops the loop of steps 201-400 a few steps in, while

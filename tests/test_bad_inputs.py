@@ -22,8 +22,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 from typing import Callable, Dict, List, Optional
 
 from absl import app
@@ -32,10 +30,11 @@ from absl import logging as absl_logging
 import gin
 import pytest
 
-import ctl
-from ctl.core import config
 from ctl.core.model_dir import ModelDir, read_json
-from tests.cli import ROOT, TEST_GIN, ctl_stderr_lines, snapshot
+from tests.support.env import ROOT, TEST_GIN
+from tests.support.processes import ctl_command
+from tests.support.processes import run as run_command
+from tests.support.reading import ctl_stderr_lines, snapshot
 
 DIGITS_GIN = os.path.join(ROOT, "configs", "digits.gin")
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -301,21 +300,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    """A 20-step run of tests/regression.gin: ckpt-10, ckpt-20, summaries, configs."""
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    config.parse([TEST_GIN], [])
-    ctl.run_experiment("train", model_dir)
-    gin.clear_config()
-    return model_dir
-
-
-def prepare(case: Case, trained_dir: str, tmp: str) -> str:
-    """The case's model dir, set up; the path the case is run with."""
+def prepare(case: Case, trained: str, tmp: str) -> str:
+    """The case's model dir (a copy of the model dir `trained`, if it asks), set up; the path the
+    case is run with."""
     model_dir = os.path.join(tmp, "run")
     if case.model_dir == "trained":
-        shutil.copytree(trained_dir, model_dir)
+        shutil.copytree(trained, model_dir)
     elif case.model_dir == "empty":
         os.makedirs(model_dir)
     elif case.model_dir == "file":
@@ -369,9 +359,7 @@ def run_in_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
 
 
 def run_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
-    result = subprocess.run(
-        [sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=PROCESS_TIMEOUT_S, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    result = run_command(ctl_command(*args, module=tool), timeout=PROCESS_TIMEOUT_S, env=env)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -413,7 +401,7 @@ def test_there_are_sixty_distinct_bad_inputs():
 @pytest.mark.parametrize("name", IN_PROCESS)
 def test_bad_input_in_process(name, trained_dir, tmp_path):
     case = CASES[name]
-    model_dir = prepare(case, trained_dir, str(tmp_path))
+    model_dir = prepare(case, trained_dir(), str(tmp_path))
     before = state(model_dir)
     try:
         code, stdout, stderr = run_in_process(case.tool, case.args(model_dir, str(tmp_path)),
@@ -432,7 +420,7 @@ def test_bad_inputs_in_processes(trained_dir, tmp_path):
     for index, name in enumerate(PROCESSES):
         tmp = str(tmp_path / f"case{index}")
         os.makedirs(tmp)
-        model_dir = prepare(CASES[name], trained_dir, tmp)
+        model_dir = prepare(CASES[name], trained_dir(), tmp)
         prepared[name] = (tmp, model_dir, state(model_dir))
 
     def one(name):
@@ -450,15 +438,9 @@ def test_bad_inputs_in_processes(trained_dir, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-# Damaged model dirs that still hold a checkpoint that restores: the run restores the
-# newest one and completes (`--mode=train`, 30 steps; eval evaluates it).
-def _write(name, data):
-    def damage(model_dir):
-        with open(os.path.join(model_dir, name), "wb") as f:
-            f.write(data)
-    return damage
-
-
+# Damaged model dirs that still hold a checkpoint that restores, through `python -m ctl.run`: the run
+# restores the newest one and completes (`--mode=train`, 30 steps; eval evaluates it), saying which it
+# restored and nothing on stderr. Every kind of damage, on a local disk and in a bucket: tests/test_model_dir.py.
 def _remove(prefix):
     def damage(model_dir):
         for name in os.listdir(model_dir):
@@ -477,15 +459,8 @@ def _cut(prefix, part):
 
 
 DAMAGED = {  # name -> (damage, mode, checkpoint restored)
-    "state file of text garbage": (_write("checkpoint", b"garbage garbage\n"), "train", 20),
-    "0-byte state file": (_write("checkpoint", b""), "train", 20),
-    "non-UTF-8 state file": (_write("checkpoint", b"\xff\xfe\xfd"), "train", 20),
-    "0-byte state file, eval": (_write("checkpoint", b""), "eval", 20),
-    "non-UTF-8 state file, eval": (_write("checkpoint", b"\xff\xfe\xfd"), "eval", 20),
-    "newest checkpoint deleted (the old advice followed)": (_remove("ckpt-20."), "train", 10),
     "newest checkpoint deleted, eval": (_remove("ckpt-20."), "eval", 10),
     "newest checkpoint truncated": (_cut("ckpt-20.", ".data-"), "train", 10),
-    "corrupt run-finished marker": (_write("ctl_run_finished.json", b"{\"final_st"), "train", 20),
 }
 
 
@@ -495,7 +470,7 @@ def test_damaged_model_dirs_restore_the_newest_intact_checkpoint_and_complete(na
                                                                              tmp_path):
     damage, mode, restored = DAMAGED[name]
     model_dir = str(tmp_path / "damaged")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     damage(model_dir)
     code, stdout, stderr = run_in_process(
         "ctl.run", [f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",

@@ -1,19 +1,16 @@
 """The benchmark suite's plumbing: what it runs and reports, not how fast."""
 
 import collections
-import glob
-import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from bench import ablation, loops, measure, object_store, run
+from bench import loops, measure, object_store, run
 from bench.workloads import BenchTask
-from tests.cli import ROOT
+from tests.support.env import ROOT
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -174,73 +171,6 @@ def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
     for theirs in (twin(3), in_place(3)):
         assert ours["accuracy"] == pytest.approx(theirs["accuracy"])
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-
-
-def _steps_on_disk(directory, tag="loss"):
-    return sorted(event.step for path in glob.glob(os.path.join(directory, "events.out.tfevents.*"))
-                  for event in tf.compat.v1.train.summary_iterator(path)
-                  for value in event.summary.value if value.tag == tag)
-
-
-def _ablation_builds(builders):
-    """One build of each builder, its variants by name."""
-    return {name: run for build in builders.values() for name, run in build().items()}
-
-
-def test_ablation_train_variants_take_out_their_piece_and_train_alike():
-    runs = _ablation_builds(ablation.train_variants("mlp"))
-    assert set(runs) == {"ctl", "ctl_again", "ctl_b", "eager_summaries", "separate_calls"}
-    toggled, other = runs["ctl"].controller, runs["ctl_b"].controller
-    buffered = toggled.summary_manager  # The eager one in eager_summaries' calls only.
-    buffered.FLUSH_SECONDS = 1e9  # Keeps everything until told.
-    kept = {}
-    for name in ("ctl_b", "eager_summaries", "separate_calls", "ctl"):
-        runs[name](100)
-        kept[name] = buffered.kept
-    # ctl's build: a warm-up loop, one for each piece's, then three of 100 steps; ctl_b's: two.
-    assert toggled.step == int(toggled.trainer.optimizer.iterations.numpy()) == 600
-    assert other.step == 200 and toggled.summary_manager is buffered
-    # eager_summaries: its loops' results on disk as each loop returns, nothing kept.
-    on_disk = _steps_on_disk(toggled.summary_manager.summary_dir)
-    assert {200, 400} <= set(on_disk)
-    assert kept["eager_summaries"] == kept["ctl_b"] < kept["separate_calls"] < kept["ctl"]
-    assert toggled.trainer.separate_calls is False
-    # separate_calls: the loop's results (of its own steps) and end as the fused loop's.
-    trainer = toggled.trainer
-    weights = [v.numpy() for v in trainer.model.trainable_variables]
-    fused = trainer.train(tf.constant(10))
-    for variable, value in zip(trainer.model.trainable_variables, weights):
-        variable.assign(value)
-    trainer.global_step.assign(600)
-    trainer.separate_calls = True
-    separate = trainer.train(tf.constant(10))
-    assert separate.step == fused.step == 610 and separate.bad_step is None
-    assert int(trainer.train_loss.count.numpy()) == 10  # Reset before its steps.
-    assert [f.experimental_get_tracing_count() for f in trainer.three_calls] == [1, 1, 1]
-    assert set(separate.logs) == set(fused.logs) >= {"loss", "accuracy", "learning_rate"}
-    for name in ("loss", "accuracy"):
-        assert float(separate.logs[name]) == pytest.approx(float(fused.logs[name]), rel=0.2), name
-
-
-def test_ablation_eval_variants_take_out_their_piece_and_write_their_results(monkeypatch):
-    evaluations = _ablation_builds(ablation.eval_variants("mlp"))
-    assert set(evaluations) == {"ctl", "ctl_again", "ctl_b", "end_in_place"}
-    summaries = evaluations["ctl"].controller.eval_summary_manager
-    for name in ("ctl", "end_in_place"):
-        before = len(_steps_on_disk(summaries.summary_dir))
-        results = evaluations[name](3)
-        assert 0 <= results["accuracy"] <= 1
-        assert len(_steps_on_disk(summaries.summary_dir)) == before + 1, name  # On disk now.
-    ended = []
-    monkeypatch.setattr("ctl.core.loops.end_off_path", ended.append)
-    evaluations["ctl"](3)
-    assert len(ended) == 1  # The ender thread's, unless in place:
-    evaluations["end_in_place"](3)
-    with ablation.ended_in_place():
-        evaluations["ctl"](3)
-    assert len(ended) == 1
-    evaluations["ctl"](3)
-    assert len(ended) == 2
 
 
 @pytest.mark.parametrize("argument, message", [

@@ -11,8 +11,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -23,7 +21,7 @@ from ctl.core import claims
 from ctl.core.hook_protocol import OwnedActions
 from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
 from ctl.sidecar import announce
-from tests.cli import ROOT
+from tests.support.processes import Process, python_command, run
 
 
 @pytest.fixture
@@ -57,8 +55,7 @@ def _hold_and_die(path, signal_name):
     code = (f"import os, signal, time; from ctl.core import claims; "
             f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
             f"print('held', flush=True); os.kill(os.getpid(), signal.{signal_name})")
-    process = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    process = run(python_command(code), timeout=120)
     assert "held" in process.stdout, process.stderr
 
 
@@ -76,14 +73,9 @@ def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path
 @contextlib.contextmanager
 def _a_process_that_said(line, code):
     """`python -c code` once it printed `line` (a lease it holds); killed on the way out."""
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    try:
-        assert process.stdout.readline().strip() == line
+    with Process(python_command(code)) as process:
+        process.wait_for_line(f"^{line}$", timeout=120)
         yield process
-    finally:
-        process.kill()
-        process.wait(timeout=30)
 
 
 def _renewing(path, record, stop):
@@ -269,9 +261,7 @@ def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tm
     code = ("from ctl.core.model_dir import publish_directory\n"
             f"try:\n    publish_directory({temp!r}, {final!r}, last=['saved_model.pb'])\n"
             "except Exception as error:\n    print(type(error).__name__)")
-    publisher = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                               text=True, timeout=300,
-                               env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES})
+    publisher = run(python_command(code), env=FEW_RETRIES)
     assert publisher.stdout.strip() == "AbortedError", publisher.stdout + publisher.stderr
     gcs.reset()
     copied = {os.path.relpath(os.path.join(root, name), final)
@@ -292,9 +282,8 @@ QUICK = "claims.RENEW_SECONDS = 0.5; claims.STALE_SECONDS = 20.0; claims.SETTLE_
 
 
 def _in_a_process(code, **kwargs):
-    return subprocess.Popen([sys.executable, "-c", "from ctl.core import claims; " + QUICK + code],
-                            cwd=ROOT, text=True, env={**os.environ, "PYTHONPATH": ROOT, **FEW_RETRIES},
-                            **kwargs)
+    return Process(python_command("from ctl.core import claims; " + QUICK + code), env=FEW_RETRIES,
+                   **kwargs)
 
 
 def _record(path):
@@ -314,19 +303,18 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
     path = f"{gcs_dir}/run/eval_hooks.lock"
     holder = _in_a_process(
         f"import sys; lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
-        "print('held', flush=True); [print(lease.lost, flush=True) for _ in sys.stdin]",
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline().strip() == "held", holder.stderr.read()
+        "print('held', flush=True); [print(lease.lost, flush=True) for _ in sys.stdin]", stdin=True)
+    with holder:
+        holder.wait_for_line("^held$", timeout=120)
         token = _record(path)["token"]
         gcs.inject_faults([{"status": 503, "methods": ["GET"], "path_contains": "eval_hooks.lock"}])
         for wait in (False, True):
             taker = _in_a_process(
                 f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
                 "try:\n    print(lease.try_acquire(), lease.holder())\n"
-                "except Exception as error:\n    print(type(error).__name__, error)",
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            out, err = taker.communicate(timeout=300)
+                "except Exception as error:\n    print(type(error).__name__, error)")
+            taken = taker.finish(timeout=300)
+            out, err = taken.stdout, taken.stderr
             if wait:
                 assert out.startswith("AbortedError") and "503" in out, out + err
             else:
@@ -336,15 +324,12 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
         renewed = _record(path)["renewed"]
         deadline = time.monotonic() + 120
         while _record(path)["renewed"] == renewed:  # Its holder renews again.
-            assert holder.poll() is None and time.monotonic() < deadline
+            assert holder.proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        holder.stdin.write("lost?\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "False"
+        holder.write_line("lost?")
+        _, _, answer = holder.wait_for_line("^(True|False)$", after=1)
+        assert answer.group(1) == "False"
         assert _record(path)["token"] == token
-    finally:
-        holder.kill()
-        holder.communicate(timeout=60)
 
 
 def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir, quick):

@@ -6,30 +6,33 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.cli import TEST_GIN, run_ctl, scalars
+from tests.support.env import TEST_GIN
+from tests.support.processes import run_ctl
+from tests.support.reading import scalars
 from tests.tasks import regression_data
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    """A model dir trained for 20 steps by `--mode=train`."""
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    result = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
+def alone(tmp_path_factory):
+    """`python -m ctl.run --mode=train_and_eval` on tests/regression.gin (tf_keras), one device."""
+    model_dir = str(tmp_path_factory.mktemp("alone"))
+    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+                     "--gin_bindings=RegressionTask.flavor='tf_keras'")
     assert result.returncode == 0, result.stderr
     return model_dir
 
 
-def test_train_writes_checkpoints_configs_and_summaries(trained_dir):
-    files = set(os.listdir(trained_dir))
+def test_a_run_writes_checkpoints_configs_and_summaries(alone):
+    files = set(os.listdir(alone))
     assert {"ckpt-10.index", "ckpt-20.index", "checkpoint", "config.gin",
             "operative_config.gin"} <= files
-    with open(os.path.join(trained_dir, "config.gin")) as f:
+    with open(os.path.join(alone, "config.gin")) as f:
         assert "Schedule.train_steps = 20" in f.read()  # As gin writes it, module or not.
-    with open(os.path.join(trained_dir, "operative_config.gin")) as f:
+    with open(os.path.join(alone, "operative_config.gin")) as f:
         assert "RegressionTask.learning_rate = 0.1" in f.read()  # A default, recorded.
-    train = scalars(os.path.join(trained_dir, "train"))
+    train = scalars(os.path.join(alone, "train"))
     for tag in ("loss", "mae", "learning_rate", "steps_per_second"):
         assert set(train[tag]) == {10, 20}, tag
     assert "operative_config" in train
@@ -37,7 +40,7 @@ def test_train_writes_checkpoints_configs_and_summaries(trained_dir):
 
 def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     result = run_ctl("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
     assert result.returncode == 0, result.stderr
     evals = scalars(os.path.join(model_dir, "eval"))
@@ -50,7 +53,7 @@ def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
 
 def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(), model_dir)
     result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
                      f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps=40")
     assert result.returncode == 0, result.stderr
@@ -62,7 +65,7 @@ def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path
 
 
 @pytest.mark.parametrize("loop", ["True", "False"])
-def test_mirrored_over_two_logical_cpus(tmp_path, loop):
+def test_mirrored_over_two_logical_cpus(tmp_path, loop, alone):
     result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",
                      "--strategy=mirrored", "--cpu_replicas=2",
                      f"--gin_bindings=ctl.Trainer.use_tf_while_loop={loop}",
@@ -73,10 +76,7 @@ def test_mirrored_over_two_logical_cpus(tmp_path, loop):
     evals = scalars(os.path.join(tmp_path, "eval"))
     assert evals["examples"][20] == 10.0
     # Two replicas of half a batch each take the steps one device takes on the whole batch.
-    alone = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path / 'alone'}",
-                    f"--gin_file={TEST_GIN}", "--gin_bindings=RegressionTask.flavor='tf_keras'")
-    assert alone.returncode == 0, alone.stderr
-    expected = scalars(os.path.join(tmp_path, "alone", "eval"))["loss"]
+    expected = scalars(os.path.join(alone, "eval"))["loss"]
     assert expected[20] < 0.5 * expected[10] < 0.5 * untrained_eval_loss()
     assert evals["loss"] == pytest.approx(expected, rel=1e-4)
 

@@ -13,7 +13,9 @@ from ctl import launch
 from ctl.cluster import peers, tf_config as cluster
 from ctl.core.errors import UserError
 from ctl.core.stop import EXIT_PREEMPTED
-from tests.cli import TEST_GIN, ctl_stderr_lines, run_ctl
+from tests.support.env import TEST_GIN
+from tests.support.processes import run_ctl
+from tests.support.reading import ctl_stderr_lines
 
 
 def tf_config(cluster_spec, task_type, index=0):

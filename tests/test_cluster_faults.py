@@ -15,9 +15,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -30,16 +27,16 @@ from ctl.cluster import peers
 from ctl.cluster.peers import EXIT_PEER_LOST
 from ctl.faults import run_size
 from ctl.core.stop import EXIT_PREEMPTED
-from tests.cli import ROOT, ctl_stderr_lines
+from tests.support.env import FAULTS_GIN
+from tests.support.processes import Process, ctl_command
+from tests.support.probe import read_steps
+from tests.support.reading import assert_bit_equal, ctl_stderr_lines, exported, latest_step, model_at, served
 from tests.fault_tasks import ProbeTask
-from tests.test_comforts import exported, model_at, served
-from tests.test_faults_processes import assert_bit_equal, latest_step, read_steps
 
 # Under xdist (`--dist loadgroup`, pyproject.toml) the tests that share the module's uninterrupted
 # reference run are one group, so it runs once; the parameter-server cluster is another.
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
-FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 TIMEOUT_S = 480
 # From a signal or a kill to the exit of every worker, on a loaded 2-core machine
 # (docs/faults.md states the bounds these stand for: one step, TensorFlow's
@@ -53,49 +50,24 @@ LONG_RUN = ("ctl.Schedule.train_steps=400", "ctl.Trainer.use_tf_while_loop=False
             "ctl.Schedule.max_checkpoints=100")
 
 
-class Launched:
-    """A `python -m ctl.launch` process whose output is read as it comes."""
+class Launched(Process):
+    """A `python -m ctl.launch` process (its tasks' output in its stdout, read as it comes)."""
 
     def __init__(self, tmp_path, name, launch_args, *bindings, run_args=MULTI_WORKER):
         self.model_dir = str(tmp_path / name)
         self.progress = str(tmp_path / f"{name}.progress")
-        self.lines = []
-        args = [sys.executable, "-m", "ctl.launch", *launch_args, f"--timeout_s={TIMEOUT_S}", "--",
-                *run_args, f"--model_dir={self.model_dir}", f"--gin_file={FAULTS_GIN}",
-                f"--gin_bindings=ProbeTask.progress_file='{self.progress}'",
-                *(f"--gin_bindings={b}" for b in bindings)]
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT}, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    @property
-    def output(self):
-        return "\n".join(line for _, line in self.lines)
+        super().__init__(ctl_command(
+            *launch_args, f"--timeout_s={TIMEOUT_S}", "--", *run_args, f"--model_dir={self.model_dir}",
+            f"--gin_file={FAULTS_GIN}", f"--gin_bindings=ProbeTask.progress_file='{self.progress}'",
+            *(f"--gin_bindings={b}" for b in bindings), module="ctl.launch"), merge_stderr=True)
 
     def wait_for(self, pattern, timeout=TIMEOUT_S, after=0):
-        """The first line (from index `after`) matching `pattern`: (index, time, match)."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for index in range(after, len(self.lines)):
-                at, line = self.lines[index]
-                match = regex.search(line)
-                if match:
-                    return index, at, match
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r}; output:\n{self.output[-6000:]}")
+        """`wait_for_line` within the cluster's bound."""
+        return self.wait_for_line(pattern, timeout, after)
 
-    def pid(self, task):
+    def task_pid(self, task):
         _, _, match = self.wait_for(rf"^\[launch\] started {task} \(pid (\d+)\)", timeout=60)
-        pids = re.findall(rf"^\[launch\] started {task} \(pid (\d+)\)", self.output, re.M)
+        pids = re.findall(rf"^\[launch\] started {task} \(pid (\d+)\)", self.stdout(), re.M)
         return int(pids[-1]) if pids else int(match.group(1))
 
     def wait_for_step(self, step, timeout=TIMEOUT_S):
@@ -104,24 +76,9 @@ class Launched:
             steps = read_steps(self.progress)
             if steps and steps[-1] >= step:
                 return steps[-1]
-            assert self.proc.poll() is None, self.output[-6000:]
+            assert self.proc.poll() is None, self.stdout()[-6000:]
             time.sleep(0.02)
-        raise AssertionError(f"step {step} not reached in {timeout}s:\n{self.output[-6000:]}")
-
-    def finish(self, timeout=TIMEOUT_S + 60):
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            self.kill()
-        self._reader.join(timeout=30)
-        return self.proc.returncode
-
-    def kill(self):
-        try:  # The launcher stops its tasks; this catches any it could not.
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        raise AssertionError(f"step {step} not reached in {timeout}s:\n{self.stdout()[-6000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +88,8 @@ def reference(tmp_path_factory):
 
     def final():
         if run.proc.returncode is None:
-            assert run.finish() == 0, run.output[-6000:]
-        assert run.proc.returncode == 0, run.output[-6000:]
+            assert run.finish(TIMEOUT_S + 60).returncode == 0, run.stdout()[-6000:]
+        assert run.proc.returncode == 0, run.stdout()[-6000:]
         return tf.train.latest_checkpoint(run.model_dir)
 
     yield final
@@ -142,14 +99,10 @@ def reference(tmp_path_factory):
 def start_workers(tmp_path, name, *bindings, count=2):
     """`count` multi-worker `python -m ctl.run` processes without a launcher: each one's own status counts."""
     model_dir = str(tmp_path / name)
-    workers = []
-    for _, tf_config in sorted(launch.tf_configs(launch.local_cluster(count)).items()):
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "ctl.run", *MULTI_WORKER, f"--model_dir={model_dir}",
-             f"--gin_file={FAULTS_GIN}", *(f"--gin_bindings={b}" for b in bindings)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": tf_config}))
-    return model_dir, workers
+    return model_dir, [
+        Process.ctl(*MULTI_WORKER, f"--model_dir={model_dir}", f"--gin_file={FAULTS_GIN}",
+                    *(f"--gin_bindings={b}" for b in bindings), env={"TF_CONFIG": tf_config})
+        for _, tf_config in sorted(launch.tf_configs(launch.local_cluster(count)).items())]
 
 
 def finish_all(workers, timeout=TIMEOUT_S):
@@ -157,13 +110,11 @@ def finish_all(workers, timeout=TIMEOUT_S):
     results = []
     try:
         for worker in workers:
-            _, stderr = worker.communicate(timeout=timeout)
-            results.append((worker.returncode, ctl_stderr_lines(stderr)))
+            result = worker.finish(timeout)
+            results.append((result.returncode, ctl_stderr_lines(result.stderr)))
     finally:
         for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.communicate(timeout=30)
+            worker.kill()
     return results
 
 
@@ -188,7 +139,7 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
     try:
         # 1. SIGTERM to the non-chief worker: both stop after the same step, one checkpoint.
         chaos.wait_for_step(20)
-        os.kill(chaos.pid("worker 1"), signal.SIGTERM)
+        os.kill(chaos.task_pid("worker 1"), signal.SIGTERM)
         signalled = time.monotonic()
         stops = {}
         for task in ("worker 0", "worker 1"):
@@ -204,7 +155,7 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
         restarted, _, _ = chaos.wait_for(
             rf"^\[launch\] worker \d exited with status {EXIT_PREEMPTED}; restarting worker 0, worker 1")
         for task in ("worker 0", "worker 1"):  # Both exited 75 (the launcher saw the first).
-            assert re.search(rf"^\[{task}\] .*preempted", chaos.output, re.M)
+            assert re.search(rf"^\[{task}\] .*preempted", chaos.stdout(), re.M)
         assert stop_step in committed_checkpoints(chaos.model_dir)
         assert read_steps(chaos.progress) == list(range(1, stop_step + 1))  # Nothing past the stop.
 
@@ -214,7 +165,7 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
         chaos.wait_for(r"^\[worker 0\] .*restored model from", after=restarted)
         chaos.wait_for_step(kill_at)
         time.sleep(rng.uniform(0, 0.05))
-        os.kill(chaos.pid("worker 0"), signal.SIGKILL)
+        os.kill(chaos.task_pid("worker 0"), signal.SIGKILL)
         killed = time.monotonic()
         _, at, match = chaos.wait_for(r"^\[worker 1\] ctl.run: peer lost: (.*)", timeout=EXIT_BOUND_S,
                                       after=restarted)
@@ -222,7 +173,7 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
         assert at - killed < EXIT_BOUND_S
         chaos.wait_for(rf"^\[launch\] worker \d exited with status (-9|{EXIT_PEER_LOST}); restarting",
                        after=restarted)
-        assert chaos.finish() == 0, chaos.output[-6000:]
+        assert chaos.finish(TIMEOUT_S + 60).returncode == 0, chaos.stdout()[-6000:]
     finally:
         chaos.kill()
     assert latest_step(chaos.model_dir) == 400
@@ -230,8 +181,8 @@ def test_multi_worker_sigterm_then_sigkill_resume_bit_identical_beside_a_sidecar
     assert_bit_equal(reference(), tf.train.latest_checkpoint(chaos.model_dir))
     # 5. The sidecar evaluated every checkpoint exactly once, through both faults, and ended.
     assert evaluations(chaos.model_dir) == committed_checkpoints(chaos.model_dir)
-    assert re.search(r"^\[launch\] started evaluator", chaos.output, re.M)
-    assert len(re.findall(r"^\[launch\] started evaluator", chaos.output, re.M)) == 1
+    assert re.search(r"^\[launch\] started evaluator", chaos.stdout(), re.M)
+    assert len(re.findall(r"^\[launch\] started evaluator", chaos.stdout(), re.M)) == 1
 
 
 @pytest.mark.xdist_group("beside_the_reference")
@@ -252,10 +203,10 @@ def test_multi_worker_nan_on_one_replica_stops_or_recovers_every_worker_alike(tm
                           "ctl.FaultTolerance.nan_policy='recover'",
                           run_args=("--mode=train_and_eval", "--strategy=multi_worker_mirrored"))
     try:
-        assert recovering.finish() == 0, recovering.output[-6000:]
+        assert recovering.finish(TIMEOUT_S + 60).returncode == 0, recovering.stdout()[-6000:]
     finally:
         recovering.kill()
-    model_dir, output = recovering.model_dir, recovering.output
+    model_dir, output = recovering.model_dir, recovering.stdout()
     for task in ("worker 0", "worker 1"):  # Both restored the same checkpoint and replayed.
         assert re.search(rf"^\[{task}\] .*loss is NaN or Inf at step 123: restored .*ckpt-100, "
                          r"replaying from step 100", output, re.M), output[-6000:]
@@ -279,7 +230,7 @@ def test_multi_worker_nan_on_one_replica_stops_or_recovers_every_worker_alike(tm
     # Worker 1 wrote nothing in the model dir: every summary is worker 0's (<host>.<pid>.<n>.v2),
     # its checkpoints went to a scratch dir, now gone.
     events = glob.glob(os.path.join(model_dir, "**", "events.out.tfevents.*"), recursive=True)
-    assert {os.path.basename(path).split(".")[-3] for path in events} == {str(recovering.pid("worker 0"))}
+    assert {os.path.basename(path).split(".")[-3] for path in events} == {str(recovering.task_pid("worker 0"))}
     assert re.search(r"^\[worker 1\] .*saved checkpoint to .*ctl-worker-checkpoints-", output, re.M)
     assert not re.search(r"^\[worker 1\] .*saved checkpoint to " + re.escape(model_dir), output, re.M)
 
@@ -304,7 +255,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
     try:
         # 6. A worker is killed: the coordinator goes on with the other, the restarted one rejoins.
         cluster.wait_for_step(30)
-        os.kill(cluster.pid("worker 1"), signal.SIGKILL)
+        os.kill(cluster.task_pid("worker 1"), signal.SIGKILL)
         restarted, _, _ = cluster.wait_for(r"^\[launch\] worker 1 exited with status -9; restarting worker 1 ")
         cluster.wait_for(r"^\[worker 1\] probe step \d+", after=restarted)  # It runs steps again.
         cluster.wait_for(r"^\[worker 0\] probe step \d+", after=restarted)
@@ -312,7 +263,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         assert sum(line.startswith("[launch] started chief") for line in launcher) == 1, "\n".join(launcher)
 
         # 7. SIGTERM to the coordinator in the middle of its 100,000-step loop: checkpoint, exit 75.
-        os.kill(cluster.pid("chief"), signal.SIGTERM)
+        os.kill(cluster.task_pid("chief"), signal.SIGTERM)
         signalled = time.monotonic()
         _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: preempted: stopped by SIGTERM at step "
                                         r"(\d+); checkpoint (\S+) ", timeout=EXIT_BOUND_S)
@@ -340,7 +291,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         # 8. The ps is killed: the coordinator says so in one line and exits 69 by itself; the
         # launcher then restarts the whole cluster, which resumes from the last checkpoint.
         cluster.wait_for_step(iterations + 30)
-        os.kill(cluster.pid("ps 0"), signal.SIGKILL)
+        os.kill(cluster.task_pid("ps 0"), signal.SIGKILL)
         killed = time.monotonic()
         _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: peer lost: (.*)", timeout=EXIT_BOUND_S,
                                         after=preempted)
@@ -356,7 +307,7 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
         # 8'. The new ps freezes (SIGSTOP: its sockets stay open, TensorFlow waits on it forever):
         # the coordinator's watchdog names it and the coordinator exits 69 within the stated bound.
         cluster.wait_for(r"^\[worker \d\] probe step", after=restored)
-        os.kill(cluster.pid("ps 0"), signal.SIGSTOP)
+        os.kill(cluster.task_pid("ps 0"), signal.SIGSTOP)
         frozen = time.monotonic()
         _, at, match = cluster.wait_for(r"^\[chief\] ctl.run: peer lost: (.*)", after=restored,
                                         timeout=peers.ANSWER_TIMEOUT_S + EXIT_BOUND_S)
@@ -376,13 +327,13 @@ def test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps(tmp_path):
                      "ctl.Experiment.trainer_cls=@GlobalStepTrainer",
                      "ctl.FaultTolerance.nan_policy='recover'", run_args=PARAMETER_SERVERS)
     try:
-        assert again.finish() == 0, again.output[-6000:]
+        assert again.finish(TIMEOUT_S + 60).returncode == 0, again.stdout()[-6000:]
     finally:
         again.kill()
-    assert f"restored model from {path}" in again.output
+    assert f"restored model from {path}" in again.stdout()
     recovered = re.findall(rf"^\[chief\] .*loss is NaN or Inf at step (\d+): restored {re.escape(path)}, "
-                           rf"replaying from step {stop_step} ", again.output, re.M)
-    assert len(recovered) == 1, again.output[-6000:]
+                           rf"replaying from step {stop_step} ", again.stdout(), re.M)
+    assert len(recovered) == 1, again.stdout()[-6000:]
     # The bad step is the global step when the poisoned step, or a step that saw its NaN weights,
     # recorded it: not before the poisoned step's own increment, and not after the steps that can
     # finish while it runs: one already running on each worker, and the steps scheduled after it
@@ -402,14 +353,14 @@ def test_multi_worker_restart_at_a_new_size_two_workers_one_then_two(tmp_path, r
         run = Launched(tmp_path, "resized", [f"--workers={workers}"], *LONG_RUN[1:],
                        f"ctl.Schedule.train_steps={target}")
         try:
-            assert run.finish() == 0, run.output[-6000:]
+            assert run.finish(TIMEOUT_S + 60).returncode == 0, run.stdout()[-6000:]
         finally:
             run.kill()
         for task in range(workers):  # Each worker says it once.
             warnings = re.findall(rf"^\[worker {task}\] .*at a new size: it was written by a run of "
-                                  r"(\d) input pipeline\(s\).* this one has (\d) input pipeline", run.output, re.M)
-            assert warnings == [(str(3 - workers), str(workers))], run.output[-6000:]
-            assert re.search(rf"^\[worker {task}\] .*restored model from .*ckpt-{target - 20}", run.output, re.M)
+                                  r"(\d) input pipeline\(s\).* this one has (\d) input pipeline", run.stdout(), re.M)
+            assert warnings == [(str(3 - workers), str(workers))], run.stdout()[-6000:]
+            assert re.search(rf"^\[worker {task}\] .*restored model from .*ckpt-{target - 20}", run.stdout(), re.M)
         path = tf.train.latest_checkpoint(str(model_dir))
         assert checkpoint_step(path) == target
         assert list(tf.train.load_variable(path, record)) == expected

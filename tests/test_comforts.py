@@ -18,9 +18,11 @@ from ctl.comforts.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
 from ctl.comforts.progress import read_metrics
 from ctl.core import config
-from tests.cli import ROOT, ctl_stderr_lines, run_ctl, snapshot
+from tests.support.env import ROOT
+from tests.support.processes import run_ctl
+from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
+from tests.support.strategies import mirrored
 from tests.comfort_tasks import EncoderTask
-from tests.conftest import mirrored
 from tests.tasks import RegressionTask, regression_data
 
 COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
@@ -44,23 +46,6 @@ def run_dir(tmp_path_factory):
                      f"--gin_file={COMFORTS_GIN}")
     assert result.returncode == 0, result.stderr
     return model_dir, result.stdout
-
-
-def model_at(path, task=None):
-    model = (task or RegressionTask()).build_model()
-    tf.train.Checkpoint(model=model).read(path).expect_partial()
-    return model
-
-
-def served(export_dir, features):
-    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
-    (name,) = signature.structured_input_signature[1]
-    return signature(**{name: tf.constant(features)})["outputs"].numpy()
-
-
-def exported(model_dir, name):
-    return sorted(int(s) for s in os.listdir(os.path.join(model_dir, "export", name))
-                  if s.isdigit())
 
 
 @pytest.mark.slow
@@ -193,7 +178,7 @@ def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
 def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
     model_dir, _ = run_dir
     output = tmp_path / "curves.png"
-    result = run_ctl_module("ctl.report", f"--model_dir={model_dir}", f"--output={output}")
+    result = run_ctl(f"--model_dir={model_dir}", f"--output={output}", module="ctl.report")
     assert result.returncode == 0, result.stderr
     assert output.read_bytes().startswith(b"\x89PNG") and output.stat().st_size > 10_000
     rows = {tuple(line.split()[:2]): line.split() for line in result.stdout.splitlines()}
@@ -202,13 +187,6 @@ def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
     assert "steps: 40" in result.stdout
     assert "best checkpoint: loss" in result.stdout
 
-
-def run_ctl_module(module, *args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 @pytest.mark.slow

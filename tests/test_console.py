@@ -1,22 +1,18 @@
 """The console: one format, no library INFO lines, a live bar on a terminal, plain lines in a file."""
 
-import fcntl
 import io
 import logging
 import os
-import pty
 import re
-import select
 import signal
-import struct
 import subprocess
-import termios
-import time
 
 import pytest
 
 from ctl.core import console
-from tests.cli import ROOT, TEST_GIN, ctl_command, ctl_env, ctl_stderr_lines
+from tests.support.env import ctl_env, ROOT, TEST_GIN
+from tests.support.processes import Process, ctl_command
+from tests.support.reading import ctl_stderr_lines
 
 # `kind | message` or `kind | step: N[/T] | message`: the one format.
 ONE_FORMAT = re.compile(r"^ *[a-z]+(: warning)? \| ")
@@ -89,35 +85,11 @@ def test_terminal_gets_a_bar_and_other_lines_above_it():
 def run_on_a_terminal(args, columns, stop_when=None, timeout=240):
     """Runs `python -m ctl.run args` on a pseudo-terminal `columns` wide (stdout and stderr);
     sends SIGTERM once `stop_when(output so far)` holds; returns (exit status, output)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {key: value for key, value in ctl_env().items() if key not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen(ctl_command(*args), cwd=ROOT, stdin=slave, stdout=slave,
-                               stderr=slave, env=env)
-    os.close(slave)
-    chunks, signalled = [], False
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # The child closed the terminal.
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif process.poll() is not None:
-                break
-            if stop_when and not signalled and stop_when(b"".join(chunks).decode("utf-8", "replace")):
-                process.send_signal(signal.SIGTERM)
-                signalled = True
-        return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
-    finally:
-        process.kill()
-        process.wait(timeout=60)
-        os.close(master)
+    with Process.ctl(*args, terminal=columns) as process:
+        if stop_when:
+            process.wait_until(lambda: stop_when(process.stdout()), timeout, poll_s=0.2)
+            process.send_signal(signal.SIGTERM)
+        return process.wait(timeout), process.stdout()
 
 
 def screens(output):

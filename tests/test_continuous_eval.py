@@ -8,8 +8,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -21,7 +19,9 @@ import ctl
 from ctl.comforts.best import read_best
 from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
-from tests.cli import ROOT, TEST_GIN, ctl_env, ctl_stderr_lines, run_ctl, scalars, snapshot
+from tests.support.env import ROOT, TEST_GIN
+from tests.support.processes import Process, run_ctl
+from tests.support.reading import ctl_stderr_lines, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
 from tests.tasks import RegressionTask, regression_data
 
@@ -44,50 +44,25 @@ def experiment(task=None, **schedule):
                                                    "checkpoint_interval": 10, **schedule}))
 
 
-@pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    """A finished 40-step run with checkpoints 10, 20, 30, 40 (trained in this process)."""
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    ctl.run_experiment("train", model_dir, experiment=experiment())
-    return model_dir
-
-
 @pytest.fixture
 def run_dir(trained_dir, tmp_path):
+    """A copy of a finished 40-step run: checkpoints 10, 20, 30, 40."""
     model_dir = str(tmp_path / "run")
-    shutil.copytree(trained_dir, model_dir)
+    shutil.copytree(trained_dir(40), model_dir)
     return model_dir
 
 
-class Processes:
-    """Started `python -m ctl.run` processes; all killed at the end of the test."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.started = []
-
-    def start(self, name, *args, env=None):
-        out = open(self.tmp_path / f"{name}.log", "w")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ctl.run", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            text=True, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
-        process.log = self.tmp_path / f"{name}.log"
-        self.started.append((process, out))
-        return process
-
-    def kill_all(self):
-        for process, out in self.started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
-            out.close()
-
-
 @pytest.fixture
-def processes(tmp_path):
-    started = Processes(tmp_path)
-    yield started
-    started.kill_all()
+def start_ctl():
+    """Starts `python -m ctl.run args` (stdout and stderr as one); all killed at the test's end."""
+    started = []
+
+    def start(*args, env=None):
+        started.append(Process.ctl(*args, env=env, merge_stderr=True))
+        return started[-1]
+    yield start
+    for process in started:
+        process.kill()
 
 
 def wait_until(condition, what, timeout=WAIT_S):
@@ -104,15 +79,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path, processes):
+def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path, start_ctl):
     model_dir = str(tmp_path / "run")
     # The evaluator starts first: it waits for the dir, the trainer's config.gin and a checkpoint.
-    evaluator = processes.start("evaluator1", "--mode=continuous_eval", f"--model_dir={model_dir}")
+    evaluator = start_ctl("--mode=continuous_eval", f"--model_dir={model_dir}")
     tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{free_port()}"],
                                         "evaluator": [f"127.0.0.1:{free_port()}"]},
                             "task": {"type": "chief", "index": 0}})
-    trainer = processes.start(
-        "trainer", "--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+    trainer = start_ctl(
+        "--mode=train_and_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
         "--gin_bindings=ctl.Experiment.task = @SlowRegressionTask()",
         "--gin_bindings=SlowRegressionTask.delay = 0.1", "--gin_bindings=ctl.Schedule.train_steps = 60",
@@ -120,9 +95,9 @@ def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path,
     wait_until(lambda: evaluated_numbers(model_dir), "the first evaluation")
     evaluator.send_signal(signal.SIGKILL)  # Mid-run: wherever it is.
     evaluator.wait(timeout=30)
-    restarted = processes.start("evaluator2", "--mode=continuous_eval", f"--model_dir={model_dir}")
-    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
-    assert restarted.wait(timeout=WAIT_S) == 0, restarted.log.read_text()[-3000:]
+    restarted = start_ctl("--mode=continuous_eval", f"--model_dir={model_dir}")
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.stdout()[-3000:]
+    assert restarted.wait(timeout=WAIT_S) == 0, restarted.stdout()[-3000:]
 
     steps = [10, 20, 30, 40, 50, 60]
     assert sorted(evaluated_numbers(model_dir)) == steps  # Each exactly once.
@@ -130,10 +105,10 @@ def test_every_checkpoint_once_with_the_evaluator_killed_and_restarted(tmp_path,
     evals = scalars(os.path.join(model_dir, "eval"))
     assert set(evals["loss"]) == set(steps) and evals["examples"][60] == 10.0
     assert evals["loss"][60] < evals["loss"][10]
-    log = restarted.log.read_text()
+    log = restarted.stdout()
     assert "finished: the trainer's final checkpoint (number 60) is evaluated" in log
     assert "eval | step:     60" in log
-    trainer_log = trainer.log.read_text()
+    trainer_log = trainer.stdout()
     assert "training without in-line eval" in trainer_log and "eval | step" not in trainer_log
 
 
@@ -170,7 +145,7 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
 
 @pytest.mark.parametrize("storage", ["local", "gs"])
 def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
-        request, tmp_path, processes, storage):
+        request, tmp_path, start_ctl, storage):
     """A sidecar beside a trainer in `train_and_eval` (no TF_CONFIG): the trainer's in-line
     evaluation steps aside (one line), the sidecar evaluates every checkpoint and owns the
     best checkpoint and the exports; the trainer keeps its run-end hooks (FinalExporter).
@@ -185,15 +160,15 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     ctl.run_experiment("train", model_dir)  # ckpt-10, ckpt-20 and config.gin; no evaluation.
     gfile.remove(ModelDir(model_dir).finished_file)  # Still training, as far as the sidecar knows.
     claim = ModelDir(model_dir).eval_hooks_lock_file
-    sidecar = processes.start("sidecar", "--mode=continuous_eval", f"--model_dir={model_dir}",
-                              "--gin_bindings=ctl.ContinuousEval.timeout=240")
+    sidecar = start_ctl("--mode=continuous_eval", f"--model_dir={model_dir}",
+                        "--gin_bindings=ctl.ContinuousEval.timeout=240")
     wait_until(lambda: evaluated_numbers(model_dir) == [10, 20] and gfile.exists(claim)
                and "sidecar evaluator" in gfile.GFile(claim).read(), "the sidecar's claim")
-    trainer = processes.start("trainer", "--mode=train_and_eval", f"--model_dir={model_dir}",
-                              f"--gin_file={comforts_gin}", f"--gin_bindings={keep}")
+    trainer = start_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
+                        f"--gin_file={comforts_gin}", f"--gin_bindings={keep}")
     for process in (trainer, sidecar):
         process.wait(timeout=WAIT_S)
-    trainer_log, sidecar_log = trainer.log.read_text(), sidecar.log.read_text()
+    trainer_log, sidecar_log = trainer.stdout(), sidecar.stdout()
     assert trainer.returncode == 0 and sidecar.returncode == 0, trainer_log[-3000:] + sidecar_log[-3000:]
     assert evaluated_numbers(model_dir) == [10, 20, 30, 40]
     assert trainer_log.count(f"a sidecar evaluator (pid {sidecar.pid} on host") == 1, trainer_log
@@ -217,7 +192,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
         n.startswith("optimizer/") for n in names), names
 
 
-def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, processes):
+def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path, start_ctl):
     """A trainer keeping 2 checkpoints outruns its evaluator, in an order the test sets
     with gates: one checkpoint is deleted while it is evaluated (its evaluation goes
     on from what it restored), one after the evaluator saw it and before its turn
@@ -235,15 +210,15 @@ def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path,
         wait_until(lambda: (tf.train.latest_checkpoint(model_dir) or "").endswith(f"ckpt-{number}"),
                    f"ckpt-{number}")
 
-    evaluator = processes.start(
-        "evaluator", "--mode=continuous_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+    evaluator = start_ctl(
+        "--mode=continuous_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
         "--gin_bindings=ctl.ContinuousEval.callbacks = [@GateCallback()]",
         f"--gin_bindings=GateCallback.gate_dir = '{gates}'", "--gin_bindings=GateCallback.gated = (1, 2)")
-    wait_until(lambda: "waiting for a new checkpoint" in evaluator.log.read_text(),
+    wait_until(lambda: "waiting for a new checkpoint" in evaluator.stdout(),
                "the evaluator to wait for checkpoints")
-    trainer = processes.start(
-        "trainer", "--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+    trainer = start_ctl(
+        "--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
         "--gin_bindings=ctl.Experiment.task = @GatedRegressionTask()",
         f"--gin_bindings=GatedRegressionTask.gate_dir = '{gates}'",
@@ -255,35 +230,35 @@ def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path,
     release("eval-1")
     wait_for_gate("eval-2.started")  # ckpt-20 restored; ckpt-20 and ckpt-30 seen.
     release("train-31")
-    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]  # ckpt-20, -30 deleted.
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.stdout()[-3000:]  # ckpt-20, -30 deleted.
     release("eval-2")
-    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
+    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.stdout()[-3000:]
     assert progress(model_dir) == {10: "evaluated", 20: "evaluated", 30: "deleted",
                                    40: "evaluated", 50: "evaluated"}
     assert evaluated_numbers(model_dir) == [10, 20, 40, 50]
-    log = evaluator.log.read_text()
+    log = evaluator.stdout()
     assert "skipping ckpt-30: deleted before its evaluation" in log
     assert "finished: the trainer's final checkpoint (number 50) is evaluated" in log
 
 
-def test_a_sidecar_for_an_extended_run_does_not_take_the_old_finished_marker(run_dir, processes):
+def test_a_sidecar_for_an_extended_run_does_not_take_the_old_finished_marker(run_dir, start_ctl):
     """`run_dir` finished at step 40 (its marker says so). A sidecar started with the
     extended run's config (60 steps) while that marker is still there (here: before the
     trainer even starts, the extreme of the seconds before a trainer clears it) waits
     for the trainer and evaluates up to its new final checkpoint."""
     extended = (f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps = 60",
                 "--gin_bindings=ctl.Schedule.max_checkpoints = 10")
-    evaluator = processes.start("evaluator", "--mode=continuous_eval", f"--model_dir={run_dir}",
+    evaluator = start_ctl("--mode=continuous_eval", f"--model_dir={run_dir}",
                                 *extended)
     wait_until(lambda: evaluator.poll() is not None or "marks a run of fewer steps than "
-               "ctl.Schedule.train_steps (60)" in evaluator.log.read_text(),
+               "ctl.Schedule.train_steps (60)" in evaluator.stdout(),
                "the evaluator to see the old marker")
-    trainer = processes.start("trainer", "--mode=train", f"--model_dir={run_dir}", *extended)
-    assert trainer.wait(timeout=WAIT_S) == 0, trainer.log.read_text()[-3000:]
-    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.log.read_text()[-3000:]
+    trainer = start_ctl("--mode=train", f"--model_dir={run_dir}", *extended)
+    assert trainer.wait(timeout=WAIT_S) == 0, trainer.stdout()[-3000:]
+    assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.stdout()[-3000:]
     assert evaluated_numbers(run_dir) == [10, 20, 30, 40, 50, 60]
     assert ("finished: the trainer's final checkpoint (number 60) is evaluated"
-            in evaluator.log.read_text())
+            in evaluator.stdout())
 
 
 def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):

@@ -38,7 +38,9 @@ from typing import List, NamedTuple, Optional
 
 import pytest
 
-from tests.cli import ROOT
+from tests.support.env import ROOT, ctl_env
+from tests.support.processes import ctl_command
+from tests.support.processes import run as run_command
 
 PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in
                                glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
@@ -130,7 +132,7 @@ def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
 
 
 def environment(workdir: str):
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([workdir, ROOT]), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return ctl_env({"PYTHONPATH": os.pathsep.join([workdir, ROOT]), "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def run(argv: List[str], where: str, workdir: str) -> None:
@@ -257,9 +259,8 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
     import yaml
 
     site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = run_command(ctl_command("build", "--strict", "-q", "-d", str(site), module="mkdocs"),
+                       timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
         config = yaml.load(f, Loader=yaml.BaseLoader)

@@ -9,7 +9,7 @@ import tensorflow as tf
 from ctl.cluster import reducers
 from ctl.core.trainer import Trainer
 from tests.cluster_tasks import ScoredTask
-from tests.conftest import mirrored
+from tests.support.strategies import mirrored
 from tests.tasks import regression_data
 
 WEIGHTS = [np.array([[0.3], [-0.4], [1.5]], np.float32), np.array([0.1], np.float32)]

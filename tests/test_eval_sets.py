@@ -10,7 +10,7 @@ import ctl
 from ctl.comforts.best import read_best
 from ctl.comforts.progress import read_metrics
 from ctl.sidecar import continuous_eval
-from tests.cli import scalars
+from tests.support.reading import scalars
 from tests.sidecar_tasks import TwoEvalSetsTask
 
 

@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 from experiments import records
-from tests.cli import ROOT, run_ctl, scalars
+from tests.support.env import ROOT
+from tests.support.processes import run_ctl
+from tests.support.reading import scalars
 
 pytestmark = pytest.mark.slow
 

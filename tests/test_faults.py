@@ -17,7 +17,8 @@ from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
 from ctl.core.stop import SignalWatcher
 from ctl.faults.preemption import Preempted
 from ctl.core.loops import StepGuard
-from tests.cli import ROOT, checkpoint_values, scalars
+from tests.support.env import ROOT
+from tests.support.reading import checkpoint_values, scalars
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 # In-process: no global seed, so that op determinism is not switched on for the

@@ -5,8 +5,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.cli import TEST_GIN, checkpoint_values, run_ctl
-
 
 def test_gfile_writes_reads_lists_renames_and_globs(gcs_dir):
     gfile = tf.io.gfile
@@ -59,13 +57,3 @@ def test_the_injected_fault_answers_uploads_only(gcs, gcs_dir):
     with tf.io.gfile.GFile(f"{gcs_dir}/refused", "w") as f:
         f.write("after")
     assert tf.io.gfile.exists(f"{gcs_dir}/refused")
-
-
-@pytest.mark.slow
-def test_ctl_run_trains_on_a_gcs_model_dir(gcs_dir):
-    """A child process reaches the service through the env the fixture set."""
-    result = run_ctl("--mode=train", f"--model_dir={gcs_dir}", f"--gin_file={TEST_GIN}")
-    assert result.returncode == 0, result.stderr
-    assert tf.train.latest_checkpoint(gcs_dir) == f"{gcs_dir}/ckpt-20"
-    values = checkpoint_values(f"{gcs_dir}/ckpt-20")
-    assert values and all(v is None or np.all(np.isfinite(v)) for v in values.values())

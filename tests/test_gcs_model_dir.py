@@ -8,8 +8,6 @@ here reads the model dir but through `tf.io.gfile`, as ctl must.
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
-from tests.cli import ROOT, CtlProcess, ctl_stderr_lines, run_ctl
+from tests.support.env import ROOT
+from tests.support.processes import Process, run_ctl
+from tests.support.reading import checkpoint_values, ctl_stderr_lines
 
 COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
 WAIT_S = 300
@@ -52,6 +52,8 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     assert trained.returncode == 0, trained.stderr[-3000:]
     directory = ModelDir(model_dir)
     assert sorted(directory.checkpoints()) == [40]
+    values = checkpoint_values(f"{model_dir}/ckpt-40")  # Written from a child process of this one.
+    assert values and all(v is None or np.all(np.isfinite(v)) for v in values.values())
     assert [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "eval"] \
         == [10, 20, 30, 40]
     for name, steps in (("latest", ["30", "40"]), ("final", ["40"]), ("checkpoint", ["40"])):
@@ -81,15 +83,13 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
                     timeout=WAIT_S)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
 
-    report = subprocess.run([sys.executable, "-m", "ctl.report", f"--model_dir={model_dir}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+    report = run_ctl(f"--model_dir={model_dir}", module="ctl.report", timeout=WAIT_S)
     assert report.returncode == 0, report.stderr[-3000:]
     assert f"curves: {model_dir}/report.png" in report.stdout
     assert tf.io.gfile.stat(f"{model_dir}/report.png").length > 1000
 
 
-def _training(process: CtlProcess, model_dir: str) -> None:
+def _training(process: Process, model_dir: str) -> None:
     """Waits until `process` trains in `model_dir`: its first checkpoint is there (its lease taken)."""
     assert process.wait_until(lambda: bool(ModelDir(model_dir).checkpoints()), WAIT_S, 0.5), \
         process.stderr()[-3000:]
@@ -97,7 +97,7 @@ def _training(process: CtlProcess, model_dir: str) -> None:
 
 def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
     model_dir = f"{gcs_dir}/run"
-    with CtlProcess("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+    with Process.ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                     "--gin_bindings=ctl.Schedule.train_steps=100000",
                     "--gin_bindings=ctl.Experiment.hooks=[]") as first:
         _training(first, model_dir)
@@ -120,7 +120,7 @@ def test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint(
     line and exits 2; the other's record stays."""
     model_dir = f"{gcs_dir}/run"
     lock_file = ModelDir(model_dir).trainer_lock_file
-    with CtlProcess("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+    with Process.ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                     "--gin_bindings=ctl.Schedule.train_steps=1000000",
                     "--gin_bindings=ctl.Schedule.max_checkpoints=100",
                     "--gin_bindings=ctl.Experiment.hooks=[]") as trainer:
@@ -150,7 +150,7 @@ def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes
     assert trained.returncode == 0, trained.stderr[-3000:]
     export = f"{model_dir}/export/latest"
     gcs.inject_faults([{"path_contains": "export%2Flatest%2F10%2Fsaved_model.pb", "status": 503}])
-    with CtlProcess("--mode=continuous_eval", f"--model_dir={model_dir}") as sidecar:
+    with Process.ctl("--mode=continuous_eval", f"--model_dir={model_dir}") as sidecar:
         # Copying, saved_model.pb held by the bucket.
         assert sidecar.wait_until(lambda: "variables" in listing(f"{export}/10"), WAIT_S, 0.2), \
             sidecar.stderr()[-3000:]

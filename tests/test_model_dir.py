@@ -1,14 +1,13 @@
 """The model dir's corruption policy in-process: train, eval and the sidecar on damaged model dirs.
 
-A 20-step run leaves ckpt-10 and ckpt-20; each case damages a copy and runs
-again. Whatever the damage, the run restores the newest checkpoint that
-restores and goes on to `train_steps`; it never starts from step 0 while a
-checkpoint is there. (The same cases through `python -m ctl.run`, with their
-one-line errors and file hashes: tests/test_bad_inputs.py.)
+A 20-step run (`trained_dir`) leaves ckpt-10 and ckpt-20; each case damages
+a copy and runs again. Whatever the damage, the run restores the newest checkpoint
+that restores and goes on to `train_steps`; it never starts from step 0 while a
+checkpoint is there. (Two of these cases, and every checkpoint damaged, through
+`python -m ctl.run` with their output and file hashes: tests/test_bad_inputs.py.)
 """
 
 import os
-import shutil
 
 import pytest
 import tensorflow as tf
@@ -19,21 +18,13 @@ from ctl.core import config
 from ctl.core.model_dir import ModelDir, read_json, write_atomically
 from ctl.sidecar import continuous_eval
 from ctl.sidecar.scheduler import ContinuousEval
-from tests.cli import TEST_GIN, scalars, snapshot
+from tests.support.env import TEST_GIN
+from tests.support.reading import scalars, snapshot
 
 
 def experiment(*bindings):
     config.parse([TEST_GIN], list(bindings))
     return config.call_configured(ctl.Experiment)
-
-
-@pytest.fixture(scope="module")
-def trained_dir(tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("trained"))
-    ctl.run_experiment("train", model_dir, experiment=experiment())
-    config.gin.clear_config()
-    assert sorted(ModelDir(model_dir).checkpoints()) == [10, 20]
-    return model_dir
 
 
 def copy_tree(source, target):
@@ -51,7 +42,7 @@ def run_dir(request, trained_dir, tmp_path):
     """A copy of the trained dir, on a local disk and in a bucket (a real GCS API)."""
     root = request.getfixturevalue("gcs_dir") if request.param == "gs" else str(tmp_path)
     model_dir = os.path.join(root, "run")
-    copy_tree(trained_dir, model_dir)
+    copy_tree(trained_dir(), model_dir)
     return model_dir
 
 
@@ -59,9 +50,9 @@ def _names(model_dir):
     return [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)]
 
 
-def _state(text: bytes):
+def _state(text: bytes, name="checkpoint"):
     def damage(model_dir):
-        with tf.io.gfile.GFile(os.path.join(model_dir, "checkpoint"), "wb") as f:
+        with tf.io.gfile.GFile(os.path.join(model_dir, name), "wb") as f:
             f.write(text)
     return damage
 
@@ -97,6 +88,7 @@ DAMAGE = {
     "newest checkpoint's index truncated": (_truncate(20, ".index"), 10),
     "newest index gone, data left": (_delete(20, ".index"), 10),
     "garbage state and newest truncated": (lambda d: (_state(b"\x00\x00")(d), _truncate(20, ".data-")(d)), 10),
+    "run-finished marker cut short": (_state(b'{"final_st', name="ctl_run_finished.json"), 20),
 }
 
 

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 import ctl
 from ctl.adapters import model_garden
-from tests.cli import ROOT, scalars
+from tests.support.env import ROOT
+from tests.support.reading import scalars
 
 CONFIG = os.path.join(ROOT, "configs", "model_garden_image_classification.gin")
 STEPS = 4

@@ -9,9 +9,6 @@ import glob
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -19,7 +16,9 @@ import tensorflow as tf
 import ctl
 from ctl.core import config
 from ctl.core.model_dir import FINISHED_FILE
-from tests.cli import ROOT, scalars
+from tests.support.env import ROOT
+from tests.support.processes import Process
+from tests.support.reading import scalars
 
 pytestmark = pytest.mark.slow
 
@@ -34,22 +33,11 @@ def launch(tmp_path, launch_args, run_args):
     """Runs `python -m ctl.launch`; returns (status, output, scratch dir of its tasks)."""
     scratch = tmp_path / "tmpdir"
     scratch.mkdir(exist_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ctl.launch", *launch_args, f"--timeout_s={TIMEOUT_S}", "--",
-         *run_args, f"--gin_search_paths={ROOT}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(scratch)},
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT_S + 60)
-    finally:
-        try:  # The launcher stops its tasks; this catches any it could not.
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=30)
-    return process.returncode, output, str(scratch)
+    # The launcher stops its tasks; finish() kills any it could not (the launcher's session).
+    result = Process.ctl(*launch_args, f"--timeout_s={TIMEOUT_S}", "--", *run_args,
+                         f"--gin_search_paths={ROOT}", module="ctl.launch",
+                         env={"TMPDIR": str(scratch)}, merge_stderr=True).finish(TIMEOUT_S + 60)
+    return result.returncode, result.stdout, str(scratch)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import tensorflow as tf
 import ctl
 from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
-from tests.cli import scalars
+from tests.support.reading import scalars
 from tests.tasks import RegressionTask, regression_data
 
 

@@ -2,8 +2,6 @@
 
 import glob
 import os
-import subprocess
-import sys
 
 import gin
 import pytest
@@ -11,7 +9,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 import ctl
-from tests.cli import ROOT
+from tests.support.processes import run_ctl
 
 RUN = """
 import tests.tasks
@@ -70,10 +68,8 @@ def test_profile_trace_and_hparams_summary(tmp_path):
 def test_report_compares_runs(tmp_path):
     for rate in (0.1, 0.02):
         train(tmp_path / f"lr{rate}", learning_rate=rate)
-    result = subprocess.run(
-        [sys.executable, "-m", "ctl.report", f"--model_dir={tmp_path / 'lr0.1'}",
-         f"--model_dir={tmp_path / 'lr0.02'}"], cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    result = run_ctl(f"--model_dir={tmp_path / 'lr0.1'}", f"--model_dir={tmp_path / 'lr0.02'}",
+                     module="ctl.report")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = lines[1].split()

@@ -1,7 +1,7 @@
 """The train input's position on resume: read from the checkpoint where TensorFlow can save it, else skipped to.
 
 In-process, real TensorFlow and model dirs. The process tests of
-tests/test_faults_processes.py check that resumed runs end bit-identical.
+tests/test_preemption.py check that resumed runs end bit-identical.
 """
 
 import numpy as np
@@ -11,7 +11,7 @@ import tensorflow as tf
 import ctl
 from ctl import train_lib
 from ctl.core.stop import SignalWatcher
-from tests.cli import checkpoint_values
+from tests.support.reading import checkpoint_values
 from tests.fault_tasks import ProbeTask
 
 
@@ -91,7 +91,7 @@ def test_the_position_is_read_from_the_checkpoint_not_found_by_skipping(tmp_path
 
 
 def test_mirrored_skips_to_the_position(tmp_path):
-    from tests.conftest import mirrored
+    from tests.support.strategies import mirrored
 
     strategy = mirrored()
     ctl.run_experiment("train", str(tmp_path), strategy, _experiment(ProbeTask(), 20))

@@ -8,15 +8,17 @@ process is killed in a `finally`.
 
 import json
 import os
+import shutil
 import signal
-import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
 
 from ctl.core.stop import EXIT_PREEMPTED
-from tests.cli import ROOT, TEST_GIN, CtlProcess, ctl_stderr_lines, run_ctl
+from tests.support.env import ROOT, TEST_GIN
+from tests.support.processes import Process, run, run_ctl
+from tests.support.reading import ctl_stderr_lines
 
 LIFECYCLE_GIN = os.path.join(ROOT, "tests", "lifecycle.gin")
 
@@ -48,7 +50,7 @@ def test_evaluations_stay_on_multiples_of_eval_interval_when_preempted_more_ofte
     stops = []
     for _ in range(6):
         start = max(progress_steps(progress), default=0)
-        with CtlProcess(*lifecycle_args(model_dir, progress)) as run:
+        with Process.ctl(*lifecycle_args(model_dir, progress)) as run:
             if run.wait_until(lambda: max(progress_steps(progress), default=0) >= start + 14):
                 run.proc.send_signal(signal.SIGTERM)
             code = run.finish().returncode
@@ -139,7 +141,7 @@ def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(
     def evaluating():
         with open(progress) as f:
             return "eval" in f.read().split()
-    with CtlProcess(*args) as run:
+    with Process.ctl(*args) as run:
         assert run.wait_until(lambda: os.path.exists(progress) and evaluating()), run.stderr()
         run.proc.send_signal(signal.SIGTERM)
         code = run.finish().returncode
@@ -156,17 +158,16 @@ def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(
 
 @pytest.mark.parametrize("moment", ["waiting for config.gin", "between checkpoints"])
 @pytest.mark.slow
-def test_ctrl_c_on_a_waiting_sidecar_is_a_clean_stop(tmp_path, moment):
+def test_ctrl_c_on_a_waiting_sidecar_is_a_clean_stop(tmp_path, moment, trained_dir):
     model_dir = str(tmp_path / "run")
     waiting_for = "config.gin"
     if moment == "between checkpoints":
-        trained = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
-        assert trained.returncode == 0, trained.stderr
+        shutil.copytree(trained_dir(), model_dir)
         os.remove(os.path.join(model_dir, "ctl_run_finished.json"))  # The trainer goes on.
         waiting_for = "waiting for a new checkpoint"
     else:
         os.makedirs(model_dir)
-    with CtlProcess("--mode=continuous_eval", f"--model_dir={model_dir}") as run:
+    with Process.ctl("--mode=continuous_eval", f"--model_dir={model_dir}") as run:
         run.wait_for_output(waiting_for, timeout=120)
         run.proc.send_signal(signal.SIGINT)
         code = run.finish(timeout=60).returncode
@@ -199,9 +200,7 @@ def test_help_and_flag_and_gin_text_errors_come_before_tensorflow_is_imported(ca
     args, expected = FAST_ANSWERS[case]
     model_dir = str(tmp_path / "run")
     args = [a.replace("DIR", model_dir) for a in args]
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctl.run", *args],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+    result = run([sys.executable, "-X", "importtime", "-m", "ctl.run", *args], timeout=120)
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "absl.flags" in imported  # -X importtime did report.
@@ -232,7 +231,7 @@ def test_in_line_evaluation_steps_aside_while_a_sidecar_serves_the_model_dir(tmp
     announcement = os.path.join(model_dir, "eval", "sidecar.json")
     args = lifecycle_args(model_dir, progress, "PacedTask.train_seconds=0.02",
                           "ctl.Schedule.max_checkpoints=10")  # The sidecar sees all 8.
-    with CtlProcess(*(a.replace("train_and_eval", "continuous_eval") for a in args),
+    with Process.ctl(*(a.replace("train_and_eval", "continuous_eval") for a in args),
                     "--gin_bindings=ctl.ContinuousEval.timeout=300") as sidecar:
         assert sidecar.wait_until(lambda: os.path.exists(announcement)), sidecar.stderr()
         trainer = run_ctl(*args)

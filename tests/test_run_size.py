@@ -14,7 +14,7 @@ import ctl
 from ctl import train_lib
 from ctl.faults import run_size
 from ctl.core.stop import SignalWatcher
-from tests.conftest import mirrored
+from tests.support.strategies import mirrored
 from tests.tasks import RegressionTask, regression_data
 
 EXAMPLES = 64  # 8 global batches of 8 per epoch.

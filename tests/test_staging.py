@@ -4,14 +4,12 @@ is never touched. Real processes, `$TMPDIR` pointed at the test's own directory.
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from ctl.core import staging
-from tests.cli import ROOT
-from tests.test_faults_processes import Trainer, read_steps, run_to_end
+from tests.support.processes import Process, python_command
+from tests.support.probe import read_steps, run_to_end, Trainer
 
 # A process that makes its staging root, says where, and waits for a line on stdin.
 HOLDER = ("import sys; from ctl.core import staging; print(staging.directory('probe'), flush=True); "
@@ -28,10 +26,9 @@ def ctl_entries(tmp):
 
 
 def holder(tmp):
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(tmp)})
-    made = proc.stdout.readline().strip()
+    proc = Process(python_command(HOLDER), env={"TMPDIR": str(tmp)}, stdin=True)
+    _, _, said = proc.wait_for_line(".", timeout=120)
+    made = said.string.strip()
     assert made.startswith(str(tmp)) and os.path.isdir(made), made
     return proc, os.path.dirname(made)
 
@@ -41,18 +38,16 @@ def test_a_dead_process_s_root_is_cleared_by_the_next_one_and_a_live_one_s_is_ke
     dead, dead_root = holder(tmp_path)
     try:
         dead.kill()  # SIGKILL: nothing of it runs, its root stays.
-        dead.wait(timeout=30)
         assert roots(tmp_path) == sorted(map(os.path.basename, (live_root, dead_root)))
         newcomer, new_root = holder(tmp_path)  # Makes its root: clears the dead one's first.
         assert os.path.isdir(live_root) and not os.path.exists(dead_root)
-        newcomer.communicate("\n", timeout=30)  # Ends normally: its root goes with it.
+        newcomer.write_line("")
+        newcomer.finish(timeout=30)  # Ends normally: its root goes with it.
         assert newcomer.returncode == 0 and not os.path.exists(new_root)
         assert roots(tmp_path) == [os.path.basename(live_root)]
     finally:
         for proc in (live, dead):
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate(timeout=30)
+            proc.kill()
     assert roots(tmp_path) == [os.path.basename(live_root)]  # Killed at last: it stays...
     staging.clear_dead_roots(str(tmp_path))
     assert roots(tmp_path) == []  # ...until a process makes its root and clears the dead ones.
@@ -68,7 +63,7 @@ def test_a_trainer_on_gs_leaves_no_local_staging_behind_even_after_a_sigkill(
     trainer = Trainer(gcs_dir, progress, "ctl.Schedule.train_steps=40",
                       "ProbeTask.hold_at_step=25", f"ProbeTask.hold_file='{hold}'")
     try:
-        assert trainer.wait_for_step(25, timeout=240), trainer.finish()[1]
+        assert trainer.wait_for_step(25, timeout=240), trainer.finish().stderr
         trainer.proc.send_signal(signal.SIGKILL)
     finally:
         trainer.kill()

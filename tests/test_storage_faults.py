@@ -16,7 +16,9 @@ import pytest
 import tensorflow as tf
 
 from ctl.faults.storage import EXIT_STORAGE_FAULT, StorageFault, storage_fault_within
-from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, run_ctl
+from tests.support.env import ROOT
+from tests.support.processes import run_ctl
+from tests.support.reading import checkpoint_values, ctl_stderr_lines
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 BALLAST = "--gin_bindings=ProbeTask.ballast_kb=600"

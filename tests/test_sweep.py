@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.cli import ROOT, ctl_env
+from tests.support.env import ROOT, ctl_env
 
 pytestmark = pytest.mark.xdist_group("sweep")
 

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from ctl.launch import free_ports
-from tests.cli import ROOT, ctl_env
+from tests.support.env import ROOT, ctl_env
 from tests.test_sweep import DIGITS_GIN, TINY, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]

@@ -19,7 +19,8 @@ import tensorflow as tf
 
 import ctl
 from tests import contract_tasks as tasks
-from tests.cli import ctl_stderr_lines, run_ctl
+from tests.support.processes import run_ctl
+from tests.support.reading import ctl_stderr_lines
 from tests.tasks import regression_data
 
 SCHEDULE = dict(train_steps=20, steps_per_loop=10, eval_interval=None, checkpoint_interval=20)

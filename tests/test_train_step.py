@@ -19,7 +19,7 @@ from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
 from tests.sidecar_tasks import SlowRegressionTask
 from tests.tasks import FLAVORS, RegressionTask, regression_data
-from tests.test_faults_processes import assert_bit_equal
+from tests.support.reading import assert_bit_equal
 
 FLAVOR_NAMES = sorted(FLAVORS)
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core.trainer import Trainer
-from tests.conftest import mirrored
+from tests.support.strategies import mirrored
 from tests.tasks import FLAVORS, TRUE_WEIGHTS, PredictionsTask, RegressionTask, regression_data
 
 

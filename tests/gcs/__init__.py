@@ -18,8 +18,8 @@ until Ctrl-C.
 
 What the glue fixes for TensorFlow's client (chunked uploads that also carry a Content-Length,
 empty `dir/` objects beside `dir/x`, resumable-upload `Location`s that must lead back over
-https) is in emulator.py; tests/test_gcs.py checks gfile, a checkpoint and
-`ctl.run --mode=train` there.
+https) is in emulator.py; tests/test_gcs.py checks gfile and a checkpoint there, and
+tests/test_gcs_model_dir.py every mode of `ctl.run` (child processes reach it through the env).
 """
 
 from tests.gcs.service import GcsService

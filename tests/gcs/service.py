@@ -19,8 +19,9 @@ import sys
 import tempfile
 import time
 
+from tests.support.env import ROOT, ctl_env
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))
 CA_BUNDLE = os.path.join(_HERE, "tls", "ca.pem")  # The test CA: it signed only the emulator's.
 _START_TIMEOUT_S = 60
 _PR_SET_PDEATHSIG = 1
@@ -50,8 +51,8 @@ class GcsService:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "tests.gcs.emulator", self.bucket, self._control_file,
                  str(self.latency_ms)],
-                cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1"},
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=ctl_env({"PYTHONUNBUFFERED": "1"}),
                 preexec_fn=_end_with_parent)
         try:
             self.proxy_port = int(self._wait_for(re.compile(r"port=(\d+)")))

@@ -1,76 +1,26 @@
-"""Real trainer processes stopped with SIGTERM, SIGINT and SIGKILL, and a second trainer.
+"""Real trainer processes stopped with SIGTERM, SIGINT and SIGKILL (also with every train-step
+setting on), and a second trainer.
 
 Each test starts `python -m ctl.run` on tests/faults.gin (ProbeTask, seed 7),
 watches the progress file the task writes from inside the graph, and signals
-the process mid-loop. Every wait is bounded and every process is killed in a
-`finally`.
+the process mid-loop. Every wait is bounded and every process is killed on the way out
+(tests/support/probe.py).
 """
 
 import os
-import random
 import signal
-import subprocess
-import sys
-import time
 
+import numpy as np
 import pytest
-import tensorflow as tf
 
-from ctl.core.stop import EXIT_PREEMPTED
 from ctl.comforts.progress import read_metrics
-from tests.cli import (ROOT, CtlProcess, checkpoint_values, ctl_stderr_lines, scalars,
-                       snapshot)
+from ctl.core.stop import EXIT_PREEMPTED
+from tests.support.probe import MIRRORED, Trainer, read_steps, run_to_end, straight_and_chaos_runs
+from tests.support.processes import python_command, run
+from tests.support.reading import (assert_bit_equal, checkpoint_values, ctl_stderr_lines, latest_step, scalars,
+                                   snapshot)
 
 pytestmark = pytest.mark.slow
-FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
-MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
-
-
-class Trainer(CtlProcess):
-    """One `python -m ctl.run --mode=train` process on `model_dir`, and the steps its
-    task started (the progress file)."""
-
-    def __init__(self, model_dir, progress, *bindings, flags=(), mode="train"):
-        self.progress = progress
-        self.earlier = len(read_steps(progress))  # Lines of earlier processes on the same file.
-        super().__init__(f"--mode={mode}", f"--model_dir={model_dir}", f"--gin_file={FAULTS_GIN}",
-                         f"--gin_bindings=ProbeTask.progress_file='{progress}'", *flags,
-                         *(f"--gin_bindings={b}" for b in bindings))
-
-    def wait_for_step(self, step, timeout=120):
-        """Waits until the task has started `step`; False if the process ended first."""
-        return self.wait_until(lambda: self.last_started() >= step, timeout)
-
-    def last_started(self):
-        """The last step this process started (0: none yet)."""
-        steps = read_steps(self.progress)[self.earlier:]
-        return steps[-1] if steps else 0
-
-
-def read_steps(progress):
-    if not os.path.exists(progress):
-        return []
-    with open(progress) as f:
-        return [int(line) for line in f.read().split("\n") if line.strip().isdigit()]
-
-
-def latest_step(model_dir):
-    path = tf.train.latest_checkpoint(model_dir)
-    return int(path.rsplit("-", 1)[1]) if path else 0
-
-
-def assert_bit_equal(path_a, path_b):
-    a, b = checkpoint_values(path_a), checkpoint_values(path_b)
-    assert sorted(a) == sorted(b)
-    for name in a:
-        if a[name] is not None:  # The input position's state has no array form.
-            assert a[name].tobytes() == b[name].tobytes(), name
-
-
-def run_to_end(model_dir, progress, *bindings, flags=()):
-    with Trainer(model_dir, progress, *bindings, flags=flags) as trainer:
-        result = trainer.finish()
-    assert result.returncode == 0, result.stderr
 
 
 def signal_while_held(trainer, held, signum, release):
@@ -148,7 +98,7 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
 def test_sigkill_at_random_moments_ends_bit_identical(request, tmp_path, storage):
     """Kills the trainer 3 times; the resumed run's weights equal an uninterrupted run's
     (on a local disk, and with both model dirs in a bucket: a real GCS API). Mirrored:
-    tests/test_train_step_processes.py, with every train-step setting on."""
+    `test_sigkill_with_every_train_step_setting_ends_bit_identical`."""
     target = 300
     # Host loop: slower steps, so that kills land mid-run on a fast machine.
     bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
@@ -169,55 +119,41 @@ def test_sigkill_inside_tf_while_loops_ends_bit_identical(tmp_path):
     assert_bit_equal(reference, chaos)
 
 
-def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None, root=None):
-    """An uninterrupted run and, meanwhile, a `chaos_run` (model dirs under `root`, default
-    `tmp_path`; progress files in `tmp_path`); returns their last checkpoints."""
-    root = root or str(tmp_path)
-    reference = f"{root}/reference"
-    with Trainer(reference, str(tmp_path / "reference.progress"), *bindings,
-                 flags=flags) as straight:
-        chaos_run(tmp_path, target, bindings, flags, loop, root=root)
-        result = straight.finish()
-    assert result.returncode == 0, result.stderr
-    return tf.train.latest_checkpoint(reference), tf.train.latest_checkpoint(f"{root}/chaos")
+# Every train-step setting of docs/train_step.md on at once.
+TRAIN_STEP_SETTINGS = (
+    "ctl.Trainer.mixed_precision='mixed_float16'", "ctl.Trainer.jit_compile=True",
+    "ctl.Trainer.clip_norm=0.5", "ctl.Trainer.accumulation_steps=2",
+    "ctl.Trainer.ema_decay=0.9",
+    # The progress file is written by the trainer: XLA cannot compile tf.print in the step.
+    "ctl.Experiment.trainer_cls=@ProgressTrainer", "ProbeTask.progress_in_step=False",
+    # No NaN glitches: their bookkeeping variable lives outside the strategy's scope.
+    "ProbeTask.transient=False",
+    # Host loop: slower steps, so that kills land mid-run.
+    "ctl.Trainer.use_tf_while_loop=False",
+)
 
 
-def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
-    """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed.
-
-    With `loop` (steps_per_loop of a `tf.while_loop` run) the kill steps are drawn
-    inside loops, and at least one kill must be seen to land inside one.
-    """
-    model_dir, progress = f"{root or tmp_path}/chaos", str(tmp_path / "chaos.progress")
-    # Seeded, and the seed reported: CTL_CHAOS_SEED=N replays a failing run's kill points.
-    seed = int(os.environ.get("CTL_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
-    print(f"chaos seed: {seed} (rerun with CTL_CHAOS_SEED={seed})")
-    rng = random.Random(seed)
-    killed_mid_run = killed_in_loop = 0
-    for _ in range(3):
-        low, high = latest_step(model_dir) + 1, target - 30
-        if low > high:
-            break
-        # A step past the last checkpoint, so that each kill loses (and replays) work.
-        kill_at = rng.randint(low, high)
-        if loop:  # In the first half of its loop: room for the overshoot before the loop ends.
-            kill_at = kill_at - kill_at % loop + rng.randint(loop // 10, loop // 2)
-        with Trainer(model_dir, progress, *bindings, flags=flags) as trainer:
-            trainer.wait_for_step(kill_at)
-            time.sleep(rng.uniform(0, 0.05))  # Sometimes mid-step, sometimes mid-save.
-        started = trainer.last_started()
-        print(f"kill at step {kill_at}: exit {trainer.proc.returncode}, last step started {started}, "
-              f"latest checkpoint {latest_step(model_dir)}")
-        if trainer.proc.returncode == -signal.SIGKILL:
-            killed_mid_run += 1
-            # The graph had started step `started` and not the next one of the same loop.
-            killed_in_loop += bool(loop) and started % loop != 0 and latest_step(model_dir) < started
-    assert killed_mid_run >= 1, f"no kill landed mid-run (chaos seed {seed})"
-    if loop:
-        assert killed_in_loop >= 1, f"no kill landed inside a tf.while_loop (chaos seed {seed})"
-    run_to_end(model_dir, progress, *bindings, flags=flags)
-    assert latest_step(model_dir) == target, f"chaos seed {seed}"
-    return seed
+def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path):
+    """Mixed_float16 (loss scaling), XLA, clipping, accumulation and the moving average together,
+    under MirroredStrategy over two CPUs: a trainer killed three times at random steps ends with
+    the same checkpoint, bit for bit, as one that ran straight through, and the state of each
+    setting is in that checkpoint."""
+    target = 100
+    bindings = (f"ctl.Schedule.train_steps={target}", *TRAIN_STEP_SETTINGS)
+    reference, resumed = straight_and_chaos_runs(tmp_path, target, bindings, MIRRORED)
+    assert_bit_equal(reference, resumed)
+    # Each setting's state is in the checkpoint, and it was at work.
+    values = {name: value for name, value in checkpoint_values(resumed).items()
+              if value is not None}
+    scale = [v for name, v in values.items() if name.startswith("optimizer/")
+             and "dynamic_scale" in name]
+    assert len(scale) == 1 and float(scale[0]) < 2.0**15  # Overflows lowered the loss scale.
+    assert int(values["ema/updates/.ATTRIBUTES/VARIABLE_VALUE"]) == target
+    averages = [v for name, v in values.items() if name.startswith("ema/model/")]
+    assert averages and all(np.all(np.isfinite(v)) for v in averages)
+    summaries = scalars(os.path.join(str(tmp_path / "chaos"), "train"))
+    assert {"loss_scale", "gradient_norm", "learning_rate"} <= set(summaries)
+    assert max(summaries["gradient_norm"].values()) > 0.5  # Clipping had work to do.
 
 
 def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
@@ -254,7 +190,6 @@ def test_a_second_signal_exits_at_once(train):
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(60)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    result = run(python_command(script), timeout=120)
     assert "first handled" in result.stdout
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
