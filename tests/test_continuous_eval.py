@@ -124,10 +124,9 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     steps = sorted(ModelDir(model_dir).checkpoints())
     assert steps == [10, 20, 30, 40]
 
-    killed = subprocess.run(  # Killed after its first metrics line, before its progress.
-        [sys.executable, "-m", "tests.sidecar_killed_after_metrics_line", "--mode=continuous_eval",
-         f"--model_dir={model_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S,
-        env=ctl_env())
+    killed = run_ctl(  # Killed after its first metrics line, before its progress.
+        "--mode=continuous_eval", f"--model_dir={model_dir}",
+        module="tests.sidecar_killed_after_metrics_line", timeout=WAIT_S)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # In the window: one metrics line, and no progress recorded for it.
     [first] = evaluated_numbers(model_dir)
