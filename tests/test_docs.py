@@ -47,6 +47,7 @@ ANY_MARKER = re.compile(r"<!-- docs-test:")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch))\b")
 RUN_TIMEOUT_S = 300
+CLIS = ("ctl.run", "ctl.report", "ctl.launch")
 
 
 class Block(NamedTuple):
@@ -108,25 +109,46 @@ def flag_specs():
         return dict(zip(docs_reference.CLIS, pool.map(docs_reference.flag_spec, docs_reference.CLIS)))
 
 
-def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
-    """Every `--flag` of `args` is one `module` defines, with an allowed value; gin files exist."""
+def check_flags(module: str, args: List[str], where: str, workdir: str, ctl_runs: List[dict]) -> None:
+    """Every `--flag` of `args` is one `module` defines, with an allowed value. A `ctl.run` command
+    (also the one after `ctl.launch ... --`) is added to `ctl_runs`, checked by ctl's own parsers
+    (tests/docs_commands.py) once the page's files are written."""
     if module == "ctl.launch" and "--" in args:
         split = args.index("--")
-        check_flags("ctl.run", args[split + 1:], where, workdir)
+        check_flags("ctl.run", args[split + 1:], where, workdir, ctl_runs)
         args = args[:split]
+    if module == "ctl.run":
+        ctl_runs.append({"where": where, "args": [_gin_file_found(arg, workdir) for arg in args]})
+        return
     known = flag_specs()[module]
     for arg in args:
         if not arg.startswith("--"):
             continue
         name, _, value = arg[2:].partition("=")
-        if module == "ctl.run" and name.startswith("gin."):
-            continue  # `--gin.NAME=VALUE`: a gin binding, checked by gin when the command runs.
         assert name in known, f"{where}: `python -m {module}` has no flag --{name}"
         assert not known[name] or value in known[name], (
             f"{where}: --{name}={value} is not one of {sorted(known[name])}")
-        if name == "gin_file" and "://" not in value:
-            assert (os.path.exists(os.path.join(workdir, value))
-                    or os.path.exists(os.path.join(ROOT, value))), f"{where}: no gin file {value}"
+
+
+def _gin_file_found(arg: str, workdir: str) -> str:
+    """`--gin_file=PATH` as found: in the page's work dir, else in the repository (e.g. tests/*.gin)."""
+    name, _, value = arg.partition("=")
+    if name == "--gin_file" and "://" not in value and not os.path.exists(os.path.join(workdir, value)) \
+            and os.path.exists(os.path.join(ROOT, value)):
+        return f"--gin_file={os.path.join(ROOT, value)}"
+    return arg
+
+
+def check_ctl_runs(ctl_runs: List[dict], workdir: str, page: str) -> None:
+    """The page's `python -m ctl.run` commands, parsed by ctl's flags and gin (one process a page)."""
+    if not ctl_runs:
+        return
+    done = subprocess.run([sys.executable, "-m", "tests.docs_commands"], input=json.dumps(ctl_runs),
+                          cwd=workdir, env=environment(workdir), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"{page}: tests.docs_commands failed\n{done.stderr[-3000:]}"
+    problems = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not problems, "commands ctl.run refuses:\n" + "\n".join(problems)
 
 
 def environment(workdir: str):
@@ -158,8 +180,9 @@ def parse_gin(paths: List[str], where: str) -> None:
         gin.clear_config()
 
 
-def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
-    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others."""
+def check_block(block: Block, workdir: str, gin_files: List[str], ctl_runs: List[dict]) -> None:
+    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others;
+    a `ctl.run` command is added to `ctl_runs`, checked once the page's files are written."""
     marker = block.marker
     kind = marker.group(0).split("docs-test: ")[1].split()[0] if marker else None
     if kind == "skip":
@@ -180,7 +203,10 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
         gin_files.append(path)
     elif block.lang == "yaml":
         import yaml
-        list(yaml.safe_load_all(block.text))
+        for argv in _argv_lists(list(yaml.safe_load_all(block.text))):  # e.g. a container's command.
+            start = argv.index("-m") + 1
+            if start < len(argv) and argv[start] in CLIS:
+                check_flags(argv[start], argv[start + 1:], block.where(), workdir, ctl_runs)
     elif block.lang == "json":  # A JSON document, or JSON lines.
         try:
             json.loads(block.text)
@@ -192,11 +218,58 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
         for command in commands(block.text):
             argv = shlex.split(command, comments=True)
             ctl = CTL_COMMAND.search(command)
+            if ctl:  # Checked even when it runs: a block not marked `run` must be as right.
+                start = argv.index(ctl.group(1)) + 1
+                check_flags(ctl.group(1), argv[start:], block.where(), workdir, ctl_runs)
             if kind == "run" and argv and re.fullmatch(r"(\S*/)?python3?", argv[0]):
                 run([sys.executable] + argv[1:], block.where(), workdir)
-            elif ctl:
-                start = argv.index(ctl.group(1)) + 1
-                check_flags(ctl.group(1), argv[start:], block.where(), workdir)
+
+
+def _argv_lists(value) -> List[List[str]]:
+    """Every list of strings with `-m` in it, anywhere in a parsed YAML document."""
+    if isinstance(value, dict):
+        return [argv for item in value.values() for argv in _argv_lists(item)]
+    if isinstance(value, list):
+        if "-m" in value and all(isinstance(item, str) for item in value):
+            return [value]
+        return [argv for item in value for argv in _argv_lists(item)]
+    return []
+
+
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+PLACEHOLDER = re.compile(r"\.\.\.|=VALUE\b")
+
+
+def inline_commands(page: str) -> List[tuple]:
+    """(line, argv) of each inline code span outside the fences that is a `python -m ctl.*` command or
+    holds a `--gin.` binding, placeholders (`...`, `NAME=VALUE`) aside."""
+    with open(os.path.join(ROOT, page)) as f:
+        lines = f.read().splitlines()
+    found, fenced = [], False
+    for number, line in enumerate(lines, 1):
+        if FENCE.match(line) or (fenced and line.strip() == "```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for span in INLINE_CODE.findall(line):
+            if ("python -m ctl." in span or "--gin." in span or "--gin_bindings=" in span) \
+                    and not PLACEHOLDER.search(span):
+                found.append((number, shlex.split(span)))
+    return found
+
+
+def check_inline(page: str, workdir: str, ctl_runs: List[dict]) -> None:
+    """A command in the text is checked as a block's; flags alone (`--gin.ctl.X.y=1`), as flags of
+    `ctl.run` in a command of their own."""
+    for number, argv in inline_commands(page):
+        where = f"{page}:{number}"
+        if "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] in CLIS:
+            start = argv.index("-m") + 2
+            check_flags(argv[start - 1], argv[start:], where, workdir, ctl_runs)
+        else:
+            ctl_runs.append({"where": where, "fragment": True,
+                             "args": ["--mode=train", "--model_dir=DIR", *argv]})
 
 
 @pytest.mark.slow
@@ -204,9 +277,11 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
 def test_every_snippet_runs(page, tmp_path, monkeypatch):
     for name in ("configs", "experiments"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
-    gin_files = []
+    gin_files, ctl_runs = [], []
     for block in blocks(page):
-        check_block(block, str(tmp_path), gin_files)
+        check_block(block, str(tmp_path), gin_files, ctl_runs)
+    check_inline(page, str(tmp_path), ctl_runs)
+    check_ctl_runs(ctl_runs, str(tmp_path), page)
     if gin_files:
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
@@ -244,6 +319,22 @@ def test_every_cited_test_exists():
     assert not missing, "cited tests that do not exist:\n" + "\n".join(missing)
 
 
+CITED_PATH = re.compile(r"`((?:ctl|tests|bench|configs|experiments|tools|docs|\.ci)/[\w./*-]*[\w*/])(?:::\w+)?`")
+
+
+def test_every_cited_path_exists():
+    """A file or directory of the repository named in the docs (`ctl/core/claims.py`, `configs/`,
+    `bench/results/*.json`) is there: a renamed module leaves no sentence pointing at nothing."""
+    missing = []
+    for page in PAGES + ["BUILD.md"]:
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        for path in sorted(set(CITED_PATH.findall(text))):
+            if not glob.glob(os.path.join(ROOT, path)):
+                missing.append(f"{page}: {path}")
+    assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
+
+
 def nav_pages(nav) -> List[str]:
     pages = []
     for item in nav:
@@ -279,6 +370,71 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
         html = os.path.splitext(page)[0] + ".html"
         assert (site / html).exists(), f"{page} was not built"
         assert html in hrefs, f"{page} is not linked from the site's navigation"
+    problems = [problem for path in sorted(glob.glob(str(site / "**" / "*.html"), recursive=True))
+                for problem in rendering_problems(path)]
+    assert not problems, "pages that render wrong:\n" + "\n".join(problems)
+    with open(site / "reference" / "api.html") as f:
+        missing = reference_gaps(f.read())
+    assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
+
+
+def _documented(html: str, heading: str) -> bool:
+    """Whether the API page has an entry whose heading reads `heading` (e.g. `ctl.Task`, or a
+    member's `on_eval_end` under its anchor) followed by a docstring (a paragraph of text)."""
+    for entry in re.split(r'(?=<h\d id="[^"]*" class="doc doc-heading")', html)[1:]:
+        head, _, body = entry.partition("</h")
+        anchor = re.match(r'<h\d id="([^"]*)"', head).group(1)
+        title = _text(re.sub(r"<a .*?</a>|<span class=\"doc doc-labels.*", "", head, flags=re.S))
+        if heading in (title.split("(")[0].strip(), anchor):
+            contents = body.split('class="doc doc-contents', 1)[-1]
+            if re.search(r"<p>\s*\S", contents.split('class="doc doc-heading"')[0]):
+                return True
+    return False
+
+
+def reference_gaps(html: str) -> List[str]:
+    """Every public name of `ctl` and of `ctl.hooks`, and every method of the hook protocol, that
+    the built API page does not show with a docstring."""
+    import ctl
+    import ctl.hooks
+    from ctl.core import hooks
+
+    ctl.import_api()
+    wanted = [f"ctl.{name}" for name in ctl.__all__ if name not in ("hooks",)]
+    wanted += [f"ctl.hooks.{name}" for name in ctl.hooks.__all__]
+    methods = [name for name in vars(hooks.HookProtocol) if not name.startswith("_")]
+    missing = [f"HookProtocol lacks {name} (ctl.core.hooks.HOOK_METHODS)"
+               for name in hooks.HOOK_METHODS if name not in methods]
+    wanted += [f"ctl.hooks.HookProtocol.{name}" for name in methods]
+    return missing + [name for name in wanted if not _documented(html, name)]
+
+
+LIST_AS_TEXT = re.compile(r"^(- |\* |\d+\. )|\n\s*(- |\* |1\. )")
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html).strip()
+
+
+def rendering_problems(path: str) -> List[str]:
+    """What reads wrong in one built page: a list rendered as a paragraph (a line of it starts with
+    "- ", "* " or "1. "), an empty table header cell, or one holding a name cut in two (a code
+    fragment ending in "." over a column of the rest)."""
+    with open(path) as f:
+        html = f.read()
+    html = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)  # Code blocks keep their text as written.
+    where = os.path.basename(path)
+    problems = []
+    for paragraph in re.findall(r"<p>(.*?)</p>", html, re.S):
+        text = re.sub(r"<[^>]+>", "", paragraph)
+        if LIST_AS_TEXT.search(text.lstrip()):
+            problems.append(f"{where}: a list rendered as a paragraph: {text.strip()[:80]!r}")
+    for cell in re.findall(r"<th[^>]*>(.*?)</th>", html, re.S):
+        if not _text(cell):
+            problems.append(f"{where}: an empty table header cell")
+        elif re.fullmatch(r"\s*<code>[^<]*\.</code>\s*", cell):
+            problems.append(f"{where}: a table header cell holds half a name: {_text(cell)!r}")
+    return problems
 
 
 def _hand_written(page: str) -> str:
