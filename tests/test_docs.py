@@ -86,15 +86,22 @@ def blocks(page: str) -> List[Block]:
 
 
 def commands(text: str) -> List[str]:
-    """The shell commands of a block: continuation lines joined, comments and blank lines dropped,
-    `a && b` split."""
+    """The shell commands of a block: continuation lines joined (and lines inside an open quote),
+    comments and blank lines dropped, `a && b` split."""
     joined = re.sub(r"\\\n\s*", " ", text)
-    found = []
+    found, pending = [], ""
     for line in joined.splitlines():
-        line = line.strip()
+        line = (pending + " " + line.strip()).strip() if pending else line.strip()
         if not line or line.startswith("#"):
             continue
+        try:
+            shlex.split(line, comments=True)
+        except ValueError:  # A quote still open: the command goes on on the next line.
+            pending = line
+            continue
+        pending = ""
         found += [part.strip() for part in line.split("&&") if part.strip()]
+    assert not pending, f"a quote left open: {pending!r}"
     return found
 
 
@@ -220,9 +227,18 @@ def check_block(block: Block, workdir: str, gin_files: List[str], ctl_runs: List
             ctl = CTL_COMMAND.search(command)
             if ctl:  # Checked even when it runs: a block not marked `run` must be as right.
                 start = argv.index(ctl.group(1)) + 1
-                check_flags(ctl.group(1), argv[start:], block.where(), workdir, ctl_runs)
+                check_flags(ctl.group(1), _program_args(argv[start:]), block.where(), workdir, ctl_runs)
             if kind == "run" and argv and re.fullmatch(r"(\S*/)?python3?", argv[0]):
                 run([sys.executable] + argv[1:], block.where(), workdir)
+
+
+SHELL_OPERATOR = re.compile(r"^(&|;|\||\|\||\d?>.*|<.*)$")
+
+
+def _program_args(args: List[str]) -> List[str]:
+    """The arguments a program gets: up to the shell's `&`, `;`, `|` or a redirection."""
+    end = next((i for i, arg in enumerate(args) if SHELL_OPERATOR.match(arg)), len(args))
+    return args[:end]
 
 
 def _argv_lists(value) -> List[List[str]]:
@@ -260,16 +276,20 @@ def inline_commands(page: str) -> List[tuple]:
 
 
 def check_inline(page: str, workdir: str, ctl_runs: List[dict]) -> None:
-    """A command in the text is checked as a block's; flags alone (`--gin.ctl.X.y=1`), as flags of
-    `ctl.run` in a command of their own."""
+    """A command in the text is checked as a block's; flags alone (`--gin.ctl.X.y=1`, or a `ctl.run`
+    command without its `--mode`), as flags of `ctl.run` in a command of their own."""
     for number, argv in inline_commands(page):
         where = f"{page}:{number}"
-        if "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] in CLIS:
+        program = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+        flags = [arg for arg in argv if arg.startswith("--")]
+        if not flags:
+            continue  # The program named, not a command (`python -m ctl.run` runs the modes ...).
+        if program in CLIS and (program != "ctl.run" or any(f.startswith("--mode=") for f in flags)):
             start = argv.index("-m") + 2
-            check_flags(argv[start - 1], argv[start:], where, workdir, ctl_runs)
+            check_flags(program, argv[start:], where, workdir, ctl_runs)
         else:
             ctl_runs.append({"where": where, "fragment": True,
-                             "args": ["--mode=train", "--model_dir=DIR", *argv]})
+                             "args": ["--mode=train", "--model_dir=DIR", *flags]})
 
 
 @pytest.mark.slow
@@ -286,6 +306,17 @@ def test_every_snippet_runs(page, tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
         parse_gin(gin_files, page)
+
+
+SHELL_LINE_LIMIT = 90  # About what a code block shows at 1280 px without scrolling sideways.
+
+
+def test_shell_lines_fit_the_page():
+    """A command of ~110 characters scrolls sideways: wrap it with `\\` (checked in every sh block)."""
+    long = [f"{block.where()}: {len(line)} characters: {line[:60]}..."
+            for page in PAGES for block in blocks(page) if block.lang in ("sh", "bash")
+            for line in block.text.splitlines() if len(line) > SHELL_LINE_LIMIT]
+    assert not long, "shell lines to wrap:\n" + "\n".join(long)
 
 
 def test_the_markers_are_understood():

@@ -292,6 +292,20 @@ def section(path: str, heading: str) -> str:
     return "\n".join(lines[start + 1:end]).strip()
 
 
+def version() -> str:
+    """ctl's version, as `pyproject.toml` declares it."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def on_config(config):
+    """MkDocs hook: the version in every page's footer (the changelog says what it holds)."""
+    config["copyright"] = f"ctl {version()}"
+    return config
+
+
 def on_files(files, config):
     """MkDocs hook: adds the generated pages to the site."""
     from mkdocs.structure.files import File
