@@ -449,8 +449,8 @@ def _text(html: str) -> str:
 
 def rendering_problems(path: str) -> List[str]:
     """What reads wrong in one built page: a list rendered as a paragraph (a line of it starts with
-    "- ", "* " or "1. "), an empty table header cell, or one holding a name cut in two (a code
-    fragment ending in "." over a column of the rest)."""
+    "- ", "* " or "1. "), a page named as `docs/NAME.md` without a link to it, an empty table header
+    cell, or one holding a name cut in two (a code fragment ending in "." over a column of the rest)."""
     with open(path) as f:
         html = f.read()
     html = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)  # Code blocks keep their text as written.
@@ -460,6 +460,9 @@ def rendering_problems(path: str) -> List[str]:
         text = re.sub(r"<[^>]+>", "", paragraph)
         if LIST_AS_TEXT.search(text.lstrip()):
             problems.append(f"{where}: a list rendered as a paragraph: {text.strip()[:80]!r}")
+    text = re.sub(r"<a\b.*?</a>|<!--.*?-->", "", html, flags=re.S)
+    for mention in sorted(set(re.findall(r"\bdocs/[\w./-]+\.md\b", text))):
+        problems.append(f"{where}: {mention} is named but not linked")
     for cell in re.findall(r"<th[^>]*>(.*?)</th>", html, re.S):
         if not _text(cell):
             problems.append(f"{where}: an empty table header cell")

@@ -223,9 +223,15 @@ def api_page() -> str:
 
 
 def _inherited_from_ctl(cls) -> List[str]:
-    """The public methods `cls` inherits from ctl's own base classes (not TensorFlow's or orbit's)."""
+    """The public methods `cls` inherits from ctl's own base classes that have no entry of their own
+    on the page (the Trainer's from `Evaluation`; not a KerasModelTask's from `ctl.Task`, nor
+    TensorFlow's or orbit's)."""
+    import ctl
+
+    public = [getattr(ctl, name) for name in ctl.__all__]
     own = set(vars(cls))
-    return sorted({name for base in cls.__mro__[1:] if base.__module__.startswith("ctl.")
+    return sorted({name for base in cls.__mro__[1:]
+                   if base.__module__.startswith("ctl.") and not any(base is p for p in public)
                    for name, value in vars(base).items()
                    if not name.startswith("_") and name not in own and callable(value)
                    and inspect.getdoc(value)})
@@ -339,6 +345,24 @@ def lists_after_paragraphs(markdown: str) -> str:
                 out.append("")
         out.append(line)
     return "\n".join(out)
+
+
+DOCS_MENTION = re.compile(r"\bdocs/([\w./-]+\.md)\b")
+# What is not running text: code blocks, links (already) and the tags themselves.
+_NOT_TEXT = re.compile(r"(<pre\b.*?</pre>|<a\b.*?</a>|<[^>]+>)", re.S)
+
+
+def on_page_content(html, page, config, files):
+    """MkDocs hook: a mention of `docs/NAME.md` (in a page or a docstring of the API page) links to
+    that page of the site."""
+    def link(match):
+        target = files.get_file_from_path(match.group(1))
+        if target is None:
+            return match.group(0)  # Not a page (tests/test_docs.py checks cited paths exist).
+        return f'<a href="{target.url_relative_to(page.file)}">{match.group(0)}</a>'
+
+    parts = _NOT_TEXT.split(html)
+    return "".join(part if i % 2 else DOCS_MENTION.sub(link, part) for i, part in enumerate(parts))
 
 
 def on_page_markdown(markdown, page, config, files):
