@@ -253,12 +253,12 @@ def _argv_lists(value) -> List[List[str]]:
 
 
 INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
-PLACEHOLDER = re.compile(r"\.\.\.|=VALUE\b")
+PLACEHOLDER = re.compile(r"\.\.\.|=VALUE\b|<[\w. ]+>")  # `...`, `NAME=VALUE`, `<ctl.run flags>`
 
 
 def inline_commands(page: str) -> List[tuple]:
     """(line, argv) of each inline code span outside the fences that is a `python -m ctl.*` command or
-    holds a `--gin.` binding, placeholders (`...`, `NAME=VALUE`) aside."""
+    holds a `--gin.` binding, placeholders (`...`, `NAME=VALUE`, `<ctl.run flags>`) aside."""
     with open(os.path.join(ROOT, page)) as f:
         lines = f.read().splitlines()
     found, fenced = [], False
