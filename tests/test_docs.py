@@ -1,16 +1,24 @@
-"""The docs: every snippet of README.md and docs/**/*.md runs or parses, every test they cite exists,
-and the site builds in strict mode with every page in its navigation.
+"""The docs: every snippet of README.md and docs/**/*.md runs or parses, every test and path they cite
+exists, and the site builds in strict mode with every page in its navigation and reads right.
 
 How a code block is checked follows its fence's language:
 
 - `python`: run in a fresh process;
 - `gin`: parsed by gin after `ctl.import_api()` registered ctl's configurables (`skip_unknown=False`: an
   unknown name or parameter fails), once the page's other blocks ran (its modules are written);
-- `sh`: each command `python -m ctl.run|ctl.report|ctl.launch` in it has its flags checked against the
-  flags the program defines (`--helpxml` / `--help`), enum values included, and a `--gin_file` must exist;
-  other commands (pip, tensorboard, kubectl) are not run;
-- `yaml`: parsed; `json`: each line parsed;
+- `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
+  ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
+  defines, its gin files and bindings through `ctl.core.gin_text` and `ctl.core.config.parse` after the
+  files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
+  a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
+  against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
+  kubectl) are not run; no line is longer than `SHELL_LINE_LIMIT`;
+- `yaml`: parsed, and a command list with `-m ctl.run` in it (a container's) checked as above;
+- `json`: each line parsed;
 - `text` (or no language): output shown to the reader, not run.
+
+Outside the blocks, an inline code span that is a `python -m ctl.*` command with flags, or holds a
+`--gin.` binding, is checked the same way (placeholders such as `...` and `NAME=VALUE` aside).
 
 A page changes that with a marker, an HTML comment on the line before the fence (invisible on the site):
 
@@ -22,6 +30,10 @@ A page changes that with a marker, an HTML comment on the line before the fence 
 A page's blocks are checked in order in a work dir of its own, which holds links to the repository's
 `configs/` and `experiments/`, so that commands read as if run from the repository's root and a block may
 use the files earlier blocks wrote (the tutorial writes its data, its task and its gin file, then trains).
+
+The built site is read back: no list rendered as a paragraph, no empty or cut table header, no
+`docs/NAME.md` named without a link, and every public name of `ctl` and `ctl.hooks` and every method of
+the hook protocol on the Python API page with its docstring.
 """
 
 import concurrent.futures
