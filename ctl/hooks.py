@@ -3,8 +3,8 @@
     ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
     ctl.hooks.BestCheckpoint.metric = 'accuracy'
 
-The protocol (`Hook`, `Run`, `StopRequest`) is `ctl.core.hook_protocol`'s; the hooks are
-`ctl.comforts`' (docs/comforts.md). Each hook is a gin configurable under the
+The protocol (`Hook`, `HookProtocol`, `Run`) is `ctl.core.hook_protocol`'s, `StopRequest`
+`ctl.core.stop`'s; the hooks are `ctl.comforts`' ([Comforts](../comforts.md)). Each hook is a gin configurable under the
 same name (`ctl.hooks.NAME`).
 """
 
@@ -14,8 +14,8 @@ from ctl.comforts.early_stopping import EarlyStopping
 from ctl.comforts.keras_callbacks import KerasCallbacks
 from ctl.comforts.profile import Profile
 from ctl.comforts.warm_start import WarmStart
-from ctl.core.hook_protocol import Hook, Run, StopRequest
+from ctl.core.hook_protocol import Hook, HookProtocol, Run, StopRequest
 
 __all__ = ["BestCheckpoint", "BestExporter", "CheckpointExporter", "EarlyStopping",
-           "FinalExporter", "Hook", "KerasCallbacks", "LatestExporter", "Profile", "Run",
+           "FinalExporter", "Hook", "HookProtocol", "KerasCallbacks", "LatestExporter", "Profile", "Run",
            "StopRequest", "WarmStart"]

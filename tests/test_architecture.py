@@ -131,7 +131,7 @@ def test_the_top_level_reads_as_the_concepts_and_the_hooks_are_ctl_hooks():
     ctl.import_api()  # As the first use of a public name, or ctl.run, does: registers them with gin.
     for name in hooks:
         assert gin.get_configurable(f"ctl.hooks.{name}") is getattr(ctl.hooks, name), name
-    assert {"Hook", "Run", "StopRequest"} | hooks == set(ctl.hooks.__all__)
+    assert {"Hook", "HookProtocol", "Run", "StopRequest"} | hooks == set(ctl.hooks.__all__)
     assert gin.get_configurable("ctl.with_warmup") is ctl.with_warmup
 
 

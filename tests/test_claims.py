@@ -298,7 +298,8 @@ def _record(path):
 
 def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir):
     """The bucket answers 503 to every read of the record: a second process takes nothing
-    (refused; the trainer's waiting claim raises the store's error: a storage fault), and
+    (refused; the trainer's waiting claim raises the store's error, a storage fault, which
+    `ctl.run` ends with exit 74), and
     the holder does not think it lost the claim: it renews again once reads come back."""
     path = f"{gcs_dir}/run/eval_hooks.lock"
     holder = _in_a_process(
@@ -312,11 +313,14 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
             taker = _in_a_process(
                 f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
                 "try:\n    print(lease.try_acquire(), lease.holder())\n"
-                "except Exception as error:\n    print(type(error).__name__, error)")
+                "except Exception as error:\n    from ctl.faults import storage\n"
+                # What `ctl.run` makes of it: a storage fault (exit 74), or a bug (a traceback).
+                f"    print(type(error).__name__, storage.storage_fault_within(error, {gcs_dir + '/run'!r})"
+                " is not None, error)")
             taken = taker.finish(timeout=300)
             out, err = taken.stdout, taken.stderr
-            if wait:
-                assert out.startswith("AbortedError") and "503" in out, out + err
+            if wait:  # The trainer's claim: `ctl.run` ends with EXIT_STORAGE_FAULT (74).
+                assert out.startswith("AbortedError True") and "503" in out, out + err
             else:
                 assert out.startswith("False holder unknown: ") and "503" in out, out + err
         gcs.reset()

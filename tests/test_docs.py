@@ -1,16 +1,24 @@
-"""The docs: every snippet of README.md and docs/**/*.md runs or parses, every test they cite exists,
-and the site builds in strict mode with every page in its navigation.
+"""The docs: every snippet of README.md and docs/**/*.md runs or parses, every test and path they cite
+exists, and the site builds in strict mode with every page in its navigation and reads right.
 
 How a code block is checked follows its fence's language:
 
 - `python`: run in a fresh process;
 - `gin`: parsed by gin after `ctl.import_api()` registered ctl's configurables (`skip_unknown=False`: an
   unknown name or parameter fails), once the page's other blocks ran (its modules are written);
-- `sh`: each command `python -m ctl.run|ctl.report|ctl.launch` in it has its flags checked against the
-  flags the program defines (`--helpxml` / `--help`), enum values included, and a `--gin_file` must exist;
-  other commands (pip, tensorboard, kubectl) are not run;
-- `yaml`: parsed; `json`: each line parsed;
+- `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
+  ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
+  defines, its gin files and bindings through `ctl.core.gin_text` and `ctl.core.config.parse` after the
+  files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
+  a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
+  against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
+  kubectl) are not run; no line is longer than `SHELL_LINE_LIMIT`;
+- `yaml`: parsed, and a command list with `-m ctl.run` in it (a container's) checked as above;
+- `json`: each line parsed;
 - `text` (or no language): output shown to the reader, not run.
+
+Outside the blocks, an inline code span that is a `python -m ctl.*` command with flags, or holds a
+`--gin.` binding, is checked the same way (placeholders such as `...` and `NAME=VALUE` aside).
 
 A page changes that with a marker, an HTML comment on the line before the fence (invisible on the site):
 
@@ -22,6 +30,10 @@ A page changes that with a marker, an HTML comment on the line before the fence 
 A page's blocks are checked in order in a work dir of its own, which holds links to the repository's
 `configs/` and `experiments/`, so that commands read as if run from the repository's root and a block may
 use the files earlier blocks wrote (the tutorial writes its data, its task and its gin file, then trains).
+
+The built site is read back: no list rendered as a paragraph, no empty or cut table header, no
+`docs/NAME.md` named without a link, and every public name of `ctl` and `ctl.hooks` and every method of
+the hook protocol on the Python API page with its docstring.
 """
 
 import concurrent.futures
@@ -49,6 +61,7 @@ ANY_MARKER = re.compile(r"<!-- docs-test:")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch))\b")
 RUN_TIMEOUT_S = 300
+CLIS = ("ctl.run", "ctl.report", "ctl.launch")
 
 
 class Block(NamedTuple):
@@ -87,15 +100,22 @@ def blocks(page: str) -> List[Block]:
 
 
 def commands(text: str) -> List[str]:
-    """The shell commands of a block: continuation lines joined, comments and blank lines dropped,
-    `a && b` split."""
+    """The shell commands of a block: continuation lines joined (and lines inside an open quote),
+    comments and blank lines dropped, `a && b` split."""
     joined = re.sub(r"\\\n\s*", " ", text)
-    found = []
+    found, pending = [], ""
     for line in joined.splitlines():
-        line = line.strip()
+        line = (pending + " " + line.strip()).strip() if pending else line.strip()
         if not line or line.startswith("#"):
             continue
+        try:
+            shlex.split(line, comments=True)
+        except ValueError:  # A quote still open: the command goes on on the next line.
+            pending = line
+            continue
+        pending = ""
         found += [part.strip() for part in line.split("&&") if part.strip()]
+    assert not pending, f"a quote left open: {pending!r}"
     return found
 
 
@@ -110,25 +130,46 @@ def flag_specs():
         return dict(zip(docs_reference.CLIS, pool.map(docs_reference.flag_spec, docs_reference.CLIS)))
 
 
-def check_flags(module: str, args: List[str], where: str, workdir: str) -> None:
-    """Every `--flag` of `args` is one `module` defines, with an allowed value; gin files exist."""
+def check_flags(module: str, args: List[str], where: str, workdir: str, ctl_runs: List[dict]) -> None:
+    """Every `--flag` of `args` is one `module` defines, with an allowed value. A `ctl.run` command
+    (also the one after `ctl.launch ... --`) is added to `ctl_runs`, checked by ctl's own parsers
+    (tests/docs_commands.py) once the page's files are written."""
     if module == "ctl.launch" and "--" in args:
         split = args.index("--")
-        check_flags("ctl.run", args[split + 1:], where, workdir)
+        check_flags("ctl.run", args[split + 1:], where, workdir, ctl_runs)
         args = args[:split]
+    if module == "ctl.run":
+        ctl_runs.append({"where": where, "args": [_gin_file_found(arg, workdir) for arg in args]})
+        return
     known = flag_specs()[module]
     for arg in args:
         if not arg.startswith("--"):
             continue
         name, _, value = arg[2:].partition("=")
-        if module == "ctl.run" and name.startswith("gin."):
-            continue  # `--gin.NAME=VALUE`: a gin binding, checked by gin when the command runs.
         assert name in known, f"{where}: `python -m {module}` has no flag --{name}"
         assert not known[name] or value in known[name], (
             f"{where}: --{name}={value} is not one of {sorted(known[name])}")
-        if name == "gin_file" and "://" not in value:
-            assert (os.path.exists(os.path.join(workdir, value))
-                    or os.path.exists(os.path.join(ROOT, value))), f"{where}: no gin file {value}"
+
+
+def _gin_file_found(arg: str, workdir: str) -> str:
+    """`--gin_file=PATH` as found: in the page's work dir, else in the repository (e.g. tests/*.gin)."""
+    name, _, value = arg.partition("=")
+    if name == "--gin_file" and "://" not in value and not os.path.exists(os.path.join(workdir, value)) \
+            and os.path.exists(os.path.join(ROOT, value)):
+        return f"--gin_file={os.path.join(ROOT, value)}"
+    return arg
+
+
+def check_ctl_runs(ctl_runs: List[dict], workdir: str, page: str) -> None:
+    """The page's `python -m ctl.run` commands, parsed by ctl's flags and gin (one process a page)."""
+    if not ctl_runs:
+        return
+    done = subprocess.run([sys.executable, "-m", "tests.docs_commands"], input=json.dumps(ctl_runs),
+                          cwd=workdir, env=environment(workdir), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"{page}: tests.docs_commands failed\n{done.stderr[-3000:]}"
+    problems = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not problems, "commands ctl.run refuses:\n" + "\n".join(problems)
 
 
 def environment(workdir: str):
@@ -160,8 +201,9 @@ def parse_gin(paths: List[str], where: str) -> None:
         gin.clear_config()
 
 
-def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
-    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others."""
+def check_block(block: Block, workdir: str, gin_files: List[str], ctl_runs: List[dict]) -> None:
+    """Checks `block`; a gin file is only written and added to `gin_files`, parsed with the page's others;
+    a `ctl.run` command is added to `ctl_runs`, checked once the page's files are written."""
     marker = block.marker
     kind = marker.group(0).split("docs-test: ")[1].split()[0] if marker else None
     if kind == "skip":
@@ -182,7 +224,10 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
         gin_files.append(path)
     elif block.lang == "yaml":
         import yaml
-        list(yaml.safe_load_all(block.text))
+        for argv in _argv_lists(list(yaml.safe_load_all(block.text))):  # e.g. a container's command.
+            start = argv.index("-m") + 1
+            if start < len(argv) and argv[start] in CLIS:
+                check_flags(argv[start], argv[start + 1:], block.where(), workdir, ctl_runs)
     elif block.lang == "json":  # A JSON document, or JSON lines.
         try:
             json.loads(block.text)
@@ -194,11 +239,71 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
         for command in commands(block.text):
             argv = shlex.split(command, comments=True)
             ctl = CTL_COMMAND.search(command)
+            if ctl:  # Checked even when it runs: a block not marked `run` must be as right.
+                start = argv.index(ctl.group(1)) + 1
+                check_flags(ctl.group(1), _program_args(argv[start:]), block.where(), workdir, ctl_runs)
             if kind == "run" and argv and re.fullmatch(r"(\S*/)?python3?", argv[0]):
                 run([sys.executable] + argv[1:], block.where(), workdir)
-            elif ctl:
-                start = argv.index(ctl.group(1)) + 1
-                check_flags(ctl.group(1), argv[start:], block.where(), workdir)
+
+
+SHELL_OPERATOR = re.compile(r"^(&|;|\||\|\||\d?>.*|<.*)$")
+
+
+def _program_args(args: List[str]) -> List[str]:
+    """The arguments a program gets: up to the shell's `&`, `;`, `|` or a redirection."""
+    end = next((i for i, arg in enumerate(args) if SHELL_OPERATOR.match(arg)), len(args))
+    return args[:end]
+
+
+def _argv_lists(value) -> List[List[str]]:
+    """Every list of strings with `-m` in it, anywhere in a parsed YAML document."""
+    if isinstance(value, dict):
+        return [argv for item in value.values() for argv in _argv_lists(item)]
+    if isinstance(value, list):
+        if "-m" in value and all(isinstance(item, str) for item in value):
+            return [value]
+        return [argv for item in value for argv in _argv_lists(item)]
+    return []
+
+
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+PLACEHOLDER = re.compile(r"\.\.\.|=VALUE\b|<[\w. ]+>")  # `...`, `NAME=VALUE`, `<ctl.run flags>`
+
+
+def inline_commands(page: str) -> List[tuple]:
+    """(line, argv) of each inline code span outside the fences that is a `python -m ctl.*` command or
+    holds a `--gin.` binding, placeholders (`...`, `NAME=VALUE`, `<ctl.run flags>`) aside."""
+    with open(os.path.join(ROOT, page)) as f:
+        lines = f.read().splitlines()
+    found, fenced = [], False
+    for number, line in enumerate(lines, 1):
+        if FENCE.match(line) or (fenced and line.strip() == "```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for span in INLINE_CODE.findall(line):
+            if ("python -m ctl." in span or "--gin." in span or "--gin_bindings=" in span) \
+                    and not PLACEHOLDER.search(span):
+                found.append((number, shlex.split(span)))
+    return found
+
+
+def check_inline(page: str, workdir: str, ctl_runs: List[dict]) -> None:
+    """A command in the text is checked as a block's; flags alone (`--gin.ctl.X.y=1`, or a `ctl.run`
+    command without its `--mode`), as flags of `ctl.run` in a command of their own."""
+    for number, argv in inline_commands(page):
+        where = f"{page}:{number}"
+        program = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+        flags = [arg for arg in argv if arg.startswith("--")]
+        if not flags:
+            continue  # The program named, not a command (`python -m ctl.run` runs the modes ...).
+        if program in CLIS and (program != "ctl.run" or any(f.startswith("--mode=") for f in flags)):
+            start = argv.index("-m") + 2
+            check_flags(program, argv[start:], where, workdir, ctl_runs)
+        else:
+            ctl_runs.append({"where": where, "fragment": True,
+                             "args": ["--mode=train", "--model_dir=DIR", *flags]})
 
 
 @pytest.mark.slow
@@ -206,13 +311,26 @@ def check_block(block: Block, workdir: str, gin_files: List[str]) -> None:
 def test_every_snippet_runs(page, tmp_path, monkeypatch):
     for name in ("configs", "experiments"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
-    gin_files = []
+    gin_files, ctl_runs = [], []
     for block in blocks(page):
-        check_block(block, str(tmp_path), gin_files)
+        check_block(block, str(tmp_path), gin_files, ctl_runs)
+    check_inline(page, str(tmp_path), ctl_runs)
+    check_ctl_runs(ctl_runs, str(tmp_path), page)
     if gin_files:
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
         parse_gin(gin_files, page)
+
+
+SHELL_LINE_LIMIT = 90  # About what a code block shows at 1280 px without scrolling sideways.
+
+
+def test_shell_lines_fit_the_page():
+    """A command of ~110 characters scrolls sideways: wrap it with `\\` (checked in every sh block)."""
+    long = [f"{block.where()}: {len(line)} characters: {line[:60]}..."
+            for page in PAGES for block in blocks(page) if block.lang in ("sh", "bash")
+            for line in block.text.splitlines() if len(line) > SHELL_LINE_LIMIT]
+    assert not long, "shell lines to wrap:\n" + "\n".join(long)
 
 
 def test_the_markers_are_understood():
@@ -244,6 +362,22 @@ def test_every_cited_test_exists():
                     if not re.search(rf"def {match.group(2)}\b", f.read()):
                         missing.append(f"{page}: {last_file}::{match.group(2)}")
     assert not missing, "cited tests that do not exist:\n" + "\n".join(missing)
+
+
+CITED_PATH = re.compile(r"`((?:ctl|tests|bench|configs|experiments|tools|docs|\.ci)/[\w./*-]*[\w*/])(?:::\w+)?`")
+
+
+def test_every_cited_path_exists():
+    """A file or directory of the repository named in the docs (`ctl/core/claims.py`, `configs/`,
+    `bench/results/*.json`) is there: a renamed module leaves no sentence pointing at nothing."""
+    missing = []
+    for page in PAGES + ["BUILD.md"]:
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        for path in sorted(set(CITED_PATH.findall(text))):
+            if not glob.glob(os.path.join(ROOT, path)):
+                missing.append(f"{page}: {path}")
+    assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
 
 
 def nav_pages(nav) -> List[str]:
@@ -280,6 +414,74 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
         html = os.path.splitext(page)[0] + ".html"
         assert (site / html).exists(), f"{page} was not built"
         assert html in hrefs, f"{page} is not linked from the site's navigation"
+    problems = [problem for path in sorted(glob.glob(str(site / "**" / "*.html"), recursive=True))
+                for problem in rendering_problems(path)]
+    assert not problems, "pages that render wrong:\n" + "\n".join(problems)
+    with open(site / "reference" / "api.html") as f:
+        missing = reference_gaps(f.read())
+    assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
+
+
+def _documented(html: str, heading: str) -> bool:
+    """Whether the API page has an entry whose heading reads `heading` (e.g. `ctl.Task`, or a
+    member's `on_eval_end` under its anchor) followed by a docstring (a paragraph of text)."""
+    for entry in re.split(r'(?=<h\d id="[^"]*" class="doc doc-heading")', html)[1:]:
+        head, _, body = entry.partition("</h")
+        anchor = re.match(r'<h\d id="([^"]*)"', head).group(1)
+        title = _text(re.sub(r"<a .*?</a>|<span class=\"doc doc-labels.*", "", head, flags=re.S))
+        if heading in (title.split("(")[0].strip(), anchor):
+            contents = body.split('class="doc doc-contents', 1)[-1]
+            if re.search(r"<p>\s*\S", contents.split('class="doc doc-heading"')[0]):
+                return True
+    return False
+
+
+def reference_gaps(html: str) -> List[str]:
+    """Every public name of `ctl` and of `ctl.hooks`, and every method of the hook protocol, that
+    the built API page does not show with a docstring."""
+    import ctl
+    import ctl.hooks
+    from ctl.core import hooks
+
+    ctl.import_api()
+    wanted = [f"ctl.{name}" for name in ctl.__all__ if name not in ("hooks",)]
+    wanted += [f"ctl.hooks.{name}" for name in ctl.hooks.__all__]
+    methods = [name for name in vars(hooks.HookProtocol) if not name.startswith("_")]
+    missing = [f"HookProtocol lacks {name} (ctl.core.hooks.HOOK_METHODS)"
+               for name in hooks.HOOK_METHODS if name not in methods]
+    wanted += [f"ctl.hooks.HookProtocol.{name}" for name in methods]
+    return missing + [name for name in wanted if not _documented(html, name)]
+
+
+LIST_AS_TEXT = re.compile(r"^(- |\* |\d+\. )|\n\s*(- |\* |1\. )")
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html).strip()
+
+
+def rendering_problems(path: str) -> List[str]:
+    """What reads wrong in one built page: a list rendered as a paragraph (a line of it starts with
+    "- ", "* " or "1. "), a page named as `docs/NAME.md` without a link to it, an empty table header
+    cell, or one holding a name cut in two (a code fragment ending in "." over a column of the rest)."""
+    with open(path) as f:
+        html = f.read()
+    html = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)  # Code blocks keep their text as written.
+    where = os.path.basename(path)
+    problems = []
+    for paragraph in re.findall(r"<p>(.*?)</p>", html, re.S):
+        text = re.sub(r"<[^>]+>", "", paragraph)
+        if LIST_AS_TEXT.search(text.lstrip()):
+            problems.append(f"{where}: a list rendered as a paragraph: {text.strip()[:80]!r}")
+    text = re.sub(r"<a\b.*?</a>|<!--.*?-->", "", html, flags=re.S)
+    for mention in sorted(set(re.findall(r"\bdocs/[\w./-]+\.md\b", text))):
+        problems.append(f"{where}: {mention} is named but not linked")
+    for cell in re.findall(r"<th[^>]*>(.*?)</th>", html, re.S):
+        if not _text(cell):
+            problems.append(f"{where}: an empty table header cell")
+        elif re.fullmatch(r"\s*<code>[^<]*\.</code>\s*", cell):
+            problems.append(f"{where}: a table header cell holds half a name: {_text(cell)!r}")
+    return problems
 
 
 def _hand_written(page: str) -> str:

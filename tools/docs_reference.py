@@ -190,27 +190,61 @@ def api_page() -> str:
     import ctl
 
     lines = ["# Python API", "",
-             "Generated from the docstrings: every public name of `ctl` (`ctl.__all__`). "
-             "`import ctl` is cheap; the first use of a name imports the whole API.", ""]
+             "Generated from the docstrings: every public name of `ctl` (`ctl.__all__`), then "
+             "`ctl.hooks`. `import ctl` is cheap; the first use of a name imports the whole API.", ""]
+    modules = []
     for name in ctl.__all__:
         obj = getattr(ctl, name)
         if inspect.ismodule(obj):
-            members = [m for m in getattr(obj, "__all__", []) if not m.startswith("_")]
-            lines += [f"## `ctl.{name}`", "", f"::: {obj.__name__}", "    options:",
-                      "      heading_level: 3", "      show_root_heading: false", ""]
-            if members:
-                lines += ["      members:"] + [f"        - {m}" for m in members]
+            modules.append((name, obj))
             continue
-        module = getattr(obj, "__module__", None)
-        if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not module:
-            lines += [f"## `ctl.{name}`", "", f"`{obj!r}`", ""]
-            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            path = f"{obj.__module__}.{obj.__qualname__}"
+        else:  # A constant: documented where it is assigned (its docstring follows it).
+            path = f"{_assigning_module(ctl, name)}.{name}"
         # mkdocstrings' own heading (`ctl.NAME`, then the signature), at the page's second level.
-        lines += [f"::: {module}.{getattr(obj, '__qualname__', name)}", "    options:",
+        lines += [f"::: {path}", "    options:",
                   "      heading_level: 2", "      show_root_heading: true",
                   "      show_root_full_path: false", f"      heading: ctl.{name}",
-                  f"      toc_label: ctl.{name}", ""]
+                  f"      toc_label: ctl.{name}"]
+        inherited = _inherited_from_ctl(obj) if inspect.isclass(obj) else []
+        if inherited:  # e.g. the Trainer's `evaluate`, from ctl.core.evaluation.Evaluation.
+            lines += ["      inherited_members:"] + [f"        - {m}" for m in inherited]
+        lines.append("")
+    for name, module in modules:
+        members = [m for m in getattr(module, "__all__", []) if not m.startswith("_")]
+        lines += [f"## `ctl.{name}`", "", f"::: {module.__name__}", "    options:",
+                  "      heading_level: 3", "      show_root_heading: false",
+                  "      show_root_toc_entry: false"]
+        if members:
+            lines += ["      members:"] + [f"        - {m}" for m in members]
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _inherited_from_ctl(cls) -> List[str]:
+    """The public methods `cls` inherits from ctl's own base classes that have no entry of their own
+    on the page (the Trainer's from `Evaluation`; not a KerasModelTask's from `ctl.Task`, nor
+    TensorFlow's or orbit's)."""
+    import ctl
+
+    public = [getattr(ctl, name) for name in ctl.__all__]
+    own = set(vars(cls))
+    return sorted({name for base in cls.__mro__[1:]
+                   if base.__module__.startswith("ctl.") and not any(base is p for p in public)
+                   for name, value in vars(base).items()
+                   if not name.startswith("_") and name not in own and callable(value)
+                   and inspect.getdoc(value)})
+
+
+def _assigning_module(package, name: str) -> str:
+    """The module of `package` whose source assigns `name` (e.g. `MODES`), of those imported."""
+    value = getattr(package, name)
+    for module_name, module in sorted(sys.modules.items()):
+        if (module_name.startswith(package.__name__ + ".") and getattr(module, name, None) is value
+                and _defining_module(module, name)):
+            return module_name
+    raise ValueError(f"no module of {package.__name__} assigns {name}")
 
 
 def exit_constants() -> List[Tuple[int, str, str]]:
@@ -264,6 +298,20 @@ def section(path: str, heading: str) -> str:
     return "\n".join(lines[start + 1:end]).strip()
 
 
+def version() -> str:
+    """ctl's version, as `pyproject.toml` declares it."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def on_config(config):
+    """MkDocs hook: the version in every page's footer (the changelog says what it holds)."""
+    config["copyright"] = f"ctl {version()}"
+    return config
+
+
 def on_files(files, config):
     """MkDocs hook: adds the generated pages to the site."""
     from mkdocs.structure.files import File
@@ -274,8 +322,52 @@ def on_files(files, config):
     return files
 
 
+_LIST_ITEM = re.compile(r"^(\s*)([-*]|1\.) \S")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def lists_after_paragraphs(markdown: str) -> str:
+    """`markdown` with a blank line before each list that starts right under a paragraph's line.
+
+    GitHub's Markdown lets a list interrupt a paragraph ("Why:" then "- a" on the next line), so
+    README.md and BUILD.md read right there; Python-Markdown (this site) needs the blank line, else
+    the list is one paragraph with literal "- ". Lines in code fences are left alone.
+    """
+    lines, fenced, out = markdown.split("\n"), False, []
+    for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and i and _LIST_ITEM.match(line):
+            before = lines[i - 1]
+            indent = len(line) - len(line.lstrip())
+            if (before.strip() and not _LIST_ITEM.match(before) and not before.lstrip().startswith(("|", "<", "#"))
+                    and len(before) - len(before.lstrip()) == indent):
+                out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+DOCS_MENTION = re.compile(r"\bdocs/([\w./-]+\.md)\b")
+# What is not running text: code blocks, links (already) and the tags themselves.
+_NOT_TEXT = re.compile(r"(<pre\b.*?</pre>|<a\b.*?</a>|<[^>]+>)", re.S)
+
+
+def on_page_content(html, page, config, files):
+    """MkDocs hook: a mention of `docs/NAME.md` (in a page or a docstring of the API page) links to
+    that page of the site."""
+    def link(match):
+        target = files.get_file_from_path(match.group(1))
+        if target is None:
+            return match.group(0)  # Not a page (tests/test_docs.py checks cited paths exist).
+        return f'<a href="{target.url_relative_to(page.file)}">{match.group(0)}</a>'
+
+    parts = _NOT_TEXT.split(html)
+    return "".join(part if i % 2 else DOCS_MENTION.sub(link, part) for i, part in enumerate(parts))
+
+
 def on_page_markdown(markdown, page, config, files):
-    """MkDocs hook: fills the generated parts of hand-written pages."""
+    """MkDocs hook: fills the generated parts of hand-written pages; lists read as on GitHub."""
     if EXIT_MARKER in markdown:
         markdown = markdown.replace(EXIT_MARKER, exit_table())
-    return SECTION_MARKER.sub(lambda m: section(m.group(1), m.group(2)), markdown)
+    markdown = SECTION_MARKER.sub(lambda m: section(m.group(1), m.group(2)), markdown)
+    return lists_after_paragraphs(markdown)

@@ -32,6 +32,10 @@ ROLES = ("chief", "worker", "ps", "evaluator")
 # The modes of `python -m ctl.run` (`ctl.train_lib.run_experiment`'s, then `ctl.smoke`'s) and
 # the strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+"""What `ctl.run_experiment` (and `python -m ctl.run --mode`) can run: `train` (to
+`ctl.Schedule.train_steps`), `eval` (one evaluation of the latest checkpoint),
+`train_and_eval` (train, evaluating every `ctl.Schedule.eval_interval` steps) and
+`continuous_eval` (a sidecar: evaluate each new checkpoint of the model dir)."""
 SMOKE = "smoke"
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOCAL_STRATEGIES = ("default", "one_device", "mirrored")

@@ -27,7 +27,7 @@ Hooks are listed in gin:
 """
 
 import dataclasses
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol
 
 import tensorflow as tf
 
@@ -79,12 +79,60 @@ class Run:
 
 
 class Hook:
-    """Optional base class: `bind` keeps the `Run` as `self.run`; define the hook methods you need."""
+    """Optional base class: `bind` keeps the `Run` as `self.run`; define the hook methods you need
+    (`HookProtocol` lists them; a hook must define at least one).
+
+    Example (listed with `ctl.Experiment.hooks = [@PrintSteps()]` once registered with gin):
+
+        @gin.configurable
+        class PrintSteps(ctl.hooks.Hook):
+            def on_checkpoint_end(self, path):
+                print(f"step {self.run.step}: saved {path}")
+    """
 
     run: Run
 
     def bind(self, run: Run) -> None:
+        """Keeps `run` as `self.run`; called once, before anything runs.
+
+        Args:
+          run: what the hook may read and use (the model dir, model, step, stop request).
+        """
         self.run = run
+
+
+class HookProtocol(Protocol):
+    """The methods ctl calls on a hook, if the hook has them (a description: no need to inherit it).
+
+    Each is called eagerly on the host, in the order the hooks are listed, by the process that
+    owns the run's side effects (`on_eval_end`: the one evaluating; see
+    [Comforts](../comforts.md)). `logs` map metric names to scalars (`float()` them).
+    """
+
+    def bind(self, run: Run) -> None:
+        """Once, before anything runs: `run` is what the hook may read and use (`Run`)."""
+
+    def on_initialize(self) -> None:
+        """The model dir held no checkpoint: the model starts from its initial weights (a warm
+        start loads weights here, `ctl.hooks.WarmStart`)."""
+
+    def on_checkpoint_load(self, path: str) -> None:
+        """A checkpoint was restored (a resume, or a sidecar's next checkpoint); `path` is its prefix."""
+
+    def on_train_loop_end(self, logs: Dict[str, Any]) -> None:
+        """After each train loop (`ctl.Schedule.steps_per_loop` steps): the loop's loss, metrics and
+        learning rate."""
+
+    def on_eval_end(self, logs: Dict[str, Any]) -> None:
+        """After each evaluation: its loss and metrics; with named eval sets (`Task.eval_datasets`)
+        nested by set, `{name: {metric: value}}`."""
+
+    def on_checkpoint_end(self, path: str) -> None:
+        """A checkpoint was saved at `path` (its prefix, e.g. `DIR/ckpt-500`)."""
+
+    def on_trial_close(self, logs: Dict[str, Any]) -> None:
+        """The run ended normally (its steps done, or a stop request): `logs` are the last
+        evaluation's results, or the last train loop's without one."""
 
 
 class Hooks:

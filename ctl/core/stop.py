@@ -40,16 +40,31 @@ STOPPED = -(2**62)  # `SignalWatcher.step_limit` once a stop is requested: below
 
 
 class StopRequest:
-    """A flag any hook may raise; the controller stops at the next boundary."""
+    """A flag any hook may raise; the controller stops at the next boundary.
+
+    Example (a hook's method):
+
+        def on_eval_end(self, logs):
+            if float(logs["accuracy"]) > 0.99:
+                self.run.stop.request("accuracy above 0.99")
+    """
 
     def __init__(self):
         self.reason: Optional[str] = None
 
     @property
     def should_stop(self) -> bool:
+        """Whether a stop was requested: the controller reads it after each train loop and evaluation."""
         return self.reason is not None
 
     def request(self, reason: str) -> None:
+        """Asks the run to stop: `train_and_eval` ends after the current train loop and its
+        evaluation, saves a checkpoint, closes the hooks and returns normally (exit 0).
+
+        Args:
+          reason: said in the run's log (`stop | stop requested: REASON`); the first request's
+            reason is kept, later ones are ignored.
+        """
         if self.reason is None:
             self.reason = reason
             console.info("stop", "stop requested: %s", reason)

@@ -35,6 +35,28 @@ class Task:
     so variables they create are placed correctly. Models may be Keras 3
     (`tf.keras`, `keras`) or Keras 2 (`tf_keras`), as long as the optimizer
     comes from the same Keras.
+
+    Example (a linear regression; [Writing a Task](../guide/writing-a-task.md) runs it whole):
+
+        @gin.configurable
+        class Regression(ctl.Task):
+            def build_model(self):
+                return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+            def build_optimizer(self):
+                return keras.optimizers.SGD(0.1)
+
+            def build_inputs(self, training, input_context=None):
+                x = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
+                dataset = tf.data.Dataset.from_tensor_slices((x, x @ WEIGHTS))
+                if training:
+                    dataset = dataset.shuffle(256, seed=0).repeat()
+                return dataset.batch(32, drop_remainder=training)
+
+            def build_losses(self, labels, outputs, aux_losses=None):
+                return tf.reduce_mean(tf.square(labels - outputs))  # this replica's mean
+
+    and in its gin file `ctl.Experiment.task = @Regression()`.
     """
 
     def build_model(self):

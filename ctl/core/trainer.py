@@ -54,9 +54,30 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     hooks here, the eval hooks of `ctl.core.evaluation.Evaluation`); point
     gin's `ctl.Experiment.trainer_cls` at the subclass.
 
-    Train-step settings (docs/train_step.md):
-      mixed_precision: 'mixed_float16' or 'mixed_bfloat16': the Keras dtype
-        policy while the task builds its model; float16 adds loss scaling.
+    The train-step settings are explained in [The train step](../train_step.md).
+
+    Example (gin; the task and strategy come from `ctl.Experiment` and `--strategy`):
+
+        ctl.Trainer.use_tf_while_loop = False   # one Python call per step, e.g. to debug
+        ctl.Trainer.mixed_precision = 'mixed_bfloat16'
+        ctl.Trainer.clip_norm = 1.0
+
+    Args:
+      task: the `ctl.Task` to train and evaluate (given by `ctl.Experiment`, not by gin).
+      strategy: the `tf.distribute.Strategy` to build and run under (from `--strategy`, not
+        gin); `None`: the current one (`tf.distribute.get_strategy()`).
+      train: build the train input (`train_dataset`); `False` for a trainer that only
+        evaluates (`--mode=eval`, the sidecar). Set by the mode, not gin.
+      evaluate: build the eval inputs (`eval_sets`) to evaluate in-line; must be `False`
+        under a `ParameterServerStrategy`, which trains only (evaluate with a sidecar,
+        `--mode=continuous_eval`). Set by the mode, not gin.
+      use_tf_function: run each train loop and evaluation as a `tf.function` (graph);
+        `False` runs them eagerly, step by step, where a debugger and `print` work.
+      use_tf_while_loop: run a loop's steps in one `tf.while_loop` inside that function
+        (fewest host round trips); `False` calls the traced step once per step from
+        Python. Needs `use_tf_function=True`.
+      mixed_precision: `'mixed_float16'` or `'mixed_bfloat16'`: the Keras dtype policy
+        while the task builds its model; float16 adds loss scaling.
       jit_compile: compile each replica's train step with XLA.
       clip_norm: clip the gradients, summed over replicas, to this global norm.
       accumulation_steps: one update per this many batches (micro-batches).
@@ -72,6 +93,10 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         False: only after each loop (`ctl.FaultTolerance.stop_check='loop'`).
         A one-process strategy's evaluations also end before their next step
         on a stop (`eval_stop`); a cluster's run to their end (lockstep).
+
+    Raises:
+      UserError: a setting that cannot work (`use_tf_while_loop` without `use_tf_function`,
+        an unknown precision policy, evaluation under parameter servers), before anything runs.
     """
 
     def __init__(

@@ -1,0 +1,75 @@
+"""The docs' `python -m ctl.run` commands, checked by ctl's own parsers (run by tests/test_docs.py).
+
+    python -m tests.docs_commands < commands.json   # in a page's work dir; prints the problems as JSON
+
+Each command (`{"where": ..., "args": [...]}`, the arguments after `python -m ctl.run`) goes through
+what `ctl.run` does before it trains, without training:
+
+- its flags, parsed by the flags `ctl/run.py` defines (absl, enum values and required flags
+  included), `--gin.NAME=VALUE` expanded by `ctl.core.gin_text` as the program does;
+- its gin files and bindings, checked as text (`ctl.core.gin_text.check`), then parsed by
+  `ctl.core.config.parse` after `ctl.import_api()`: the files' `import` lines run, and every
+  binding's configurable and parameter must be registered (`skip_unknown=False`). A gin file on a
+  remote store (`gs://...`) is not read, and flags quoted in a sentence (`"fragment": true`) come
+  without their gin files: then only the bindings' `ctl.` names and parameters are resolved.
+
+One process checks a page's commands: a page's modules (written to its work dir) import once.
+"""
+
+import json
+import os
+import sys
+from typing import Dict, List
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def check(command: Dict) -> List[str]:
+    """The problems of one command (empty: `ctl.run` would accept it)."""
+    from absl import flags
+    import gin
+
+    import ctl
+    import ctl.run  # noqa: F401 - defines the flags of `python -m ctl.run` in absl's FLAGS.
+    from ctl.core import config, gin_text
+    from ctl.core.errors import UserError
+
+    where, args = command["where"], command["args"]
+    flag_values = flags.FLAGS
+    flag_values.unparse_flags()
+    try:
+        rest = flag_values(["ctl.run"] + gin_text.expand_gin_flags(args))
+    except (flags.Error, UserError) as error:
+        return [f"{where}: `python -m ctl.run` refuses its flags: {error}"]
+    if rest[1:]:
+        return [f"{where}: `python -m ctl.run` takes no arguments but flags: {rest[1:]}"]
+    local = [path for path in flag_values.gin_file if "://" not in path]
+    remote = len(local) < len(flag_values.gin_file)
+    bindings = list(flag_values.gin_bindings)
+    search_paths = list(flag_values.gin_search_paths)
+    ctl.import_api()
+    gin.clear_config()
+    try:
+        gin_text.check(local, bindings, search_paths, ctl.__all__)
+        if remote or command.get("fragment"):
+            # The user's configurables are in a file not read here: ctl's names only.
+            config.query_bindings_only(bindings, "ctl.Schedule.train_steps", None)
+        else:
+            config.parse(local, bindings, search_paths)
+    except UserError as error:
+        return [f"{where}: {error}"]
+    finally:
+        gin.clear_config()
+    return []
+
+
+def main() -> None:
+    sys.path.insert(0, os.getcwd())  # The page's modules, as `python -m ctl.run` finds them.
+    problems = []
+    for command in json.load(sys.stdin):
+        problems += check(command)
+    print(json.dumps(problems))
+
+
+if __name__ == "__main__":
+    main()
