@@ -114,7 +114,7 @@ def main():
         if evaluator.returncode != 0:
             log.seek(0)
             raise SystemExit(f"sidecar_latency: evaluator failed:\n{log.read()[-3000:]}")
-        records = continuous_eval.read_metrics(model_dir)
+        records = ModelDir(model_dir).sidecar_evaluations()
     latency = {r["number"]: r["started"] - committed[r["number"]] for r in records}
     values = sorted(latency.values())
     print(json.dumps({

@@ -125,6 +125,7 @@ def _run() -> None:
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
     from ctl.core import config
+    from ctl.core.model_dir import ModelDir
     from ctl.faults.preemption import EXIT_PREEMPTED, Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
     from ctl.sidecar import continuous_eval
@@ -132,6 +133,7 @@ def _run() -> None:
 
     _set_up_console()
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
+    directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         if plan.mode != FLAGS.mode:
@@ -142,7 +144,7 @@ def _run() -> None:
             timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
                                                  ContinuousEval.timeout)
             ContinuousEval(timeout=timeout)  # Checks it.
-            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir, timeout)]
+            gin_files = [continuous_eval.wait_for_config(directory, timeout)]
         if plan.action == "serve":
             config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.
@@ -154,7 +156,7 @@ def _run() -> None:
             smoke.run_smoke(strategy)
         else:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+                train_lib.run_experiment(plan.mode, directory, strategy)
     except Preempted as preempted:
         _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:

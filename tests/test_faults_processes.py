@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.faults.preemption import EXIT_PREEMPTED
-from ctl.comforts.progress import read_metrics
+from ctl.core.model_dir import ModelDir
 from tests.cli import (ROOT, CtlProcess, checkpoint_values, ctl_stderr_lines, scalars,
                        snapshot)
 
@@ -141,7 +141,7 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
     assert read_steps(eval_progress) == [1, 2, 3, 4, 5]
     eval_dir = os.path.join(model_dir, "eval")
     assert not os.path.isdir(eval_dir) or "loss" not in scalars(eval_dir)
-    assert not [r for r in read_metrics(model_dir, "eval")]
+    assert not [r for r in ModelDir(model_dir).metrics("eval")]
 
 
 @pytest.mark.parametrize("storage", ["local", "gs"], ids=["default", "default-gs"])

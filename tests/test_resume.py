@@ -11,6 +11,7 @@ import tensorflow as tf
 import ctl
 from ctl import train_lib
 from ctl.faults.preemption import SignalWatcher
+from ctl.core.model_dir import ModelDir
 from tests.cli import checkpoint_values
 from tests.fault_tasks import ProbeTask
 
@@ -26,7 +27,7 @@ def _resumed(model_dir, task, strategy=None):
     """A trainer restored from `model_dir` with its input positioned, as ctl.run builds it."""
     strategy = strategy or tf.distribute.get_strategy()
     with SignalWatcher() as watcher:
-        built = train_lib.build_controller("train", str(model_dir), strategy,
+        built = train_lib.build_controller("train", ModelDir(str(model_dir)), strategy,
                                            _experiment(task, 10**9), watcher=watcher)
     how = built.faults.resume_inputs()
     return built, how

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.faults.storage import EXIT_STORAGE_FAULT, StorageFault, storage_fault_within
+from ctl.core.model_dir import ModelDir
 from tests.cli import ROOT, checkpoint_values, ctl_stderr_lines, run_ctl
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
@@ -187,7 +188,7 @@ def test_a_full_local_disk_under_a_bucket_model_dir(gcs, gcs_dir, tmp_path, stra
         assert result.returncode == EXIT_STORAGE_FAULT, result.stderr
         lines = ctl_stderr_lines(result.stderr)
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-staging-"), lines[0]
+        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-stage-"), lines[0]
         assert "(local staging" in lines[0] and "No space left on device" in lines[0], lines[0]
         assert "no checkpoint was complete yet" in lines[0], lines[0]
         assert tf.train.latest_checkpoint(gcs_dir) is None
@@ -216,14 +217,14 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
         assert result.returncode == EXIT_STORAGE_FAULT, result.stderr
         lines = ctl_stderr_lines(result.stderr)
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-staging-"), lines[0]
+        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-stage-"), lines[0]
         assert "No space left on device" in lines[0], lines[0]
-        assert continuous_eval.read_metrics(gcs_dir) == []
+        assert ModelDir(gcs_dir).sidecar_evaluations() == []
 
         subprocess.run(["mount", "-o", "remount,size=8m", tmp], check=True, timeout=30)
         again = run_ctl("--mode=continuous_eval", f"--model_dir={gcs_dir}", env={"TMPDIR": tmp})
         assert again.returncode == 0, again.stderr
-        assert [r["number"] for r in continuous_eval.read_metrics(gcs_dir)] == [10, 20]
+        assert [r["number"] for r in ModelDir(gcs_dir).sidecar_evaluations()] == [10, 20]
     finally:
         umount(tmp)
 

@@ -75,7 +75,7 @@ class EarlyStopping(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = ModelDir(run.model_dir).early_stopping_file
+        self.path = run.directory.early_stopping_file
         state = self._read()
         if state["evaluations_without_improvement"] >= self.patience:  # Stopped before a restart.
             run.stop.request(f"early stopping (recorded in {self.path})")
