@@ -19,6 +19,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.core.aggregation": ["Aggregation", "Reducer"],
     "ctl.core.checkpointing": ["restore_model"],
     "ctl.core.errors": ["UserError"],
+    "ctl.core.run_plan": ["MODES"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],
     "ctl.core.runner": ["TrainLoopEnd"],
@@ -26,7 +27,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.experiment": ["Experiment", "Schedule"],
     "ctl.faults.handler": ["FaultTolerance"],
     "ctl.sidecar.scheduler": ["ContinuousEval"],
-    "ctl.train_lib": ["MODES", "run_experiment"],
+    "ctl.train_lib": ["run_experiment"],
 }
 # The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks.py).
 _SUBMODULES = ["hooks"]

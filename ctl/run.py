@@ -49,9 +49,10 @@ import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.core import console, gin_text  # noqa: E402
 from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
+flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
                   "What to run; `smoke` rehearses a run in seconds in a temporary dir.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
@@ -110,7 +111,7 @@ def _say_strategy(name: str, strategy) -> None:
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
-    if not FLAGS.model_dir and FLAGS.mode != cluster.SMOKE:
+    if not FLAGS.model_dir and FLAGS.mode != SMOKE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
     try:
         gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
@@ -140,7 +141,7 @@ def _run() -> None:
             console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
                             "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)
         gin_files = FLAGS.gin_file
-        if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+        if plan.mode == CONTINUOUS_EVAL and not gin_files:  # The trainer's config.
             timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
                                                  ContinuousEval.timeout)
             ContinuousEval(timeout=timeout)  # Checks it.
@@ -152,7 +153,7 @@ def _run() -> None:
         strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
         _say_strategy(plan.strategy, strategy)
         config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        if plan.mode == smoke.MODE:
+        if plan.mode == SMOKE:
             smoke.run_smoke(strategy)
         else:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):

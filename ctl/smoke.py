@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import train_lib
-from ctl.cluster import tf_config
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.hooks import flat_logs
 from ctl.core import checkpointing, config, console
@@ -34,7 +33,6 @@ from ctl.core.errors import UserError, one_line
 from ctl.core.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 
-MODE = tf_config.SMOKE
 SMOKE_STEPS = 2
 STAGES = ("train", "eval", "restore", "export")
 

@@ -10,7 +10,10 @@ into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
-parsed; tests and notebooks call it directly.
+parsed; tests and notebooks call it directly. It makes the run's two objects
+once, the `ModelDir` (`ctl.core.model_dir`) and the `RunPlan`
+(`ctl.core.run_plan`: what this process does for its mode and cluster), and
+passes them down.
 """
 
 import contextlib
@@ -22,7 +25,6 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.cluster.tf_config import MODES
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
@@ -30,10 +32,11 @@ from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError, require_choice
+from ctl.core.errors import UserError
 from ctl.core.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hooks import Hooks, Run
 from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.trainer import Trainer
@@ -62,37 +65,36 @@ def run_experiment(
     its results are (`ctl.comforts.run_end`); a run already complete writes
     nothing and returns its recorded results.
     """
-    require_choice("mode", mode, MODES)
     directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
-    if mode == "continuous_eval":
+    plan = RunPlan(mode, chief=is_chief(strategy), one_process=not isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy))
+    if plan.sidecar:
         experiment = experiment or config.call_configured(Experiment)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment)
-    if mode == "train_and_eval" and cluster.has_evaluator():
+    if plan.in_line_eval and cluster.has_evaluator():
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
-        mode = "train"
-    if mode == "eval" and not directory.checkpoints():
+        plan = plan.without_in_line_eval()
+    if not plan.train and not directory.checkpoints():
         raise UserError(
             f"--model_dir={directory} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    chief = is_chief(strategy)
     experiment = experiment or config.call_configured(Experiment)
-    if chief:  # Other workers only read the model dir.
+    if plan.writes:  # Other workers only read the model dir.
         directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
-    train = mode != "eval"
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
-    lock = ModelDirLock(directory) if train and chief else None
+    lock = ModelDirLock(directory) if plan.locks else None
     if lock is not None:
         lock.check()  # Before reading checkpoints that a live trainer is retiring meanwhile.
     with contextlib.ExitStack() as stack:
         if lock is not None:
             stack.callback(lock.release)
-        watcher = stack.enter_context(SignalWatcher()) if train else None
-        checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, chief))
-        return _run(mode, directory, checkpoint_dir, strategy, experiment, chief, lock, watcher,
-                    stack)
+        watcher = stack.enter_context(SignalWatcher()) if plan.train else None
+        checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, plan.chief))
+        return _run(plan, directory, strategy, experiment, stack,
+                    checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher)
 
 
 @contextlib.contextmanager
@@ -123,9 +125,9 @@ class Built(NamedTuple):
     eval_side: Optional[EvaluatorRole] = None  # Release its claims when the run ends.
 
 
-def build_controller(mode: str, directory: ModelDir, strategy: tf.distribute.Strategy,
+def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                      experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
-                     chief: bool = True, watcher: Optional[SignalWatcher] = None,
+                     watcher: Optional[SignalWatcher] = None,
                      lock: Optional[ModelDirLock] = None) -> Built:
     """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
 
@@ -134,14 +136,12 @@ def build_controller(mode: str, directory: ModelDir, strategy: tf.distribute.Str
     controller directly, so that it measures ctl's real loop.
     """
     schedule = experiment.schedule
-    train = mode != "eval"
-    evaluate = mode != "train"
     if experiment.fault_tolerance.seed is not None:
         resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate
+        experiment.task, strategy=strategy, train=plan.train, evaluate=plan.evaluate
     )
-    hooks = _hooks(experiment, trainer, directory, strategy, chief, train)
+    hooks = _hooks(experiment, trainer, directory, strategy, plan)
     manager = CheckpointManager(
         trainer.checkpoint,
         checkpoint_dir or directory.path,
@@ -152,28 +152,28 @@ def build_controller(mode: str, directory: ModelDir, strategy: tf.distribute.Str
         init_fn=lambda: (hooks.initialize(), experiment.task.initialize(trainer.model)),
     )
     faults = (FaultHandler(experiment.fault_tolerance, trainer, manager, watcher, lock)
-              if train else None)
+              if plan.train else None)
     train_actions = []
-    if train and chief:
+    if plan.train and plan.writes:
         train_actions.append(_OnceAfterFirstLoop(directory))
     train_actions += hooks.actions("on_train_loop_end")
     eval_actions = hooks.actions("on_eval_end")
     eval_side = None
-    if evaluate and chief:  # One process runs the eval-side hooks of a model dir.
+    if plan.eval_side:  # One process runs the eval-side hooks of a model dir.
         eval_side = EvaluatorRole(directory, TRAINER, hooks.actions("on_eval_end", builtin=False))
         eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     controller = Controller(
         strategy=strategy,
-        trainer=trainer if train else None,
-        evaluator=trainer if evaluate else None,
+        trainer=trainer if plan.train else None,
+        evaluator=trainer if plan.evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
         checkpoints=Checkpoints(manager, asynchronous=schedule.async_checkpointing,
                                 on_end=hooks.actions("on_checkpoint_end"),
                                 on_load=hooks.actions("on_checkpoint_load")),
         summaries=Summaries(
-            train=SummaryManager(directory.train_dir if chief else None, trainer.global_step),
-            eval=SummaryManager(directory.eval_dir if chief else None, trainer.global_step),
+            train=SummaryManager(directory.train_dir if plan.writes else None, trainer.global_step),
+            eval=SummaryManager(directory.eval_dir if plan.writes else None, trainer.global_step),
             interval=schedule.summary_interval),
         between_loops=BetweenLoops(after_train_loop=[faults] if faults else [],
                                    train_actions=train_actions, eval_actions=eval_actions,
@@ -183,13 +183,13 @@ def build_controller(mode: str, directory: ModelDir, strategy: tf.distribute.Str
     return Built(trainer, controller, faults, hooks, eval_side)
 
 
-def _run(mode, directory, checkpoint_dir, strategy, experiment, chief, lock, watcher,
-         stack: contextlib.ExitStack) -> Dict[str, Any]:
+def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
+         experiment: Experiment, stack: contextlib.ExitStack, *, checkpoint_dir: str,
+         lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher]) -> Dict[str, Any]:
     schedule = experiment.schedule
-    train = mode != "eval"
     trainer, controller, faults, hooks, eval_side = build_controller(
-        mode, directory, strategy, experiment,
-        checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher, lock=lock,
+        plan, directory, strategy, experiment,
+        checkpoint_dir=checkpoint_dir, watcher=watcher, lock=lock,
     )
     stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
     stack.callback(controller.summary_manager.close)  # Object stores: their staging dirs go.
@@ -197,47 +197,47 @@ def _run(mode, directory, checkpoint_dir, strategy, experiment, chief, lock, wat
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
-    if chief:
+    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate)  # Traces, runs nothing.
+    if plan.writes:
         directory.create()  # Everything is validated: the first write.
     if lock is not None:
         lock.acquire()  # Before anything else is written; raises UserError if held.
-    if train:  # Validated (config, checkpoint, lock): a run already complete ends here.
+    if plan.train:  # Validated (config, checkpoint, lock): a run already complete ends here.
         done = run_end.completed_run(directory, schedule.train_steps,
-                                     evaluate=mode == "train_and_eval")
+                                     evaluate=plan.in_line_eval)
         if done is not None:
-            if chief:
+            if plan.writes:
                 run_end.say_complete(directory, schedule.train_steps, done)
             return done
         faults.resume_inputs()
-    if train and chief:
+    if plan.marks_finished:
         directory.clear_finished()
         config.save_config(directory)
 
     try:
-        evaluations = (_Evaluations(directory, eval_side if chief else None, strategy)
-                       if mode == "train_and_eval" else None)
-        output = _run_mode(mode, controller, schedule, evaluations)
+        evaluations = (_Evaluations(directory, eval_side if plan.steps_aside else None)
+                       if plan.in_line_eval else None)
+        output = _run_mode(plan, controller, schedule, evaluations)
     except EvaluationStopped:  # A signal during an in-line evaluation.
         faults.preempt(controller.step)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
-    if train and chief:
+    if plan.marks_finished:
         directory.mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint,
                                           schedule.train_steps)
     hooks.call("on_trial_close", output)
-    if train and chief:
-        run_end.say_done(directory, controller.step, output if mode != "train" else None)
+    if plan.marks_finished:
+        run_end.say_done(directory, controller.step, output if plan.evaluate else None)
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule,
+def _run_mode(plan: RunPlan, controller: Controller, schedule,
               evaluations: Optional["_Evaluations"]) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
-    if mode == "eval":
+    if not plan.train:
         return controller.evaluate(steps=eval_steps)
-    if mode == "train":
+    if not plan.evaluate:
         controller.train(steps=schedule.train_steps)
         return {}
     output = controller.train_and_evaluate(
@@ -255,26 +255,25 @@ class _Evaluations:
     """Which in-line evaluations of `train_and_eval` run: none at a step already
     evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
     read once at start), and none while a live sidecar evaluator serves the model
-    dir (`ctl.core.evaluator_role`; one-process strategies: the workers of a cluster
-    must agree on every evaluation). Stepping aside, the chief lets the eval-side
-    hooks go (`EvaluatorRole.steps_aside`) for the sidecar to take."""
+    dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
+    one-process strategies, the workers of a cluster must agree on every
+    evaluation). Stepping aside, the chief lets the eval-side hooks go
+    (`EvaluatorRole.steps_aside`) for the sidecar to take."""
 
-    def __init__(self, directory: ModelDir, eval_side: Optional[EvaluatorRole],
-                 strategy: tf.distribute.Strategy):
+    def __init__(self, directory: ModelDir, in_line: Optional[EvaluatorRole]):
         self.recorded = directory.evaluations_on_record()
-        one_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        self.in_line = eval_side if one_process else None
+        self.in_line = in_line
 
     def skip(self, step: int) -> bool:
         return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
 
 
-def _hooks(experiment, trainer, directory, strategy, chief, train) -> Hooks:
+def _hooks(experiment, trainer, directory, strategy, plan: RunPlan) -> Hooks:
     """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
     run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,
               checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
-              task=experiment.task, strategy=strategy, chief=chief)
-    builtin = ([MetricsLog()] + ([HParamsSummary()] if train else [])) if chief else []
+              task=experiment.task, strategy=strategy, chief=plan.chief)
+    builtin = ([MetricsLog()] + ([HParamsSummary()] if plan.hparams else [])) if plan.writes else []
     return Hooks(experiment.hooks, run, builtin=builtin)
 
 

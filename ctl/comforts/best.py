@@ -12,7 +12,7 @@ the evaluated state (`run.checkpoint`: model, optimizer, global step) to
      "path": ".../best/ckpt-1500"}
 
 Both writes are whole, in that order: the checkpoint is written aside and
-published (`ctl.core.model_dir.publish_directory`: a rename on a file system; in
+published (`ctl.core.model_dir.publishing`: a rename on a file system; in
 an object store its `.index` copied last, then a marker), then the record,
 atomically; so a crash leaves the previous record valid. The best checkpoint lives outside the
 files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention

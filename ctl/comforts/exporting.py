@@ -10,7 +10,7 @@ hook (ctl.comforts.hooks) acting on evaluation results or checkpoint saves:
 
 Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
 temporary directory next to it and published whole (`ctl.core.model_dir.
-publish_directory`: renamed into place on a file system; in an object store
+publishing`: renamed into place on a file system; in an object store
 copied with `saved_model.pb` and then the marker `ctl_published.json` last), so
 a reader sees a whole SavedModel or none, and a restart replaces a half one
 that an interrupted export left. A step already exported is not written again. The signatures are the task's `serving_signatures(model)`.

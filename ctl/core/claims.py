@@ -41,9 +41,9 @@ theirs within a second); two takers whose write and read-back are more than
 `SETTLE_SECONDS` apart can both believe they hold it; a holder frozen for
 longer than `STALE_SECONDS` (SIGSTOP, a VM pause) loses it to a taker and
 finds out at its next renewal, which logs a WARNING, stops renewing and sets
-`lost`: the eval-side hooks stop there (`ctl.core.hooks.OwnedActions`), a
+`lost`: the eval-side hooks stop there (`ctl.core.evaluator_role`), a
 trainer stops at its next train loop's end, before its checkpoint, with exit 2
-(`ctl.faults.lock.stop_if_taken`). With `wait=True` (the trainer's lock) a
+(`ctl.faults.lock.ModelDirLock.stop_if_taken`). With `wait=True` (the trainer's lock) a
 taker that finds a fresh record of another host watches it for up to
 `STALE_SECONDS`: renewed means live (refused), not renewed means its holder is
 gone (taken), so a trainer restarted on a new host after a SIGKILL waits at

@@ -13,7 +13,7 @@
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      eval/sidecar.json             a live sidecar's announcement (`ctl.core.evaluator.EvaluatorRole`)
+      eval/sidecar.json             a live sidecar's announcement (`ctl.core.evaluator_role`)
       best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`)
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
