@@ -168,10 +168,10 @@ def _run() -> None:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(first_line(error, None))
     except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
-        fault = storage_fault_within(error, FLAGS.model_dir)
+        fault = storage_fault_within(error, directory)
         if fault is None:
             raise  # A bug keeps its traceback.
-        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(FLAGS.model_dir)}")
+        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(directory)}")
 
 
 def _finish_on_a_late_signal() -> None:

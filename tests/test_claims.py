@@ -216,7 +216,7 @@ def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
 
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     """The sidecar's announcement (an `flock` on a local disk): live to a reader while its
-    holder lives, gone when released, and gone at once when its process is killed."""
+    holder lives, deleted when released, and not live at once when its process is killed."""
     directory = ModelDir(str(tmp_path / "run"))
     trainer = EvaluatorRole(directory, TRAINER)
     assert trainer.live_sidecar() is None
@@ -227,6 +227,7 @@ def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     finally:
         sidecar.release()
     assert trainer.live_sidecar() is None
+    assert not os.path.exists(directory.announcement_file)  # Deleted at its end.
 
     code = ("import time; from ctl.core.evaluator_role import SIDECAR, EvaluatorRole; "
             "from ctl.core.model_dir import ModelDir; "

@@ -162,19 +162,19 @@ def test_an_object_store_answering_errors_during_a_save(gcs, gcs_dir, straight_r
 
 def test_only_errors_naming_the_model_dir_or_a_refusing_errno_are_storage_faults():
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/m/metrics.jsonl")
-    assert storage_fault_within(full, "/m") == StorageFault("/m/metrics.jsonl", "No space left on device")
+    assert storage_fault_within(full, ModelDir("/m")) == StorageFault("/m/metrics.jsonl", "No space left on device")
     wrapped = RuntimeError("in a hook")
     wrapped.__cause__ = full
-    assert storage_fault_within(wrapped, "/m") == StorageFault("/m/metrics.jsonl", "No space left on device")
+    assert storage_fault_within(wrapped, ModelDir("/m")) == StorageFault("/m/metrics.jsonl", "No space left on device")
     upload = tf.errors.AbortedError(None, None, "All 10 retry attempts failed. The last failure: HTTP "
                                     "response code 503 with body 'x'\n\t when uploading gs://b/run/ckpt-9_temp/")
-    assert storage_fault_within(upload, "gs://b/run") == StorageFault("gs://b/run/ckpt-9_temp/",
+    assert storage_fault_within(upload, ModelDir("gs://b/run")) == StorageFault("gs://b/run/ckpt-9_temp/",
                                                                       "HTTP response code 503")
     # An out-of-memory error names no path: a bug's traceback, not a storage fault.
     oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[1000000]")
-    assert storage_fault_within(oom, "/m") is None
-    assert storage_fault_within(FileNotFoundError(errno.ENOENT, "gone", "/m/x"), "/m") is None
-    assert storage_fault_within(ValueError("/m/x"), "/m") is None
+    assert storage_fault_within(oom, ModelDir("/m")) is None
+    assert storage_fault_within(FileNotFoundError(errno.ENOENT, "gone", "/m/x"), ModelDir("/m")) is None
+    assert storage_fault_within(ValueError("/m/x"), ModelDir("/m")) is None
 
 
 @pytest.mark.slow

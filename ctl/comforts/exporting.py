@@ -44,15 +44,6 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
     return export_dir
 
 
-def exported_steps(directory: str, published: bool = True) -> List[int]:
-    """The steps exported under `directory` (whole ones; all with `published=False`), oldest first."""
-    if not tf.io.gfile.isdir(directory):
-        return []
-    steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
-                   if name.rstrip("/").isdigit())
-    return [s for s in steps if not published or is_published(os.path.join(directory, str(s)))]
-
-
 class Exporter(Hook):
     """Exports the bound model to `<model_dir>/export/<name>/<step>`, keeping `max_to_keep`."""
 
@@ -67,6 +58,15 @@ class Exporter(Hook):
     def directory(self) -> str:
         return self.run.directory.export_dir(self.name)
 
+    def exported_steps(self, published: bool = True) -> List[int]:
+        """The steps exported (whole ones; all with `published=False`), oldest first."""
+        if not tf.io.gfile.isdir(self.directory):
+            return []
+        steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(self.directory)
+                       if name.rstrip("/").isdigit())
+        return [s for s in steps if not published
+                or is_published(self.run.directory.export_step_dir(self.name, s))]
+
     def export(self) -> Optional[str]:
         if not self.run.chief:
             return None
@@ -77,8 +77,8 @@ class Exporter(Hook):
         written = export_saved_model(model, self._signatures, path)
         if written:
             console.info("export", "%s SavedModel: %s", self.name, written, step=self.run.step)
-        kept = exported_steps(self.directory)[-self.max_to_keep:]
-        for step in exported_steps(self.directory, published=False):
+        kept = self.exported_steps()[-self.max_to_keep:]
+        for step in self.exported_steps(published=False):
             if step not in kept:  # Retired, or half of an export a kill interrupted.
                 tf.io.gfile.rmtree(self.run.directory.export_step_dir(self.name, step))
         for name in tf.io.gfile.listdir(self.directory):  # What a killed export left aside.

@@ -105,9 +105,12 @@ class Claim(Protocol):
     def holder_role(self) -> str: ...
 
 
-def claim_for(path: str, role: str, wait: bool = False) -> Claim:
-    """A `Lease` for a path in an object store, else a `FileLock`."""
-    return Lease(path, role, wait=wait) if is_object_store(path) else FileLock(path, role)
+def claim_for(path: str, role: str, wait: bool = False, transient: bool = False) -> Claim:
+    """A `Lease` for a path in an object store (its record always deleted on release), else a
+    `FileLock` (`transient`: its file deleted on release)."""
+    if is_object_store(path):
+        return Lease(path, role, wait=wait)
+    return FileLock(path, role, transient=transient)
 
 
 def eval_hooks_claim(directory: ModelDir, role: str) -> Claim:
@@ -162,14 +165,21 @@ def _role(record: Any) -> str:
 
 class FileLock:
     """An exclusive `flock` on a local file, with its holder recorded in it. The kernel
-    drops it with its holder: never lost, and its record is always readable."""
+    drops it with its holder: never lost, and its record is always readable.
+
+    A `transient` lock's file exists only while it is held: its holder deletes it
+    when it releases (a kill leaves it, not held). A taker holds the file at the
+    path only: one it locked after the holder deleted it is let go, and the path's
+    new file tried.
+    """
 
     lost = False
     read_error = None
 
-    def __init__(self, path: str, role: str):
+    def __init__(self, path: str, role: str, transient: bool = False):
         self.path = path
         self.role = role
+        self.transient = transient
         self._fd: Optional[int] = None
 
     @property
@@ -180,14 +190,18 @@ class FileLock:
         if self._fd is not None:
             return True
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return False
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(fd)
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                return False
+            if not self.transient or _same_file(fd, self.path):
+                break
+            os.close(fd)  # Deleted by its releasing holder meanwhile: the path's new file.
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(_holder_record(self.role)) + "\n").encode(), 0)
         self._fd = fd
@@ -195,9 +209,12 @@ class FileLock:
 
     def held_elsewhere(self) -> bool:
         """Whether another live process holds it now; creates and changes nothing."""
-        if self._fd is not None or not os.path.exists(self.path):
+        if self._fd is not None:
             return False
-        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -211,6 +228,11 @@ class FileLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            if self.transient:
+                try:
+                    os.remove(self.path)  # Still held: no taker has this file yet.
+                except FileNotFoundError:
+                    pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -416,6 +438,14 @@ class Lease:
                 self._write()
             except tf.errors.OpError as error:  # The next renewal tries again.
                 console.warning("lock", "could not renew %s (%s)", self.path, first_line(error))
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether the open file `fd` is the file at `path` now."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _alive(pid: Any) -> bool:

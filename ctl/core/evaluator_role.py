@@ -11,7 +11,8 @@ process's side of that decision, in two claims of the model dir
     <model_dir>/eval/sidecar.json   a live sidecar's announcement (`announce`)
     <model_dir>/eval_hooks.lock     the owner of the eval-side hooks (`__call__`)
 
-- The sidecar announces itself when it starts; the claim dies with it. One
+- The sidecar announces itself when it starts; the claim dies with it, and its
+  file is deleted when it ends (a kill leaves the file, not the claim). One
   sidecar is announced at a time: a second one on the same dir is told so in
   one line and evaluates anyway.
 - The trainer asks once per evaluation (`steps_aside`), never per train loop:
@@ -51,7 +52,7 @@ class EvaluatorRole:
         self.role = role
         self.actions = list(actions)
         self.hooks_claim: Claim = eval_hooks_claim(directory, role)
-        self.announcement: Claim = claim_for(directory.announcement_file, SIDECAR)
+        self.announcement: Claim = claim_for(directory.announcement_file, SIDECAR, transient=True)
         self._owned: Optional[bool] = None  # Decided at the first evaluation with actions.
         self._aside = False
 
