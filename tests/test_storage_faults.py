@@ -207,8 +207,6 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
     # The sidecar copies a checkpoint's files from the bucket to the local disk ($TMPDIR) before
     # it restores them: a 256 KiB tmpfs there has no room for one (600 KiB of ballast). That is
     # the local disk's fault, not the checkpoint's: exit 74, and evaluated after a restart.
-    from ctl.sidecar import continuous_eval
-
     assert train(gcs_dir, 20).returncode == 0  # ckpt-10, ckpt-20, the run marked finished.
     tmp = str(tmp_path / "tmp")
     mount_tmpfs(tmp, "256k")

@@ -16,7 +16,7 @@ import orbit
 
 from ctl.core.errors import UserError
 from ctl.core.hooks import Hook, Run
-from ctl.core.model_dir import ModelDir, read_json, write_json
+from ctl.core.model_dir import read_json, write_json
 
 
 def flat_logs(logs, prefix: str = "") -> Dict[str, Any]:
