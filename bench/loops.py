@@ -37,6 +37,8 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Checkpoints, Controller, Summaries
 from ctl.core.loops import end_off_path as _end_off_path
 from ctl.core.stop import SignalWatcher
+from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9
@@ -180,7 +182,7 @@ def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
                                 trainer_cls=trainer_cls,
                                 fault_tolerance=fault_tolerance or ctl.FaultTolerance())
     model_dir = model_dir or tempfile.mkdtemp(prefix="ctl-bench-")
-    built = train_lib.build_controller(mode, model_dir, tf.distribute.get_strategy(), experiment,
+    built = train_lib.build_controller(RunPlan(mode), ModelDir(model_dir), tf.distribute.get_strategy(), experiment,
                                        watcher=_watcher() if mode != "eval" else None)
     return built.trainer, built.controller
 

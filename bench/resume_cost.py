@@ -33,6 +33,8 @@ from ctl import train_lib
 from ctl.core import config
 from ctl.experiment import Experiment
 from ctl.core.stop import SignalWatcher
+from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINES = {"digits": "configs/digits.gin", "map1ms": "bench/configs/resume_map.gin"}
@@ -53,7 +55,7 @@ def prepare(gin_file, steps, scratch):
     for step in steps:
         model_dir = os.path.join(scratch, f"step{step}")
         with SignalWatcher() as watcher:
-            built = train_lib.build_controller("train", source, tf.distribute.get_strategy(),
+            built = train_lib.build_controller(RunPlan("train"), ModelDir(source), tf.distribute.get_strategy(),
                                                experiment, checkpoint_dir=model_dir,
                                                watcher=watcher)
         how = built.faults.resume_inputs()

@@ -40,7 +40,6 @@ import tensorflow as tf  # noqa: E402
 
 from ctl.core.checkpointing import CheckpointManager  # noqa: E402
 from ctl.core.model_dir import ModelDir, is_object_store  # noqa: E402
-from ctl.sidecar import continuous_eval  # noqa: E402
 from tests.tasks import RegressionTask  # noqa: E402
 
 GIN = os.path.join(ROOT, "tests", "regression.gin")
@@ -114,7 +113,7 @@ def main():
         if evaluator.returncode != 0:
             log.seek(0)
             raise SystemExit(f"sidecar_latency: evaluator failed:\n{log.read()[-3000:]}")
-        records = continuous_eval.read_metrics(model_dir)
+        records = ModelDir(model_dir).sidecar_evaluations()
     latency = {r["number"]: r["started"] - committed[r["number"]] for r in records}
     values = sorted(latency.values())
     print(json.dumps({

@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.experiment import Experiment as Experiment, Schedule as Schedule
     from ctl.faults.handler import FaultTolerance as FaultTolerance
     from ctl.sidecar.scheduler import ContinuousEval as ContinuousEval
-    from ctl.train_lib import MODES as MODES, run_experiment as run_experiment
+    from ctl.core.run_plan import MODES as MODES
+    from ctl.train_lib import run_experiment as run_experiment
 
 _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],
@@ -38,6 +39,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.core.arguments": ["Check", "Range", "check_arguments"],
     "ctl.core.checkpointing": ["restore_model"],
     "ctl.core.errors": ["UserError"],
+    "ctl.core.run_plan": ["MODES"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],
     "ctl.core.runner": ["TrainLoopEnd"],
@@ -45,7 +47,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.experiment": ["Experiment", "Schedule"],
     "ctl.faults.handler": ["FaultTolerance"],
     "ctl.sidecar.scheduler": ["ContinuousEval"],
-    "ctl.train_lib": ["MODES", "run_experiment"],
+    "ctl.train_lib": ["run_experiment"],
 }
 # The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks.py).
 _SUBMODULES = ["hooks"]

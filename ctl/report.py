@@ -85,8 +85,9 @@ def summarize(curves: Dict[str, Curve]) -> List[Tuple[str, float, float, int, in
     return rows
 
 
-def table(model_dir: str, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
-    lines = [f"ctl report: {model_dir}"]
+def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
+    """The summary of the run in `directory` (a `ctl.core.model_dir.ModelDir`)."""
+    lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
     if everything:
         last_step = max(p[0] for p in everything)
@@ -97,9 +98,7 @@ def table(model_dir: str, train: Dict[str, Curve], evals: Dict[str, Curve]) -> s
     for kind, curves in (("train", train), ("eval", evals)):
         for tag, last, best, step, count in summarize(curves):
             lines.append(f"{kind:6} {tag:24} {last:12.6g} {best:12.6g} {step:8d} {count:7d}")
-    from ctl.comforts.best import read_best
-
-    record = read_best(model_dir)
+    record = directory.best_record()
     if record:
         lines.append(f"best checkpoint: {record['metric']} = {record['value']:.6g} at step "
                      f"{record['step']} ({record['path']})")
@@ -161,7 +160,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     if not tf.io.gfile.isdir(model_dir):
         raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
                         "directory.")
-    output = output or os.path.join(model_dir, "report.png")
+    output = output or directory.report_file
     _check_output(output)
     train = read_scalars(directory.train_dir)
     evals = read_scalars(directory.eval_dir)
@@ -173,13 +172,13 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     except (OSError, tf.errors.OpError) as error:
         reason = getattr(error, "strerror", None) or first_line(error)
         raise UserError(f"cannot write --output={output} ({reason}); name a file you can write.") from error
-    return table(model_dir, train, evals), output
+    return table(directory, train, evals), output
 
 
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
     from ctl.core import config
-    from ctl.core.model_dir import ModelDir, read_text
+    from ctl.core.model_dir import REPORT_FILE, ModelDir, read_text
 
     runs = []
     for model_dir in model_dirs:
@@ -208,7 +207,7 @@ def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     lines = [f"ctl report: {len(runs)} runs", "  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines.append("-" * len(lines[-1]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    output = output or os.path.join(_common_parent(model_dirs), "report.png")
+    output = output or os.path.join(_common_parent(model_dirs), REPORT_FILE)  # Beside the runs.
     _check_output(output)
     plot_runs([(name, curves) for name, (_, _, curves) in zip(names, runs)], output)
     return "\n".join(lines), output

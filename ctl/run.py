@@ -49,9 +49,10 @@ import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.core import console, gin_text  # noqa: E402
 from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", None, cluster.MODES + (cluster.SMOKE,),
+flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
                   "What to run; `smoke` rehearses a run in seconds in a temporary dir.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries and configs.")
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeat to parse several in order.")
@@ -110,7 +111,7 @@ def _say_strategy(name: str, strategy) -> None:
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
-    if not FLAGS.model_dir and FLAGS.mode != cluster.SMOKE:
+    if not FLAGS.model_dir and FLAGS.mode != SMOKE:
         _fail(f"--mode={FLAGS.mode} needs --model_dir; name the run's directory.")
     try:
         gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
@@ -126,6 +127,7 @@ def _run() -> None:
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
     from ctl.core import config
+    from ctl.core.model_dir import ModelDir
     from ctl.core.stop import EXIT_PREEMPTED
     from ctl.faults.preemption import Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
@@ -134,17 +136,18 @@ def _run() -> None:
 
     _set_up_console()
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
+    directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
     try:
         plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
         if plan.mode != FLAGS.mode:
             console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
                             "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)
         gin_files = FLAGS.gin_file
-        if plan.mode == "continuous_eval" and not gin_files:  # The trainer's config.
+        if plan.mode == CONTINUOUS_EVAL and not gin_files:  # The trainer's config.
             timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
                                                  ContinuousEval.timeout)
             ContinuousEval(timeout=timeout)  # Checks it.
-            gin_files = [continuous_eval.wait_for_config(FLAGS.model_dir, timeout)]
+            gin_files = [continuous_eval.wait_for_config(directory, timeout)]
         if plan.action == "serve":
             config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.
@@ -152,11 +155,11 @@ def _run() -> None:
         strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
         _say_strategy(plan.strategy, strategy)
         config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        if plan.mode == smoke.MODE:
+        if plan.mode == SMOKE:
             smoke.run_smoke(strategy)
         else:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan.mode, FLAGS.model_dir, strategy)
+                train_lib.run_experiment(plan.mode, directory, strategy)
     except Preempted as preempted:
         _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:
@@ -167,10 +170,10 @@ def _run() -> None:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(first_line(error, None))
     except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
-        fault = storage_fault_within(error, FLAGS.model_dir)
+        fault = storage_fault_within(error, directory)
         if fault is None:
             raise  # A bug keeps its traceback.
-        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(FLAGS.model_dir)}")
+        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(directory)}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Like Determined's `test=True` and Lightning's `fast_dev_run`.
 """
 
 import dataclasses
-import os
 import tempfile
 import time
 import traceback
@@ -27,14 +26,13 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import train_lib
-from ctl.cluster import tf_config
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
 from ctl.core import checkpointing, config, console
 from ctl.core.errors import UserError, one_line
+from ctl.core.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 
-MODE = tf_config.SMOKE
 SMOKE_STEPS = 2
 STAGES = ("train", "eval", "restore", "export")
 
@@ -48,22 +46,23 @@ def run_smoke(strategy=None, experiment=None) -> float:
         train_steps=SMOKE_STEPS, steps_per_loop=1, eval_steps=1, eval_interval=None,
         checkpoint_interval=1, max_checkpoints=SMOKE_STEPS))
     stage = "train"
-    with tempfile.TemporaryDirectory(prefix="ctl-smoke-") as model_dir:
+    with tempfile.TemporaryDirectory(prefix="ctl-smoke-") as path:
+        directory = ModelDir(path)
         try:
-            results = train_lib.run_experiment("train_and_eval", model_dir, strategy, experiment)
+            results = train_lib.run_experiment("train_and_eval", directory, strategy, experiment)
             stage = "restore"
             trainer = experiment.trainer_cls(experiment.task, strategy=strategy, train=False,
                                              evaluate=True)
-            latest = tf.train.latest_checkpoint(model_dir)
+            latest = tf.train.latest_checkpoint(directory.path)
             with strategy.scope():
                 # Optimizer slots a fresh optimizer makes lazily stay unread (restore allows it).
-                checkpointing.restore(trainer.checkpoint, latest, model_dir)
+                checkpointing.restore(trainer.checkpoint, latest, directory.path)
             _check(int(trainer.global_step.numpy()) == SMOKE_STEPS,
                    f"restored step {int(trainer.global_step.numpy())}, expected {SMOKE_STEPS}")
             again = trainer.evaluate(tf.constant(1))
             _check_close(again, results, "the restored model's eval results")
             stage = "export"
-            _export_and_compare(experiment.task, trainer, model_dir)
+            _export_and_compare(experiment.task, trainer, directory)
         except UserError as error:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
         except Exception as error:  # noqa: BLE001 - any failure is the answer here.
@@ -76,10 +75,10 @@ def run_smoke(strategy=None, experiment=None) -> float:
     return seconds
 
 
-def _export_and_compare(task, trainer, model_dir: str) -> None:
+def _export_and_compare(task, trainer, directory: ModelDir) -> None:
     features = task.features(next(iter(task.build_inputs(training=False))))
     signatures = task.serving_signatures(trainer.eval_model)
-    path = export_saved_model(trainer.eval_model, signatures, os.path.join(model_dir, "smoke_export"))
+    path = export_saved_model(trainer.eval_model, signatures, directory.smoke_export_dir)
     loaded = tf.saved_model.load(path)
     for name, function in signatures.items():
         if name not in loaded.signatures:

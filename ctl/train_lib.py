@@ -10,30 +10,33 @@ into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
-parsed; tests and notebooks call it directly.
+parsed; tests and notebooks call it directly. It makes the run's two objects
+once, the `ModelDir` (`ctl.core.model_dir`) and the `RunPlan`
+(`ctl.core.run_plan`: what this process does for its mode and cluster), and
+passes them down.
 """
 
 import contextlib
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.distribute import is_chief
-from ctl.cluster.tf_config import MODES
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
-from ctl.comforts.progress import MetricsLog, read_metrics
+from ctl.comforts.progress import MetricsLog
 from ctl.core import config, console, contract
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError, require_choice
-from ctl.core.hook_protocol import Hooks, OwnedActions, Run
-from ctl.core.claims import eval_hooks_claim
+from ctl.core.errors import UserError
+from ctl.core.evaluator_role import TRAINER, EvaluatorRole
+from ctl.core.hook_protocol import Hooks, Run
 from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -42,13 +45,13 @@ from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
 from ctl.faults.lock import ModelDirLock
-from ctl.sidecar import announce, continuous_eval
+from ctl.sidecar import continuous_eval
 
 
 
 def run_experiment(
     mode: str,
-    model_dir: str,
+    model_dir: Union[str, ModelDir],
     strategy: Optional[tf.distribute.Strategy] = None,
     experiment: Optional[Experiment] = None,
 ) -> Dict[str, Any]:
@@ -62,40 +65,40 @@ def run_experiment(
     its results are (`ctl.comforts.run_end`); a run already complete writes
     nothing and returns its recorded results.
     """
-    require_choice("mode", mode, MODES)
+    directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
-    if mode == "continuous_eval":
+    plan = RunPlan(mode, chief=is_chief(strategy), one_process=not isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy))
+    if plan.sidecar:
         experiment = experiment or config.call_configured(Experiment)
-        return continuous_eval.evaluate_continuously(model_dir, strategy, experiment=experiment)
-    if mode == "train_and_eval" and cluster.has_evaluator():
+        return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment)
+    if plan.in_line_eval and cluster.has_evaluator():
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
-        mode = "train"
-    if mode == "eval" and not ModelDir(model_dir).checkpoints():
+        plan = plan.without_in_line_eval()
+    if not plan.train and not directory.checkpoints():
         raise UserError(
-            f"--model_dir={model_dir} holds no checkpoint to evaluate; train first "
+            f"--model_dir={directory} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    chief = is_chief(strategy)
     experiment = experiment or config.call_configured(Experiment)
-    if chief:  # Other workers only read the model dir.
-        ModelDir(model_dir).check_writable()  # Writes nothing yet: a refused run leaves no trace.
-    train = mode != "eval"
+    if plan.writes:  # Other workers only read the model dir.
+        directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
     # run refused for a bad input leaves even the lock file as it was.
-    lock = ModelDirLock(model_dir) if train and chief else None
+    lock = ModelDirLock(directory) if plan.locks else None
     if lock is not None:
         lock.check()  # Before reading checkpoints that a live trainer is retiring meanwhile.
     with contextlib.ExitStack() as stack:
         if lock is not None:
             stack.callback(lock.release)
-        watcher = stack.enter_context(SignalWatcher()) if train else None
-        checkpoint_dir = stack.enter_context(_checkpoint_directory(model_dir, chief))
-        return _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher,
-                    stack)
+        watcher = stack.enter_context(SignalWatcher()) if plan.train else None
+        checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, plan.chief))
+        return _run(plan, directory, strategy, experiment, stack,
+                    checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher)
 
 
 @contextlib.contextmanager
-def _checkpoint_directory(model_dir: str, chief: bool):
+def _checkpoint_directory(directory: ModelDir, chief: bool):
     """The model dir for the chief; for other multi-worker workers, a scratch dir.
 
     MultiWorkerMirroredStrategy needs every worker to save (the save reads
@@ -103,7 +106,7 @@ def _checkpoint_directory(model_dir: str, chief: bool):
     The others restore from it and delete their scratch copies at the end.
     """
     if chief:
-        yield model_dir
+        yield directory.path
         return
     scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
     try:
@@ -119,62 +122,59 @@ class Built(NamedTuple):
     controller: Controller
     faults: Optional[FaultHandler]  # None unless training.
     hooks: Hooks
-    eval_side: Optional[OwnedActions] = None  # Release its claim when the run ends.
+    eval_side: Optional[EvaluatorRole] = None  # Release its claims when the run ends.
 
 
-def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy,
+def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                      experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
-                     chief: bool = True, watcher: Optional[SignalWatcher] = None) -> Built:
+                     watcher: Optional[SignalWatcher] = None,
+                     lock: Optional[ModelDirLock] = None) -> Built:
     """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
 
-    Restores the latest checkpoint in `model_dir` (or initializes); writes
+    Restores the latest checkpoint in `directory` (or initializes); writes
     nothing. Training needs a `watcher`. `bench/` drives the returned
     controller directly, so that it measures ctl's real loop.
     """
     schedule = experiment.schedule
-    train = mode != "eval"
-    evaluate = mode != "train"
     if experiment.fault_tolerance.seed is not None:
         resume.seed_everything(experiment.fault_tolerance.seed)
     trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate,
-        stop=watcher if train else None, guard_steps=experiment.fault_tolerance.guard_steps,
+        experiment.task, strategy=strategy, train=plan.train, evaluate=plan.evaluate,
+        stop=watcher if plan.train else None, guard_steps=experiment.fault_tolerance.guard_steps,
     )
-    summary_dir = ModelDir(model_dir).train_dir
-    eval_summary_dir = ModelDir(model_dir).eval_dir
-    hooks = _hooks(experiment, trainer, model_dir, strategy, chief, train)
+    hooks = _hooks(experiment, trainer, directory, strategy, plan)
     manager = CheckpointManager(
         trainer.checkpoint,
-        checkpoint_dir or model_dir,
-        restore_directory=model_dir,
+        checkpoint_dir or directory.path,
+        restore_directory=directory.path,
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
         checkpoint_interval=schedule.checkpoint_interval,
         init_fn=hooks.initialize,  # The hooks' on_initialize, then the task's initialize.
     )
-    faults = FaultHandler(experiment.fault_tolerance, trainer, manager, watcher) if train else None
+    faults = (FaultHandler(experiment.fault_tolerance, trainer, manager, watcher, lock)
+              if plan.train else None)
     train_actions: List[Callable[[Any], None]] = []
-    if train and chief:
-        train_actions.append(_OnceAfterFirstLoop(model_dir, summary_dir))
+    if plan.train and plan.writes:
+        train_actions.append(_OnceAfterFirstLoop(directory))
     train_actions += hooks.actions("on_train_loop_end")
     eval_actions = hooks.actions("on_eval_end")
     eval_side = None
-    if evaluate and chief:  # One process runs the eval-side hooks of a model dir.
-        eval_side = OwnedActions(hooks.actions("on_eval_end", builtin=False),
-                                 eval_hooks_claim(model_dir, "trainer"))
+    if plan.eval_side:  # One process runs the eval-side hooks of a model dir.
+        eval_side = EvaluatorRole(directory, TRAINER, hooks.actions("on_eval_end", builtin=False))
         eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     controller = Controller(
         strategy=strategy,
-        trainer=trainer if train else None,
-        evaluator=trainer if evaluate else None,
+        trainer=trainer if plan.train else None,
+        evaluator=trainer if plan.evaluate else None,
         global_step=trainer.global_step,
         steps_per_loop=schedule.steps_per_loop,
         checkpoints=Checkpoints(manager, asynchronous=schedule.async_checkpointing,
                                 on_end=hooks.actions("on_checkpoint_end"),
                                 on_load=hooks.actions("on_checkpoint_load")),
         summaries=Summaries(
-            train=SummaryManager(summary_dir if chief else None, trainer.global_step),
-            eval=SummaryManager(eval_summary_dir if chief else None, trainer.global_step),
+            train=SummaryManager(directory.train_dir if plan.writes else None, trainer.global_step),
+            eval=SummaryManager(directory.eval_dir if plan.writes else None, trainer.global_step),
             interval=schedule.summary_interval),
         between_loops=BetweenLoops(after_train_loop=[faults] if faults else [],
                                    train_actions=train_actions, eval_actions=eval_actions,
@@ -184,13 +184,13 @@ def build_controller(mode: str, model_dir: str, strategy: tf.distribute.Strategy
     return Built(trainer, controller, faults, hooks, eval_side)
 
 
-def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, watcher,
-         stack: contextlib.ExitStack) -> Dict[str, Any]:
+def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
+         experiment: Experiment, stack: contextlib.ExitStack, *, checkpoint_dir: str,
+         lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher]) -> Dict[str, Any]:
     schedule = experiment.schedule
-    train = mode != "eval"
     trainer, controller, faults, hooks, eval_side = build_controller(
-        mode, model_dir, strategy, experiment,
-        checkpoint_dir=checkpoint_dir, chief=chief, watcher=watcher,
+        plan, directory, strategy, experiment,
+        checkpoint_dir=checkpoint_dir, watcher=watcher, lock=lock,
     )
     stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
     stack.callback(controller.summary_manager.close)  # Object stores: their staging dirs go.
@@ -198,47 +198,47 @@ def _run(mode, model_dir, checkpoint_dir, strategy, experiment, chief, lock, wat
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    contract.check_run(trainer, schedule.eval_steps, train, mode != "train")  # Traces, runs nothing.
-    if chief:
-        ModelDir(model_dir).create()  # Everything is validated: the first write.
+    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate)  # Traces, runs nothing.
+    if plan.writes:
+        directory.create()  # Everything is validated: the first write.
     if lock is not None:
         lock.acquire()  # Before anything else is written; raises UserError if held.
-    if train:  # Validated (config, checkpoint, lock): a run already complete ends here.
-        done = run_end.completed_run(model_dir, schedule.train_steps,
-                                     evaluate=mode == "train_and_eval")
+    if plan.train:  # Validated (config, checkpoint, lock): a run already complete ends here.
+        done = run_end.completed_run(directory, schedule.train_steps,
+                                     evaluate=plan.in_line_eval)
         if done is not None:
-            if chief:
-                run_end.say_complete(model_dir, schedule.train_steps, done)
+            if plan.writes:
+                run_end.say_complete(directory, schedule.train_steps, done)
             return done
         faults.resume_inputs()
-    if train and chief:
-        ModelDir(model_dir).clear_finished()
-        config.save_config(model_dir)
+    if plan.marks_finished:
+        directory.clear_finished()
+        config.save_config(directory)
 
     try:
-        evaluations = (_Evaluations(model_dir, eval_side if chief else None, strategy)
-                       if mode == "train_and_eval" else None)
-        output = _run_mode(mode, controller, schedule, evaluations)
+        evaluations = (_Evaluations(directory, eval_side if plan.steps_aside else None)
+                       if plan.in_line_eval else None)
+        output = _run_mode(plan, controller, schedule, evaluations)
     except EvaluationStopped:  # A signal during an in-line evaluation.
         faults.preempt(controller.step)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
-    if train and chief:
-        ModelDir(model_dir).mark_finished(controller.step,
+    if plan.marks_finished:
+        directory.mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint,
                                           schedule.train_steps)
     hooks.call("on_trial_close", output)
-    if train and chief:
-        run_end.say_done(model_dir, controller.step, output if mode != "train" else None)
+    if plan.marks_finished:
+        run_end.say_done(directory, controller.step, output if plan.evaluate else None)
     return output
 
 
-def _run_mode(mode: str, controller: Controller, schedule,
+def _run_mode(plan: RunPlan, controller: Controller, schedule,
               evaluations: Optional["_Evaluations"]) -> Dict[str, Any]:
     eval_steps = schedule.eval_steps or -1
-    if mode == "eval":
+    if not plan.train:
         return controller.evaluate(steps=eval_steps)
-    if mode == "train":
+    if not plan.evaluate:
         controller.train(steps=schedule.train_steps)
         return {}
     output = controller.train_and_evaluate(
@@ -256,48 +256,36 @@ class _Evaluations:
     """Which in-line evaluations of `train_and_eval` run: none at a step already
     evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
     read once at start), and none while a live sidecar evaluator serves the model
-    dir (`ctl.sidecar.announce`; one-process strategies: the workers of a cluster
-    must agree on every evaluation). Stepping aside, the chief releases its claim
-    on the eval-side hooks (`eval_side`) for the sidecar to take."""
+    dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
+    one-process strategies, the workers of a cluster must agree on every
+    evaluation). Stepping aside, the chief lets the eval-side hooks go
+    (`EvaluatorRole.steps_aside`) for the sidecar to take."""
 
-    def __init__(self, model_dir: str, eval_side: Optional[OwnedActions],
-                 strategy: tf.distribute.Strategy):
-        self.recorded = {r.get("step"): run_end.results_of(r)
-                         for r in read_metrics(model_dir, "eval")}
-        self.recorded.update({r.get("step"): r.get("results") or {}
-                              for r in continuous_eval.read_metrics(model_dir)})
-        self.eval_side = eval_side
-        one_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        self.in_line = (announce.InLineEvaluation(model_dir, self._release_eval_side)
-                        if one_process else None)
+    def __init__(self, directory: ModelDir, in_line: Optional[EvaluatorRole]):
+        self.recorded = directory.evaluations_on_record()
+        self.in_line = in_line
 
     def skip(self, step: int) -> bool:
         return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
 
-    def _release_eval_side(self) -> None:
-        if self.eval_side is not None and self.eval_side.owned:
-            self.eval_side.release()
-            self.eval_side.owned = None  # Taken again if in-line evaluation comes back.
 
-
-def _hooks(experiment, trainer, model_dir, strategy, chief, train) -> Hooks:
+def _hooks(experiment, trainer, directory, strategy, plan: RunPlan) -> Hooks:
     """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
-    run = Run(model_dir=model_dir, model=trainer.model, eval_model=trainer.eval_model,
+    run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,
               checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
-              task=experiment.task, strategy=strategy, chief=chief)
-    builtin = ([MetricsLog()] + ([HParamsSummary()] if train else [])) if chief else []
+              task=experiment.task, strategy=strategy, chief=plan.chief)
+    builtin = ([MetricsLog()] + ([HParamsSummary()] if plan.hparams else [])) if plan.writes else []
     return Hooks(experiment.hooks, run, builtin=builtin)
 
 
 class _OnceAfterFirstLoop:
     """Train action: saves the operative config once the first loop has run."""
 
-    def __init__(self, model_dir: str, summary_dir: str):
-        self._model_dir = model_dir
-        self._summary_dir = summary_dir
+    def __init__(self, directory: ModelDir):
+        self._directory = directory
         self._done = False
 
     def __call__(self, unused_output) -> None:
         if not self._done:
-            config.save_operative_config(self._model_dir, self._summary_dir)
+            config.save_operative_config(self._directory)
             self._done = True

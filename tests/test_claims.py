@@ -1,5 +1,5 @@
-"""Claims without `flock`: the lease an object store gets (and every sidecar's announcement),
-and directories published whole.
+"""Claims: the lease an object store gets, the sidecar's announcement (an `flock` on a local
+disk), and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
 tf.io.gfile, as in `gs://`), with its timings shortened, and on the GCS emulator
@@ -18,10 +18,9 @@ import pytest
 import tensorflow as tf
 
 from ctl.core import claims
-from ctl.core.hook_protocol import OwnedActions
-from ctl.core.model_dir import PUBLISHED_MARKER, is_published, publish_directory
-from ctl.sidecar import announce
 from tests.support.processes import Process, python_command, run
+from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
+from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_directory
 
 
 @pytest.fixture
@@ -189,13 +188,14 @@ def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
     stop (said once), the taker's run; nothing of this process runs them twice."""
     path = str(tmp_path / "eval_hooks.lock")
     ran = []
-    owned = OwnedActions([ran.append], claims.Lease(path, "trainer"))
+    owned = EvaluatorRole(ModelDir(str(tmp_path)), TRAINER, [ran.append])
+    owned.hooks_claim = claims.Lease(path, TRAINER)  # A lease on a local file (as in gs://).
     try:
         owned({"step": 10})
         assert ran == [{"step": 10}] and owned.owned
         _foreign(path, time.time())  # Taken by another process (another token).
         deadline = time.monotonic() + 30
-        while not owned.claim.lost:  # Its next renewal finds the other record.
+        while not owned.hooks_claim.lost:  # Its next renewal finds the other record.
             assert time.monotonic() < deadline
             time.sleep(0.05)
         owned({"step": 20})
@@ -207,26 +207,35 @@ def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
 
 
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
-    """The sidecar's announcement is a lease: live to a reader while its holder lives, gone
-    when released, and gone at once when its process (on this host) is killed."""
-    model_dir = str(tmp_path / "run")
-    assert announce.live_sidecar(model_dir) is None
-    with announce.Announcement(model_dir):
-        assert announce.live_sidecar(model_dir) is not None  # Its own process: held here.
-    assert announce.live_sidecar(model_dir) is None
-    assert not os.path.exists(announce.announcement_file(model_dir))  # Deleted at its end.
+    """The sidecar's announcement (an `flock` on a local disk): live to a reader while its
+    holder lives, deleted when released, and not live at once when its process is killed."""
+    directory = ModelDir(str(tmp_path / "run"))
+    trainer = EvaluatorRole(directory, TRAINER)
+    assert trainer.live_sidecar() is None
+    sidecar = EvaluatorRole(directory, SIDECAR)
+    sidecar.announce()
+    try:
+        assert trainer.live_sidecar() is not None  # Another claim of this process.
+    finally:
+        sidecar.release()
+    assert trainer.live_sidecar() is None
+    assert not os.path.exists(directory.announcement_file)  # Deleted at its end.
 
-    code = ("import time; from ctl.sidecar import announce; "
-            f"announcement = announce.Announcement({model_dir!r}).__enter__(); "
+    code = ("import time; from ctl.core.evaluator_role import SIDECAR, EvaluatorRole; "
+            "from ctl.core.model_dir import ModelDir; "
+            f"EvaluatorRole(ModelDir({directory.path!r}), SIDECAR).announce(); "
             "print('announced', flush=True); time.sleep(120)")
-    with _a_process_that_said("announced", code) as sidecar:
-        assert f"pid {sidecar.pid} on host" in announce.live_sidecar(model_dir)
-        second = announce.Announcement(model_dir)
-        with second:
-            assert not second.lease.held  # One sidecar announced at a time.
-        assert announce.live_sidecar(model_dir) is not None  # The second left it alone.
-    assert os.path.exists(announce.announcement_file(model_dir))  # Left behind by the kill...
-    assert announce.live_sidecar(model_dir) is None  # ... and gone: no wait for staleness.
+    with _a_process_that_said("announced", code) as process:
+        assert f"pid {process.pid} on host" in trainer.live_sidecar()
+        second = EvaluatorRole(directory, SIDECAR)
+        second.announce()
+        try:
+            assert not second.announcement.held  # One sidecar announced at a time.
+        finally:
+            second.release()
+        assert trainer.live_sidecar() is not None  # The second left it alone.
+    assert os.path.exists(directory.announcement_file)  # Left behind by the kill...
+    assert trainer.live_sidecar() is None  # ... and not live: the kernel dropped its flock.
 
 
 def _saved_model_like(directory):

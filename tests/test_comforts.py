@@ -16,12 +16,12 @@ import tensorflow as tf
 import ctl
 from ctl.comforts.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
-from ctl.comforts.progress import read_metrics
 from ctl.core import config
 from tests.support.env import ROOT
 from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
+from ctl.core.model_dir import ModelDir
 from tests.comfort_tasks import EncoderTask
 from tests.tasks import RegressionTask, regression_data
 
@@ -77,7 +77,7 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
                      f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
                      "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
     assert result.returncode == 0, result.stderr
-    evals = read_metrics(model_dir, "eval")
+    evals = ModelDir(model_dir).metrics("eval")
     assert [e["step"] for e in evals][-2:] == [50, 60]
     assert all(e["loss"] > best["value"] for e in evals[-2:])
     assert not os.path.exists(os.path.join(model_dir, "ckpt-40.index"))  # Retention ran...
@@ -104,7 +104,7 @@ def test_early_stopping_stops_cleanly(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "early stopping: examples has not improved" in result.stdout
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
-    assert [r["step"] for r in read_metrics(str(tmp_path), "train")] == [10, 20, 30]
+    assert [r["step"] for r in ModelDir(str(tmp_path)).metrics("train")] == [10, 20, 30]
     # A restart remembers the stop: no more training.
     again = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
@@ -295,7 +295,7 @@ def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path
     expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
                                expected, rtol=1e-6)
-    record = ctl.comforts.best.read_best(str(tmp_path))
+    record = ModelDir(str(tmp_path)).best_record()
     assert record["step"] == 20
     np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
 
@@ -306,18 +306,18 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     hooks = [ctl.hooks.LatestExporter(), ctl.hooks.BestCheckpoint(), FinalExporter()]
     from ctl.sidecar import continuous_eval
     continuous_eval.evaluate_continuously(
-        str(tmp_path), experiment=experiment(hooks, train_steps=40),
+        ModelDir(str(tmp_path)), experiment=experiment(hooks, train_steps=40),
         settings=ctl.ContinuousEval(timeout=60))
     assert exported(str(tmp_path), "latest") == [20, 40]
     assert not os.path.exists(os.path.join(tmp_path, "export", "final"))  # The trainer's job.
     expected = model_at(os.path.join(tmp_path, "ckpt-40"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "40"), FEATURES),
                                expected, rtol=1e-6)
-    records = continuous_eval.read_metrics(str(tmp_path))
+    records = ModelDir(str(tmp_path)).sidecar_evaluations()
     assert [r["number"] for r in records] == [20, 40]
     best = min(records, key=lambda r: r["results"]["loss"])
     assert best["step"] == 40  # The loss falls: the later checkpoint is the better one.
-    record = ctl.comforts.best.read_best(str(tmp_path))
+    record = ModelDir(str(tmp_path)).best_record()
     assert (record["step"], record["value"]) == (40, pytest.approx(best["results"]["loss"]))
 
 
@@ -342,14 +342,14 @@ def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
     record holds only the value, not the step and path that BestExporter,
     BestCheckpoint and `ctl.report` need."""
     step = tf.Variable(7, dtype=tf.int64)
-    run = ctl.hooks.Run(model_dir=str(tmp_path), model=None, checkpoint=tf.train.Checkpoint(step=step),
+    run = ctl.hooks.Run(directory=ModelDir(str(tmp_path)), model=None, checkpoint=tf.train.Checkpoint(step=step),
                   global_step=step)
     best_checkpoint, best_exporter = ctl.hooks.BestCheckpoint(), ctl.hooks.BestExporter()
     for hook in (best_checkpoint, best_exporter):
         hook.bind(run)
     assert os.listdir(tmp_path) == []
     best_checkpoint.on_eval_end({"loss": np.float32(0.5)})
-    record = ctl.comforts.best.read_best(str(tmp_path))
+    record = ModelDir(str(tmp_path)).best_record()
     assert (record["value"], record["step"]) == (0.5, 7)
     assert tf.train.load_checkpoint(record["path"]).get_tensor(
         "step/.ATTRIBUTES/VARIABLE_VALUE") == 7
@@ -397,7 +397,7 @@ def test_an_export_appears_whole_and_once_per_step(tmp_path):
     task = RegressionTask()
     step = tf.Variable(3, dtype=tf.int64)
     model = task.build_model()
-    run = ctl.hooks.Run(model_dir=str(tmp_path), model=model, checkpoint=None, global_step=step,
+    run = ctl.hooks.Run(directory=ModelDir(str(tmp_path)), model=model, checkpoint=None, global_step=step,
                   task=task)
     os.makedirs(parent)
     events = DirectoryEvents(parent)

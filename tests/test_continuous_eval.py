@@ -16,7 +16,6 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
-from ctl.comforts.best import read_best
 from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN
@@ -35,7 +34,7 @@ def progress(model_dir):
 
 
 def evaluated_numbers(model_dir):
-    return [r["number"] for r in continuous_eval.read_metrics(model_dir)]
+    return [r["number"] for r in ModelDir(model_dir).sidecar_evaluations()]
 
 
 def experiment(task=None, **schedule):
@@ -184,7 +183,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     published_by = lambda path: read_json(f"{path}/{PUBLISHED_MARKER}")["pid"]  # noqa: E731
     assert [published_by(f"{model_dir}/export/latest/{s}") for s in ("30", "40")] == [sidecar.pid] * 2
     assert published_by(f"{model_dir}/export/final/40") == trainer.pid
-    best = read_best(model_dir)
+    best = ModelDir(model_dir).best_record()
     # The sidecar's best checkpoint holds what it restored: the model and step, no optimizer.
     names = {name for name, _ in tf.train.list_variables(best["path"])}
     assert any(n.startswith("model/") for n in names) and not any(
@@ -296,7 +295,7 @@ def test_idle_timeout_ends_with_a_clear_message(run_dir):
 def test_deleted_before_and_during_evaluation(run_dir, caplog):
     # While ckpt-10 is evaluated, its own files and those of ckpt-20 (already seen) vanish.
     settings = ctl.ContinuousEval(callbacks=[DeleteOnFirstEvaluation(run_dir, [10, 20])])
-    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
     assert progress(run_dir) == {10: "evaluated", 20: "deleted", 30: "evaluated", 40: "evaluated"}
     assert evaluated_numbers(run_dir) == [10, 30, 40]
     assert "skipping ckpt-20: deleted before its evaluation" in caplog.text
@@ -304,16 +303,16 @@ def test_deleted_before_and_during_evaluation(run_dir, caplog):
 
 def test_latest_policy_and_max_evaluations(run_dir):
     settings = ctl.ContinuousEval(policy="latest")
-    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
     assert evaluated_numbers(run_dir) == [40]
     assert progress(run_dir) == {10: "skipped", 20: "skipped", 30: "skipped", 40: "evaluated"}
 
     shutil.rmtree(os.path.join(run_dir, "eval"))
     settings = ctl.ContinuousEval(max_evaluations=3)
-    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
     assert evaluated_numbers(run_dir) == [10, 20, 30]
     # Counted over restarts: a new evaluator with the same limit has nothing left to do.
-    continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
+    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
     assert evaluated_numbers(run_dir) == [10, 20, 30]
 
 
@@ -325,12 +324,12 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     settings = ctl.ContinuousEval(callbacks=[recorder])
     sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
         experiment(task, train_steps=20), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
-    continuous_eval.evaluate_continuously(model_dir, experiment=sidecar_experiment,
+    continuous_eval.evaluate_continuously(ModelDir(model_dir), experiment=sidecar_experiment,
                                           settings=settings)
-    records = continuous_eval.read_metrics(model_dir)
+    records = ModelDir(model_dir).sidecar_evaluations()
     assert [r["step"] for r in records] == [10, 20]
     far_losses = {r["step"]: r["results"]["far"]["loss"] for r in records}
-    best = read_best(model_dir)
+    best = ModelDir(model_dir).best_record()
     assert best["metric"] == "far/loss" and best["step"] == min(far_losses, key=far_losses.get)
     assert records[1]["results"]["near"]["examples"] == 6.0
     assert records[1]["results"]["far"]["examples"] == 10.0
@@ -359,8 +358,8 @@ def test_tf_keras_model_checkpoint_files_evaluate(tmp_path):
     recorder = RecordingCallback()
     settings = ctl.ContinuousEval(max_evaluations=3, callbacks=[recorder])
     continuous_eval.evaluate_continuously(
-        model_dir, experiment=experiment(RegressionTask(flavor="tf_keras")), settings=settings)
-    records = continuous_eval.read_metrics(model_dir)
+        ModelDir(model_dir), experiment=experiment(RegressionTask(flavor="tf_keras")), settings=settings)
+    records = ModelDir(model_dir).sidecar_evaluations()
     # In order, although only the newest is named in the state file; at the optimizer's step.
     assert [(r["number"], r["step"]) for r in records] == [(1, 4), (2, 8), (3, 12)]
     assert records[2]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
@@ -381,8 +380,8 @@ def test_checkpoint_manager_over_model_and_optimizer_evaluates(tmp_path):
                                       model.trainable_variables))
         manager.save()
     settings = ctl.ContinuousEval(max_evaluations=2)
-    continuous_eval.evaluate_continuously(model_dir, experiment=experiment(), settings=settings)
-    records = continuous_eval.read_metrics(model_dir)
+    continuous_eval.evaluate_continuously(ModelDir(model_dir), experiment=experiment(), settings=settings)
+    records = ModelDir(model_dir).sidecar_evaluations()
     assert [(r["number"], r["step"]) for r in records] == [(1, 1), (2, 2)]  # optimizer.iterations
     assert records[1]["results"]["loss"] == pytest.approx(_eval_loss(model), rel=1e-4)
 

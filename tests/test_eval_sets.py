@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 import ctl
-from ctl.comforts.best import read_best
-from ctl.comforts.progress import read_metrics
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
+from ctl.core.model_dir import ModelDir
 from tests.sidecar_tasks import TwoEvalSetsTask
 
 
@@ -31,20 +30,20 @@ def test_named_eval_sets_in_line(tmp_path, strategy):
     # Each set's summaries in its own directory, as the sidecar writes them.
     for name in ("near", "far"):
         assert set(scalars(os.path.join(model_dir, "eval", name))["loss"]) == {10, 20}
-    evals = read_metrics(model_dir, "eval")
+    evals = ModelDir(model_dir).metrics("eval")
     assert [r["step"] for r in evals] == [10, 20]
     far = {r["step"]: r["far/loss"] for r in evals}
     assert evals[-1]["near/examples"] == 6.0
-    best = read_best(model_dir)
+    best = ModelDir(model_dir).best_record()
     assert best["metric"] == "far/loss" and best["step"] == min(far, key=far.get)
 
     # `--mode=eval` and the sidecar evaluate the same sets of the same checkpoints alike.
     again = ctl.run_experiment("eval", model_dir, strategy, experiment())
     np.testing.assert_allclose(again["far"]["loss"], results["far"]["loss"], rtol=1e-6)
     continuous_eval.evaluate_continuously(
-        model_dir, strategy, experiment=dataclasses.replace(experiment(), hooks=()))
+        ModelDir(model_dir), strategy, experiment=dataclasses.replace(experiment(), hooks=()))
     sidecar = {r["step"]: r["results"] for r in
-               continuous_eval.read_metrics(model_dir)}
+               ModelDir(model_dir).sidecar_evaluations()}
     assert sorted(sidecar) == [10, 20]
     for record in evals:
         for name in ("near", "far"):

@@ -13,7 +13,6 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.progress import read_metrics
 from ctl.core import config
 from ctl.core.model_dir import ModelDir, read_json, write_atomically
 from ctl.sidecar import continuous_eval
@@ -113,7 +112,7 @@ def test_train_restores_the_newest_checkpoint_that_restores(damaged, case):
     restored = DAMAGE[case][1]
     ctl.run_experiment("train", run_dir, experiment=experiment("ctl.Schedule.train_steps = 30"))
     # metrics.jsonl: the first run's loops, then this run's from the restored step on.
-    steps = [r["step"] for r in read_metrics(run_dir, "train")]
+    steps = [r["step"] for r in ModelDir(run_dir).metrics("train")]
     assert steps == [10, 20] + list(range(restored + 10, 31, 10)), steps
     assert read_json(ModelDir(run_dir).finished_file)["final_step"] == 30
     # The state file is whole again and names the new checkpoint.
@@ -163,6 +162,6 @@ def test_sidecar_evaluates_every_checkpoint_despite_a_garbage_state_file(run_dir
     # The trainer's final checkpoint (ckpt-20) is damaged: the sidecar says so, after ckpt-10.
     with pytest.raises(ctl.UserError, match=r"final checkpoint \(number 20\).*could not be "
                        r"evaluated \(failed\)"):
-        continuous_eval.evaluate_continuously(run_dir, experiment=experiment(), settings=settings)
-    records = continuous_eval.read_metrics(run_dir)
+        continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
+    records = ModelDir(run_dir).sidecar_evaluations()
     assert [r["number"] for r in records] == [10]

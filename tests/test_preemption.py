@@ -13,12 +13,12 @@ import signal
 import numpy as np
 import pytest
 
-from ctl.comforts.progress import read_metrics
 from ctl.core.stop import EXIT_PREEMPTED
 from tests.support.probe import MIRRORED, Trainer, read_steps, run_to_end, straight_and_chaos_runs
 from tests.support.processes import python_command, run
 from tests.support.reading import (assert_bit_equal, checkpoint_values, ctl_stderr_lines, latest_step, scalars,
                                    snapshot)
+from ctl.core.model_dir import ModelDir
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
     assert read_steps(eval_progress) == [1, 2, 3, 4, 5]
     eval_dir = os.path.join(model_dir, "eval")
     assert not os.path.isdir(eval_dir) or "loss" not in scalars(eval_dir)
-    assert not [r for r in read_metrics(model_dir, "eval")]
+    assert not [r for r in ModelDir(model_dir).metrics("eval")]
 
 
 @pytest.mark.parametrize("storage", ["local", "gs"], ids=["default", "default-gs"])

@@ -12,6 +12,8 @@ import ctl
 from ctl import train_lib
 from ctl.core.stop import SignalWatcher
 from tests.support.reading import checkpoint_values
+from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from tests.fault_tasks import ProbeTask
 
 
@@ -26,7 +28,7 @@ def _resumed(model_dir, task, strategy=None):
     """A trainer restored from `model_dir` with its input positioned, as ctl.run builds it."""
     strategy = strategy or tf.distribute.get_strategy()
     with SignalWatcher() as watcher:
-        built = train_lib.build_controller("train", str(model_dir), strategy,
+        built = train_lib.build_controller(RunPlan("train"), ModelDir(str(model_dir)), strategy,
                                            _experiment(task, 10**9), watcher=watcher)
     how = built.faults.resume_inputs()
     return built, how

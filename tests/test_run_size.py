@@ -15,6 +15,8 @@ from ctl import train_lib
 from ctl.faults import run_size
 from ctl.core.stop import SignalWatcher
 from tests.support.strategies import mirrored
+from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from tests.tasks import RegressionTask, regression_data
 
 EXAMPLES = 64  # 8 global batches of 8 per epoch.
@@ -35,7 +37,7 @@ def _next_examples(model_dir, strategy, caplog):
     """The example indices of the first step after resuming `model_dir`, and the new-size WARNINGs."""
     caplog.clear()
     with caplog.at_level(logging.WARNING), SignalWatcher() as watcher:
-        built = train_lib.build_controller("train", model_dir, strategy, _experiment(10**6),
+        built = train_lib.build_controller(RunPlan("train"), ModelDir(model_dir), strategy, _experiment(10**6),
                                            watcher=watcher)
         built.faults.resume_inputs()
     features, _ = next(built.trainer.train_iterator)

@@ -19,6 +19,7 @@ from ctl.faults.storage import EXIT_STORAGE_FAULT, StorageFault, storage_fault_w
 from tests.support.env import ROOT
 from tests.support.processes import run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
+from ctl.core.model_dir import ModelDir
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 BALLAST = "--gin_bindings=ProbeTask.ballast_kb=600"
@@ -163,19 +164,19 @@ def test_an_object_store_answering_errors_during_a_save(gcs, gcs_dir, straight_r
 
 def test_only_errors_naming_the_model_dir_or_a_refusing_errno_are_storage_faults():
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/m/metrics.jsonl")
-    assert storage_fault_within(full, "/m") == StorageFault("/m/metrics.jsonl", "No space left on device")
+    assert storage_fault_within(full, ModelDir("/m")) == StorageFault("/m/metrics.jsonl", "No space left on device")
     wrapped = RuntimeError("in a hook")
     wrapped.__cause__ = full
-    assert storage_fault_within(wrapped, "/m") == StorageFault("/m/metrics.jsonl", "No space left on device")
+    assert storage_fault_within(wrapped, ModelDir("/m")) == StorageFault("/m/metrics.jsonl", "No space left on device")
     upload = tf.errors.AbortedError(None, None, "All 10 retry attempts failed. The last failure: HTTP "
                                     "response code 503 with body 'x'\n\t when uploading gs://b/run/ckpt-9_temp/")
-    assert storage_fault_within(upload, "gs://b/run") == StorageFault("gs://b/run/ckpt-9_temp/",
+    assert storage_fault_within(upload, ModelDir("gs://b/run")) == StorageFault("gs://b/run/ckpt-9_temp/",
                                                                       "HTTP response code 503")
     # An out-of-memory error names no path: a bug's traceback, not a storage fault.
     oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[1000000]")
-    assert storage_fault_within(oom, "/m") is None
-    assert storage_fault_within(FileNotFoundError(errno.ENOENT, "gone", "/m/x"), "/m") is None
-    assert storage_fault_within(ValueError("/m/x"), "/m") is None
+    assert storage_fault_within(oom, ModelDir("/m")) is None
+    assert storage_fault_within(FileNotFoundError(errno.ENOENT, "gone", "/m/x"), ModelDir("/m")) is None
+    assert storage_fault_within(ValueError("/m/x"), ModelDir("/m")) is None
 
 
 @pytest.mark.slow
@@ -189,7 +190,7 @@ def test_a_full_local_disk_under_a_bucket_model_dir(gcs, gcs_dir, tmp_path, stra
         assert result.returncode == EXIT_STORAGE_FAULT, result.stderr
         lines = ctl_stderr_lines(result.stderr)
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-staging-"), lines[0]
+        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-stage-"), lines[0]
         assert "(local staging" in lines[0] and "No space left on device" in lines[0], lines[0]
         assert "no checkpoint was complete yet" in lines[0], lines[0]
         assert tf.train.latest_checkpoint(gcs_dir) is None
@@ -208,8 +209,6 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
     # The sidecar copies a checkpoint's files from the bucket to the local disk ($TMPDIR) before
     # it restores them: a 256 KiB tmpfs there has no room for one (600 KiB of ballast). That is
     # the local disk's fault, not the checkpoint's: exit 74, and evaluated after a restart.
-    from ctl.sidecar import continuous_eval
-
     assert train(gcs_dir, 20).returncode == 0  # ckpt-10, ckpt-20, the run marked finished.
     tmp = str(tmp_path / "tmp")
     mount_tmpfs(tmp, "256k")
@@ -218,14 +217,14 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
         assert result.returncode == EXIT_STORAGE_FAULT, result.stderr
         lines = ctl_stderr_lines(result.stderr)
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-staging-"), lines[0]
+        assert lines[0].startswith(f"ctl.run: storage error: {tmp}/ctl-stage-"), lines[0]
         assert "No space left on device" in lines[0], lines[0]
-        assert continuous_eval.read_metrics(gcs_dir) == []
+        assert ModelDir(gcs_dir).sidecar_evaluations() == []
 
         subprocess.run(["mount", "-o", "remount,size=8m", tmp], check=True, timeout=30)
         again = run_ctl("--mode=continuous_eval", f"--model_dir={gcs_dir}", env={"TMPDIR": tmp})
         assert again.returncode == 0, again.stderr
-        assert [r["number"] for r in continuous_eval.read_metrics(gcs_dir)] == [10, 20]
+        assert [r["number"] for r in ModelDir(gcs_dir).sidecar_evaluations()] == [10, 20]
     finally:
         umount(tmp)
 

@@ -12,6 +12,8 @@ import ctl
 from ctl import train_lib
 from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
+from ctl.core.model_dir import ModelDir
+from ctl.core.run_plan import RunPlan
 from tests.tasks import PredictionsTask, RegressionTask
 
 
@@ -176,7 +178,7 @@ def test_an_evaluation_has_its_summaries_on_disk_when_it_returns(tmp_path, monke
     evaluation's, or the controller's: one call, no eager flush)."""
     experiment = ctl.Experiment(task=_SummarizingEvalTask(), schedule=ctl.Schedule(
         train_steps=10, eval_steps=2))
-    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+    built = train_lib.build_controller(RunPlan("eval"), ModelDir(str(tmp_path)), tf.distribute.get_strategy(),
                                        experiment)
     writer = built.controller.eval_summary_manager.summary_writer()
     eager_flushes = []
@@ -217,7 +219,7 @@ def test_every_result_of_an_evaluation_is_on_disk_when_evaluate_returns(
         tmp_path, task, trainer_cls):
     experiment = ctl.Experiment(task=task(), trainer_cls=trainer_cls,
                                 schedule=ctl.Schedule(train_steps=10, eval_steps=2))
-    built = train_lib.build_controller("eval", str(tmp_path), tf.distribute.get_strategy(),
+    built = train_lib.build_controller(RunPlan("eval"), ModelDir(str(tmp_path)), tf.distribute.get_strategy(),
                                        experiment)
     output = built.controller.evaluate(steps=2)
     written = {tag: value for _, tag, step, value, *_ in _events(str(tmp_path / "eval"))

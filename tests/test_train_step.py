@@ -12,11 +12,11 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.best import read_best
 from ctl.core.trainer import Trainer
 from ctl.core.stop import SignalWatcher
 from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
+from ctl.core.model_dir import ModelDir
 from tests.sidecar_tasks import SlowRegressionTask
 from tests.tasks import FLAVORS, RegressionTask, regression_data
 from tests.support.reading import assert_bit_equal
@@ -159,11 +159,11 @@ def test_moving_average_reaches_the_sidecar_the_exports_and_the_best_checkpoint(
                                features @ kernel + bias, rtol=1e-5)
     # The best checkpoint's model is the average.
     best = RegressionTask().build_model()
-    tf.train.Checkpoint(model=best).read(read_best(model_dir)["path"]).expect_partial()
+    tf.train.Checkpoint(model=best).read(ModelDir(model_dir).best_record()["path"]).expect_partial()
     np.testing.assert_array_equal(weights(best)[0], kernel)
     # The sidecar evaluates the average: the in-line results, again.
     sidecar = evaluate_continuously(
-        model_dir, experiment=experiment,
+        ModelDir(model_dir), experiment=experiment,
         settings=ctl.ContinuousEval(max_evaluations=1, timeout=60))
     assert sidecar["results"]["loss"] == pytest.approx(float(inline["loss"]), rel=1e-6)
 

@@ -27,19 +27,12 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 from ctl.core.errors import UserError
+from ctl.core.run_plan import CONTINUOUS_EVAL, TRAIN
 
 ROLES = ("chief", "worker", "ps", "evaluator")
-# The modes of `python -m ctl.run` (`ctl.train_lib.run_experiment`'s, then `ctl.smoke`'s) and
-# the strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-"""What `ctl.run_experiment` (and `python -m ctl.run --mode`) can run: `train` (to
-`ctl.Schedule.train_steps`), `eval` (one evaluation of the latest checkpoint),
-`train_and_eval` (train, evaluating every `ctl.Schedule.eval_interval` steps) and
-`continuous_eval` (a sidecar: evaluate each new checkpoint of the model dir)."""
-SMOKE = "smoke"
+# The strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu")
 LOCAL_STRATEGIES = ("default", "one_device", "mirrored")
-CONTINUOUS_EVAL = "continuous_eval"
 # What an evaluator, outside the training cluster, evaluates under.
 _EVALUATOR_STRATEGY = {"multi_worker_mirrored": "mirrored", "parameter_server": "default",
                        "tpu": "default"}
@@ -168,7 +161,7 @@ def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig]) -> Plan:
             )
         if cluster.task_type in ("worker", "ps"):
             return Plan("serve", None, strategy, cluster)
-        if mode != "train":
+        if mode != TRAIN:
             raise UserError(
                 f"Received mode={mode!r} with --strategy=parameter_server, which trains with "
                 "--mode=train; evaluation runs in the evaluator task (add \"evaluator\" to "

@@ -12,7 +12,7 @@ the evaluated state (`run.checkpoint`: model, optimizer, global step) to
      "path": ".../best/ckpt-1500"}
 
 Both writes are whole, in that order: the checkpoint is written aside and
-published (`ctl.core.model_dir.publish_directory`: a rename on a file system; in
+published (`ctl.core.model_dir.publishing`: a rename on a file system; in
 an object store its `.index` copied last, then a marker), then the record,
 atomically; so a crash leaves the previous record valid. The best checkpoint lives outside the
 files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention
@@ -31,7 +31,7 @@ import tensorflow as tf
 from ctl.comforts.eval_results import improved, metric_value
 from ctl.core import console
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import ModelDir, publish_directory, read_json, write_json
+from ctl.core.model_dir import is_temporary, publishing, read_json, write_json
 
 
 class BestMetric:
@@ -90,9 +90,9 @@ class BestCheckpoint(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.directory = ModelDir(run.model_dir).best_dir
+        self.directory = run.directory.best_dir
         self.best = BestMetric(self.metric, self.higher_is_better,
-                               ModelDir(run.model_dir).best_record_file, write=run.chief)
+                               run.directory.best_record_file, write=run.chief)
 
     def on_eval_end(self, logs) -> None:
         if not self.best.test(logs) or not self.run.chief:
@@ -105,23 +105,15 @@ class BestCheckpoint(Hook):
                      step=step)
 
     def _write(self, step: int) -> str:
-        final = os.path.join(self.directory, f"ckpt-{step}")
-        temp = os.path.join(self.directory, f".tmp-ckpt-{step}-{os.getpid()}")
-        for stale in (temp, final):
-            if tf.io.gfile.exists(stale):
-                tf.io.gfile.rmtree(stale)
-        self.run.checkpoint.write(os.path.join(temp, "ckpt"))
-        publish_directory(temp, final, last=["*.index"])
-        return os.path.join(final, "ckpt")
+        path = self.run.directory.best_checkpoint(step)
+        with publishing(os.path.dirname(path), last=["*.index"]) as temp:
+            self.run.checkpoint.write(os.path.join(temp, os.path.basename(path)))
+        return path
 
     def _remove_all_but(self, keep: str) -> None:
         keep_dir = os.path.basename(os.path.dirname(keep))
         for name in tf.io.gfile.listdir(self.directory):
             name = name.rstrip("/")
-            if name.startswith(("ckpt-", ".tmp-ckpt-")) and name != keep_dir:
+            if (name.startswith("ckpt-") or is_temporary(name)) and name != keep_dir:
                 tf.io.gfile.rmtree(os.path.join(self.directory, name))
 
-
-def read_best(model_dir: str) -> Dict[str, Any]:
-    """The best checkpoint's record in `model_dir` (empty if none)."""
-    return read_json(ModelDir(model_dir).best_record_file, {})

@@ -11,7 +11,7 @@ import gin
 from ctl.comforts.eval_results import improved, metric_value
 from ctl.core.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import ModelDir, read_json, write_json
+from ctl.core.model_dir import read_json, write_json
 
 
 @gin.configurable(module="ctl.hooks")
@@ -33,7 +33,7 @@ class EarlyStopping(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = ModelDir(run.model_dir).early_stopping_file
+        self.path = run.directory.early_stopping_file
         state = self._read()
         if state["evaluations_without_improvement"] >= self.patience:  # Stopped before a restart.
             run.stop.request(f"early stopping (recorded in {self.path})")

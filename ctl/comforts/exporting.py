@@ -10,7 +10,7 @@ hook (`ctl.hooks`) acting on evaluation results or checkpoint saves:
 
 Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
 temporary directory next to it and published whole (`ctl.core.model_dir.
-publish_directory`: renamed into place on a file system; in an object store
+publishing`: renamed into place on a file system; in an object store
 copied with `saved_model.pb` and then the marker `ctl_published.json` last), so
 a reader sees a whole SavedModel or none, and a restart replaces a half one
 that an interrupted export left. A step already exported is not written again.
@@ -30,7 +30,7 @@ from ctl.comforts.best import BestMetric
 from ctl.core import console
 from ctl.core.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import ModelDir, is_published, publish_directory
+from ctl.core.model_dir import is_published, is_temporary, publishing
 from ctl.core.serving import default_serving_signatures
 
 
@@ -38,25 +38,11 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
     """Writes `model` with `signatures` to `export_dir`, published whole; None if it was."""
     if is_published(export_dir):
         return None
-    parent = os.path.dirname(export_dir)
-    tf.io.gfile.makedirs(parent)
-    temp = os.path.join(parent, f".tmp-{os.path.basename(export_dir)}-{os.getpid()}")
-    if tf.io.gfile.exists(temp):
-        tf.io.gfile.rmtree(temp)
     module = tf.Module()
     module.model = model  # Tracks the variables the signatures read.
-    tf.saved_model.save(module, temp, signatures=signatures)
-    publish_directory(temp, export_dir, last=["saved_model.pb"])
+    with publishing(export_dir, last=["saved_model.pb"]) as temp:
+        tf.saved_model.save(module, temp, signatures=signatures)
     return export_dir
-
-
-def exported_steps(directory: str, published: bool = True) -> List[int]:
-    """The steps exported under `directory` (whole ones; all with `published=False`), oldest first."""
-    if not tf.io.gfile.isdir(directory):
-        return []
-    steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)
-                   if name.rstrip("/").isdigit())
-    return [s for s in steps if not published or is_published(os.path.join(directory, str(s)))]
 
 
 class Exporter(Hook):
@@ -71,24 +57,33 @@ class Exporter(Hook):
 
     @property
     def directory(self) -> str:
-        return ModelDir(self.run.model_dir).export_dir(self.name)
+        return self.run.directory.export_dir(self.name)
+
+    def exported_steps(self, published: bool = True) -> List[int]:
+        """The steps exported (whole ones; all with `published=False`), oldest first."""
+        if not tf.io.gfile.isdir(self.directory):
+            return []
+        steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(self.directory)
+                       if name.rstrip("/").isdigit())
+        return [s for s in steps if not published
+                or is_published(self.run.directory.export_step_dir(self.name, s))]
 
     def export(self) -> Optional[str]:
         if not self.run.chief:
             return None
-        path = os.path.join(self.directory, str(self.run.step))
+        path = self.run.directory.export_step_dir(self.name, self.run.step)
         model = self.run.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         if getattr(self, "_signatures", None) is None:  # Traced once, reused by every export.
             self._signatures = serving_signatures(self.run.task, model)
         written = export_saved_model(model, self._signatures, path)
         if written:
             console.info("export", "%s SavedModel: %s", self.name, written, step=self.run.step)
-        kept = exported_steps(self.directory)[-self.max_to_keep:]
-        for step in exported_steps(self.directory, published=False):
+        kept = self.exported_steps()[-self.max_to_keep:]
+        for step in self.exported_steps(published=False):
             if step not in kept:  # Retired, or half of an export a kill interrupted.
-                tf.io.gfile.rmtree(os.path.join(self.directory, str(step)))
+                tf.io.gfile.rmtree(self.run.directory.export_step_dir(self.name, step))
         for name in tf.io.gfile.listdir(self.directory):  # What a killed export left aside.
-            if name.startswith(".tmp-"):
+            if is_temporary(name):
                 tf.io.gfile.rmtree(os.path.join(self.directory, name.rstrip("/")))
         return written
 
@@ -123,7 +118,7 @@ class BestExporter(Exporter):
     def bind(self, run: Run) -> None:
         super().bind(run)
         self.best = BestMetric(self.metric, self.higher_is_better,
-                               os.path.join(self.directory, "best.json"),
+                               self.run.directory.export_best_record_file(self.name),
                                write=run.chief, owner="ctl.hooks.BestExporter")
 
     def on_eval_end(self, logs) -> None:

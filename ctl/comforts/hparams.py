@@ -27,7 +27,7 @@ class HParamsSummary(Hook):
         from tensorboard.plugins.hparams import api as hp  # Only when a run ends.
 
         values = config.operative_values()  # bool, int, float or str: what HParams takes.
-        writer = tf.summary.create_file_writer(self.run.model_dir)
+        writer = tf.summary.create_file_writer(self.run.directory.path)
         with writer.as_default():
             hp.hparams(values, trial_id=os.path.basename(os.path.normpath(self.run.model_dir)),
                        start_time_secs=None)

@@ -28,8 +28,6 @@ from ctl.core import console
 from ctl.core.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 
-PROFILE_DIR = "train"  # TensorBoard's run; the profiler adds plugins/profile/<run>/.
-
 
 @gin.configurable(module="ctl.hooks")
 class Profile(Hook):
@@ -47,7 +45,7 @@ class Profile(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.logdir = tf.io.gfile.join(run.model_dir, PROFILE_DIR)
+        self.logdir = run.directory.train_dir  # The profiler adds `ModelDir.profile_dir`'s part.
 
     def on_train_loop_end(self, unused_logs) -> None:
         if self._done or not self.run.chief:

@@ -19,7 +19,7 @@ import tensorflow as tf
 from ctl.comforts.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.background import uploads
-from ctl.core.model_dir import ModelDir, is_object_store, read_json_lines, read_text, write_atomically
+from ctl.core.model_dir import is_object_store, read_text, write_atomically
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -49,7 +49,7 @@ class MetricsLog(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = ModelDir(run.model_dir).metrics_file
+        self.path = run.directory.metrics_file
         self._file: Optional[Any] = None  # A GFile, opened on the first line.
         self._lines: Optional[List[str]] = None  # Object stores: every line of the file.
         self._queued = False
@@ -90,11 +90,3 @@ class MetricsLog(Hook):
         self._queued = False  # Lines appended from now on queue the next upload.
         write_atomically(self.path, "".join(list(self._lines)))
 
-
-def read_metrics(model_dir: str, kind: Optional[str] = None):
-    """The records of `<model_dir>/metrics.jsonl` (of one `kind`), oldest first.
-
-    A last line cut short by a kill is skipped.
-    """
-    records = read_json_lines(ModelDir(model_dir).metrics_file)
-    return [r for r in records if kind is None or r.get("kind") == kind]

@@ -76,7 +76,9 @@ class CheckpointManager:
         self._manager: Optional[tf.train.CheckpointManager] = None
         self._repair: Optional[Restored] = None  # A state file to rewrite first.
         self.latest_checkpoint: Optional[str] = None  # Restored, or saved since.
-        self._saved_step = _step_of(ModelDir(directory).checkpoint_state().latest)
+        self._files = ModelDir(directory)  # Where it saves (a non-chief's scratch dir).
+        self._restore_files = ModelDir(self._restore_directory)
+        self._saved_step = _step_of(self._files.checkpoint_state().latest)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
         self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
         # In an object store: saved here, uploaded on the uploads thread.
@@ -146,7 +148,7 @@ class CheckpointManager:
     def _tf_manager(self) -> tf.train.CheckpointManager:
         if self._manager is None:
             if self._repair is not None:
-                ModelDir(self.directory).write_checkpoint_state(self._repair)
+                self._files.write_checkpoint_state(self._repair)
                 self._repair = None
             directory, kwargs = self.directory, self._manager_kwargs
             if is_object_store(self.directory):
@@ -179,14 +181,13 @@ class CheckpointManager:
         for file in files:
             tf.io.gfile.copy(os.path.join(self._staging, file),
                              os.path.join(self.directory, file), overwrite=True)
-        model_dir = ModelDir(self.directory)
         if self._remote is None:  # Listed once; this thread keeps it up to date after.
-            self._remote = model_dir.checkpoints()
+            self._remote = self._files.checkpoints()
         path = os.path.join(self.directory, name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
         kept = [self._remote[n] for n in self._kept()]
-        model_dir.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
+        self._files.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
                                          stamps=self._uploaded_at)
         self._published = kept
         for file in files:  # Uploaded: the local copy is not needed any more.
@@ -229,7 +230,7 @@ class CheckpointManager:
 
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""
-        restored = ModelDir(self._restore_directory).restore_newest(
+        restored = self._restore_files.restore_newest(
             lambda path: restore(self.checkpoint, path, self._restore_directory))
         if restored.path is None:
             if self._initialize is not None:

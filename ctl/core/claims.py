@@ -5,24 +5,25 @@ whether a sidecar evaluator serves it.
     if not claim.try_acquire():
         ...  # claim.holder() names the live process that has it
 
-Two kinds, one interface (`try_acquire`, `release`, `held`, `held_elsewhere`,
-`holder`, `holder_role`). A process that only asks whether someone live holds
-a claim calls `held_elsewhere()` and takes nothing: a trainer asks so of the
-sidecar evaluator's announcement, a `Lease` on every storage
-(`ctl.sidecar.announce`).
+Two kinds, one interface (`Claim`: `try_acquire`, `release`, `held`,
+`held_elsewhere`, `holder`, `holder_role`, `lost`, `read_error`). A process
+that only asks whether someone live holds a claim calls `held_elsewhere()` and
+takes nothing: a trainer asks so of the sidecar evaluator's announcement
+(`ctl.core.evaluator`).
 
 - `FileLock`, on a file system (local disk, NFSv4): an exclusive `flock` on the
   claim's file. The kernel drops it when the holder ends, however it ends
   (exit, exception, SIGKILL), so a restart is never blocked.
 - `Lease`, in an object store (`gs://`, `s3://`), which has no lock: a JSON
-  record `{"role", "pid", "host", "boot_id", "pid_namespace", "token", "since",
-  "renewed"}` at the claim's path that the holder renews every `RENEW_SECONDS`
+  record `{"role", "pid", "host", "boot_id", "pid_namespace", "process", "token",
+  "since", "renewed"}` at the claim's path that the holder renews every `RENEW_SECONDS`
   from a thread of its own and deletes when it releases. Another process takes
   the claim when there is no record, or when the record is stale: not renewed
   for `STALE_SECONDS`, or left by a process that is gone, which is only told by
   its pid when the record's host, boot id and PID namespace are this process's
   (two containers of one pod share a host name, not their PIDs: there only the
-  renewals tell). A taker writes its record, waits `SETTLE_SECONDS` and reads
+  renewals tell; a record of this very process, its `process` nonce, is live while
+  renewed). A taker writes its record, waits `SETTLE_SECONDS` and reads
   it back: of two processes that write in that window, the later record wins
   and the other backs off.
 
@@ -40,9 +41,9 @@ theirs within a second); two takers whose write and read-back are more than
 `SETTLE_SECONDS` apart can both believe they hold it; a holder frozen for
 longer than `STALE_SECONDS` (SIGSTOP, a VM pause) loses it to a taker and
 finds out at its next renewal, which logs a WARNING, stops renewing and sets
-`lost`: the eval-side hooks stop there (`ctl.core.hook_protocol.OwnedActions`), a
+`lost`: the eval-side hooks stop there (`ctl.core.evaluator_role`), a
 trainer stops at its next train loop's end, before its checkpoint, with exit 2
-(`ctl.faults.lock.stop_if_taken`). With `wait=True` (the trainer's lock) a
+(`ctl.faults.lock.ModelDirLock.stop_if_taken`). With `wait=True` (the trainer's lock) a
 taker that finds a fresh record of another host watches it for up to
 `STALE_SECONDS`: renewed means live (refused), not renewed means its holder is
 gone (taken), so a trainer restarted on a new host after a SIGKILL waits at
@@ -65,7 +66,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Protocol
 
 import tensorflow as tf
 
@@ -79,24 +80,43 @@ SETTLE_SECONDS = 1.0
 READ_ATTEMPTS = 3
 RELEASE_SECONDS = 60.0  # How long `release` waits for a renewal in flight.
 
-_HELD_HERE: Dict[str, "Lease"] = {}  # path -> each lease this process holds.
+# Told apart from a former process of the same pid (its record, left by a kill, is stale).
+_PROCESS = uuid.uuid4().hex
 
 
-def claim_for(path: str, role: str, wait: bool = False):
-    """A `Lease` for a path in an object store, else a `FileLock`."""
-    return Lease(path, role, wait=wait) if is_object_store(path) else FileLock(path, role)
+class Claim(Protocol):
+    """What both kinds answer (eager, host only)."""
+
+    path: str
+    role: str
+
+    @property
+    def held(self) -> bool: ...
+    @property
+    def lost(self) -> bool:
+        """Another process took it while this one held it (a lease only)."""
+    @property
+    def read_error(self) -> Optional[Exception]:
+        """Why the last read of its record failed (a lease only): its holder is unknown."""
+    def try_acquire(self) -> bool: ...
+    def held_elsewhere(self) -> bool: ...
+    def release(self) -> None: ...
+    def holder(self) -> str: ...
+    def holder_role(self) -> str: ...
 
 
-def eval_hooks_claim(model_dir: str, role: str):
-    """The claim on the eval-side hooks of `model_dir` (best checkpoint, exports, early
+def claim_for(path: str, role: str, wait: bool = False, transient: bool = False) -> Claim:
+    """A `Lease` for a path in an object store (its record always deleted on release), else a
+    `FileLock` (`transient`: its file deleted on release)."""
+    if is_object_store(path):
+        return Lease(path, role, wait=wait)
+    return FileLock(path, role, transient=transient)
+
+
+def eval_hooks_claim(directory: ModelDir, role: str) -> Claim:
+    """The claim on the eval-side hooks of a model dir (best checkpoint, exports, early
     stopping): whichever process takes it first runs them, the other none (docs/comforts.md)."""
-    return claim_for(ModelDir(model_dir).eval_hooks_lock_file, role)
-
-
-def held_here(path: str) -> Optional["Lease"]:
-    """The lease on `path` this process took (and has not released), or None; its `lost`
-    says whether another process took it meanwhile."""
-    return _HELD_HERE.get(path)
+    return claim_for(directory.eval_hooks_lock_file, role)
 
 
 def _boot_id() -> Optional[str]:
@@ -116,7 +136,7 @@ def _pid_namespace() -> Optional[str]:
 
 def _holder_record(role: str, token: Optional[str] = None) -> Dict[str, Any]:
     return {"role": role, "pid": os.getpid(), "host": socket.gethostname(),
-            "boot_id": _boot_id(), "pid_namespace": _pid_namespace(),
+            "boot_id": _boot_id(), "pid_namespace": _pid_namespace(), "process": _PROCESS,
             "token": token, "renewed": time.time(),
             "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
@@ -144,11 +164,22 @@ def _role(record: Any) -> str:
 
 
 class FileLock:
-    """An exclusive `flock` on a local file, with its holder recorded in it."""
+    """An exclusive `flock` on a local file, with its holder recorded in it. The kernel
+    drops it with its holder: never lost, and its record is always readable.
 
-    def __init__(self, path: str, role: str):
+    A `transient` lock's file exists only while it is held: its holder deletes it
+    when it releases (a kill leaves it, not held). A taker holds the file at the
+    path only: one it locked after the holder deleted it is let go, and the path's
+    new file tried.
+    """
+
+    lost = False
+    read_error = None
+
+    def __init__(self, path: str, role: str, transient: bool = False):
         self.path = path
         self.role = role
+        self.transient = transient
         self._fd: Optional[int] = None
 
     @property
@@ -158,14 +189,19 @@ class FileLock:
     def try_acquire(self) -> bool:
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return False
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(fd)
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                return False
+            if not self.transient or _same_file(fd, self.path):
+                break
+            os.close(fd)  # Deleted by its releasing holder meanwhile: the path's new file.
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(_holder_record(self.role)) + "\n").encode(), 0)
         self._fd = fd
@@ -173,9 +209,12 @@ class FileLock:
 
     def held_elsewhere(self) -> bool:
         """Whether another live process holds it now; creates and changes nothing."""
-        if self._fd is not None or not os.path.exists(self.path):
+        if self._fd is not None:
             return False
-        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -189,6 +228,11 @@ class FileLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            if self.transient:
+                try:
+                    os.remove(self.path)  # Still held: no taker has this file yet.
+                except FileNotFoundError:
+                    pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -253,7 +297,6 @@ class Lease:
         if seen.get("token") != self.token:
             return False
         self._stop = threading.Event()
-        _HELD_HERE[self.path] = self
         self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
                                          name=f"ctl-lease-{self.role}")
         self._renewer.start()
@@ -286,7 +329,6 @@ class Lease:
             return
         self._stop.set()
         self._stop = None
-        _HELD_HERE.pop(self.path, None)
         # A renewal in flight lands first: written after the delete, it would leave a record
         # that holds others off until it goes stale (and TensorFlow aborts an interpreter
         # that exits inside a write).
@@ -343,9 +385,9 @@ class Lease:
     def _stale(self, record: Dict[str, Any]) -> bool:
         if record.get("token") == self.token:
             return True
-        if self.path in _HELD_HERE and record.get("token") == _HELD_HERE[self.path].token:
-            return False  # Another claim of this process holds it.
-        if _pids_comparable(record) and not _alive(record.get("pid")):
+        if record.get("process") == _PROCESS and record.get("pid") == os.getpid():
+            pass  # Another claim of this process: live while renewed.
+        elif _pids_comparable(record) and not _alive(record.get("pid")):
             return True  # Its holder, on this host and in these PIDs, is gone (a SIGKILL).
         renewed = record.get("renewed")
         return not isinstance(renewed, (int, float)) or time.time() - renewed > STALE_SECONDS
@@ -396,6 +438,14 @@ class Lease:
                 self._write()
             except tf.errors.OpError as error:  # The next renewal tries again.
                 console.warning("lock", "could not renew %s (%s)", self.path, first_line(error))
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether the open file `fd` is the file at `path` now."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _alive(pid: Any) -> bool:

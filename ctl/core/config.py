@@ -183,16 +183,16 @@ def call_configured(fn):
         ) from error
 
 
-def save_config(model_dir: str) -> None:
+def save_config(directory: ModelDir) -> None:
     """Saves the parsed config (files and bindings) as `<model_dir>/config.gin`."""
-    write_atomically(ModelDir(model_dir).config_file, gin.config_str())
+    write_atomically(directory.config_file, gin.config_str())
 
 
-def save_operative_config(model_dir: str, summary_dir: str) -> None:
-    """Saves the values actually used, as a file and a TensorBoard text summary."""
+def save_operative_config(directory: ModelDir) -> None:
+    """Saves the values actually used, as a file and a text summary of the train run."""
     text = gin.operative_config_str()
-    write_atomically(ModelDir(model_dir).operative_config_file, text)
-    writer = tf.summary.create_file_writer(summary_dir)
+    write_atomically(directory.operative_config_file, text)
+    writer = tf.summary.create_file_writer(directory.train_dir)
     with writer.as_default():
         tf.summary.text("operative_config", gin.markdown(text), step=0)
     writer.close()

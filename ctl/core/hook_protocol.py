@@ -31,11 +31,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol
 
 import tensorflow as tf
 
-from ctl.core import console
 from ctl.core.errors import UserError
 # The stop request is defined with every other stop (signals, the second signal's exit);
 # it belongs to the hook protocol, and `ctl.hooks` exports it from here.
 from ctl.core.stop import StopRequest
+from ctl.core.model_dir import ModelDir
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")
@@ -45,6 +45,9 @@ HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_
 class Run:
     """What a hook may read and use: the run's directory, model and step.
 
+    `directory` is the run's `ctl.core.model_dir.ModelDir` (the names of its
+    files); `model_dir` its path.
+
     `model` is the model being trained; `eval_model` the one evaluation uses
     and exporters export (with `ctl.Trainer.ema_decay`, the moving average of
     the weights; else `model`). `checkpoint` is the evaluated state, as the
@@ -52,7 +55,7 @@ class Run:
     object it restores into and `global_step` the restored step.
     """
 
-    model_dir: str
+    directory: ModelDir
     model: Any
     checkpoint: tf.train.Checkpoint
     global_step: tf.Variable
@@ -69,6 +72,10 @@ class Run:
     def __post_init__(self):
         if self.eval_model is None:
             self.eval_model = self.model
+
+    @property
+    def model_dir(self) -> str:
+        return self.directory.path
 
     @property
     def step(self) -> int:
@@ -174,55 +181,3 @@ class Hooks:
         if self.run.task is not None:
             self.run.task.initialize(self.run.model)
 
-
-class OwnedActions:
-    """The experiment's eval-side actions (`on_eval_end`), run only by the process that owns them.
-
-    Both a trainer evaluating in-line and a sidecar evaluator may evaluate one
-    model dir; the side effects of evaluations there (the best checkpoint,
-    exports, early stopping, a user hook's files) belong to exactly one of
-    them. Before its first evaluation with such hooks a process tries to take
-    `claim` (`ctl.core.claims.eval_hooks_claim`: an `flock` on
-    `<model_dir>/eval_hooks.lock`, a lease in an object store); the one that gets it runs them for as long
-    as it lives, the other never does and says so once, in a WARNING naming
-    the owner. The claim dies with its holder; the next process to start may
-    take it. A lease another process took meanwhile (`claim.lost`: its holder
-    was frozen or cut off longer than its staleness window) stops them here,
-    said once (tests/test_claims.py::test_eval_side_hooks_stop_once_their_lease_is_taken).
-    (docs/comforts.md, "Who owns the side effects".)
-    """
-
-    def __init__(self, actions: Iterable[Callable[[Any], None]], claim):
-        self.actions = list(actions)
-        self.claim = claim
-        self.owned: Optional[bool] = None  # Decided at the first evaluation.
-
-    def __call__(self, logs) -> None:
-        if not self.actions:
-            return
-        if self.owned is None:
-            self.owned = self.claim.try_acquire()
-            if not self.owned and getattr(self.claim, "read_error", None) is not None:
-                self.owned = None  # Its record could not be read: asked again next time.
-                console.warning("hooks", "the eval-side hooks (%s) skip this evaluation: %s",
-                                self._names(), self.claim.holder())
-            elif not self.owned:
-                console.warning(
-                    "hooks", "the eval-side hooks (%s) do not run in this process: the %s (%s) owns "
-                    "them (%s); each side effect of a model dir has one owner (docs/comforts.md).",
-                    self._names(), self.claim.holder_role(), self.claim.holder(), self.claim.path)
-        if self.owned and getattr(self.claim, "lost", False):  # A lease another process took.
-            self.owned = False
-            console.warning(
-                "hooks", "the eval-side hooks (%s) stop running in this process: the %s (%s) took "
-                "their claim (%s); each side effect of a model dir has one owner (docs/comforts.md).",
-                self._names(), self.claim.holder_role(), self.claim.holder(), self.claim.path)
-        if self.owned:
-            for action in self.actions:
-                action(logs)
-
-    def _names(self) -> str:
-        return ", ".join(sorted({type(getattr(a, "__self__", a)).__name__ for a in self.actions}))
-
-    def release(self) -> None:
-        self.claim.release()

@@ -13,10 +13,19 @@
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      eval/sidecar.json             a live sidecar's announcement, a lease it renews (`ctl.sidecar.announce`)
-      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publish_directory`)
+      eval/sidecar.json             a live sidecar's announcement (`ctl.core.evaluator_role`)
+      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`)
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
+      .tmp-<name>-<pid>/            a directory being written, beside where it is published
+      train/plugins/profile/<run>/  `ctl.hooks.Profile`'s trace (TensorBoard's Profile tab)
+      report.png                    `python -m ctl.report`'s curves
+      smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
+
+`ModelDir` names each of them: no other module joins a file name into a model
+dir. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
+`evaluations_on_record`, the one answer to "which steps were evaluated, with
+what results").
 
 Every read and write goes through `tf.io.gfile`, so a model dir may be local,
 on NFS or in an object store (`gs://`). Writes are atomic (on a file system a
@@ -36,6 +45,7 @@ skipped and why. It never starts from step 0 while a checkpoint is there: if
 none restores, the run stops with an error naming them.
 """
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -43,7 +53,7 @@ import os
 import re
 import socket
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -65,6 +75,12 @@ SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In EVAL_DIR.
 BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 EXPORT_DIR = "export"
+ANNOUNCEMENT_FILE = "sidecar.json"  # In EVAL_DIR.
+PROFILE_DIR = "plugins/profile"  # In TRAIN_DIR: TensorBoard's run, the profiler's layout.
+REPORT_FILE = "report.png"
+SMOKE_EXPORT_DIR = "smoke_export"
+TEMP_PREFIX = ".tmp-"  # A directory being written (`publishing`): `.tmp-<name>-<pid>`.
+RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
 
 OBJECT_STORE_SCHEMES = ("gs", "s3")
 PUBLISHED_MARKER = "ctl_published.json"  # In a published directory: written last.
@@ -205,9 +221,39 @@ def publish_directory(temp: str, final: str, last: Sequence[str] = ()) -> None:
     tf.io.gfile.rmtree(temp)
 
 
+@contextlib.contextmanager
+def publishing(final: str, last: Sequence[str] = ()) -> Iterator[str]:
+    """The temporary directory to write `final` into, published whole when the block ends.
+
+        with publishing(export_dir, last=["saved_model.pb"]) as temp:
+            tf.saved_model.save(module, temp)
+
+    The temporary is `.tmp-<name>-<pid>` beside `final` (a leftover of this
+    name is removed first); an error in the block leaves it for the owner's
+    cleanup (`is_temporary`) and `final` untouched.
+    """
+    parent = os.path.dirname(final)
+    tf.io.gfile.makedirs(parent)
+    temp = os.path.join(parent, f"{TEMP_PREFIX}{os.path.basename(final)}-{os.getpid()}")
+    if tf.io.gfile.exists(temp):
+        tf.io.gfile.rmtree(temp)
+    yield temp
+    publish_directory(temp, final, last)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` (in a directory of published ones) is a `publishing` temporary."""
+    return name.startswith(TEMP_PREFIX)
+
+
 def is_published(path: str) -> bool:
     """Whether the directory `path` was published whole (`publish_directory`)."""
     return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))
+
+
+def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The metrics of a `metrics.jsonl` record."""
+    return {name: value for name, value in record.items() if name not in RECORD_FIELDS}
 
 
 # Checkpoints.
@@ -245,8 +291,21 @@ class ModelDir:
     def __init__(self, path: str):
         self.path = path
 
+    def __str__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"ModelDir({self.path!r})"
+
     def file(self, *names: str) -> str:
         return os.path.join(self.path, *names)
+
+    def exists(self) -> bool:
+        return tf.io.gfile.exists(self.path)
+
+    def is_file(self) -> bool:
+        """Whether the path names something that is not a directory (a user mistake)."""
+        return tf.io.gfile.exists(self.path) and not tf.io.gfile.isdir(self.path)
 
     def check_writable(self) -> None:
         """Raises `UserError` if the model dir cannot be created or written; writes nothing.
@@ -332,8 +391,70 @@ class ModelDir:
     def best_record_file(self) -> str:
         return self.file(BEST_DIR, BEST_RECORD_FILE)
 
+    def best_checkpoint(self, step: int) -> str:
+        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
+        return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
+
+    @property
+    def exports_dir(self) -> str:
+        return self.file(EXPORT_DIR)
+
     def export_dir(self, name: str) -> str:
         return self.file(EXPORT_DIR, name)
+
+    def export_step_dir(self, name: str, step: int) -> str:
+        return self.file(EXPORT_DIR, name, str(step))
+
+    def export_best_record_file(self, name: str) -> str:
+        """`ctl.hooks.BestExporter`'s record of exporter `name`."""
+        return self.file(EXPORT_DIR, name, BEST_RECORD_FILE)
+
+    def export_best_record_files(self) -> List[str]:
+        """Every exporter's best record (`export/*/best.json`), sorted."""
+        return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
+
+    @property
+    def announcement_file(self) -> str:
+        return self.file(EVAL_DIR, ANNOUNCEMENT_FILE)
+
+    @property
+    def profile_dir(self) -> str:
+        """The train run's profile traces (the profiler is given `train_dir` and adds this)."""
+        return self.file(TRAIN_DIR, PROFILE_DIR)
+
+    @property
+    def report_file(self) -> str:
+        return self.file(REPORT_FILE)
+
+    @property
+    def smoke_export_dir(self) -> str:
+        return self.file(SMOKE_EXPORT_DIR)
+
+    # The run's records.
+
+    def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first."""
+        records = read_json_lines(self.metrics_file)
+        return [r for r in records if kind is None or r.get("kind") == kind]
+
+    def sidecar_evaluations(self) -> List[Dict[str, Any]]:
+        """The sidecar's records in `eval/metrics.jsonl`, one per evaluated checkpoint
+        (`{"checkpoint", "number", "step", "results", ...}`); a record without its
+        checkpoint's number is damaged and skipped."""
+        return [r for r in read_json_lines(self.sidecar_metrics_file)
+                if isinstance(r.get("number"), int)]
+
+    def evaluations_on_record(self) -> Dict[Any, Dict[str, Any]]:
+        """The evaluations already on record, step -> results: the trainer's in-line ones
+        (`metrics.jsonl`) and the sidecar's (`eval/metrics.jsonl`); where both evaluated a
+        step, the trainer's."""
+        recorded = {r.get("step"): r.get("results") or {} for r in self.sidecar_evaluations()}
+        recorded.update({r.get("step"): results_of(r) for r in self.metrics("eval")})
+        return recorded
+
+    def best_record(self) -> Dict[str, Any]:
+        """`ctl.hooks.BestCheckpoint`'s record (empty if none)."""
+        return read_json(self.best_record_file, {})
 
     # The run-finished marker.
 

@@ -38,7 +38,8 @@ import tensorflow as tf
 from ctl.core import checkpointing, console
 from ctl.core.runner import TrainLoopEnd
 from ctl.core.errors import UserError, require_choice
-from ctl.faults import lock, resume
+from ctl.faults import resume
+from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.core.stop import SignalWatcher
 from ctl.faults.preemption import Preempted
@@ -111,8 +112,9 @@ class FaultHandler:
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
-                 watcher: SignalWatcher):
+                 watcher: SignalWatcher, lock: Optional[ModelDirLock] = None):
         self.settings = settings
+        self.lock = lock  # The trainer's claim on the model dir (the chief's).
         self.trainer = trainer
         self.manager = manager
         self.watcher = watcher
@@ -143,7 +145,8 @@ class FaultHandler:
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         # Before anything this loop would save: a trainer whose model dir another took stops.
-        lock.stop_if_taken(self.manager.restore_directory, end.step)
+        if self.lock is not None:
+            self.lock.stop_if_taken(end.step)
         if self.per_loop and not _finite((end.logs or {}).get("loss")):
             end = end._replace(bad_step=end.step)  # Somewhere in the loop: named by its end.
         if end.bad_step is not None:

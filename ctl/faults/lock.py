@@ -16,11 +16,11 @@ finds another host's fresh lease watches it until it is renewed (refused) or
 goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
 `ctl.core.claims.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
 was frozen or cut off longer than that) stops at the end of its next train loop,
-before that loop's checkpoint, with one line and exit 2 (`stop_if_taken`,
-`ModelDirTaken`).
+before that loop's checkpoint, with one line and exit 2
+(`ModelDirLock.stop_if_taken`, `ModelDirTaken`).
 """
 
-from ctl.core.claims import claim_for, held_here
+from ctl.core.claims import claim_for
 from ctl.core.errors import UserError
 from ctl.core.model_dir import ModelDir
 
@@ -29,31 +29,29 @@ class ModelDirTaken(UserError):
     """Another trainer took the lease of this trainer's model dir while it trained."""
 
 
-def stop_if_taken(model_dir: str, step: int) -> None:
-    """Raises `ModelDirTaken` if this process's lease on `model_dir`'s trainer claim was
-    taken by another process (called after each train loop, before its checkpoint)."""
-    lease = held_here(ModelDir(model_dir).trainer_lock_file)
-    if lease is not None and lease.lost:
-        raise ModelDirTaken(
-            f"--model_dir={model_dir} was taken by another trainer ({lease.holder()}) while "
-            f"this one trained: stopped after step {step} without saving it (two trainers "
-            "would overwrite each other's checkpoints); stop one of them, or use another "
-            "--model_dir.")
-
-
 class ModelDirLock:
-    """Context manager holding the trainer claim of `model_dir` (eager, host only).
+    """Context manager holding the trainer claim of a model dir (eager, host only).
 
-        with ModelDirLock(model_dir):
+        with ModelDirLock(directory):
             ...  # train: no other ctl trainer can write here meanwhile.
 
     Raises `UserError` on entry if another live process holds it.
     """
 
-    def __init__(self, model_dir: str):
-        self.model_dir = model_dir
-        self._claim = claim_for(ModelDir(model_dir).trainer_lock_file, "trainer", wait=True)
+    def __init__(self, directory: ModelDir):
+        self.model_dir = directory.path
+        self._claim = claim_for(directory.trainer_lock_file, "trainer", wait=True)
         self.path = self._claim.path
+
+    def stop_if_taken(self, step: int) -> None:
+        """Raises `ModelDirTaken` if another process took this trainer's claim meanwhile (a
+        lease; called after each train loop, before its checkpoint)."""
+        if self._claim.held and self._claim.lost:
+            raise ModelDirTaken(
+                f"--model_dir={self.model_dir} was taken by another trainer "
+                f"({self._claim.holder()}) while this one trained: stopped after step {step} "
+                "without saving it (two trainers would overwrite each other's checkpoints); "
+                "stop one of them, or use another --model_dir.")
 
     def check(self) -> None:
         """Raises `UserError` if another live trainer holds it; takes nothing, writes nothing.

@@ -37,6 +37,7 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.core import staging
+from ctl.core.model_dir import ModelDir
 
 EXIT_STORAGE_FAULT = 74
 
@@ -62,18 +63,21 @@ class StorageFault:
     path: str
     cause: str
 
-    def message(self, model_dir: str) -> str:
+    def message(self, directory: ModelDir) -> str:
         """One line: what failed, and what to do, naming the newest complete checkpoint."""
-        newest = _newest_checkpoint(model_dir)
+        newest = _newest_checkpoint(directory)
         kept = (f"the newest complete checkpoint, {newest}, is intact" if newest
                 else "no checkpoint was complete yet")
         return (f"{self.path}: {self.cause}; {kept}. Fix the storage (free space, "
                 f"permissions, the object store), then run the same command again to resume.")
 
 
-def storage_fault_within(error: BaseException, model_dir: str) -> Optional[StorageFault]:
-    """The storage fault behind `error` (itself, its cause or its context), or None."""
+def storage_fault_within(error: BaseException,
+                         directory: Optional[ModelDir]) -> Optional[StorageFault]:
+    """The storage fault behind `error` (itself, its cause or its context), or None
+    (`directory`: the run's model dir, None without one)."""
     seen = set()
+    model_dir = directory.path if directory is not None else None
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         fault = _as_storage_fault(error, model_dir)
@@ -83,7 +87,7 @@ def storage_fault_within(error: BaseException, model_dir: str) -> Optional[Stora
     return None
 
 
-def _as_storage_fault(error: BaseException, model_dir: str) -> Optional[StorageFault]:
+def _as_storage_fault(error: BaseException, model_dir: Optional[str]) -> Optional[StorageFault]:
     if isinstance(error, OSError) and error.errno in _REFUSING_ERRNOS:
         return StorageFault(_named(str(error.filename or model_dir)), os.strerror(error.errno))
     if isinstance(error, _STORAGE_OP_ERRORS) and model_dir:
@@ -116,9 +120,9 @@ def _path_in(text: str, directory: Optional[str]) -> Optional[str]:
     return None
 
 
-def _newest_checkpoint(model_dir: str) -> Optional[str]:
+def _newest_checkpoint(directory: ModelDir) -> Optional[str]:
     """What the state file names, if the storage still answers a read."""
     try:
-        return tf.train.latest_checkpoint(model_dir)
+        return tf.train.latest_checkpoint(directory.path)
     except (OSError, tf.errors.OpError):
         return None

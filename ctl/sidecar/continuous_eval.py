@@ -44,12 +44,12 @@ from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError, first_line
-from ctl.core.hook_protocol import Hooks, OwnedActions, Run
-from ctl.core.claims import eval_hooks_claim
+from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
+from ctl.core.hook_protocol import Hooks, Run
 from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
-from ctl.sidecar import announce, scheduler as sidecar
+from ctl.sidecar import scheduler as sidecar
 
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations."""
@@ -67,24 +67,25 @@ def _check(signals: SignalWatcher, evaluations: Optional[int] = None) -> None:
         raise Stopped(signals.signum, evaluations)
 
 
-def wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float = 0.5) -> str:
+def wait_for_config(directory: ModelDir, timeout: Optional[float],
+                    poll_interval: float = 0.5) -> str:
     """Waits for the trainer's `<model_dir>/config.gin` and returns its path.
 
-    Raises `UserError` when `model_dir` is not a directory or after `timeout`
+    Raises `UserError` when `directory` is not a directory or after `timeout`
     seconds (None: no limit) without the file, and `Stopped` on SIGTERM or SIGINT.
     """
     with SignalWatcher(train=False) as signals:
-        return _wait_for_config(model_dir, timeout, poll_interval, signals)
+        return _wait_for_config(directory, timeout, poll_interval, signals)
 
 
-def _wait_for_config(model_dir: str, timeout: Optional[float], poll_interval: float,
+def _wait_for_config(directory: ModelDir, timeout: Optional[float], poll_interval: float,
                      signals: SignalWatcher) -> str:
-    path = ModelDir(model_dir).config_file
+    path = directory.config_file
     start = next_log = time.monotonic()
     while not tf.io.gfile.exists(path):
         _check(signals)
-        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-            raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at "
+        if directory.is_file():
+            raise UserError(f"--model_dir={directory} is a file, not a directory; point it at "
                             "the trainer's model dir.")
         now = time.monotonic()
         if timeout is not None and now - start >= timeout:
@@ -112,6 +113,7 @@ class CheckpointEvaluator:
         self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True)
         self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         self.eval_steps = experiment.schedule.eval_steps or -1
+        self.directory = directory
         self.eval_dir = directory.eval_dir
         self.metrics_file = directory.sidecar_metrics_file
         self.callbacks = list(callbacks)
@@ -161,11 +163,10 @@ class CheckpointEvaluator:
             checkpoint = tf.train.Checkpoint(**self.trainer.eval_restore_objects())
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
-        model_dir = os.path.dirname(path)
         # The optimizer's values stay unread (restore allows it).
-        restore(_ReadOnly(checkpoint), readable, model_dir, fix=(
+        restore(_ReadOnly(checkpoint), readable, self.directory.path, fix=(
             "evaluate it with the trainer's config: its --gin_file and --gin_bindings, or "
-            f"neither to read {model_dir}/config.gin, if the trainer wrote the checkpoint"))
+            f"neither to read {self.directory.config_file}, if the trainer wrote the checkpoint"))
         self.trainer.global_step.assign(step)
         return step
 
@@ -225,14 +226,14 @@ def _unreadable(path: str, error: tf.errors.OpError) -> UnreadableCheckpointErro
 
 
 def evaluate_continuously(
-    model_dir: str,
+    directory: ModelDir,
     strategy: Optional[tf.distribute.Strategy] = None,
     *,
     experiment,
     settings: Optional[sidecar.ContinuousEval] = None,
     clock=time.monotonic,
 ) -> Dict[str, Any]:
-    """Evaluates the checkpoints of `model_dir` until the trainer's last one.
+    """Evaluates the checkpoints of `directory` until the trainer's last one.
 
     `experiment` is the run's `ctl.Experiment` (its task, trainer class,
     schedule and hooks).
@@ -243,31 +244,31 @@ def evaluate_continuously(
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
     strategy = strategy or tf.distribute.get_strategy()
-    directory = ModelDir(model_dir)
-    if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-        raise UserError(f"--model_dir={model_dir} is a file, not a directory; point it at the "
+    if directory.is_file():
+        raise UserError(f"--model_dir={directory} is a file, not a directory; point it at the "
                         "trainer's model dir.")
     progress = load_progress(directory)
     console.info(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
-        "checkpoint(s) already handled (%s)", model_dir, settings.policy, settings.timeout,
+        "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
     evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
-    eval_end_hooks = _eval_side_hooks(experiment, evaluator, model_dir)
+    role = _evaluator_role(experiment, evaluator, directory)
     try:
         # A trainer evaluating in-line steps aside while this announcement is live.
-        with announce.Announcement(model_dir), SignalWatcher(train=False) as signals:
-            return _watch(directory, settings, evaluator, progress, eval_end_hooks, clock,
+        role.announce()
+        with SignalWatcher(train=False) as signals:
+            return _watch(directory, settings, evaluator, progress, role, clock,
                           experiment.schedule.train_steps, signals)
     finally:
         try:
             evaluator.close()
         finally:
-            eval_end_hooks.release()
+            role.release()
 
 
 def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "CheckpointEvaluator",
-           progress: sidecar.Progress, eval_end_hooks: OwnedActions, clock,
+           progress: sidecar.Progress, role: EvaluatorRole, clock,
            train_steps: Optional[int], signals: SignalWatcher) -> Dict[str, Any]:
     """The loop of the module docstring. A finished marker of a run asked for fewer
     than `train_steps` is stale (a trainer extending the run has not cleared it yet)."""
@@ -303,7 +304,7 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
                              os.path.basename(ready[number]))
                 progress.record(number, sidecar.SKIPPED)
             outcome, output = _evaluate_one(evaluator, decision.number, ready[decision.number],
-                                            eval_end_hooks)
+                                            role)
             progress.record(decision.number, outcome)
             save_progress(directory, progress)
             last = output or last
@@ -339,10 +340,10 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(directory, progress)
 
 
-def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
-                     model_dir: str) -> OwnedActions:
-    """The `on_eval_end` actions of the experiment's hooks, bound to the evaluated checkpoint,
-    run only if this process owns them (`ctl.core.hook_protocol.OwnedActions`).
+def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
+                    directory: ModelDir) -> EvaluatorRole:
+    """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
+    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`).
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
     as `FinalExporter` stay with the trainer, so the two never race for a file.
@@ -351,16 +352,16 @@ def _eval_side_hooks(experiment, evaluator: CheckpointEvaluator,
     actions = []
     if hooks:
         trainer = evaluator.trainer
-        run = Run(model_dir=model_dir, model=trainer.eval_model, task=experiment.task,
+        run = Run(directory=directory, model=trainer.eval_model, task=experiment.task,
                   checkpoint=tf.train.Checkpoint(model=trainer.eval_model,
                                                  global_step=trainer.global_step),
                   global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
         actions = Hooks(hooks, run).actions("on_eval_end")
-    return OwnedActions(actions, eval_hooks_claim(model_dir, "sidecar evaluator"))
+    return EvaluatorRole(directory, SIDECAR, actions)
 
 
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
-                  eval_end_hooks: Optional[OwnedActions] = None):
+                  role: Optional[EvaluatorRole] = None):
     name = os.path.basename(path)
     started = time.time()
     console.info("eval", "evaluating %s", name)
@@ -375,24 +376,15 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
         return sidecar.FAILED, None
     evaluator.write_summaries(output["results"])
     console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
-    if eval_end_hooks is not None:
-        _claim_after_the_trainer(eval_end_hooks)
+    if role is not None:
+        role.take_over()  # The eval-side hooks, once a trainer that held them let them go.
         # Before the record that makes the evaluation done: a restart after a kill
         # during an export evaluates this checkpoint again and finishes it.
-        eval_end_hooks(output["results"])
+        role(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
     files.append_json_line(evaluator.metrics_file, record)
     return sidecar.EVALUATED, output
-
-
-def _claim_after_the_trainer(eval_end_hooks: OwnedActions) -> None:
-    """The eval-side hooks, once a trainer that held them stepped aside and let them go."""
-    if eval_end_hooks.actions and eval_end_hooks.owned is False and (
-            eval_end_hooks.claim.try_acquire()):
-        eval_end_hooks.owned = True
-        console.info("hooks", "the eval-side hooks run here from now on (%s)",
-                     eval_end_hooks.claim.path)
 
 
 # The progress record and the metrics of the eval dir.
@@ -405,7 +397,7 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
     metrics file still says which checkpoints were evaluated.
     """
     progress = sidecar.Progress.from_record(files.read_json(directory.sidecar_progress_file))
-    for record in read_metrics(directory.path):
+    for record in directory.sidecar_evaluations():
         progress.record(int(record["number"]), sidecar.EVALUATED)
     return progress
 
@@ -413,11 +405,6 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
 def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
     files.write_json(directory.sidecar_progress_file, progress.to_record())
 
-
-def read_metrics(model_dir: str):
-    """The sidecar's records in `<model_dir>/eval/metrics.jsonl`, one dict per evaluation."""
-    return [r for r in files.read_json_lines(ModelDir(model_dir).sidecar_metrics_file)
-            if isinstance(r.get("number"), int)]
 
 
 class _PartialRestoreNotice(std_logging.Filter):
