@@ -447,7 +447,7 @@ def reference_gaps(html: str) -> List[str]:
     wanted = [f"ctl.{name}" for name in ctl.__all__ if name not in ("hooks",)]
     wanted += [f"ctl.hooks.{name}" for name in ctl.hooks.__all__]
     methods = [name for name in vars(hooks.HookProtocol) if not name.startswith("_")]
-    missing = [f"HookProtocol lacks {name} (ctl.core.hooks.HOOK_METHODS)"
+    missing = [f"HookProtocol lacks {name} (ctl.core.hook_protocol.HOOK_METHODS)"
                for name in hooks.HOOK_METHODS if name not in methods]
     wanted += [f"ctl.hooks.HookProtocol.{name}" for name in methods]
     return missing + [name for name in wanted if not _documented(html, name)]

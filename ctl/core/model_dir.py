@@ -79,6 +79,7 @@ ANNOUNCEMENT_FILE = "sidecar.json"  # In EVAL_DIR.
 PROFILE_DIR = "plugins/profile"  # In TRAIN_DIR: TensorBoard's run, the profiler's layout.
 REPORT_FILE = "report.png"
 SMOKE_EXPORT_DIR = "smoke_export"
+SWEEP_PRUNED_FILE = "sweep_pruned.json"  # A sweep's trial: why it was pruned.
 TEMP_PREFIX = ".tmp-"  # A directory being written (`publishing`): `.tmp-<name>-<pid>`.
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
 
@@ -429,6 +430,11 @@ class ModelDir:
     @property
     def smoke_export_dir(self) -> str:
         return self.file(SMOKE_EXPORT_DIR)
+
+    @property
+    def sweep_pruned_file(self) -> str:
+        """Why a sweep pruned the trial this dir holds (`ctl.sweep.pruning`)."""
+        return self.file(SWEEP_PRUNED_FILE)
 
     # The run's records.
 

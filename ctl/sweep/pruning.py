@@ -15,13 +15,11 @@ trial stops at a checkpoint boundary (its `ctl.run` gets SIGTERM: it saves a
 checkpoint and exits 75) and `<trial dir>/sweep_pruned.json` says why.
 """
 
-import os
 import time
 from typing import Any, Dict, Optional
 
 import optuna
 
-PRUNED_FILE = "sweep_pruned.json"
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
@@ -40,9 +38,9 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
     which value."""
-    from ctl.core.model_dir import write_json
+    from ctl.core.model_dir import ModelDir, write_json
 
-    write_json(os.path.join(model_dir, PRUNED_FILE), {
+    write_json(ModelDir(model_dir).sweep_pruned_file, {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
         "value": value, "time": time.time(),
         "why": f"{objective} = {value:.6g} at step {step} was not good enough for the "
@@ -50,6 +48,6 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
 
 
 def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import read_json
+    from ctl.core.model_dir import ModelDir, read_json
 
-    return read_json(os.path.join(model_dir, PRUNED_FILE))
+    return read_json(ModelDir(model_dir).sweep_pruned_file)

@@ -49,12 +49,12 @@ def load(sweep_dir: str):
 
 
 def _steps(trial, sweep_dir: str) -> Optional[int]:
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.core.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
     model_dir = trial.system_attrs.get(MODEL_DIR) or trial_dir(sweep_dir, trial.number)
-    steps = [r.get("step") for r in read_json_lines(ModelDir(model_dir).metrics_file)]
+    steps = [r.get("step") for r in ModelDir(model_dir).metrics()]
     steps = [s for s in steps if isinstance(s, int)]
     return max(steps) if steps else None
 

@@ -82,9 +82,9 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
 
 def eval_records(model_dir: str) -> List[Dict[str, Any]]:
     """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.core.model_dir import ModelDir
 
-    return [r for r in read_json_lines(ModelDir(model_dir).metrics_file) if r.get("kind") == "eval"]
+    return ModelDir(model_dir).metrics("eval")
 
 
 def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
