@@ -9,7 +9,7 @@ Two kinds, one interface (`Claim`: `try_acquire`, `release`, `held`,
 `held_elsewhere`, `holder`, `holder_role`, `lost`, `read_error`). A process
 that only asks whether someone live holds a claim calls `held_elsewhere()` and
 takes nothing: a trainer asks so of the sidecar evaluator's announcement
-(`ctl.core.evaluator`).
+(`ctl.core.evaluator_role`).
 
 - `FileLock`, on a file system (local disk, NFSv4): an exclusive `flock` on the
   claim's file. The kernel drops it when the holder ends, however it ends

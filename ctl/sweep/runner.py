@@ -38,7 +38,7 @@ from ctl.sweep.study import Study, make_sampler
 from ctl.sweep.sweep_file import SweepFile
 
 LOG_FILE = "sweep_trial.log"
-EXIT_PREEMPTED = 75  # ctl.faults.preemption.EXIT_PREEMPTED, without importing TensorFlow's side.
+EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow's side.
 POLL_S = 0.5
 
 
