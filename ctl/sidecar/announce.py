@@ -20,11 +20,12 @@ is told so in one line and evaluates anyway. Best effort across hosts: a
 record's age compares the sidecar host's clock with the trainer's.
 """
 
+import threading
 from typing import Callable, Optional
 
 from ctl.core import console
 from ctl.core.claims import Lease
-from ctl.core.model_dir import EVAL_DIR, ModelDir
+from ctl.core.model_dir import EVAL_DIR, ModelDir, is_object_store
 
 ANNOUNCEMENT_FILE = "sidecar.json"  # In EVAL_DIR.
 ROLE = "sidecar evaluator"
@@ -67,9 +68,15 @@ class InLineEvaluation:
         self.model_dir = model_dir
         self.on_step_aside = on_step_aside
         self.aside = False
+        self._next: Optional[_Read] = None  # Object stores: the read for the next evaluation.
 
     def steps_aside(self, step: int) -> bool:
-        sidecar = live_sidecar(self.model_dir)
+        if self._next is not None:
+            sidecar = self._next.result()
+        else:
+            sidecar = live_sidecar(self.model_dir)
+        if is_object_store(self.model_dir):  # Two requests, off the training thread.
+            self._next = _Read(self.model_dir)
         if sidecar and not self.aside:
             console.info("eval", "a sidecar evaluator (%s, %s) serves %s: in-line evaluation "
                          "steps aside; the sidecar evaluates every checkpoint into eval/", sidecar,
@@ -80,3 +87,26 @@ class InLineEvaluation:
                          "again", self.model_dir, step=step)
         self.aside = bool(sidecar)
         return self.aside
+
+
+class _Read:
+    """`live_sidecar(model_dir)` on a daemon thread of its own; `result()` waits for it."""
+
+    def __init__(self, model_dir: str):
+        self._model_dir = model_dir
+        self._sidecar: Optional[str] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ctl-sidecar-read")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._sidecar = live_sidecar(self._model_dir)
+        except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+            self._error = error
+
+    def result(self) -> Optional[str]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sidecar
