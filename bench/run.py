@@ -19,7 +19,8 @@ object_store, sidecar_latency) already take medians over their rounds and run on
 `--against DIR` times the same figures in another checkout of ctl too (a
 `git worktree` at an older commit), its processes alternating with this
 checkout's in one session (this, other; other, this; ...: load that comes and
-goes falls on both); each line names its `checkout` (`this` or `against`).
+goes falls on both; `--repeat` pairs of processes, every figure included); each line names its
+`checkout` (`this` or `against`).
 `--figure_args` adds arguments to every figure's command (e.g.
 `--figure_args="--workloads mlp --variants ctl,raw_fused_b"`). Every line
 records the one-minute load average at its process's end (`load_average`).
@@ -185,7 +186,7 @@ def main():
                 text=True).stdout.strip()
     start = time.perf_counter()
     for name in names:
-        repeats = 1 if name in SELF_REPEATING else max(1, args.repeat)
+        repeats = 1 if name in SELF_REPEATING and not args.against else max(1, args.repeat)
         if args.against:  # this, other; other, this; ...: each pair in the other order.
             runs = []
             for i in range(repeats):
