@@ -11,15 +11,17 @@ process's `Uploads`:
     ...
     uploads().wait()   # every upload submitted so far is done (or its error raised)
 
-Uploads go in two lanes, each first in, first out on a thread of its own, so
+Uploads go in three lanes, each first in, first out on a thread of its own, so
 that what was handed to a lane first is in the store first: `FILES`
-(summaries, `metrics.jsonl`) and `CHECKPOINTS` (a checkpoint's data files,
-then its index, then the state file). A checkpoint's upload overlaps the
-summaries' and waits for them (`mark`, `wait_for`) only before its state
-file: a checkpoint's summaries are in the store before the state file names
-it; an evaluation's, handed over after the save, may land before that. With
-one thread for both, the main job on `gs://` at 50 ms a request waited for
-the store at each checkpoint (bench figure 9). The first error is raised
+(summaries, `metrics.jsonl`), `CHECKPOINTS` (a checkpoint's data files, then
+its index, then the state file) and `RETIREMENTS` (the deletes of checkpoints
+beyond `max_to_keep`, which the state file no longer names: three of the nine
+requests a checkpoint cost). A checkpoint's upload overlaps the summaries' and
+waits for them (`mark`, `wait_for`) only before its state file: a
+checkpoint's summaries are in the store before the state file names it; an
+evaluation's, handed over after the save, may land before that. With one
+thread for all, the main job on `gs://` at 50 ms a request waited for the
+store at each checkpoint (bench figure 9). The first error is raised
 again on the caller's thread by the next `submit`, `wait` or `check`, so a
 failing store ends the run like a failing local disk. A run waits for its
 uploads before it ends, and before exit 75 after a signal; a SIGKILL loses
@@ -56,13 +58,14 @@ def upload(local: str, remote: str) -> None:
 
 FILES = "files"  # Summaries and metrics.jsonl.
 CHECKPOINTS = "checkpoints"
+RETIREMENTS = "retirements"  # Deletes of checkpoints the state file no longer names.
 
 
 class Uploads:
     """FIFO lanes of upload functions, each run on a daemon thread of its own (started at its
     first submit): what one lane was handed lands in that order; lanes overlap."""
 
-    def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS)):
+    def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS, RETIREMENTS)):
         self._lanes = {lane: _Lane(f"{name}-{lane}", self._store) for lane in lanes}
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()

@@ -18,7 +18,7 @@ manager saves to a local staging directory (`ctl.core.staging`) and hands the
 upload to `ctl.core.background` (its checkpoints lane, beside the summaries'):
 the data files, then the index, then the `checkpoint` state file naming it
 (after the summaries and metrics written before the save), then the deletion
-of checkpoints beyond `max_to_keep`. A reader (a sidecar, a
+of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
 state file names it; `sync()` waits for the uploads.
 """
@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from ctl.core import console, staging
-from ctl.core.background import CHECKPOINTS, FILES, upload, uploads
+from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
 from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
 
@@ -163,13 +163,18 @@ class CheckpointManager:
     def _upload(self, local: str, files_mark: int) -> None:
         """On the checkpoints' uploads thread: the files of the staged checkpoint `local`, its
         index last, then (once the first `files_mark` uploads of summaries and metrics are
-        done) the state file, then the retirement of checkpoints beyond `max_to_keep`."""
+        done) the state file; then hands the retirement of checkpoints beyond `max_to_keep` to
+        a lane of its own (no longer named by the state file: their deletes need not hold up
+        the next checkpoint's upload)."""
         released = False
         try:
             self._upload_files(local, files_mark)
             self._uploading.release()  # Readable where the state file says: the next save may go.
             released = True
-            self._retire()
+            kept = self._kept()
+            retired = [self._remote.pop(n) for n in sorted(self._remote) if n not in kept]
+            if retired:
+                uploads().submit(self._retire, retired, lane=RETIREMENTS)
         finally:
             if not released:
                 self._uploading.release()
@@ -200,27 +205,24 @@ class CheckpointManager:
         newest = sorted(self._remote)
         return newest[-self._max_to_keep:] if self._max_to_keep else newest
 
-    def _retire(self) -> None:
-        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread).
+    def _retire(self, paths: List[str]) -> None:
+        """Deletes the checkpoints `paths`, beyond `max_to_keep`, from the store (uploads thread).
 
         Each one's index goes first: a reader never finds an index without its
         data. A delete the store refuses is a warning, not the end of the run:
         the checkpoint is no longer named by the state file, and one whose index
         is left is retired again by the next run that saves there.
         """
-        kept = self._kept()
-        for number in sorted(self._remote):
-            if number not in kept:
-                path = self._remote.pop(number)
-                try:
-                    files = tf.io.gfile.glob(path + ".*")
-                    for file in sorted(files, key=lambda f: not f.endswith(".index")):
-                        tf.io.gfile.remove(file)
-                except tf.errors.NotFoundError:
-                    pass  # Deleted meanwhile: what was asked.
-                except tf.errors.OpError as error:
-                    console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
-                                    "the run goes on.", path, first_line(error))
+        for path in paths:
+            try:
+                files = tf.io.gfile.glob(path + ".*")
+                for file in sorted(files, key=lambda f: not f.endswith(".index")):
+                    tf.io.gfile.remove(file)
+            except tf.errors.NotFoundError:
+                pass  # Deleted meanwhile: what was asked.
+            except tf.errors.OpError as error:
+                console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
+                                "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
         """Waits for the uploads and, in an object store, removes the staging directory (also
