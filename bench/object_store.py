@@ -1,7 +1,7 @@
 """Figure 9: the main job with its model dir in an object store, against a local dir.
 
     python -m bench.object_store [--rounds 2] [--latencies 0,50] [--checkpoints 10]
-        [--sidecar_intervals 2,8] [--systems ctl,mg] [--train_steps 10000]
+        [--sidecar_intervals 2,8] [--systems ctl,mg] [--train_steps 10000] [--trace 1]
 
 Starts the test GCS API (tests/gcs: an emulator, as Google's hosts, on 127.0.0.1)
 once, then times, interleaved (measure.interleave), whole processes of the
@@ -20,9 +20,19 @@ from a checkpoint being committed in the bucket to the sidecar starting its
 evaluation, median target <= 2 s. At the main job's cadence (a checkpoint
 every 2 s) that includes the wait behind the previous evaluation when the
 sidecar's cycle is longer; at 8 s it is the sidecar's own reaction.
+
+`--trace 1` runs each ctl process under `py-spy record` (the `bench` extra)
+and adds `training_thread_store_s` per storage: the seconds the main thread
+spent in TensorFlow's file calls (`tf.io.gfile`, a checkpoint's write) or
+blocked in ctl's waits (a source line that acquires, sleeps or waits: the
+upload slot, the uploads' end, the lease's settling). A wait on the store is
+mostly its latency, not CPU, so the figure moves less with the host's load
+than the ratio, whose local run slows with it; gs@N's value over local's is
+what the store still costs the training thread.
 """
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -47,9 +57,50 @@ RATIO_TARGET = 2.0
 SIDECAR_TARGET_S = 2.0
 
 
-def run_once(command, model_dir, env):
-    """Seconds the whole process takes (figure 8's, with the GCS env); raises if it fails."""
+def run_once(command, model_dir, env, trace=None):
+    """Seconds the whole process takes (figure 8's, with the GCS env); raises if it fails.
+    `trace`: a path for py-spy's raw samples of the process (then run under `py-spy record`)."""
+    if trace:
+        command = [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"),
+                   "record", "--idle", "--threads", "--format", "raw", "-r", str(TRACE_HZ), "-o", trace,
+                   "--", *command]
     return main_job.run_once(command, model_dir, env=env, timeout=TIMEOUT_S)
+
+
+TRACE_HZ = 50
+_WAITS = ("acquire(", "sleep(", "wait(", "wait_for(")
+
+
+def training_thread_store_s(trace: str) -> float:
+    """Seconds of the main thread's samples in `trace` (py-spy raw) in TensorFlow's file calls
+    or in a ctl line that acquires, sleeps or waits (see the module's docstring)."""
+    lines = collections.defaultdict(dict)
+
+    def source(path, number):
+        if number not in lines[path]:
+            try:
+                with open(os.path.join(ROOT, path)) as f:
+                    lines[path] = dict(enumerate(f, 1))
+            except OSError:
+                lines[path] = {}
+        return lines[path].get(number, "")
+
+    samples = 0
+    with open(trace) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            if "MainThread" not in frames[0]:
+                continue
+            if any("lib/io/file_io.py" in frame for frame in frames):
+                samples += int(count)
+                continue
+            ctl_frames = [frame for frame in frames if "(ctl/" in frame]
+            if ctl_frames and frames[-1] == ctl_frames[-1]:  # Blocked in a ctl line (C below it).
+                path, _, number = ctl_frames[-1].rsplit("(", 1)[1].rstrip(")").partition(":")
+                if any(wait in source(path, int(number)) for wait in _WAITS):
+                    samples += int(count)
+    return samples / TRACE_HZ
 
 
 def storages(latencies):
@@ -112,6 +163,8 @@ def main(argv=None):
                              "the main job's cadence (2), and slower than the sidecar's cycle (8)")
     parser.add_argument("--warm", type=int, choices=(0, 1), default=1,
                         help="1: one untimed local run per system first (warms file caches)")
+    parser.add_argument("--trace", type=int, choices=(0, 1), default=0,
+                        help="1: ctl's runs under py-spy, adding training_thread_store_s")
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
     if not systems or any(s not in COMMANDS for s in systems) or len(set(systems)) != len(systems):
@@ -132,6 +185,7 @@ def main(argv=None):
     scratch = tempfile.mkdtemp(prefix="ctl-object-store-")
     service = GcsService()
     seconds = {system: {storage: [] for storage in storages(args.latencies)} for system in systems}
+    store_s = {storage: [] for storage in storages(args.latencies)}  # --trace: ctl's.
     gs_env = {**os.environ, **service.env(), "PYTHONPATH": ROOT}
     local_env = {**os.environ, "PYTHONPATH": ROOT}
 
@@ -139,13 +193,16 @@ def main(argv=None):
         def run():
             command = COMMANDS[system](args.train_steps)
             name = f"{system}-{storage.replace('@', '')}-{len(seconds[system][storage])}"
+            trace = os.path.join(scratch, f"{name}.trace") if args.trace and system == "ctl" else None
             if storage == "local":
-                elapsed = run_once(command, os.path.join(scratch, name), local_env)
+                elapsed = run_once(command, os.path.join(scratch, name), local_env, trace)
             else:
                 service.set_latency(int(storage[3:]))
                 elapsed = run_once(command, f"gs://{service.bucket}/{name}-{uuid.uuid4().hex[:6]}",
-                                   gs_env)
+                                   gs_env, trace)
             seconds[system][storage].append(elapsed)
+            if trace:
+                store_s[storage].append(training_thread_store_s(trace))
         return run
 
     try:
@@ -169,6 +226,10 @@ def main(argv=None):
         if system == "ctl":
             ratio = line[f"gs@{top}_over_local"]
             target = dict(target=f"gs@{top}_over_local <= {RATIO_TARGET}", met=ratio <= RATIO_TARGET)
+            if args.trace:
+                target["training_thread_store_s"] = {storage: measure.median(values)
+                                                     for storage, values in store_s.items()}
+                target["training_thread_store_s_per_round"] = store_s
         measure.emit("object_store", system=system, **line, seconds_per_round=per_round,
                      **target, **common)
     for result in sidecar:

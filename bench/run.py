@@ -15,6 +15,15 @@ every number over the N processes, with `spread` ([min, max] of each) and
 `met_runs` (in how many processes the target was met; `met`: in most). The
 figures that launch processes themselves (startup, resume_cost, main_job,
 object_store, sidecar_latency) already take medians over their rounds and run once.
+
+`--against DIR` times the same figures in another checkout of ctl too (a
+`git worktree` at an older commit), its processes alternating with this
+checkout's in one session (this, other; other, this; ...: load that comes and
+goes falls on both; `--repeat` pairs of processes, every figure included); each line names its
+`checkout` (`this` or `against`).
+`--figure_args` adds arguments to every figure's command (e.g.
+`--figure_args="--workloads mlp --variants ctl,raw_fused_b"`). Every line
+records the one-minute load average at its process's end (`load_average`).
 """
 
 import argparse
@@ -58,18 +67,21 @@ TIMEOUT_S = 900  # Figure 1 with both workloads: 270-330 s on this host, 546-598
 LONG_TIMEOUTS_S = {"object_store": 3600}  # Two rounds: 14 main-job processes of 15-60 s each and the sidecar.
 
 
-def run_figure(name, quick):
+def run_figure(name, quick, root=ROOT, extra=(), checkout=None):
+    """The figure's records from one process in the checkout at `root` (`extra`: arguments
+    added to its command; `checkout`: the name its records carry, and its log's suffix)."""
     command, full_args, quick_args = FIGURES[name]
-    if command[0].endswith(".py") and not os.path.exists(os.path.join(ROOT, command[0])):
+    if command[0].endswith(".py") and not os.path.exists(os.path.join(root, command[0])):
         return [{"figure": name, "skipped": f"{command[0]} is not in this checkout"}]
-    argv = [sys.executable, *command, *(quick_args if quick else full_args)]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    argv = [sys.executable, *command, *(quick_args if quick else full_args), *extra]
+    env = {**os.environ, "PYTHONPATH": root}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     timeout = LONG_TIMEOUTS_S.get(name, TIMEOUT_S)
     start = time.perf_counter()
-    with open(os.path.join(RESULTS, f"{name}.log"), "w") as log:
+    log_name = f"{name}-{checkout}.log" if checkout else f"{name}.log"
+    with open(os.path.join(RESULTS, log_name), "w") as log:
         try:
-            result = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+            result = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE,
                                     stderr=log, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as error:
             stdout, returncode = error.stdout or "", f"timeout after {timeout} s"
@@ -84,9 +96,12 @@ def run_figure(name, quick):
         if isinstance(record, dict):
             records.append(record)
     if returncode != 0 or not records:
-        records.append({"figure": name, "error": f"exit {returncode}; see bench/results/{name}.log"})
+        records.append({"figure": name, "error": f"exit {returncode}; see bench/results/{log_name}"})
     for record in records:
         record.setdefault("figure", name)
+        record["load_average"] = round(os.getloadavg()[0], 2)
+        if checkout:
+            record["checkout"] = checkout
         field, bound = TARGETS.get(name, (None, None))
         if field in record and "target" not in record:
             record.update(target=f"{field} <= {bound}", met=record[field] <= bound)
@@ -144,7 +159,13 @@ def main():
     parser.add_argument("--repeat", type=int, default=1,
                         help="processes per in-process figure; lines report medians and spread")
     parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated figures")
+    parser.add_argument("--against", default=None,
+                        help="another checkout of ctl: its figures too, processes alternating")
+    parser.add_argument("--figure_args", default="", help="arguments added to every figure's command")
     args = parser.parse_args()
+    extra = args.figure_args.split()
+    if args.against and not os.path.isdir(os.path.join(args.against, "bench")):
+        parser.error(f"--against: {args.against!r} is not a checkout of ctl (no bench/ in it)")
     names = args.only.split(",")
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
@@ -157,10 +178,23 @@ def main():
         "load_average_before": os.getloadavg(),
         "results": [],
     }
+    for checkout, root in (("this", ROOT), ("against", args.against)):
+        if root:
+            report[f"commit_{checkout}"] = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                text=True).stdout.strip()
     start = time.perf_counter()
     for name in names:
-        repeats = 1 if name in SELF_REPEATING else max(1, args.repeat)
-        runs = [run_figure(name, args.quick) for _ in range(repeats)]
+        repeats = 1 if name in SELF_REPEATING and not args.against else max(1, args.repeat)
+        if args.against:  # this, other; other, this; ...: each pair in the other order.
+            runs = []
+            for i in range(repeats):
+                pair = [(ROOT, "this"), (os.path.abspath(args.against), "against")]
+                for root, checkout in pair[::-1] if i % 2 else pair:
+                    runs.append(run_figure(name, args.quick, root, extra, checkout))
+            repeats = len(runs)
+        else:
+            runs = [run_figure(name, args.quick, extra=extra) for _ in range(repeats)]
         for record in runs[0] if repeats == 1 else combine(runs):
             print(json.dumps(record), flush=True)
             report["results"].append(record)

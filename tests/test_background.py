@@ -73,6 +73,27 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
     assert not os.path.exists(manager._staging)
 
 
+def test_a_checkpoint_uploads_beside_the_summaries_and_is_named_only_after_them(gcs_dir):
+    # A summaries upload handed over before the save has not landed: the checkpoint's files
+    # upload meanwhile (their own lane), and the state file waits for it.
+    manager, step, _ = _manager(gcs_dir)
+    gate = threading.Event()
+    uploads().submit(gate.wait)  # The FILES lane: summaries and metrics.jsonl.
+    try:
+        step.assign(1)
+        manager.save()
+        deadline = time.monotonic() + 60
+        while not tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the summaries.
+        time.sleep(0.5)
+        assert ModelDir(gcs_dir).checkpoint_state().latest is None  # Not named before them.
+    finally:
+        gate.set()
+    manager.close()
+    assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
+
+
 def _pausing_in(code, at, pause):
     """A trace function for `sys.settrace`: in frames running `code`, calls `pause()` before
     the `at`-th bytecode instruction (0 first), so another thread runs right there."""

@@ -127,6 +127,19 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     assert record["target"] == "median_s <= 0.2" and record["met"] is False
 
 
+def test_runner_runs_a_figure_in_another_checkout_and_names_it(monkeypatch, tmp_path):
+    other = tmp_path / "old"
+    (other / "bench").mkdir(parents=True)
+    (other / "bench" / "latency.py").write_text(
+        'import json, os\nprint(json.dumps({"median_s": 0.1, "cwd": os.getcwd(), '
+        '"path": os.environ["PYTHONPATH"]}))\n')
+    monkeypatch.setitem(run.FIGURES, "sidecar_latency", (["bench/latency.py"], [], []))
+    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    [record] = run.run_figure("sidecar_latency", quick=False, root=str(other), checkout="against")
+    assert record["cwd"] == record["path"] == str(other)  # Its code, not this checkout's.
+    assert record["checkout"] == "against" and record["load_average"] >= 0
+
+
 def test_repeated_runs_are_combined_into_medians_with_spread():
     runs = [[{"figure": "f", "variant": "ctl", "ratio": r, "met": r >= 1.0, "order_seed": seed},
              {"figure": "f", "variant": "raw", "ratio": 1.0}]

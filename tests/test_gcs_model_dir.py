@@ -235,3 +235,42 @@ def test_warm_start_early_stopping_hparams_and_a_profile_in_the_bucket(gcs_dir):
         space.ParseFromString(f.read())
     names = {m.name for plane in space.planes for m in plane.event_metadata.values()}
     assert any("loop_with_metrics" in name for name in names), sorted(names)[:50]
+
+
+def test_in_line_evaluation_in_a_bucket_reads_the_sidecar_announcement_ahead_off_the_training_thread(
+        gcs_dir, monkeypatch):
+    # A read is two requests there: each evaluation decides by the read started right after the
+    # previous decision, on a thread of its own (the first one reads on the caller's thread),
+    # so a sidecar's coming and going is seen one evaluation later.
+    import threading
+
+    from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
+    from ctl.core.model_dir import ModelDir
+    readers = []
+    read = EvaluatorRole.live_sidecar
+
+    def live_sidecar(role):
+        sidecar = read(role)
+        readers.append((threading.current_thread().name, bool(sidecar)))
+        return sidecar
+
+    def reads_done(count):
+        deadline = time.monotonic() + 60
+        while len(readers) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(readers) >= count
+
+    monkeypatch.setattr(EvaluatorRole, "live_sidecar", live_sidecar)
+    trainer = EvaluatorRole(ModelDir(gcs_dir), TRAINER)
+    sidecar = EvaluatorRole(ModelDir(gcs_dir), SIDECAR)
+    sidecar.announce()
+    try:
+        assert trainer.steps_aside(500) and trainer.steps_aside(1000)
+        assert reads_done(3)  # The read for the third evaluation saw the announcement.
+    finally:
+        sidecar.release()
+    assert trainer.steps_aside(1500)  # One evaluation late.
+    assert not trainer.steps_aside(2000)
+    assert readers[0] == (threading.current_thread().name, True)
+    # The fifth read, for a next evaluation, may still run.
+    assert readers[1:4] == [("ctl-sidecar-read", True)] * 2 + [("ctl-sidecar-read", False)]

@@ -1,4 +1,4 @@
-"""Writes to an object store off the training thread: in order, on one thread of their own.
+"""Writes to an object store off the training thread: in order, on threads of their own.
 
 A request to `gs://` takes tens of milliseconds, and a write is a whole upload
 (an object store cannot append): a loop that waited for each write would wait
@@ -7,64 +7,130 @@ for the store several times a second. Checkpoints (`ctl.core.checkpointing`), su
 written locally, or kept in memory, and their uploads are handed to the
 process's `Uploads`:
 
-    uploads().submit(copy_file, local, remote)   # returns at once
+    uploads().submit(upload, local, remote)   # returns at once
     ...
     uploads().wait()   # every upload submitted so far is done (or its error raised)
 
-One thread runs the uploads first in, first out, so what was submitted first
-is in the store first (a checkpoint's summaries before the checkpoint, the
-data files before the index). The first error is raised again on the caller's
-thread by the next `submit`, `wait` or `check`, so a failing store ends the
-run like a failing local disk. A run waits for its uploads before it ends, and before
-exit 75 after a signal; a SIGKILL loses the uploads still queued (the last
-checkpoint named in the bucket's state file is whole: its index and state
-file are uploaded after its data). What the store's latency still costs the
-main job is bench figure 9 (BUILD.md).
+Uploads go in three lanes, each first in, first out on a thread of its own, so
+that what was handed to a lane first is in the store first: `FILES`
+(summaries, `metrics.jsonl`), `CHECKPOINTS` (a checkpoint's data files, then
+its index, then the state file) and `RETIREMENTS` (the deletes of checkpoints
+beyond `max_to_keep`, which the state file no longer names: three of the nine
+requests a checkpoint cost). A checkpoint's upload overlaps the summaries' and
+waits for them (`mark`, `wait_for`) only before its state file: a
+checkpoint's summaries are in the store before the state file names it; an
+evaluation's, handed over after the save, may land before that. With one
+thread for all, the main job on `gs://` at 50 ms a request waited for the
+store at each checkpoint (bench figure 9). The first error is raised
+again on the caller's thread by the next `submit`, `wait` or `check`, so a
+failing store ends the run like a failing local disk. A run waits for its
+uploads before it ends, and before exit 75 after a signal; a SIGKILL loses
+the uploads still queued (the last checkpoint named in the bucket's state
+file is whole: its index and state file are uploaded after its data). What
+the store's latency still costs the main job is bench figure 9 (BUILD.md).
 
 On a file system nothing is handed here: writes are cheap and go to disk at once.
+
+`upload(local, remote)` writes a local file to the store in two requests (a
+resumable upload's start and its body); `tf.io.gfile.copy` asks whether the
+target is there first (two more: a stat, and a listing for a directory of
+that name), which, at 50 ms a request, doubled the time of each file.
 """
 
 import queue
 import threading
 from typing import Callable, Optional
 
+import tensorflow as tf
+
+_CHUNK_BYTES = 16 << 20
+
+
+def upload(local: str, remote: str) -> None:
+    """Writes the local file `local` to `remote` (replaced if it is there), in chunks."""
+    with open(local, "rb") as source, tf.io.gfile.GFile(remote, "wb") as target:
+        while True:
+            chunk = source.read(_CHUNK_BYTES)
+            if not chunk:
+                break
+            target.write(chunk)
+
+
+FILES = "files"  # Summaries and metrics.jsonl.
+CHECKPOINTS = "checkpoints"
+RETIREMENTS = "retirements"  # Deletes of checkpoints the state file no longer names.
+
 
 class Uploads:
-    """A FIFO of upload functions run on one daemon thread (started at the first submit)."""
+    """FIFO lanes of upload functions, each run on a daemon thread of its own (started at its
+    first submit): what one lane was handed lands in that order; lanes overlap."""
 
-    def __init__(self, name: str = "ctl-uploads"):
-        self._name = name
-        self._queue: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
+    def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS, RETIREMENTS)):
+        self._lanes = {lane: _Lane(f"{name}-{lane}", self._store) for lane in lanes}
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable, *args) -> None:
-        """Queues `fn(*args)`; raises the error of an earlier upload, if one failed."""
+    def submit(self, fn: Callable, *args, lane: str = FILES) -> None:
+        """Queues `fn(*args)` on `lane`; raises the error of an earlier upload, if one failed."""
         self.check()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-        self._queue.put(lambda: fn(*args))
+        self._lanes[lane].submit(lambda: fn(*args))
+
+    def mark(self, lane: str = FILES) -> int:
+        """How many uploads `lane` was handed so far (for `wait_for`)."""
+        return self._lanes[lane].submitted
+
+    def wait_for(self, lane: str, mark: int) -> None:
+        """Returns once the first `mark` uploads of `lane` ran (done or failed), e.g. on another
+        lane's thread: what was handed to `lane` before `mark()` lands first."""
+        self._lanes[lane].wait_for(mark)
 
     def wait(self) -> None:
         """Returns once every upload submitted so far ran; raises the first error of one."""
-        if self._thread is not None:
-            self._queue.join()
+        for lane in self._lanes.values():
+            lane.wait_for(lane.submitted)
         self.check()
 
     @property
     def pending(self) -> int:
-        """Uploads submitted and not yet done (the one running included)."""
-        return self._queue.unfinished_tasks
+        """Uploads submitted and not yet done (the ones running included)."""
+        return sum(lane.submitted - lane.done for lane in self._lanes.values())
 
     def check(self) -> None:
         """Raises the error of an upload that failed since the last check (once)."""
-        with self._lock:  # The uploads thread may be storing one right now.
+        with self._lock:  # An uploads thread may be storing one right now.
             error, self._error = self._error, None
         if error is not None:
             raise error
+
+    def _store(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:  # The first one is what the caller hears of.
+                self._error = error
+
+
+class _Lane:
+    """One FIFO of an `Uploads` and its thread; counts what it was handed and what ran."""
+
+    def __init__(self, name: str, on_error: Callable[[BaseException], None]):
+        self._name = name
+        self._on_error = on_error
+        self._queue: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._ran = threading.Condition()
+        self.submitted = 0
+        self.done = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._ran:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self.submitted += 1
+            self._queue.put(task)
+
+    def wait_for(self, mark: int) -> None:
+        with self._ran:
+            self._ran.wait_for(lambda: self.done >= mark)
 
     def _run(self) -> None:
         while True:
@@ -72,16 +138,16 @@ class Uploads:
             try:
                 task()
             except BaseException as error:  # noqa: B902 - raised on the caller's thread.
-                with self._lock:
-                    if self._error is None:  # The first one is what the caller hears of.
-                        self._error = error
+                self._on_error(error)
             finally:
-                self._queue.task_done()
+                with self._ran:
+                    self.done += 1
+                    self._ran.notify_all()
 
 
 _UPLOADS = Uploads()
 
 
 def uploads() -> Uploads:
-    """The process's uploads (one thread, so that everything lands in the order submitted)."""
+    """The process's uploads (one thread per lane, so that each lane lands in the order submitted)."""
     return _UPLOADS

@@ -15,9 +15,10 @@ In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
 temporary directory and renames each, a copy and a delete there, every
 request tens of milliseconds, all on the training thread. So there the
 manager saves to a local staging directory (`ctl.core.staging`) and hands the
-upload to `ctl.core.background`:
-the data files, then the index, then the `checkpoint` state file naming it,
-then the deletion of checkpoints beyond `max_to_keep`. A reader (a sidecar, a
+upload to `ctl.core.background` (its checkpoints lane, beside the summaries'):
+the data files, then the index, then the `checkpoint` state file naming it
+(after the summaries and metrics written before the save), then the deletion
+of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
 state file names it; `sync()` waits for the uploads.
 """
@@ -30,7 +31,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from ctl.core import console, staging
-from ctl.core.background import uploads
+from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
 from ctl.core.errors import UserError, first_line
 from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
 
@@ -128,7 +129,9 @@ class CheckpointManager:
             while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
                 uploads().check()  # An upload failed meanwhile: raise it rather than wait on.
             try:
-                uploads().submit(self._upload, path)
+                # On a lane of its own: the summaries and metrics handed over before this
+                # save upload meanwhile, and land before the state file names it (`_upload`).
+                uploads().submit(self._upload, path, uploads().mark(FILES), lane=CHECKPOINTS)
             except BaseException:  # An upload failed since the check: `_upload` will not run.
                 self._uploading.release()
                 raise
@@ -159,34 +162,40 @@ class CheckpointManager:
             self._manager = tf.train.CheckpointManager(self.checkpoint, directory, **kwargs)
         return self._manager
 
-    def _upload(self, local: str) -> None:
-        """On the uploads thread: the files of the staged checkpoint `local`, its index last, then
-        the state file, then the retirement of checkpoints beyond `max_to_keep`."""
+    def _upload(self, local: str, files_mark: int) -> None:
+        """On the checkpoints' uploads thread: the files of the staged checkpoint `local`, its
+        index last, then (once the first `files_mark` uploads of summaries and metrics are
+        done) the state file; then hands the retirement of checkpoints beyond `max_to_keep` to
+        a lane of its own (no longer named by the state file: their deletes need not hold up
+        the next checkpoint's upload)."""
         released = False
         try:
-            self._upload_files(local)
+            self._upload_files(local, files_mark)
             self._uploading.release()  # Readable where the state file says: the next save may go.
             released = True
-            self._retire()
+            kept = self._kept()
+            retired = [self._remote.pop(n) for n in sorted(self._remote) if n not in kept]
+            if retired:
+                uploads().submit(self._retire, retired, lane=RETIREMENTS)
         finally:
             if not released:
                 self._uploading.release()
 
-    def _upload_files(self, local: str) -> None:
+    def _upload_files(self, local: str, files_mark: int) -> None:
         name = os.path.basename(local)
         files = sorted((f for f in os.listdir(self._staging) if f.startswith(name + ".")),
                        key=lambda f: f.endswith(".index"))
         if not files or not files[-1].endswith(".index"):
             raise RuntimeError(f"ctl bug: the staged checkpoint {local} is not whole ({files}).")
         for file in files:
-            tf.io.gfile.copy(os.path.join(self._staging, file),
-                             os.path.join(self.directory, file), overwrite=True)
+            upload(os.path.join(self._staging, file), os.path.join(self.directory, file))
         if self._remote is None:  # Listed once; this thread keeps it up to date after.
             self._remote = self._files.checkpoints()
         path = os.path.join(self.directory, name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
         kept = [self._remote[n] for n in self._kept()]
+        uploads().wait_for(FILES, files_mark)  # The summaries of its steps are there first.
         self._files.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
                                          stamps=self._uploaded_at)
         self._published = kept
@@ -197,27 +206,24 @@ class CheckpointManager:
         newest = sorted(self._remote)
         return newest[-self._max_to_keep:] if self._max_to_keep else newest
 
-    def _retire(self) -> None:
-        """Deletes the checkpoints beyond `max_to_keep` from the store (uploads thread).
+    def _retire(self, paths: List[str]) -> None:
+        """Deletes the checkpoints `paths`, beyond `max_to_keep`, from the store (uploads thread).
 
         Each one's index goes first: a reader never finds an index without its
         data. A delete the store refuses is a warning, not the end of the run:
         the checkpoint is no longer named by the state file, and one whose index
         is left is retired again by the next run that saves there.
         """
-        kept = self._kept()
-        for number in sorted(self._remote):
-            if number not in kept:
-                path = self._remote.pop(number)
-                try:
-                    files = tf.io.gfile.glob(path + ".*")
-                    for file in sorted(files, key=lambda f: not f.endswith(".index")):
-                        tf.io.gfile.remove(file)
-                except tf.errors.NotFoundError:
-                    pass  # Deleted meanwhile: what was asked.
-                except tf.errors.OpError as error:
-                    console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
-                                    "the run goes on.", path, first_line(error))
+        for path in paths:
+            try:
+                files = tf.io.gfile.glob(path + ".*")
+                for file in sorted(files, key=lambda f: not f.endswith(".index")):
+                    tf.io.gfile.remove(file)
+            except tf.errors.NotFoundError:
+                pass  # Deleted meanwhile: what was asked.
+            except tf.errors.OpError as error:
+                console.warning("ckpt", "could not delete %s, beyond max_checkpoints (%s); "
+                                "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
         """Waits for the uploads and, in an object store, removes the staging directory (also

@@ -20,7 +20,8 @@ import tensorflow as tf
 from ctl import compat
 from ctl.core.errors import UserError, first_line
 from ctl.core.gin_text import check_gin_file
-from ctl.core.model_dir import ModelDir, write_atomically
+from ctl.core.background import uploads
+from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
 # too, so a --gin_file or the trainer's config.gin may be in an object store.
@@ -189,8 +190,16 @@ def save_config(directory: ModelDir) -> None:
 
 
 def save_operative_config(directory: ModelDir) -> None:
-    """Saves the values actually used, as a file and a text summary of the train run."""
+    """Saves the values actually used, as a file and a text summary of the train run (in an
+    object store on the uploads' thread: a dozen requests there, after the first train loop)."""
     text = gin.operative_config_str()
+    if is_object_store(directory.path):
+        uploads().submit(_write_operative_config, directory, text)
+    else:
+        _write_operative_config(directory, text)
+
+
+def _write_operative_config(directory: ModelDir, text: str) -> None:
     write_atomically(directory.operative_config_file, text)
     writer = tf.summary.create_file_writer(directory.train_dir)
     with writer.as_default():

@@ -32,11 +32,12 @@ Best effort across hosts in an object store: a lease's age compares the
 holder's clock with the reader's. Eager, on the host.
 """
 
+import threading
 from typing import Any, Callable, Iterable, Optional
 
 from ctl.core import console
 from ctl.core.claims import Claim, claim_for, eval_hooks_claim
-from ctl.core.model_dir import ModelDir
+from ctl.core.model_dir import ModelDir, is_object_store
 
 TRAINER = "trainer"
 SIDECAR = "sidecar evaluator"
@@ -55,6 +56,7 @@ class EvaluatorRole:
         self.announcement: Claim = claim_for(directory.announcement_file, SIDECAR, transient=True)
         self._owned: Optional[bool] = None  # Decided at the first evaluation with actions.
         self._aside = False
+        self._next_read: Optional[_ReadAhead] = None  # Object stores: the next evaluation's read.
 
     @property
     def owned(self) -> Optional[bool]:
@@ -85,8 +87,13 @@ class EvaluatorRole:
 
     def steps_aside(self, step: int) -> bool:
         """Whether in-line evaluation steps aside at `step`; stepping aside, the trainer lets
-        the eval-side hooks go (taken again if in-line evaluation comes back)."""
-        sidecar = self.live_sidecar()
+        the eval-side hooks go (taken again if in-line evaluation comes back). In an object
+        store, where a read is two requests, each evaluation decides by a read started right
+        after the previous decision on a thread of its own: a sidecar's coming and going is
+        seen one evaluation later there."""
+        sidecar = self._next_read.result() if self._next_read is not None else self.live_sidecar()
+        if is_object_store(self.directory.path):
+            self._next_read = _ReadAhead(self.live_sidecar)
         if sidecar and not self._aside:
             console.info("eval", "a sidecar evaluator (%s, %s) serves %s: in-line evaluation "
                          "steps aside; the sidecar evaluates every checkpoint into eval/", sidecar,
@@ -136,3 +143,26 @@ class EvaluatorRole:
             self.hooks_claim.release()
         finally:
             self.announcement.release()
+
+
+class _ReadAhead:
+    """`read()` on a daemon thread of its own; `result()` waits for it (and raises its error)."""
+
+    def __init__(self, read: Callable[[], Optional[str]]):
+        self._read = read
+        self._value: Optional[str] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ctl-sidecar-read")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._read()
+        except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+            self._error = error
+
+    def result(self) -> Optional[str]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value

@@ -50,7 +50,7 @@ import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from ctl.core import staging
-from ctl.core.background import uploads
+from ctl.core.background import upload, uploads
 from ctl.core.model_dir import is_object_store
 
 
@@ -177,7 +177,7 @@ class SummaryManager:
                     remote = os.path.join(self.summary_dir, os.path.relpath(local, self._local))
                     if local not in self._uploaded:  # Its directory, once.
                         tf.io.gfile.makedirs(os.path.dirname(remote))
-                    tf.io.gfile.copy(local, remote, overwrite=True)
+                    upload(local, remote)
                     self._uploaded[local] = size
 
     @property
