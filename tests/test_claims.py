@@ -323,8 +323,9 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
                 f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
                 "try:\n    print(lease.try_acquire(), lease.holder())\n"
                 "except Exception as error:\n    from ctl.faults import storage\n"
+                "    from ctl.core.model_dir import ModelDir\n"
                 # What `ctl.run` makes of it: a storage fault (exit 74), or a bug (a traceback).
-                f"    print(type(error).__name__, storage.storage_fault_within(error, {gcs_dir + '/run'!r})"
+                f"    print(type(error).__name__, storage.storage_fault_within(error, ModelDir({gcs_dir + '/run'!r}))"
                 " is not None, error)")
             taken = taker.finish(timeout=300)
             out, err = taken.stdout, taken.stderr

@@ -61,7 +61,7 @@ ANY_MARKER = re.compile(r"<!-- docs-test:")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch))\b")
 RUN_TIMEOUT_S = 300
-CLIS = ("ctl.run", "ctl.report", "ctl.launch")
+CLIS = ("ctl.run", "ctl.report", "ctl.launch", "ctl.sweep")
 
 
 class Block(NamedTuple):
@@ -441,7 +441,7 @@ def reference_gaps(html: str) -> List[str]:
     the built API page does not show with a docstring."""
     import ctl
     import ctl.hooks
-    from ctl.core import hooks
+    from ctl.core import hook_protocol as hooks
 
     ctl.import_api()
     wanted = [f"ctl.{name}" for name in ctl.__all__ if name not in ("hooks",)]

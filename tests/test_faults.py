@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core import config
+from ctl.core.model_dir import ModelDir
 from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
@@ -117,10 +118,10 @@ def test_bad_fault_tolerance_settings(field, value, message):
 
 
 def test_lock_refuses_a_second_holder_and_is_released(tmp_path):
-    with ModelDirLock(str(tmp_path)):
+    with ModelDirLock(ModelDir(str(tmp_path))):
         with pytest.raises(ctl.UserError, match=rf"in use by another trainer \(pid {os.getpid()} on host"):
-            ModelDirLock(str(tmp_path)).acquire()
-    with ModelDirLock(str(tmp_path)):  # Released on exit.
+            ModelDirLock(ModelDir(str(tmp_path))).acquire()
+    with ModelDirLock(ModelDir(str(tmp_path))):  # Released on exit.
         pass
 
 
