@@ -254,3 +254,14 @@ def test_each_package_docstring_names_its_modules_and_no_other():
         wrong += [f"ctl/{package}: {m} not in its docstring" for m in sorted(modules - named)]
         wrong += [f"ctl/{package}: its docstring names `{m}`, no module of it" for m in sorted(named - modules)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/support/ (or a tests/*_tasks.py module of tasks), never in a test module."""
+    importing = re.compile(r"^\s*(?:from tests\.test_\w+ import|import tests\.test_\w+)", re.M)
+    offenders = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if name.endswith(".py"):
+            with open(os.path.join(ROOT, "tests", name)) as f:
+                offenders += [f"tests/{name}: {m.group(0).strip()}" for m in importing.finditer(f.read())]
+    assert not offenders, "test modules imported by others:\n" + "\n".join(offenders)

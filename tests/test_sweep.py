@@ -4,8 +4,8 @@ pruning at evaluations, failed trials, SIGTERM, kill -9 and the heartbeat takeov
 One module-scoped sweep (4 trials, 2 workers, tiny digits runs) is read by several tests. Its random
 sampler is seeded (each trial's suggestions are a function of its number): trials 0 and 1 train well,
 trial 2 has a learning rate of 1e-6 and starts once one of them completed (median pruner, one startup
-trial), so it is pruned at its first evaluation, and trial 3 binds `hidden_units = -1`, which Keras
-refuses: it fails.
+trial), so it is pruned at its first evaluation, and trial 3 binds `hidden_units = -1`, which the
+task's argument checks refuse: it fails.
 """
 
 import fcntl
@@ -19,14 +19,10 @@ import time
 import pytest
 
 from tests.support.env import ROOT, ctl_env
+from tests.support.sweeps import DIGITS_GIN, TINY, write
 
 pytestmark = pytest.mark.xdist_group("sweep")
 
-DIGITS_GIN = os.path.join(ROOT, "configs", "digits.gin")
-# Long enough after the first evaluation (step 20) for a prune to land before the run ends.
-TINY = ["--gin_bindings=TRAIN_STEPS=400", "--gin_bindings=ctl.Schedule.eval_interval=20",
-        "--gin_bindings=ctl.Schedule.steps_per_loop=10",
-        "--gin_bindings=ctl.Schedule.checkpoint_interval=20"]
 SWEEP = """\
 objective = "accuracy"
 direction = "maximize"
@@ -62,12 +58,6 @@ def load_trials(sweep_dir, name):
 
     storage = study.open_storage(sweep_dir, None)
     return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from ctl.launch import free_ports
 from tests.support.env import ROOT, ctl_env
-from tests.test_sweep import DIGITS_GIN, TINY, write
+from tests.support.sweeps import DIGITS_GIN, TINY, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]
 
