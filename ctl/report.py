@@ -23,7 +23,6 @@ of each binding against the objective.
 """
 
 import os
-import sys
 from typing import Dict, List, Tuple
 
 from ctl.core import process_end
@@ -33,7 +32,7 @@ if __name__ == "__main__":  # First, so that it runs after every other exit hand
 
 from absl import app, flags, logging  # noqa: E402
 
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.core.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -272,15 +271,7 @@ def main(argv):
 
 
 def _fail(message: str) -> None:
-    print(f"ctl.report: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
-
-
-def _parse_flags(argv):
-    try:
-        return FLAGS(argv)
-    except flags.Error as error:
-        _fail(f"{error}. See --helpfull.")
+    exit_with_error("ctl.report", message)
 
 
 if __name__ == "__main__":
@@ -288,4 +279,4 @@ if __name__ == "__main__":
                               "or a sweep's directory.")
     flags.DEFINE_string("output", None, "Where to write the PNG (default <model_dir>/report.png; "
                         "for several runs, report.png in their common parent).")
-    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))
+    process_end.run(lambda: app.run(main, flags_parser=flags_parser("ctl.report", FLAGS)))

@@ -7,7 +7,8 @@ its traceback.
 """
 
 import re
-from typing import Optional
+import sys
+from typing import Callable, List, NoReturn, Optional
 
 EXIT_USER_ERROR = 2
 
@@ -17,6 +18,27 @@ class UserError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+def exit_with_error(command: str, message: str) -> NoReturn:
+    """Ends `python -m <command>` on a user's mistake: `<command>: error: <message>`, one line
+    on stderr, exit status `EXIT_USER_ERROR`."""
+    print(f"{command}: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def flags_parser(command: str, flag_values) -> Callable[[List[str]], List[str]]:
+    """absl's `app.run(..., flags_parser=...)` for `command`: a bad flag ends it as
+    `exit_with_error` does, naming `--helpfull`."""
+    from absl import flags
+
+    def parse(argv: List[str]) -> List[str]:
+        try:
+            return flag_values(argv)
+        except flags.Error as error:
+            exit_with_error(command, f"{error}. See --helpfull.")
+
+    return parse
 
 
 def require_choice(name: str, value, choices) -> None:

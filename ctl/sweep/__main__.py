@@ -24,7 +24,7 @@ import sys  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.core.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
@@ -46,15 +46,7 @@ flags.mark_flag_as_required("sweep_dir")
 
 
 def _fail(message: str) -> None:
-    print(f"ctl.sweep: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
-
-
-def _parse_flags(argv):
-    try:
-        return FLAGS(argv)
-    except flags.Error as error:
-        _fail(f"{error}. See --helpfull.")
+    exit_with_error("ctl.sweep", message)
 
 
 def main(argv):
@@ -147,4 +139,4 @@ def _supervise(workers: int) -> int:
 
 
 if __name__ == "__main__":
-    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))
+    process_end.run(lambda: app.run(main, flags_parser=flags_parser("ctl.sweep", FLAGS)))
