@@ -115,18 +115,9 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 def plot_panels(panels, path: str) -> None:
     """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically
     (`path` may be in an object store)."""
-    import io
+    from ctl.core.figures import pyplot, write_png
 
-    from ctl.core.model_dir import write_atomically
-
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
-                        "pip install 'ctl[report]' (or matplotlib).") from error
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     columns = min(3, max(len(panels), 1))
     rows = max(1, -(-len(panels) // columns))
@@ -142,11 +133,7 @@ def plot_panels(panels, path: str) -> None:
         axis.legend(fontsize="small")
     for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
-    figure.tight_layout()
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=100)
-    plt.close(figure)
-    write_atomically(path, image.getvalue())
+    write_png(figure, path)
 
 
 def report(model_dir: str, output: str = None) -> Tuple[str, str]:

@@ -12,7 +12,8 @@ subsystems plug into are `hook_protocol` (hooks, train/eval actions), `stop`
 (the stop request, signals, the second signal's exit), `runner` and
 `aggregation`. A configurable's declared argument checks are `arguments`'. Around them: gin at the edges (`config`,
 `gin_text`), `UserError` (`errors`), what a run prints (`console`), the
-default serving signature (`serving`) and a command's end (`process_end`).
+default serving signature (`serving`), the report's PNGs (`figures`) and a
+command's end (`process_end`).
 `Experiment` (`ctl.experiment`) and the composition root (`ctl.train_lib`)
 are above core. Nothing is re-exported here: the public API is `ctl`.
 """

@@ -13,7 +13,6 @@ PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
 """
 
 import datetime
-import io
 import os
 from typing import Any, List, Optional, Tuple
 
@@ -97,15 +96,9 @@ def _short(value) -> str:
 
 def plot(trials: list, record: dict, path: str) -> None:
     """Optimization history and each binding against the objective, as one PNG (written atomically)."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
-                        "pip install 'ctl[report]' (or matplotlib).") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ctl.core.figures import pyplot, write_png
 
-    from ctl.core.model_dir import write_atomically
+    plt = pyplot()
 
     objective = record.get("objective", "value")
     maximize = record.get("direction", "maximize") == "maximize"
@@ -144,11 +137,7 @@ def plot(trials: list, record: dict, path: str) -> None:
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[panels:]:
         axis.axis("off")
-    figure.tight_layout()
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=100)
-    plt.close(figure)
-    write_atomically(path, image.getvalue())
+    write_png(figure, path)
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:

@@ -1,0 +1,32 @@
+"""The PNGs of `python -m ctl.report` (a run's curves, a sweep's trials): matplotlib on Agg, written whole.
+
+matplotlib is the `report` extra: without it, one `UserError` names the install.
+"""
+
+import io
+
+from ctl.core.errors import UserError
+from ctl.core.model_dir import write_atomically
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no screen needed), or a UserError naming the extra."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
+                        "pip install 'ctl[report]' (or matplotlib).") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_png(figure, path: str) -> None:
+    """Writes `figure` as a PNG to `path` (an object store's too), atomically, and closes it."""
+    plt = pyplot()
+    figure.tight_layout()
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
+    plt.close(figure)
+    write_atomically(path, image.getvalue())
