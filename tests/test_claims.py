@@ -20,7 +20,7 @@ import tensorflow as tf
 from ctl.core import claims
 from tests.support.processes import Process, python_command, run
 from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_directory
+from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_directory, read_bytes
 
 
 @pytest.fixture
@@ -296,13 +296,7 @@ def _in_a_process(code, **kwargs):
 
 
 def _record(path):
-    for _ in range(5):
-        try:
-            with tf.io.gfile.GFile(path) as f:
-                return json.loads(f.read())
-        except tf.errors.InternalError:  # "File contents are inconsistent": renewed meanwhile.
-            time.sleep(0.1)
-    raise AssertionError(f"{path} kept changing while read")
+    return json.loads(read_bytes(path))  # One whole version while its holder renews it.
 
 
 def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir):

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support.processes import Process, python_command
+
 
 def test_gfile_writes_reads_lists_renames_and_globs(gcs_dir):
     gfile = tf.io.gfile
@@ -57,3 +59,25 @@ def test_the_injected_fault_answers_uploads_only(gcs, gcs_dir):
     with tf.io.gfile.GFile(f"{gcs_dir}/refused", "w") as f:
         f.write("after")
     assert tf.io.gfile.exists(f"{gcs_dir}/refused")
+
+
+def test_a_record_another_process_rewrites_reads_whole(gcs_dir):
+    """TensorFlow caches a `gs://` object's size for seconds, and `GFile.read()` asks for
+    that many bytes: a record another process rewrote reads cut to the old length.
+    `model_dir.read_bytes` (every record read of ctl's, the claims' too) reads one whole
+    version each time."""
+    from ctl.core.model_dir import read_bytes, write_atomically
+
+    path = f"{gcs_dir}/record.json"
+    versions = {b'{"n": 1}\n'} | {b'{"pad": "' + b"x" * n + b'"}\n' for n in range(40)}
+    write_atomically(path, b'{"n": 1}\n')
+    rewrite = ("import time; from ctl.core.model_dir import write_atomically\n"
+               "for n in range(100000):\n"
+               f"    write_atomically({path!r}, b'{{\"n\": 1}}\\n' if n % 2 else "
+               "b'{\"pad\": \"' + b'x' * (n % 40) + b'\"}\\n')\n"
+               "    print('wrote', flush=True) if n == 3 else time.sleep(0.1)")
+    with Process(python_command(rewrite)) as writer:
+        writer.wait_for_line("^wrote$", timeout=120)
+        reads = [read_bytes(path) for _ in range(100)]
+    assert set(reads) <= versions, {r for r in reads if r not in versions}
+    assert len(set(reads)) > 2  # The rewrites did happen meanwhile.

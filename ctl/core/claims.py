@@ -72,7 +72,7 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import first_line
-from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
+from ctl.core.model_dir import ModelDir, is_object_store, read_bytes, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
@@ -363,8 +363,7 @@ class Lease:
             try:
                 if not tf.io.gfile.exists(self.path):
                     return {}
-                with tf.io.gfile.GFile(self.path, "rb") as f:
-                    data = f.read()
+                data = read_bytes(self.path)
             except tf.errors.NotFoundError:
                 return {}  # Deleted between the two calls.
             except tf.errors.OpError as error:  # A store under load answers an error now and then.

@@ -115,14 +115,44 @@ def write_atomically(path: str, text: Union[str, bytes]) -> None:
     tf.io.gfile.rename(temp, path, overwrite=True)
 
 
+WHOLE_READ_ATTEMPTS = 5
+_READ_CHUNK = 16 << 20
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file at `path`, all of one version of it.
+
+    An object store replaces an object whole, but `tf.io.gfile`'s `read()` asks for
+    as many bytes as its cached size says (TensorFlow caches a `gs://` object's size
+    for seconds): after another process rewrote it, that is the new version cut to
+    the old length. Asking for a fixed, larger count instead reads what is there, a
+    record in one request. "File contents are inconsistent" (the cached size was
+    longer) is read again. Raises `tf.errors.NotFoundError` if there is no such file.
+    """
+    for attempt in range(WHOLE_READ_ATTEMPTS):
+        try:
+            chunks = []
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while True:
+                    chunks.append(f.read(_READ_CHUNK))
+                    if len(chunks[-1]) < _READ_CHUNK:
+                        return b"".join(chunks)
+        except tf.errors.InternalError:
+            if attempt == WHOLE_READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def read_text(path: str) -> Optional[str]:
     """The text at `path`; None if there is no such file. Raises `ValueError`
     (with what is wrong) when it cannot be read as UTF-8 text."""
     if not tf.io.gfile.exists(path):
         return None
     try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path)
+    except tf.errors.NotFoundError:
+        return None  # Deleted between the two calls.
     except tf.errors.OpError as error:
         raise ValueError(f"cannot read it: {first_line(error)}") from error
     try:
@@ -174,8 +204,7 @@ def read_json_lines(path: str) -> List[Dict[str, Any]]:
     """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
     if not tf.io.gfile.exists(path):
         return []
-    with tf.io.gfile.GFile(path, "rb") as f:
-        data = f.read()
+    data = read_bytes(path)
     records = []
     for line in data.splitlines():
         try:
