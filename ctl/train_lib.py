@@ -34,7 +34,7 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.core.errors import UserError
 from ctl.core.evaluator_role import TRAINER, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, Run
+from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.core.model_dir import ModelDir
 from ctl.core.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
@@ -141,6 +141,7 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=plan.train, evaluate=plan.evaluate,
         stop=watcher if plan.train else None, guard_steps=experiment.fault_tolerance.guard_steps,
+        eval_callbacks=eval_callbacks(experiment.hooks),
     )
     hooks = _hooks(experiment, trainer, directory, strategy, plan)
     manager = CheckpointManager(
