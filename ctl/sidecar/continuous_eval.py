@@ -162,7 +162,7 @@ class CheckpointEvaluator:
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
         # The optimizer's values stay unread (restore allows it).
-        restore(_ReadOnly(checkpoint), readable, self.directory.path, fix=(
+        restore(_ReadOnly(checkpoint), readable, self.directory, fix=(
             "evaluate it with the trainer's config: its --gin_file and --gin_bindings, or "
             f"neither to read {self.directory.config_file}, if the trainer wrote the checkpoint"))
         self.trainer.global_step.assign(step)
