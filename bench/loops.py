@@ -198,7 +198,7 @@ def sibling_controller(controller: Controller, checkpoint_interval: int,
     the step a controller keeps is stale once a sibling has trained.
     """
     trainer = controller.trainer
-    manager = CheckpointManager(trainer.checkpoint, tempfile.mkdtemp(prefix="ctl-bench-"),
+    manager = CheckpointManager(trainer.checkpoint, ModelDir(tempfile.mkdtemp(prefix="ctl-bench-")),
                                 step_counter=trainer.global_step, max_to_keep=max_checkpoints,
                                 checkpoint_interval=checkpoint_interval)
     return Controller(

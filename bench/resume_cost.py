@@ -56,7 +56,7 @@ def prepare(gin_file, steps, scratch):
         model_dir = os.path.join(scratch, f"step{step}")
         with SignalWatcher() as watcher:
             built = train_lib.build_controller(RunPlan("train"), ModelDir(source), tf.distribute.get_strategy(),
-                                               experiment, checkpoint_dir=model_dir,
+                                               experiment, checkpoint_dir=ModelDir(model_dir),
                                                watcher=watcher)
         how = built.faults.resume_inputs()
         assert how == "checkpoint", how

@@ -61,7 +61,7 @@ def write_checkpoints(model_dir, count, interval):
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64)
     manager = CheckpointManager(
-        tf.train.Checkpoint(global_step=step, model=model, optimizer=optimizer), model_dir,
+        tf.train.Checkpoint(global_step=step, model=model, optimizer=optimizer), ModelDir(model_dir),
         step_counter=step, max_to_keep=5)
     committed = {}
     for number in range(1, count + 1):

@@ -56,7 +56,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
             latest = tf.train.latest_checkpoint(directory.path)
             with strategy.scope():
                 # Optimizer slots a fresh optimizer makes lazily stay unread (restore allows it).
-                checkpointing.restore(trainer.checkpoint, latest, directory.path)
+                checkpointing.restore(trainer.checkpoint, latest, directory)
             _check(int(trainer.global_step.numpy()) == SMOKE_STEPS,
                    f"restored step {int(trainer.global_step.numpy())}, expected {SMOKE_STEPS}")
             again = trainer.evaluate(tf.constant(1))

@@ -34,7 +34,7 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.core.errors import UserError
 from ctl.core.evaluator_role import TRAINER, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, Run
+from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.core.model_dir import ModelDir
 from ctl.core.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
@@ -106,11 +106,11 @@ def _checkpoint_directory(directory: ModelDir, chief: bool):
     The others restore from it and delete their scratch copies at the end.
     """
     if chief:
-        yield directory.path
+        yield directory
         return
     scratch = tempfile.mkdtemp(prefix="ctl-worker-checkpoints-")
     try:
-        yield scratch
+        yield ModelDir(scratch)  # Checkpoints only; no other file of a model dir goes there.
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -126,7 +126,7 @@ class Built(NamedTuple):
 
 
 def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
-                     experiment: Experiment, *, checkpoint_dir: Optional[str] = None,
+                     experiment: Experiment, *, checkpoint_dir: Optional[ModelDir] = None,
                      watcher: Optional[SignalWatcher] = None,
                      lock: Optional[ModelDirLock] = None) -> Built:
     """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
@@ -141,12 +141,13 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=plan.train, evaluate=plan.evaluate,
         stop=watcher if plan.train else None, guard_steps=experiment.fault_tolerance.guard_steps,
+        eval_callbacks=eval_callbacks(experiment.hooks),
     )
     hooks = _hooks(experiment, trainer, directory, strategy, plan)
     manager = CheckpointManager(
         trainer.checkpoint,
-        checkpoint_dir or directory.path,
-        restore_directory=directory.path,
+        checkpoint_dir or directory,
+        restore_directory=directory,
         max_to_keep=schedule.max_checkpoints,
         step_counter=trainer.global_step,
         checkpoint_interval=schedule.checkpoint_interval,
@@ -185,7 +186,7 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
 
 
 def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
-         experiment: Experiment, stack: contextlib.ExitStack, *, checkpoint_dir: str,
+         experiment: Experiment, stack: contextlib.ExitStack, *, checkpoint_dir: ModelDir,
          lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher]) -> Dict[str, Any]:
     schedule = experiment.schedule
     trainer, controller, faults, hooks, eval_side = build_controller(

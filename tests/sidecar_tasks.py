@@ -98,12 +98,22 @@ class GateCallback(keras.callbacks.Callback):
 
 
 class RecordingCallback(keras.callbacks.Callback):
-    """Records the hooks called, and the model's first weight at `on_test_begin`."""
+    """Records the methods called (an epoch's logs by their `val_` names: a sidecar trains
+    nothing), and the model's first weight at `on_test_begin`."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
         self.kernels = []
+
+    def on_train_begin(self, logs=None):
+        self.calls.append("train_begin")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.calls.append(f"epoch_end:{epoch}:{sorted(k for k in logs if k.startswith('val_'))}")
+
+    def on_train_end(self, logs=None):
+        self.calls.append("train_end")
 
     def on_test_begin(self, logs=None):
         self.calls.append("begin")

@@ -44,7 +44,7 @@ def _manager(model_dir, max_to_keep=2):
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(global_step=step, model=model, optimizer=optimizer)
-    return CheckpointManager(checkpoint, model_dir, step_counter=step, max_to_keep=max_to_keep,
+    return CheckpointManager(checkpoint, ModelDir(model_dir), step_counter=step, max_to_keep=max_to_keep,
                              checkpoint_interval=1), step, model
 
 

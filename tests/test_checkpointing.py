@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core.checkpointing import CheckpointManager, interval_crossed
+from ctl.core.model_dir import ModelDir
 
 
 @pytest.mark.parametrize("last, step, expected", [
@@ -21,7 +22,7 @@ def test_manager_saves_on_multiples_and_resumes_the_count(tmp_path):
     checkpoint = tf.train.Checkpoint(step=step)
 
     def manager():
-        return CheckpointManager(checkpoint, str(tmp_path), max_to_keep=10, step_counter=step,
+        return CheckpointManager(checkpoint, ModelDir(str(tmp_path)), max_to_keep=10, step_counter=step,
                                  checkpoint_interval=500)
 
     first = manager()
@@ -40,5 +41,5 @@ def test_restore_refuses_a_checkpoint_of_another_model(tmp_path):
     tf.train.Checkpoint(w=tf.Variable(tf.zeros((3, 1)))).save(str(tmp_path / "ckpt"))
     other = tf.train.Checkpoint(w=tf.Variable(tf.zeros((4, 1))))
     with pytest.raises(ctl.UserError, match="checkpoint of a different model"):
-        CheckpointManager(other, str(tmp_path), max_to_keep=1,
+        CheckpointManager(other, ModelDir(str(tmp_path)), max_to_keep=1,
                           step_counter=tf.Variable(0)).restore_or_initialize()

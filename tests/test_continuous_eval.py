@@ -37,8 +37,11 @@ def evaluated_numbers(model_dir):
     return [r["number"] for r in ModelDir(model_dir).sidecar_evaluations()]
 
 
-def experiment(task=None, **schedule):
+def experiment(task=None, callbacks=(), **schedule):
+    """The experiment of the run being evaluated; `callbacks`: Keras callbacks, through their one
+    route (`ctl.hooks.KerasCallbacks`)."""
     return ctl.Experiment(task=task or RegressionTask(),
+                          hooks=[ctl.hooks.KerasCallbacks(callbacks)] if callbacks else [],
                           schedule=ctl.Schedule(**{"train_steps": 40, "steps_per_loop": 10,
                                                    "checkpoint_interval": 10, **schedule}))
 
@@ -211,7 +214,8 @@ def test_checkpoints_deleted_by_a_fast_trainer_are_skipped_never_fatal(tmp_path,
     evaluator = start_ctl(
         "--mode=continuous_eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
         "--gin_bindings=import tests.sidecar_tasks",
-        "--gin_bindings=ctl.ContinuousEval.callbacks = [@GateCallback()]",
+        "--gin_bindings=ctl.Experiment.hooks = [@ctl.hooks.KerasCallbacks()]",
+        "--gin_bindings=ctl.hooks.KerasCallbacks.callbacks = [@GateCallback()]",
         f"--gin_bindings=GateCallback.gate_dir = '{gates}'", "--gin_bindings=GateCallback.gated = (1, 2)")
     wait_until(lambda: "waiting for a new checkpoint" in evaluator.stdout(),
                "the evaluator to wait for checkpoints")
@@ -294,8 +298,9 @@ def test_idle_timeout_ends_with_a_clear_message(run_dir):
 
 def test_deleted_before_and_during_evaluation(run_dir, caplog):
     # While ckpt-10 is evaluated, its own files and those of ckpt-20 (already seen) vanish.
-    settings = ctl.ContinuousEval(callbacks=[DeleteOnFirstEvaluation(run_dir, [10, 20])])
-    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
+    deleter = DeleteOnFirstEvaluation(run_dir, [10, 20])
+    continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(callbacks=[deleter]),
+                                          settings=ctl.ContinuousEval())
     assert progress(run_dir) == {10: "evaluated", 20: "deleted", 30: "evaluated", 40: "evaluated"}
     assert evaluated_numbers(run_dir) == [10, 30, 40]
     assert "skipping ckpt-20: deleted before its evaluation" in caplog.text
@@ -321,11 +326,11 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     task = TwoEvalSetsTask()
     ctl.run_experiment("train", model_dir, experiment=experiment(task, train_steps=20))
     recorder = RecordingCallback()
-    settings = ctl.ContinuousEval(callbacks=[recorder])
+    sidecar_experiment = experiment(task, callbacks=[recorder], train_steps=20)
     sidecar_experiment = dataclasses.replace(  # A set's metric, by "set/name".
-        experiment(task, train_steps=20), hooks=[ctl.hooks.BestCheckpoint(metric="far/loss")])
+        sidecar_experiment, hooks=[ctl.hooks.BestCheckpoint(metric="far/loss"), *sidecar_experiment.hooks])
     continuous_eval.evaluate_continuously(ModelDir(model_dir), experiment=sidecar_experiment,
-                                          settings=settings)
+                                          settings=ctl.ContinuousEval())
     records = ModelDir(model_dir).sidecar_evaluations()
     assert [r["step"] for r in records] == [10, 20]
     far_losses = {r["step"]: r["results"]["far"]["loss"] for r in records}
@@ -335,11 +340,34 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     assert records[1]["results"]["far"]["examples"] == 10.0
     for name in ("near", "far"):
         assert set(scalars(os.path.join(model_dir, "eval", name))["loss"]) == {10, 20}
-    # Per evaluation of one set: begin, a begin/end pair per batch, one begin that meets the end.
+    # Per evaluation of one set: begin, a begin/end pair per batch, one begin that meets the end;
+    # an epoch per evaluation, its logs by "val_set/name".
     near = ["begin", "batch_begin:0", "batch_end:0", "batch_begin:1", "batch_end:1",
             "batch_begin:2", "end:['examples', 'loss']"]
     far = near[:5] + ["batch_begin:2", "batch_end:2", "batch_begin:3", "end:['examples', 'loss']"]
-    assert recorder.calls == (near + far) * 2
+    epoch = ("epoch_end:{}:['val_far/examples', 'val_far/loss', 'val_near/examples', "
+             "'val_near/loss']")
+    assert recorder.calls == (["train_begin"] + near + far + [epoch.format(0)] + near + far
+                              + [epoch.format(1), "train_end"])
+
+
+def test_keras_callbacks_see_the_same_calls_in_line_and_on_the_sidecar(trained_dir, tmp_path):
+    """One route (`ctl.hooks.KerasCallbacks`): a callback of a `train_and_eval` run and one of a
+    sidecar evaluating a `train` run of the same schedule see the same calls, in the same order."""
+    in_line = RecordingCallback()
+    ctl.run_experiment("train_and_eval", str(tmp_path / "in_line"),
+                       experiment=experiment(callbacks=[in_line], train_steps=20, eval_interval=10))
+    sidecar_dir = str(tmp_path / "sidecar")
+    shutil.copytree(trained_dir(20), sidecar_dir)  # Checkpoints 10 and 20, as in-line's evaluations.
+    on_sidecar = RecordingCallback()
+    continuous_eval.evaluate_continuously(ModelDir(sidecar_dir), settings=ctl.ContinuousEval(),
+                                          experiment=experiment(callbacks=[on_sidecar], train_steps=20))
+    evaluation = ["begin"] + [f"batch_{end}:{b}" for b in range(2) for end in ("begin", "end")] + [
+        "batch_begin:2", "end:['examples', 'loss']"]
+    epoch = "epoch_end:{}:['val_examples', 'val_loss']"
+    assert in_line.calls == (["train_begin"] + evaluation + [epoch.format(0)] + evaluation
+                             + [epoch.format(1), "train_end"])
+    assert on_sidecar.calls == in_line.calls
 
 
 def _eval_loss(model):
@@ -356,9 +384,10 @@ def test_tf_keras_model_checkpoint_files_evaluate(tmp_path):
                                                save_weights_only=True)
     model.fit(features, targets, batch_size=16, epochs=3, callbacks=[saver], verbose=0)
     recorder = RecordingCallback()
-    settings = ctl.ContinuousEval(max_evaluations=3, callbacks=[recorder])
+    settings = ctl.ContinuousEval(max_evaluations=3)
     continuous_eval.evaluate_continuously(
-        ModelDir(model_dir), experiment=experiment(RegressionTask(flavor="tf_keras")), settings=settings)
+        ModelDir(model_dir), experiment=experiment(RegressionTask(flavor="tf_keras"), callbacks=[recorder]),
+        settings=settings)
     records = ModelDir(model_dir).sidecar_evaluations()
     # In order, although only the newest is named in the state file; at the optimizer's step.
     assert [(r["number"], r["step"]) for r in records] == [(1, 4), (2, 8), (3, 12)]

@@ -60,16 +60,16 @@ class CheckpointManager:
     orbit's Controller and ctl use.
     """
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, step_counter,
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: ModelDir, *, step_counter,
                  checkpoint_interval: Optional[int] = None, init_fn=None,
-                 restore_directory: Optional[str] = None, max_to_keep: Optional[int] = 5,
+                 restore_directory: Optional[ModelDir] = None, max_to_keep: Optional[int] = 5,
                  **kwargs):
-        """`restore_directory` (default: `directory`) is where restores read from:
-        a multi-worker non-chief saves to a scratch directory, restores the chief's.
-        Other keyword arguments go to `tf.train.CheckpointManager`."""
+        """`directory`: where it saves, the model dir (a multi-worker non-chief's: a scratch
+        directory); `restore_directory` (default: `directory`) is where restores read from
+        (a non-chief restores the chief's). Other keyword arguments go to
+        `tf.train.CheckpointManager`."""
         self.checkpoint = checkpoint
-        self.directory = directory
-        self._restore_directory = restore_directory or directory
+        self.directory = directory.path  # A path, as `tf.train.CheckpointManager.directory`.
         self._step = step_counter
         self._interval = checkpoint_interval
         self._initialize = init_fn
@@ -77,8 +77,8 @@ class CheckpointManager:
         self._manager: Optional[tf.train.CheckpointManager] = None
         self._repair: Optional[Restored] = None  # A state file to rewrite first.
         self.latest_checkpoint: Optional[str] = None  # Restored, or saved since.
-        self._files = ModelDir(directory)  # Where it saves (a non-chief's scratch dir).
-        self._restore_files = ModelDir(self._restore_directory)
+        self._files = directory  # Where it saves (a non-chief's scratch dir).
+        self._restore_files = restore_directory or directory
         self._saved_step = _step_of(self._files.checkpoint_state().latest)
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
         self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
@@ -93,9 +93,14 @@ class CheckpointManager:
         self._published: List[str] = []  # Uploads thread: what the state file names, replaced whole.
 
     @property
-    def restore_directory(self) -> str:
+    def restore_directory(self) -> ModelDir:
         """Where restores read from: the model dir (saves may go to a worker's scratch dir)."""
-        return self._restore_directory
+        return self._restore_files
+
+    @property
+    def files(self) -> ModelDir:
+        """Where it saves: the model dir, or a multi-worker non-chief's scratch dir."""
+        return self._files
 
     @property
     def checkpoint_interval(self) -> Optional[int]:
@@ -237,26 +242,26 @@ class CheckpointManager:
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""
         restored = self._restore_files.restore_newest(
-            lambda path: restore(self.checkpoint, path, self._restore_directory))
+            lambda path: restore(self.checkpoint, path, self._restore_files))
         if restored.path is None:
             if self._initialize is not None:
                 self._initialize()
             return None
-        if restored.state_is_stale and self._restore_directory == self.directory:
+        if restored.state_is_stale and self._restore_files.path == self.directory:
             self._repair = restored
         self.latest_checkpoint = self.restored_path = restored.path
         self._saved_step = _step_of(restored.path)
         return restored.path
 
 
-def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
+def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
             fix: Optional[str] = None):
     """Restores `path` into `checkpoint` and returns the restore status.
 
     Every object of `checkpoint` must get its value; values it has no object for
     (an optimizer's, for an evaluator) stay unread without TensorFlow's warnings.
 
-    Raises `UserError` when the checkpoint holds a different model (ending in
+    Raises `UserError` when the checkpoint of `directory` holds a different model (ending in
     `fix`, by default: a new model dir or the config that wrote it), and its
     subclass `UnreadableCheckpointError` when the files are gone or damaged.
     """
@@ -272,9 +277,9 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, model_dir: str,
         if status is not None:
             status.expect_partial()  # We report the mismatch; TensorFlow need not warn again.
         raise UserError(
-            f"--model_dir={model_dir} holds a checkpoint of a different model "
+            f"--model_dir={directory.path} holds a checkpoint of a different model "
             f"({os.path.basename(path)}: {first_line(error)}); "
-            f"{fix or f'use a new --model_dir, or the config that wrote it ({model_dir}/config.gin)'}."
+            f"{fix or f'use a new --model_dir, or the config that wrote it ({directory.config_file})'}."
         ) from error
     except (tf.errors.OpError, IndexError) as error:  # Gone, truncated (IndexError), corrupt.
         raise UnreadableCheckpointError(
@@ -298,8 +303,8 @@ def restore_model(model, model_dir: str):
     """
     checkpoint = tf.train.Checkpoint(model=model)
     fix = "build `model` as the run's task built it (the same function and settings)"
-    restored = ModelDir(model_dir).restore_newest(
-        lambda path: restore(checkpoint, path, model_dir, fix=fix))
+    directory = ModelDir(model_dir)  # The entry point of a program that reads a run.
+    restored = directory.restore_newest(lambda path: restore(checkpoint, path, directory, fix=fix))
     if restored.path is None:
         raise UserError(f"model_dir={model_dir!r} holds no checkpoint; name the model dir of a "
                         "run that trained (python -m ctl.run --model_dir=...).")

@@ -23,8 +23,8 @@ One evaluation (`evaluate`) of each eval set, from the start of the set:
 
 The loop is one `tf.function` call (`ctl.core.loops.graph_eval_loop`) for a
 fixed number of steps with `use_tf_while_loop`; evaluations over the whole
-eval set, with Keras batch callbacks, or of tasks that aggregate logs on the
-host use the host loop.
+eval set, with Keras callbacks (`eval_callbacks`), or of tasks that aggregate
+logs on the host use the host loop.
 
 The first dimension of every input tensor is the batch: the eval loss is a mean
 over examples, weighted by batch size. Metrics are read across all replicas of
@@ -32,7 +32,7 @@ all workers, and the extra logs of `validation_step` are gathered from all of
 them, so that every worker computes the same results over the whole eval set.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import orbit
@@ -53,10 +53,11 @@ class Evaluation(orbit.AbstractEvaluator):
     """
 
     def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool,
-                 eval_stop=None):
+                 eval_stop=None, eval_callbacks: Sequence[Any] = ()):
         """`aggregations`: the task's (`ctl.core.aggregation.of_task`); the loop settings are the
         Trainer's, for its train loops as well; `eval_stop`: the stop source that ends an
-        evaluation before its next step (`evaluate` then raises EvaluationStopped), or None."""
+        evaluation before its next step (`evaluate` then raises EvaluationStopped), or None;
+        `eval_callbacks`: the Keras callbacks every evaluation calls (`evaluate`)."""
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
         self.aggregations = aggregations  # Host aggregation of eval outputs.
@@ -66,6 +67,7 @@ class Evaluation(orbit.AbstractEvaluator):
         self._graph_eval_loop: Optional[Any] = None  # Built on first use.
         self._host_eval_parts: Optional[Any] = None
         self._eval_stop = eval_stop
+        self._eval_callbacks = tuple(eval_callbacks)
 
     @property
     def eval_stop(self):
@@ -73,16 +75,17 @@ class Evaluation(orbit.AbstractEvaluator):
         `requested()`), or None; fixed at construction."""
         return self._eval_stop
 
-    def evaluate(self, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+    def evaluate(self, num_steps: tf.Tensor) -> Logs:
         """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
         Returns the logs of the one unnamed set, or `{name: logs}` for the
         named sets of `Task.eval_datasets()`, each evaluated in turn from its
         start (in-line and on the sidecar alike). A fixed number of steps
         runs as one `tf.function` call that also resets and reads the metrics
-        (measured in bench/, figure 2). `batch_callbacks` (Keras callbacks)
-        see `on_test_begin`/`on_test_end` around each set and
-        `on_test_batch_begin/end` around each step of a host loop. The eval
+        (measured in bench/, figure 2). The Keras callbacks given at
+        construction (`eval_callbacks`: `ctl.hooks.KerasCallbacks`, in-line and
+        on the sidecar alike) see `on_test_begin`/`on_test_end` around each set
+        and `on_test_batch_begin/end` around each step, in the host loop. The eval
         steps' own `tf.summary` calls go to the default writer of the caller
         (ctl's Controller: its eval summaries, `SummaryManager.writing()`).
         """
@@ -91,19 +94,20 @@ class Evaluation(orbit.AbstractEvaluator):
         if self.ema is not None:
             self.ema.follow_weights_if_unstarted()
         if list(self.eval_sets) == [None]:
-            return self.evaluate_set(self.eval_sets[None], num_steps, batch_callbacks)
-        return {name: self.evaluate_set(dataset, num_steps, batch_callbacks)
+            return self.evaluate_set(self.eval_sets[None], num_steps)
+        return {name: self.evaluate_set(dataset, num_steps)
                 for name, dataset in self.eval_sets.items()}
 
-    def evaluate_set(self, dataset, num_steps: tf.Tensor, batch_callbacks=()) -> Logs:
+    def evaluate_set(self, dataset, num_steps: tf.Tensor) -> Logs:
         """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
         self.eval_dataset = dataset
-        for callback in batch_callbacks:
+        callbacks = self._eval_callbacks
+        for callback in callbacks:
             callback.on_test_begin()
-        logs = self._evaluate_dataset(num_steps, batch_callbacks)
+        logs = self._evaluate_dataset(num_steps, callbacks)
         if self.eval_stop is not None and self.eval_stop.requested():  # Incomplete: dropped.
             raise EvaluationStopped("the evaluation was stopped before its end")
-        for callback in batch_callbacks:
+        for callback in callbacks:
             callback.on_test_end(_python_logs(logs))
         return logs
 

@@ -12,6 +12,12 @@ all eagerly, on the host, in the order the hooks are listed:
     on_trial_close(logs)          the run ended normally; `logs` are the last
                                   evaluation's (or train loop's) results
 
+A hook may also hold `eval_callbacks`, Keras callbacks that the Trainer's
+evaluation itself calls around each eval set and batch (`eval_callbacks(hooks)`;
+`ctl.hooks.KerasCallbacks`, the one route for Keras callbacks), wherever it
+runs: in-line and on a sidecar evaluator, which also calls such a hook's
+`on_trial_close` when it ends normally.
+
 `logs` map names to scalars (NumPy values from ctl's controller, tensors from
 other callers; `float()` them). Each of
 these bound methods is an orbit `Action` (`Callable[[Output], None]`), so the
@@ -140,6 +146,11 @@ class HookProtocol(Protocol):
     def on_trial_close(self, logs: Dict[str, Any]) -> None:
         """The run ended normally (its steps done, or a stop request): `logs` are the last
         evaluation's results, or the last train loop's without one."""
+
+
+def eval_callbacks(hooks: Iterable[Any]) -> List[Any]:
+    """The Keras callbacks every evaluation calls: each hook's `eval_callbacks`, in order."""
+    return [callback for hook in hooks for callback in getattr(hook, "eval_callbacks", ())]
 
 
 class Hooks:

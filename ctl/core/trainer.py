@@ -24,7 +24,7 @@ step reads K batches, and every interval of the `Schedule` is in updates.
 """
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import gin
 import orbit
@@ -42,7 +42,7 @@ from ctl.core.train_step import GradientPipeline
 
 
 @gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate", "stop",
-                                          "guard_steps"])
+                                          "guard_steps", "eval_callbacks"])
 class Trainer(orbit.AbstractTrainer, Evaluation):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
@@ -94,6 +94,11 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         A one-process strategy's evaluations also end before their next step
         on a stop (`eval_stop`); a cluster's run to their end (lockstep).
 
+    What each evaluation calls, given at construction as well (in-line and on
+    the sidecar, from the experiment's hooks: `ctl.hooks.KerasCallbacks`):
+      eval_callbacks: Keras callbacks; each evaluation of each eval set calls
+        `on_test_begin`, `on_test_batch_begin/end` per batch and `on_test_end`.
+
     Raises:
       UserError: a setting that cannot work (`use_tf_while_loop` without `use_tf_function`,
         an unknown precision policy, evaluation under parameter servers), before anything runs.
@@ -114,6 +119,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         ema_decay: Optional[float] = None,
         stop: Optional[SignalWatcher] = None,
         guard_steps: bool = True,
+        eval_callbacks: Sequence[Any] = (),
     ):
         if use_tf_while_loop and not use_tf_function:
             raise UserError(
@@ -164,7 +170,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
                                               tf.distribute.ParameterServerStrategy))
         # Evaluation's own state, and the loop settings the train loops follow too.
         Evaluation.__init__(self, aggregation.of_task(task), use_tf_function, use_tf_while_loop,
-                            eval_stop=None if lockstep else stop)
+                            eval_stop=None if lockstep else stop, eval_callbacks=eval_callbacks)
         if evaluate and self._coordinator is not None:
             raise UserError(
                 "ParameterServerStrategy trains only; evaluate with the sidecar evaluator "

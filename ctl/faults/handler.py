@@ -166,7 +166,7 @@ class FaultHandler:
         path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
         self.manager.sync()  # Written (and uploaded) before the exit names it.
         if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
-            path = os.path.join(self.manager.restore_directory, os.path.basename(path))
+            path = os.path.join(self.manager.restore_directory.path, os.path.basename(path))
         raise Preempted(self.watcher.signum, step, path)
 
     def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
@@ -184,7 +184,7 @@ class FaultHandler:
                 in_loop_ending=self.per_loop)
         self.manager.sync()  # In an object store: uploaded, so readable where `path` says.
         with self.input_position.detached() as checkpoint:
-            checkpointing.restore(checkpoint, path, self.manager.directory)
+            checkpointing.restore(checkpoint, path, self.manager.files)
         step = int(self.trainer.global_step.numpy())
         console.warning("nan", "loss is NaN or Inf %s step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).",

@@ -77,17 +77,17 @@ def storage_fault_within(error: BaseException,
     """The storage fault behind `error` (itself, its cause or its context), or None
     (`directory`: the run's model dir, None without one)."""
     seen = set()
-    model_dir = directory.path if directory is not None else None
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        fault = _as_storage_fault(error, model_dir)
+        fault = _as_storage_fault(error, directory)
         if fault is not None:
             return fault
         error = error.__cause__ or error.__context__
     return None
 
 
-def _as_storage_fault(error: BaseException, model_dir: Optional[str]) -> Optional[StorageFault]:
+def _as_storage_fault(error: BaseException, directory: Optional[ModelDir]) -> Optional[StorageFault]:
+    model_dir = directory.path if directory is not None else None
     if isinstance(error, OSError) and error.errno in _REFUSING_ERRNOS:
         return StorageFault(_named(str(error.filename or model_dir)), os.strerror(error.errno))
     if isinstance(error, _STORAGE_OP_ERRORS) and model_dir:

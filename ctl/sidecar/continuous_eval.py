@@ -10,7 +10,8 @@ The loop (eager, on the host; `ctl.sidecar.scheduler.Scheduler` makes each decis
       ready = those committed; seen earlier, now gone, unhandled -> `deleted`
       decision = scheduler.decide(ready, final checkpoint if finished, present)
       EVALUATE: restore the model (validated), then for each eval set
-                  trainer.evaluate(eval_steps)  -- the Trainer's own evaluation
+                  trainer.evaluate(eval_steps)  -- the Trainer's own evaluation,
+                                                   with the hooks' Keras callbacks
                 write summaries at the checkpoint's global step, one JSON line
                 to eval/metrics.jsonl, then eval/sidecar_progress.json (atomic)
       WAIT: sleep; FINISHED / MAX_EVALUATIONS: return; TIMEOUT: UserError
@@ -34,7 +35,7 @@ import logging as std_logging
 import os
 import signal
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -45,7 +46,7 @@ from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError, first_line
 from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, Run
+from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.core.model_dir import ModelDir, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
@@ -106,27 +107,24 @@ def _wait_for_config(directory: ModelDir, timeout: Optional[float], poll_interva
 class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
 
-    def __init__(self, experiment, strategy: tf.distribute.Strategy,
-                 directory: ModelDir, callbacks=()):
+    def __init__(self, experiment, strategy: tf.distribute.Strategy, directory: ModelDir):
         task = experiment.task
-        # The trainer's own evaluation: every eval set, as in-line (Trainer.evaluate).
-        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True)
+        # The trainer's own evaluation: every eval set, and the hooks' Keras callbacks
+        # (`ctl.hooks.KerasCallbacks`), as in-line (Trainer.evaluate).
+        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True,
+                                              eval_callbacks=eval_callbacks(experiment.hooks))
         self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         self.eval_steps = experiment.schedule.eval_steps or -1
         self.directory = directory
         self.eval_dir = directory.eval_dir
         self.metrics_file = directory.sidecar_metrics_file
-        self.callbacks = list(callbacks)
-        for callback in self.callbacks:
-            if hasattr(callback, "set_model"):
-                callback.set_model(self.model)
         self._summaries: Optional[SummaryManager] = None
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
         """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
         step = self._restore(number, path)
-        results = self.trainer.evaluate(self.eval_steps, batch_callbacks=self.callbacks)
+        results = self.trainer.evaluate(self.eval_steps)
         return {"step": step, "results": _to_python(results)}
 
     def _restore(self, number: int, path: str) -> int:
@@ -164,7 +162,7 @@ class CheckpointEvaluator:
         else:
             checkpoint = tf.train.Checkpoint(root=self.model)  # tf_keras save_weights
         # The optimizer's values stay unread (restore allows it).
-        restore(_ReadOnly(checkpoint), readable, self.directory.path, fix=(
+        restore(_ReadOnly(checkpoint), readable, self.directory, fix=(
             "evaluate it with the trainer's config: its --gin_file and --gin_bindings, or "
             f"neither to read {self.directory.config_file}, if the trainer wrote the checkpoint"))
         self.trainer.global_step.assign(step)
@@ -252,14 +250,20 @@ def evaluate_continuously(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
-    evaluator = CheckpointEvaluator(experiment, strategy, directory, settings.callbacks)
-    role = _evaluator_role(experiment, evaluator, directory)
+    evaluator = CheckpointEvaluator(experiment, strategy, directory)
+    role, hooks = _evaluator_role(experiment, evaluator, directory)
     try:
         # A trainer evaluating in-line steps aside while this announcement is live.
         role.announce()
         with SignalWatcher(train=False) as signals:
-            return _watch(directory, settings, evaluator, progress, role, clock,
+            last = _watch(directory, settings, evaluator, progress, role, clock,
                           experiment.schedule.train_steps, signals)
+        # The evaluations' normal end, for the hooks that take part in each (Keras callbacks'
+        # on_train_end); other run-end hooks (FinalExporter) stay with the trainer.
+        for hook in hooks:
+            if eval_callbacks([hook]):
+                hook.on_trial_close(last)
+        return last
     finally:
         try:
             evaluator.close()
@@ -341,9 +345,10 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
 
 
 def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
-                    directory: ModelDir) -> EvaluatorRole:
+                    directory: ModelDir) -> Tuple[EvaluatorRole, List[Any]]:
     """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
-    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`).
+    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`),
+    and those hooks.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
     as `FinalExporter` stay with the trainer, so the two never race for a file.
@@ -357,7 +362,7 @@ def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
                                                  global_step=trainer.global_step),
                   global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
         actions = Hooks(hooks, run).actions("on_eval_end")
-    return EvaluatorRole(directory, SIDECAR, actions)
+    return EvaluatorRole(directory, SIDECAR, actions), hooks
 
 
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,

@@ -60,8 +60,8 @@ class ContinuousEval:
       poll_interval: seconds between looks at the model dir.
       settle_seconds: a checkpoint not yet named in the `checkpoint` state file
         is read only once its index file is this old (it may still be written).
-      callbacks: Keras callbacks; each evaluation calls `on_test_begin`,
-        `on_test_batch_begin/end` per batch and `on_test_end`.
+      callbacks: removed (kept only to name its replacement in one line): Keras
+        callbacks go to `ctl.hooks.KerasCallbacks`, the same route in-line and here.
     """
 
     policy: str = "all"
@@ -69,9 +69,14 @@ class ContinuousEval:
     max_evaluations: Optional[int] = None
     poll_interval: float = 0.05
     settle_seconds: float = 1.0
-    callbacks: Sequence[Any] = ()
+    callbacks: Sequence[Any] = ()  # Removed: any value is a UserError naming the replacement.
 
     def __post_init__(self):
+        if self.callbacks:
+            raise UserError(
+                "ctl.ContinuousEval.callbacks is gone: list @ctl.hooks.KerasCallbacks() in "
+                "ctl.Experiment.hooks and bind ctl.hooks.KerasCallbacks.callbacks = [...] "
+                "instead (the same calls in-line and on the sidecar; docs/comforts.md).")
         require_choice("ctl.ContinuousEval.policy", self.policy, POLICIES)
         for name in ("timeout", "max_evaluations"):
             value = getattr(self, name)

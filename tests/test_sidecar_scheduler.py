@@ -104,6 +104,9 @@ def test_final_checkpoint_that_vanished_ends_after_settling():
     ({"timeout": 0}, "timeout (0) must be positive or None"),
     ({"max_evaluations": -1}, "max_evaluations (-1) must be positive or None"),
     ({"poll_interval": -0.1}, "poll_interval (-0.1) must be a non-negative"),
+    # Removed: Keras callbacks have one route, the same in-line and on the sidecar.
+    ({"callbacks": [object()]}, "ctl.ContinuousEval.callbacks is gone: list "
+     "@ctl.hooks.KerasCallbacks() in ctl.Experiment.hooks"),
 ])
 def test_bad_settings_name_the_parameter(binding, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
