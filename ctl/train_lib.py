@@ -122,7 +122,7 @@ class Built(NamedTuple):
     controller: Controller
     faults: Optional[FaultHandler]  # None unless training.
     hooks: Hooks
-    eval_side: Optional[EvaluatorRole] = None  # Release its claims when the run ends.
+    eval_side: Optional[EvaluatorRole] = None  # Release its claim when the run ends.
 
 
 def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
@@ -259,8 +259,8 @@ class _Evaluations:
     read once at start), and none while a live sidecar evaluator serves the model
     dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
     one-process strategies, the workers of a cluster must agree on every
-    evaluation). Stepping aside, the chief lets the eval-side hooks go
-    (`EvaluatorRole.steps_aside`) for the sidecar to take."""
+    evaluation). Evaluating, the chief holds the evaluator role until the
+    evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""
 
     def __init__(self, directory: ModelDir, in_line: Optional[EvaluatorRole]):
         self.recorded = directory.evaluations_on_record()

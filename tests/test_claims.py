@@ -1,5 +1,5 @@
-"""Claims: the lease an object store gets, the sidecar's announcement (an `flock` on a local
-disk), and directories published whole.
+"""Claims: the lease an object store gets, the evaluator role (an `flock` on a local disk),
+and directories published whole.
 
 The lease is exercised on local files here (it reads and writes only through
 tf.io.gfile, as in `gs://`), with its timings shortened, and on the GCS emulator
@@ -31,7 +31,7 @@ def quick(monkeypatch):
 
 
 def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
-    path = str(tmp_path / "eval_hooks.lock")
+    path = str(tmp_path / "evaluator.lock")
     first, second = claims.Lease(path, "trainer"), claims.Lease(path, "sidecar evaluator")
     assert first.try_acquire()
     try:
@@ -90,7 +90,7 @@ def test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken(tmp
                                                                                    wait):
     """Two containers of one pod: the same host name, not the same PIDs (both often PID 1).
     Its pid means nothing here, dead or this very process's: only its renewals tell."""
-    path = str(tmp_path / "eval_hooks.lock")
+    path = str(tmp_path / "evaluator.lock")
     record = {"role": "trainer", "pid": os.getpid(), "host": socket.gethostname(),
               "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(), "pid_namespace": "pid:[4026500001]",
               "token": "the-trainer-container", "since": "2026-11-26T00:00:00Z"}
@@ -118,7 +118,7 @@ def _foreign(path, renewed):
 
 
 def test_another_host_s_lease_is_refused_while_fresh_and_taken_once_stale(tmp_path, quick):
-    path = str(tmp_path / "eval_hooks.lock")
+    path = str(tmp_path / "evaluator.lock")
     _foreign(path, time.time())
     lease = claims.Lease(path, "sidecar evaluator")
     assert not lease.try_acquire()
@@ -170,7 +170,7 @@ def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick
 
 
 def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick):
-    path = str(tmp_path / "eval_hooks.lock")
+    path = str(tmp_path / "evaluator.lock")
     lease = claims.Lease(path, "trainer")
     assert lease.try_acquire()
     try:
@@ -186,16 +186,16 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
 def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
     """A holder frozen past the staleness window finds its claim taken: its eval-side hooks
     stop (said once), the taker's run; nothing of this process runs them twice."""
-    path = str(tmp_path / "eval_hooks.lock")
+    path = str(tmp_path / "evaluator.lock")
     ran = []
     owned = EvaluatorRole(ModelDir(str(tmp_path)), TRAINER, [ran.append])
-    owned.hooks_claim = claims.Lease(path, TRAINER)  # A lease on a local file (as in gs://).
+    owned.claim = claims.Lease(path, TRAINER)  # A lease on a local file (as in gs://).
     try:
         owned({"step": 10})
         assert ran == [{"step": 10}] and owned.owned
         _foreign(path, time.time())  # Taken by another process (another token).
         deadline = time.monotonic() + 30
-        while not owned.hooks_claim.lost:  # Its next renewal finds the other record.
+        while not owned.claim.lost:  # Its next renewal finds the other record.
             assert time.monotonic() < deadline
             time.sleep(0.05)
         owned({"step": 20})
@@ -207,8 +207,10 @@ def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
 
 
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
-    """The sidecar's announcement (an `flock` on a local disk): live to a reader while its
-    holder lives, deleted when released, and not live at once when its process is killed."""
+    """The evaluator role's one record (an `flock` on a local disk): a sidecar holding it is
+    live to a reader while its holder lives, the record is deleted when released and not
+    live at once when its process is killed; a trainer's in-line evaluation holds it until
+    its eval-side hooks ran, and a sidecar takes it between two of them."""
     directory = ModelDir(str(tmp_path / "run"))
     trainer = EvaluatorRole(directory, TRAINER)
     assert trainer.live_sidecar() is None
@@ -219,7 +221,26 @@ def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     finally:
         sidecar.release()
     assert trainer.live_sidecar() is None
-    assert not os.path.exists(directory.announcement_file)  # Deleted at its end.
+    assert not os.path.exists(directory.evaluator_file)  # Deleted at its end.
+
+    ran = []
+    in_line = EvaluatorRole(directory, TRAINER, [ran.append])
+    assert not in_line.steps_aside(10)  # Evaluates, holding the role until its hooks ran...
+    late = EvaluatorRole(directory, SIDECAR, [ran.append])
+    late.announce()  # ... so a sidecar starting now does not get it ...
+    assert not late.claim.held and ran == []
+    in_line({"step": 10})
+    assert ran == [{"step": 10}] and not os.path.exists(directory.evaluator_file)
+    late.take_over()  # ... and takes it between two evaluations: the hand-over.
+    try:
+        assert late.claim.held and in_line.steps_aside(20)
+        late({"step": 15})
+        assert ran == [{"step": 10}, {"step": 15}]
+    finally:
+        late.release()
+    assert not in_line.steps_aside(30)  # Evaluating in-line again.
+    in_line({"step": 30})
+    assert ran[-1] == {"step": 30}
 
     code = ("import time; from ctl.core.evaluator_role import SIDECAR, EvaluatorRole; "
             "from ctl.core.model_dir import ModelDir; "
@@ -230,11 +251,11 @@ def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
         second = EvaluatorRole(directory, SIDECAR)
         second.announce()
         try:
-            assert not second.announcement.held  # One sidecar announced at a time.
+            assert not second.claim.held  # One sidecar announced at a time.
         finally:
             second.release()
         assert trainer.live_sidecar() is not None  # The second left it alone.
-    assert os.path.exists(directory.announcement_file)  # Left behind by the kill...
+    assert os.path.exists(directory.evaluator_file)  # Left behind by the kill...
     assert trainer.live_sidecar() is None  # ... and not live: the kernel dropped its flock.
 
 
@@ -304,14 +325,14 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
     (refused; the trainer's waiting claim raises the store's error, a storage fault, which
     `ctl.run` ends with exit 74), and
     the holder does not think it lost the claim: it renews again once reads come back."""
-    path = f"{gcs_dir}/run/eval_hooks.lock"
+    path = f"{gcs_dir}/run/evaluator.lock"
     holder = _in_a_process(
         f"import sys; lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
         "print('held', flush=True); [print(lease.lost, flush=True) for _ in sys.stdin]", stdin=True)
     with holder:
         holder.wait_for_line("^held$", timeout=120)
         token = _record(path)["token"]
-        gcs.inject_faults([{"status": 503, "methods": ["GET"], "path_contains": "eval_hooks.lock"}])
+        gcs.inject_faults([{"status": 503, "methods": ["GET"], "path_contains": "evaluator.lock"}])
         for wait in (False, True):
             taker = _in_a_process(
                 f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
@@ -343,13 +364,53 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
 def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir, quick):
     """The bucket holds each upload of the record 2 s (longer than `STALE_SECONDS` here): the
     renewal in flight when the holder releases lands before the delete, not after it."""
-    path = f"{gcs_dir}/run/eval_hooks.lock"
+    path = f"{gcs_dir}/run/evaluator.lock"
     lease = claims.Lease(path, "released-while-renewing")  # Its renewer's thread is named so.
     assert lease.try_acquire()
-    gcs.inject_faults([{"delay_ms": 2000, "methods": ["POST"], "path_contains": "eval_hooks.lock"}])
+    gcs.inject_faults([{"delay_ms": 2000, "methods": ["POST"], "path_contains": "evaluator.lock"}])
     time.sleep(5 * claims.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
     lease.release()
     for renewer in [t for t in threading.enumerate()
                     if t.name == "ctl-lease-released-while-renewing"]:
         renewer.join(timeout=60)  # Whatever it was writing has landed (not other tests' leases).
+    assert not tf.io.gfile.exists(path)
+
+
+def test_in_a_bucket_the_role_passes_from_an_in_line_trainer_to_a_sidecar(gcs_dir, quick):
+    """The evaluator role's lease in a bucket: a trainer takes it while it evaluates in-line
+    (on a thread of its own) and lets it go after its eval-side hooks; a sidecar refused
+    meanwhile takes it then; the trainer runs no hook once it is taken and steps aside (its
+    reads run ahead: one evaluation later at most), and evaluates in-line again after."""
+    directory = ModelDir(gcs_dir)
+    ran = []
+    trainer = EvaluatorRole(directory, TRAINER, [lambda logs: ran.append(("trainer", logs["step"]))])
+    sidecar = EvaluatorRole(directory, SIDECAR, [lambda logs: ran.append(("sidecar", logs["step"]))])
+    path = directory.evaluator_file
+
+    def until(condition, what):
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    try:
+        assert not trainer.steps_aside(10)
+        until(lambda: tf.io.gfile.exists(path) and _record(path)["role"] == TRAINER, "the take")
+        sidecar.announce()  # While the trainer evaluates: refused.
+        assert not sidecar.claim.held
+        trainer({"step": 10})
+        until(lambda: sidecar.take_over() or sidecar.claim.held, "the hand-over")
+        sidecar({"step": 15})
+        if not trainer.steps_aside(20):  # Read before the sidecar took it: its take is refused.
+            trainer({"step": 20})
+        assert trainer.steps_aside(30)
+        assert ran == [("trainer", 10), ("sidecar", 15)]
+        sidecar.release()
+        if trainer.steps_aside(40):  # Read while the sidecar held it.
+            assert not trainer.steps_aside(50)
+        trainer({"step": 50})
+        assert ran[-1] == ("trainer", 50)
+    finally:
+        sidecar.release()
+        trainer.release()
     assert not tf.io.gfile.exists(path)

@@ -160,7 +160,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     config.parse([comforts_gin], ["ctl.Schedule.train_steps = 20", keep])
     ctl.run_experiment("train", model_dir)  # ckpt-10, ckpt-20 and config.gin; no evaluation.
     gfile.remove(ModelDir(model_dir).finished_file)  # Still training, as far as the sidecar knows.
-    claim = ModelDir(model_dir).eval_hooks_lock_file
+    claim = ModelDir(model_dir).evaluator_file
     sidecar = start_ctl("--mode=continuous_eval", f"--model_dir={model_dir}",
                         "--gin_bindings=ctl.ContinuousEval.timeout=240")
     wait_until(lambda: evaluated_numbers(model_dir) == [10, 20] and gfile.exists(claim)

@@ -228,7 +228,7 @@ def _loss_points(summary_dir):
 @pytest.mark.slow
 def test_in_line_evaluation_steps_aside_while_a_sidecar_serves_the_model_dir(tmp_path):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
-    announcement = os.path.join(model_dir, "eval", "sidecar.json")
+    announcement = os.path.join(model_dir, "evaluator.lock")  # The sidecar holds the role.
     args = lifecycle_args(model_dir, progress, "PacedTask.train_seconds=0.02",
                           "ctl.Schedule.max_checkpoints=10")  # The sidecar sees all 8.
     with Process.ctl(*(a.replace("train_and_eval", "continuous_eval") for a in args),

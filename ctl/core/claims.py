@@ -8,7 +8,7 @@ whether a sidecar evaluator serves it.
 Two kinds, one interface (`Claim`: `try_acquire`, `release`, `held`,
 `held_elsewhere`, `holder`, `holder_role`, `lost`, `read_error`). A process
 that only asks whether someone live holds a claim calls `held_elsewhere()` and
-takes nothing: a trainer asks so of the sidecar evaluator's announcement
+takes nothing: a trainer asks so of the evaluator role's record
 (`ctl.core.evaluator_role`).
 
 - `FileLock`, on a file system (local disk, NFSv4): an exclusive `flock` on the
@@ -72,7 +72,7 @@ import tensorflow as tf
 
 from ctl.core import console
 from ctl.core.errors import first_line
-from ctl.core.model_dir import ModelDir, is_object_store, read_bytes, write_atomically
+from ctl.core.model_dir import is_object_store, read_bytes, write_atomically
 
 RENEW_SECONDS = 5.0
 STALE_SECONDS = 30.0
@@ -111,12 +111,6 @@ def claim_for(path: str, role: str, wait: bool = False, transient: bool = False)
     if is_object_store(path):
         return Lease(path, role, wait=wait)
     return FileLock(path, role, transient=transient)
-
-
-def eval_hooks_claim(directory: ModelDir, role: str) -> Claim:
-    """The claim on the eval-side hooks of a model dir (best checkpoint, exports, early
-    stopping): whichever process takes it first runs them, the other none (docs/comforts.md)."""
-    return claim_for(directory.eval_hooks_lock_file, role)
 
 
 def _boot_id() -> Optional[str]:
@@ -168,7 +162,9 @@ class FileLock:
     drops it with its holder: never lost, and its record is always readable.
 
     A `transient` lock's file exists only while it is held: its holder deletes it
-    when it releases (a kill leaves it, not held). A taker holds the file at the
+    when it releases (a kill leaves it, not held), and a taker's file appears at
+    the path with its record whole, so a reader that finds it held can read who
+    holds it (the evaluator role decides by that). A taker holds the file at the
     path only: one it locked after the holder deleted it is let go, and the path's
     new file tried.
     """
@@ -190,41 +186,67 @@ class FileLock:
         if self._fd is not None:
             return True
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as error:
-                os.close(fd)
-                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                return False
-            if not self.transient or _same_file(fd, self.path):
-                break
-            os.close(fd)  # Deleted by its releasing holder meanwhile: the path's new file.
+        if self.transient:
+            return self._take_whole()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _flock(fd):
+            os.close(fd)
+            return False
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(_holder_record(self.role)) + "\n").encode(), 0)
+        os.pwrite(fd, _record_line(self.role), 0)
         self._fd = fd
         return True
 
+    def _take_whole(self) -> bool:
+        """A transient lock: its file appears at the path with its record whole (written
+        aside, then linked, or renamed over a free file left by a kill while that file's
+        lock is held), so a reader never finds it held without a holder named."""
+        while True:
+            try:
+                old = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                old = None
+            if old is not None and not _flock(old):
+                os.close(old)
+                return False
+            if old is not None and not _same_file(old, self.path):
+                os.close(old)  # Deleted by its releasing holder meanwhile: the path's new file.
+                continue
+            fd, aside = _record_aside(self.path, self.role)
+            try:
+                if old is None:
+                    os.link(aside, self.path)  # Fails if a taker's file appeared meanwhile.
+                else:
+                    os.rename(aside, self.path)  # This process holds the file it replaces.
+            except FileExistsError:
+                os.close(fd)
+                continue
+            finally:
+                if old is not None:
+                    os.close(old)
+                if os.path.exists(aside):
+                    os.remove(aside)
+            self._fd = fd
+            return True
+
     def held_elsewhere(self) -> bool:
-        """Whether another live process holds it now; creates and changes nothing."""
+        """Whether another live process holds it now; creates and changes nothing. A file
+        found free after a taker replaced it (a transient lock) is looked at again."""
         if self._fd is not None:
             return False
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return True
-        finally:
-            os.close(fd)
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            try:
+                if not _flock(fd):
+                    return True
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if not self.transient or _same_file(fd, self.path):
+                    return False
+            finally:
+                os.close(fd)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -296,6 +318,7 @@ class Lease:
         self._seen = seen
         if seen.get("token") != self.token:
             return False
+        self.lost = False  # A new holding.
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
                                          name=f"ctl-lease-{self.role}")
@@ -437,6 +460,30 @@ class Lease:
                 self._write()
             except tf.errors.OpError as error:  # The next renewal tries again.
                 console.warning("lock", "could not renew %s (%s)", self.path, first_line(error))
+
+
+def _flock(fd: int) -> bool:
+    """Takes the exclusive `flock` on `fd` if it is free (False: another open file holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
+
+
+def _record_line(role: str) -> bytes:
+    return (json.dumps(_holder_record(role)) + "\n").encode()
+
+
+def _record_aside(path: str, role: str):
+    """A new file beside `path` holding this process's record, its `flock` taken: (fd, name)."""
+    aside = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    _flock(fd)  # A new file: nobody else has it.
+    os.write(fd, _record_line(role))
+    return fd, aside
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -6,14 +6,14 @@
       config.gin                    the parsed config (the trainer, at start)
       operative_config.gin          the values actually used (the trainer, after its first loop)
       trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.core.claims`)
-      eval_hooks.lock               which process runs the eval-side hooks (`ctl.core.claims`)
+      evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
+                                    evaluation; its holder runs the eval-side hooks (`ctl.core.evaluator_role`)
       ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.hooks.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      eval/sidecar.json             a live sidecar's announcement (`ctl.core.evaluator_role`)
       best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`)
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
@@ -64,7 +64,7 @@ CHECKPOINT_STATE_FILE = "checkpoint"
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 TRAINER_LOCK_FILE = "trainer.lock"
-EVAL_HOOKS_LOCK_FILE = "eval_hooks.lock"
+EVALUATOR_FILE = "evaluator.lock"
 FINISHED_FILE = "ctl_run_finished.json"
 METRICS_FILE = "metrics.jsonl"
 EARLY_STOPPING_FILE = "early_stopping.json"
@@ -75,7 +75,6 @@ SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In EVAL_DIR.
 BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 EXPORT_DIR = "export"
-ANNOUNCEMENT_FILE = "sidecar.json"  # In EVAL_DIR.
 PROFILE_DIR = "plugins/profile"  # In TRAIN_DIR: TensorBoard's run, the profiler's layout.
 REPORT_FILE = "report.png"
 SMOKE_EXPORT_DIR = "smoke_export"
@@ -382,8 +381,9 @@ class ModelDir:
         return self.file(TRAINER_LOCK_FILE)
 
     @property
-    def eval_hooks_lock_file(self) -> str:
-        return self.file(EVAL_HOOKS_LOCK_FILE)
+    def evaluator_file(self) -> str:
+        """The evaluator role's one record (`ctl.core.evaluator_role`)."""
+        return self.file(EVALUATOR_FILE)
 
     @property
     def finished_file(self) -> str:
@@ -442,10 +442,6 @@ class ModelDir:
     def export_best_record_files(self) -> List[str]:
         """Every exporter's best record (`export/*/best.json`), sorted."""
         return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
-
-    @property
-    def announcement_file(self) -> str:
-        return self.file(EVAL_DIR, ANNOUNCEMENT_FILE)
 
     @property
     def profile_dir(self) -> str:

@@ -3,7 +3,7 @@
 `scheduler` holds the `ContinuousEval` settings, the progress record and the
 pure-Python policy that decides what to evaluate next; `continuous_eval` is the
 TensorFlow side that watches a model dir, restores each checkpoint, evaluates it
-and appends to metrics.jsonl (`--mode=continuous_eval`), announced in the model
-dir as core's `EvaluatorRole` so that in-line evaluation steps aside.
+and appends to metrics.jsonl (`--mode=continuous_eval`), holding the model dir's
+evaluator role (core's `EvaluatorRole`) so that in-line evaluation steps aside.
 Nothing is re-exported here: the public API is `ctl`.
 """

@@ -253,7 +253,7 @@ def evaluate_continuously(
     evaluator = CheckpointEvaluator(experiment, strategy, directory)
     role, hooks = _evaluator_role(experiment, evaluator, directory)
     try:
-        # A trainer evaluating in-line steps aside while this announcement is live.
+        # A trainer evaluating in-line steps aside while this sidecar holds the role.
         role.announce()
         with SignalWatcher(train=False) as signals:
             last = _watch(directory, settings, evaluator, progress, role, clock,
@@ -298,6 +298,7 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
         if decision.kind == sidecar.WAIT:
             if not waiting:
                 console.info("eval", "waiting for a new checkpoint in %s", model_dir)
+                role.take_over()  # The role, if a trainer evaluating in-line held it.
                 waiting = True
             time.sleep(settings.poll_interval)
             continue
@@ -369,6 +370,8 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
                   role: Optional[EvaluatorRole] = None):
     name = os.path.basename(path)
     started = time.time()
+    if role is not None:
+        role.take_over()  # The role, if its holder let it go: a trainer then steps aside.
     console.info("eval", "evaluating %s", name)
     try:
         output = evaluator.evaluate(number, path)
@@ -382,7 +385,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     evaluator.write_summaries(output["results"])
     console.info("eval", "%s", console.format_logs(output["results"]), step=output["step"])
     if role is not None:
-        role.take_over()  # The eval-side hooks, once a trainer that held them let them go.
+        role.take_over()  # Again: a trainer's in-line evaluation may have held it just now.
         # Before the record that makes the evaluation done: a restart after a kill
         # during an export evaluates this checkpoint again and finishes it.
         role(output["results"])
