@@ -8,6 +8,7 @@ controller over the Trainer over its evaluation over its loop functions over the
 contract; no cycles.
 """
 
+import ast
 import os
 import re
 import shutil
@@ -265,3 +266,90 @@ def test_no_test_module_imports_another():
             with open(os.path.join(ROOT, "tests", name)) as f:
                 offenders += [f"tests/{name}: {m.group(0).strip()}" for m in importing.finditer(f.read())]
     assert not offenders, "test modules imported by others:\n" + "\n".join(offenders)
+
+
+# Where a model dir's names live. A file name is joined into a model dir where the base of a join
+# (`os.path.join(base, ...)`, `f"{base}/..."`, `base + "/..."`) is reached as one: `x.path` (a
+# ModelDir's), `x.directory` (the hooks' `run.directory`, a manager's dir), `model_dir`,
+# `summary_dir`, or a ModelDir member (`x.train_dir`, `x.export_dir(name)`, `x.file(...)`). A
+# checkpoint's files (`prefix + ".index"`, `".*"`, `".data-*"`) are named from its prefix there too.
+# Joins into local staging or temporary dirs (named `local`, `temp`, `directory`, ...) pass.
+# Outside the rule: model_dir.py itself, and ctl/sweep/ (an entry point, with its own sweep dir).
+MODEL_DIR_BASES = {"path", "directory", "model_dir", "summary_dir"}
+CHECKPOINT_SUFFIXES = (".index", ".data", ".*")
+JOINS_ALLOWED_IN = ("ctl/core/model_dir.py", "ctl/sweep/")
+
+
+def _model_dir_members() -> set:
+    with open(os.path.join(ROOT, "ctl", "core", "model_dir.py")) as f:
+        tree = ast.parse(f.read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelDir")
+    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+
+
+def _model_dir_joins(source: str, members: set) -> list:
+    """The lines of `source` that join a file name into a model dir (the rule above)."""
+    def is_model_dir(node) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id == "model_dir"
+        if isinstance(node, ast.Attribute):
+            return node.attr in members | MODEL_DIR_BASES
+        if isinstance(node, (ast.BoolOp, ast.IfExp)):  # `self._local or self.summary_dir`
+            return any(map(is_model_dir, node.values if isinstance(node, ast.BoolOp)
+                           else (node.body, node.orelse)))
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in members)
+
+    def text(node) -> str:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and node.args:
+            joined = is_model_dir(node.args[0])
+        elif isinstance(node, ast.JoinedStr):
+            parts = node.values
+            joined = any(isinstance(a, ast.FormattedValue) and (
+                is_model_dir(a.value) and text(b).startswith("/") or text(b).startswith(CHECKPOINT_SUFFIXES))
+                for a, b in zip(parts, parts[1:]))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            joined = (is_model_dir(node.left) and text(node.right).startswith(("/", "."))
+                      or text(node.right).startswith(CHECKPOINT_SUFFIXES))
+        else:
+            continue
+        if joined:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_file_name_is_joined_into_a_model_dir_outside_model_dir_py():
+    """`ctl.core.model_dir` names every file of a model dir (its layout docstring): others ask it."""
+    members, offenders = _model_dir_members(), []
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "ctl")):
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(dirpath, name), ROOT).replace(os.sep, "/")
+            if name.endswith(".py") and not relative.startswith(JOINS_ALLOWED_IN):
+                with open(os.path.join(dirpath, name)) as f:
+                    offenders += [f"{relative}:{line}" for line in _model_dir_joins(f.read(), members)]
+    assert not offenders, ("file names joined into a model dir outside ctl/core/model_dir.py (give "
+                           "ModelDir a name for each):\n" + "\n".join(offenders))
+
+
+def test_the_model_dir_join_rule_sees_the_joins_it_replaced():
+    """The rule above is not blind: each join model_dir.py took over would be found again."""
+    joins = [
+        'tf.io.gfile.rmtree(os.path.join(self.directory, name.rstrip("/")))',
+        "path = os.path.join(self.manager.restore_directory.path, os.path.basename(path))",
+        "upload(os.path.join(self._staging, file), os.path.join(self.directory, file))",
+        "writer = os.path.join(self._local or self.summary_dir, relative_path)",
+        "remote = os.path.join(self.summary_dir, os.path.relpath(local, self._local))",
+        'remotes = tf.io.gfile.glob(path + ".*")',
+        'found = tf.io.gfile.exists(path + ".index")',
+        'log = f"{run.directory.train_dir}/log.txt"',
+        'record = run.directory.best_dir + "/best.json"',
+    ]
+    for join in joins:
+        assert _model_dir_joins(join, _model_dir_members()), join
+    for staging in ['local = os.path.join(local, os.path.basename(remote))',
+                    'path = os.path.join(directory, "probe")', 'key = TRAIN_INPUT + "/"']:
+        assert not _model_dir_joins(staging, _model_dir_members()), staging

@@ -22,7 +22,6 @@ a better one. Restore it with `tf.train.Checkpoint(...).read(record["path"])`.
 Runs eagerly on the host, on the chief (or a sidecar evaluator).
 """
 
-import os
 from typing import Any, Dict, Optional
 
 import gin
@@ -31,7 +30,7 @@ import tensorflow as tf
 from ctl.comforts.eval_results import improved, metric_value
 from ctl.core import console
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import is_temporary, publishing, read_json, write_json
+from ctl.core.model_dir import read_json, write_json
 
 
 class BestMetric:
@@ -100,20 +99,16 @@ class BestCheckpoint(Hook):
         step = self.run.step
         path = self._write(step)
         self.best.commit(logs, step=step, path=path)
-        self._remove_all_but(path)
+        self._remove_all_but(step)
         console.info("best", "%s = %.6g, best so far: %s", self.metric, self.best.value, path,
                      step=step)
 
     def _write(self, step: int) -> str:
-        path = self.run.directory.best_checkpoint(step)
-        with publishing(os.path.dirname(path), last=["*.index"]) as temp:
-            self.run.checkpoint.write(os.path.join(temp, os.path.basename(path)))
-        return path
+        with self.run.directory.writing_best_checkpoint(step) as prefix:
+            self.run.checkpoint.write(prefix)
+        return self.run.directory.best_checkpoint(step)
 
-    def _remove_all_but(self, keep: str) -> None:
-        keep_dir = os.path.basename(os.path.dirname(keep))
-        for name in tf.io.gfile.listdir(self.directory):
-            name = name.rstrip("/")
-            if (name.startswith("ckpt-") or is_temporary(name)) and name != keep_dir:
-                tf.io.gfile.rmtree(os.path.join(self.directory, name))
+    def _remove_all_but(self, step: int) -> None:
+        for path in self.run.directory.best_leftovers(step):
+            tf.io.gfile.rmtree(path)
 

@@ -20,7 +20,6 @@ All of this runs eagerly on the host, on the chief (or on a sidecar evaluator,
 which binds its own model and step; see docs/comforts.md).
 """
 
-import os
 from typing import Callable, Dict, List, Optional
 
 import gin
@@ -30,7 +29,7 @@ from ctl.comforts.best import BestMetric
 from ctl.core import console
 from ctl.core.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import is_published, is_temporary, publishing
+from ctl.core.model_dir import is_published, publishing, temporaries
 from ctl.core.serving import default_serving_signatures
 
 
@@ -82,9 +81,8 @@ class Exporter(Hook):
         for step in self.exported_steps(published=False):
             if step not in kept:  # Retired, or half of an export a kill interrupted.
                 tf.io.gfile.rmtree(self.run.directory.export_step_dir(self.name, step))
-        for name in tf.io.gfile.listdir(self.directory):  # What a killed export left aside.
-            if is_temporary(name):
-                tf.io.gfile.rmtree(os.path.join(self.directory, name.rstrip("/")))
+        for temp in temporaries(self.directory):  # What a killed export left aside.
+            tf.io.gfile.rmtree(temp)
         return written
 
 

@@ -33,7 +33,8 @@ import tensorflow as tf
 from ctl.core import console, staging
 from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
 from ctl.core.errors import UserError, first_line
-from ctl.core.model_dir import ModelDir, Restored, UnreadableCheckpointError, is_object_store
+from ctl.core.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
+                                is_object_store)
 
 
 UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
@@ -140,7 +141,7 @@ class CheckpointManager:
             except BaseException:  # An upload failed since the check: `_upload` will not run.
                 self._uploading.release()
                 raise
-            path = os.path.join(self.directory, os.path.basename(path))
+            path = self._files.checkpoint_path(os.path.basename(path))
         self._saved_step = step
         self.latest_checkpoint = self.last_saved_path = path
         return path
@@ -193,10 +194,10 @@ class CheckpointManager:
         if not files or not files[-1].endswith(".index"):
             raise RuntimeError(f"ctl bug: the staged checkpoint {local} is not whole ({files}).")
         for file in files:
-            upload(os.path.join(self._staging, file), os.path.join(self.directory, file))
+            upload(os.path.join(self._staging, file), self._files.checkpoint_path(file))
         if self._remote is None:  # Listed once; this thread keeps it up to date after.
             self._remote = self._files.checkpoints()
-        path = os.path.join(self.directory, name)
+        path = self._files.checkpoint_path(name)
         self._remote[_step_of(path)] = path
         self._uploaded_at[path] = time.time()
         kept = [self._remote[n] for n in self._kept()]
@@ -221,7 +222,7 @@ class CheckpointManager:
         """
         for path in paths:
             try:
-                files = tf.io.gfile.glob(path + ".*")
+                files = checkpoint_files(path)
                 for file in sorted(files, key=lambda f: not f.endswith(".index")):
                     tf.io.gfile.remove(file)
             except tf.errors.NotFoundError:

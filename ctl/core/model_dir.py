@@ -12,9 +12,11 @@
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.hooks.EarlyStopping`'s count
       train/, eval/                 TensorBoard summaries
+      train/<set>/, eval/<set>/     a named eval set's summaries (a nested dict of results: one per key)
       eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
       eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`)
+      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`),
+                                    the checkpoint `best/ckpt-N/ckpt`
       export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
                                     each published whole, its `ctl_published.json` written last
       .tmp-<name>-<pid>/            a directory being written, beside where it is published
@@ -53,7 +55,7 @@ import os
 import re
 import socket
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -275,6 +277,17 @@ def is_temporary(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
+def _entries(directory: str) -> List[Tuple[str, str]]:
+    """`(name, path)` of each entry of `directory`, in listing order."""
+    names = [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
+    return [(name, os.path.join(directory, name)) for name in names]
+
+
+def temporaries(directory: str) -> List[str]:
+    """The `publishing` temporaries in `directory` (a writer killed meanwhile left them)."""
+    return [path for name, path in _entries(directory) if is_temporary(name)]
+
+
 def is_published(path: str) -> bool:
     """Whether the directory `path` was published whole (`publish_directory`)."""
     return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))
@@ -285,7 +298,32 @@ def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
     return {name: value for name, value in record.items() if name not in RECORD_FIELDS}
 
 
+# Summaries.
+
+
+def eval_set_dir(summary_dir: str, eval_set: str) -> str:
+    """`train/<set>/` or `eval/<set>/`: the summaries of the named eval set `eval_set` ("": the
+    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one)."""
+    return os.path.join(summary_dir, eval_set)
+
+
+def uploaded_path(local: str, staged_dir: str, summary_dir: str) -> str:
+    """Where the summary file `local`, under `staged_dir` (a local staging copy of
+    `summary_dir`: `ctl.core.staging`), is uploaded: the same place under `summary_dir`."""
+    return os.path.join(summary_dir, os.path.relpath(local, staged_dir))
+
+
 # Checkpoints.
+
+
+def checkpoint_index(prefix: str) -> str:
+    """The index file of the checkpoint `prefix` (`ckpt-N.index`): there once it is whole."""
+    return prefix + ".index"
+
+
+def checkpoint_files(prefix: str) -> List[str]:
+    """The files of the checkpoint `prefix` (`ckpt-N.index`, `ckpt-N.data-*`), as listed."""
+    return tf.io.gfile.glob(prefix + ".*")
 
 
 class UnreadableCheckpointError(UserError):
@@ -425,6 +463,21 @@ class ModelDir:
         """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
         return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
 
+    @contextlib.contextmanager
+    def writing_best_checkpoint(self, step: int) -> Iterator[str]:
+        """The prefix to write the best checkpoint of `step` to, published whole (`publishing`,
+        its `.index` last) at `best/ckpt-<step>/` when the block ends."""
+        final = self.best_checkpoint(step)
+        with publishing(os.path.dirname(final), last=["*.index"]) as temp:
+            yield os.path.join(temp, os.path.basename(final))
+
+    def best_leftovers(self, step: int) -> List[str]:
+        """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
+        (`ckpt-N/`) and temporaries a kill left, in listing order."""
+        keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
+        return [path for name, path in _entries(self.best_dir)
+                if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
+
     @property
     def exports_dir(self) -> str:
         return self.file(EXPORT_DIR)
@@ -523,6 +576,11 @@ class ModelDir:
 
     # Checkpoints.
 
+    def checkpoint_path(self, name: str) -> str:
+        """Where the checkpoint `name` (`ckpt-N`, its prefix) or one of its files
+        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir."""
+        return self.file(name)
+
     def checkpoints(self) -> Dict[int, str]:
         """Maps the number of every checkpoint (`NAME-N.index`) to its path, whatever the state file says."""
         try:
@@ -533,7 +591,7 @@ class ModelDir:
         for name in sorted(names):
             match = _INDEX.match(name)
             if match and not match.group(1).endswith("_temp"):
-                found.setdefault(int(match.group(2)), self.file(match.group(0)[:-len(".index")]))
+                found.setdefault(int(match.group(2)), self.checkpoint_path(match.group(0)[:-len(".index")]))
         return found
 
     def checkpoint_state(self) -> CheckpointState:
@@ -553,7 +611,7 @@ class ModelDir:
                                [self._absolute(p) for p in fields.get("all_model_checkpoint_paths", [])])
 
     def _absolute(self, path: str) -> str:
-        return path if os.path.isabs(path) or "://" in path else self.file(path)
+        return path if os.path.isabs(path) or "://" in path else self.checkpoint_path(path)
 
     def committed_checkpoints(self, settle_seconds: float,
                               found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
@@ -571,7 +629,7 @@ class ModelDir:
                 ready[number] = path
                 continue
             try:
-                mtime = tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9
+                mtime = tf.io.gfile.stat(checkpoint_index(path)).mtime_nsec / 1e9
             except tf.errors.NotFoundError:
                 continue
             if now - mtime >= settle_seconds:
@@ -623,7 +681,7 @@ class ModelDir:
             keep = [found[n] for n in sorted(found)
                     if n <= number and os.path.basename(found[n]) not in failed]
             return Restored(path, stale, keep)
-        if looks > 1 and any(not tf.io.gfile.exists(self.file(name) + ".index")
+        if looks > 1 and any(not tf.io.gfile.exists(checkpoint_index(self.checkpoint_path(name)))
                              for name, _ in skipped):
             return self.restore_newest(restore, looks - 1)  # Newer ones came meanwhile.
         names = ", ".join(f"{name}.*" for name, _ in skipped)
@@ -640,7 +698,7 @@ class ModelDir:
         known, times = stamps or {}, []
         for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
-                times.append(known.get(path) or tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9)
+                times.append(known.get(path) or tf.io.gfile.stat(checkpoint_index(path)).mtime_nsec / 1e9)
             except tf.errors.NotFoundError:
                 times.append(time.time())
         lines = [f"model_checkpoint_path: {json.dumps(os.path.basename(restored.path))}"]

@@ -51,7 +51,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from ctl.core import staging
 from ctl.core.background import upload, uploads
-from ctl.core.model_dir import is_object_store
+from ctl.core.model_dir import eval_set_dir, is_object_store, uploaded_path
 
 
 class SummaryManager:
@@ -80,7 +80,7 @@ class SummaryManager:
         writer = self._writers.get(relative_path)
         if writer is None:
             writer = (tf.summary.create_file_writer(
-                os.path.join(self._local or self.summary_dir, relative_path))
+                eval_set_dir(self._local or self.summary_dir, relative_path))
                       if self.enabled else tf.summary.create_noop_writer())
             self._writers[relative_path] = writer
         return writer
@@ -174,7 +174,7 @@ class SummaryManager:
                 local = os.path.join(directory, name)
                 size = os.path.getsize(local)
                 if self._uploaded.get(local) != size:
-                    remote = os.path.join(self.summary_dir, os.path.relpath(local, self._local))
+                    remote = uploaded_path(local, self._local, self.summary_dir)
                     if local not in self._uploaded:  # Its directory, once.
                         tf.io.gfile.makedirs(os.path.dirname(remote))
                     upload(local, remote)

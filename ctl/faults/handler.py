@@ -166,7 +166,7 @@ class FaultHandler:
         path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
         self.manager.sync()  # Written (and uploaded) before the exit names it.
         if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.
-            path = os.path.join(self.manager.restore_directory.path, os.path.basename(path))
+            path = self.manager.restore_directory.checkpoint_path(os.path.basename(path))
         raise Preempted(self.watcher.signum, step, path)
 
     def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:

@@ -47,7 +47,7 @@ from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.core.errors import UserError, first_line
 from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir, is_object_store
+from ctl.core.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
@@ -135,7 +135,7 @@ class CheckpointEvaluator:
         local = staging.directory("restore")
         try:
             try:
-                remotes = tf.io.gfile.glob(path + ".*")
+                remotes = checkpoint_files(path)
             except tf.errors.OpError as error:
                 raise _unreadable(path, error) from error
             for remote in remotes:
@@ -376,7 +376,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
     try:
         output = evaluator.evaluate(number, path)
     except UnreadableCheckpointError as error:
-        if error.deleted or not tf.io.gfile.exists(path + ".index"):
+        if error.deleted or not tf.io.gfile.exists(checkpoint_index(path)):
             console.warning("eval", "skipping %s: deleted before it could be read (e.g. by "
                             "max_checkpoints)", name)
             return sidecar.DELETED, None
