@@ -165,6 +165,8 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
 
 @pytest.mark.slow
 def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
+    """The trial's own run asks the pruner at its evaluation of step 20 and stops right there: its
+    last train loop ends at 20, its final checkpoint is 20, it exits 0 and says why."""
     from ctl.core.model_dir import ModelDir
     from ctl.sweep import pruning
 
@@ -174,11 +176,14 @@ def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     record = pruning.read_pruned(model_dir)
     assert record["pruner"] == "median" and record["step"] == 20 and record["objective"] == "accuracy"
     assert "not good enough for the median pruner" in record["why"]
+    assert trial.intermediate_values == {20: record["value"]}
     directory = ModelDir(model_dir)
-    assert directory.final_checkpoint_number() is None  # Stopped before its 400 steps...
-    assert max(directory.checkpoints()) >= 20  # ...at a checkpoint.
+    assert [r["step"] for r in directory.metrics("train")][-1] == 20  # Not a step past the prune...
+    assert directory.final_checkpoint_number() == 20  # ...and a checkpoint of it: a clean stop.
     with open(os.path.join(model_dir, "sweep_trial.log")) as f:
-        assert "ctl.run: preempted" in f.read()
+        log = f.read()
+    assert "stop requested: pruned by the median pruner: accuracy = " in log
+    assert "ctl.run: preempted" not in log and "trial 2: pruned = " in sweep["done"].stdout
 
 
 @pytest.mark.slow

@@ -105,7 +105,8 @@ def _work(opened, sweep, sweep_dir: str) -> int:
     study.write_record(sweep_dir, sweep, FLAGS.storage)
     slot = study.take_slot(sweep_dir)
     one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
-                        FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds)
+                        FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds,
+                        FLAGS.storage)
     one.install_signals()
     one.say(f"study {sweep.study!r}: {progress.line(opened, sweep.objective)}")
     status = one.run()

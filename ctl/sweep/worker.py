@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from optuna.trial import TrialState
 
@@ -32,8 +32,12 @@ IDLE_POLL_S = 2.0
 class Worker:
     def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
                  gin_files: Sequence[str], gin_bindings: Sequence[str],
-                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float):
+                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float,
+                 storage: Optional[str] = None):
+        """`storage`: the sweep command's `--storage` (None: the journal file in `sweep_dir`),
+        which each trial's run opens to report to the study."""
         self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
+        self.storage = storage
         self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.stop = threading.Event()
@@ -89,7 +93,8 @@ class Worker:
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
                                  self.gin_bindings, self.search_paths, self.stop,
-                                 self.heartbeat_s, self.say)
+                                 self.heartbeat_s, self.say, sweep_dir=self.sweep_dir,
+                                 storage=self.storage)
             if outcome.state != "again":
                 break
             self.say(f"trial {number}: its run stopped on its own ({outcome.message}); resuming it")
