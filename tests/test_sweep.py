@@ -1,5 +1,5 @@
 """`python -m ctl.sweep`: sweep files checked before any trial, an exact budget with two workers,
-pruning at evaluations, failed trials, SIGTERM, kill -9 and the heartbeat takeover.
+pruning at evaluations, failed trials, HParams, SIGTERM, kill -9 and the heartbeat takeover.
 
 One module-scoped sweep (4 trials, 2 workers, tiny digits runs) is read by several tests. Its random
 sampler is seeded (each trial's suggestions are a function of its number): trials 0 and 1 train well,
@@ -197,14 +197,27 @@ def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(swee
 
 
 @pytest.mark.slow
-def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_trial_in_hparams(sweep):
+def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_and_pruned_trial_in_hparams(sweep):
+    """Trials 0 and 1 completed, trial 2 was pruned: each is a run of the HParams dashboard, with
+    its sampled values (trial 3 failed before training: no run)."""
     from tensorboard.backend.event_processing import plugin_event_multiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     logdir = plugin_event_multiplexer.EventMultiplexer()
     logdir.AddRunsFromDirectory(sweep["dir"])
     logdir.Reload()
     runs = logdir.PluginRunToTagToContent("hparams")
-    assert {os.path.join("trials", "0"), os.path.join("trials", "1")} <= set(runs), sorted(runs)
+    sampled = {}
+    for run, tags in runs.items():
+        for content in tags.values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("session_start_info"):
+                sampled[run] = data.session_start_info.hparams["DigitsTask.learning_rate"].number_value
+    trials = sweep["trials"]
+    assert set(sampled) == {os.path.join("trials", str(n)) for n in (0, 1, 2)}, sorted(runs)
+    for number in (0, 1, 2):
+        assert sampled[os.path.join("trials", str(number))] == pytest.approx(
+            trials[number].params["DigitsTask.learning_rate"])
 
 
 # Faults.
