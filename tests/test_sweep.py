@@ -287,6 +287,84 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert model_dir.final_checkpoint_number() == 6000
 
 
+# Model dirs on a bucket.
+
+
+@pytest.mark.slow
+def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_path, gcs_dir):
+    """--trials_dir=gs://...: each trial is a run in <trials_dir>/<number> on the GCS emulator, its
+    evaluations reported, its objective and its pruning record read from there; the study and
+    the logs stay in the local sweep dir; ctl.report's table reads the trials' steps from the
+    bucket and TensorBoard finds both trials' HParams there. One worker: trial 0 (learning rate
+    0.01) completes, then trial 1 (1e-6) is pruned at its first evaluation."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    from ctl.core.model_dir import ModelDir
+    from ctl.sweep import pruning, report
+
+    sweep_file = write(tmp_path / "bucket.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
+                       'seed = 11\npruner = { name = "median", startup_trials = 1 }\n[space]\n'
+                       '"DigitsTask.learning_rate" = { choice = [0.01, 1e-6] }\n')
+    sweep_dir = str(tmp_path / "sweep")
+    done = run_sweep(sweep_file, sweep_dir, f"--trials_dir={gcs_dir}", *TINY,
+                     "--gin_bindings=TRAIN_STEPS=40")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trials = {t.number: t for t in load_trials(sweep_dir, "bucket")}
+    assert [(t.state.name, t.params["DigitsTask.learning_rate"]) for t in trials.values()] == [
+        ("COMPLETE", 0.01), ("PRUNED", 1e-6)]
+    for trial in trials.values():
+        directory = ModelDir(f"{gcs_dir}/{trial.number}")
+        assert trial.system_attrs["ctl_model_dir"] == directory.path
+        evals = directory.metrics("eval")
+        assert trial.intermediate_values == {r["step"]: r["accuracy"] for r in evals}
+        assert os.listdir(os.path.join(sweep_dir, "trials", str(trial.number))) == ["sweep_trial.log"]
+    complete, pruned = (ModelDir(f"{gcs_dir}/{n}") for n in (0, 1))
+    assert trials[0].value == complete.metrics("eval")[-1]["accuracy"]
+    assert complete.final_checkpoint_number() == 40 and pruned.final_checkpoint_number() == 20
+    assert pruning.read_pruned(pruned.path)["step"] == 20
+    text, png = report.report(sweep_dir)
+    lines = text.splitlines()
+    assert lines[0].endswith(f"; model dirs in {gcs_dir}")
+    assert [line.split()[-2] for line in lines[3:5]] == ["40", "20"], text  # Steps, read from gs://.
+    assert os.path.isfile(png)
+    logdir = plugin_event_multiplexer.EventMultiplexer()
+    logdir.AddRunsFromDirectory(gcs_dir)
+    logdir.Reload()
+    assert set(logdir.PluginRunToTagToContent("hparams")) == {"0", "1"}
+
+
+@pytest.mark.parametrize("trials_dir, expected", [
+    ("foo://bucket/x", "File system scheme 'foo' not implemented"),
+    ("gs:///x", "doesn't contain a bucket name"),
+    ("gs://no-such-bucket/x", "the bucket gs://no-such-bucket does not exist or cannot be read"),
+    ("FILE", "is a file"),
+])
+def test_a_bad_trials_dir_is_one_line(tmp_path, gcs, trials_dir, expected):
+    from ctl.core.errors import UserError
+    from ctl.sweep import sweep_dir
+
+    if trials_dir == "FILE":
+        trials_dir = write(tmp_path / "file", "")
+    with pytest.raises(UserError) as raised:
+        sweep_dir.check_trials_dir(trials_dir)
+    message = str(raised.value)
+    assert message.startswith(f"--trials_dir={trials_dir}") and expected in message, message
+    assert message.endswith("name a gs://BUCKET/PATH prefix in an existing bucket, or a local directory.")
+    assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_bad_trials_dir_ends_before_any_trial(tmp_path, gcs):
+    sweep_file = write(tmp_path / "s.toml", 'objective = "accuracy"\ntrials = 2\n[space]\n'
+                       '"DigitsTask.hidden_units" = { choice = [16, 32] }\n')
+    done = run_sweep(sweep_file, str(tmp_path / "sweep"), "--trials_dir=gs://no-such-bucket/x",
+                     timeout=300)
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("ctl.sweep: error: --trials_dir=gs://no-such-bucket/x: the bucket")
+    assert not os.path.exists(tmp_path / "sweep")
+
+
 def test_the_shipped_sweep_file_fits_its_config():
     from ctl.sweep import sweep_file
 

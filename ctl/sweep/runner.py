@@ -8,7 +8,10 @@ checkpoint. Its sampled bindings follow the sweep command's `--gin_bindings`
 on its command line, so its `config.gin` holds them, and running the same
 command again resumes it from its own checkpoint (every guarantee of a run
 holds). While it runs, the worker renews the trial's heartbeat and passes its
-own SIGTERM on. The child's output goes to `<trial dir>/sweep_trial.log`.
+own SIGTERM on. The child's output goes to `<sweep_dir>/trials/<number>/sweep_trial.log`
+(its model dir, unless `--trials_dir` put that elsewhere). Everything read from
+the model dir (the evaluations, `sweep_pruned.json`) is read through
+`ctl.core.model_dir` (`tf.io.gfile`): it may be on a bucket.
 
 How it ends, from the child's exit status and its model dir:
   0 or 75, with sweep_pruned.json  pruned: the value it was pruned on
@@ -37,9 +40,9 @@ import optuna
 
 from ctl.sweep import pruning
 from ctl.sweep.study import Study, make_sampler
+from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
 
-LOG_FILE = "sweep_trial.log"
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow's side.
 POLL_S = 0.1  # How soon the worker's SIGTERM reaches the trial.
 
@@ -124,11 +127,11 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
     trial = optuna.Trial(study.optuna, study.trial_id(number))
     params = suggest(trial, sweep)
     bindings = sweep.bindings(params)
-    os.makedirs(model_dir, exist_ok=True)
+    log_path = trial_log_file(sweep_dir, number)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     if stop.is_set():
         return Outcome("interrupted")
     say(f"trial {number}: starting in {model_dir}: {', '.join(bindings)}")
-    log_path = os.path.join(model_dir, LOG_FILE)
     with open(log_path, "a") as log:
         child = subprocess.Popen(command(model_dir, gin_files, list(gin_bindings) + bindings,
                                          search_paths, trial_flags(sweep, sweep_dir, storage, number)),
