@@ -187,6 +187,27 @@ def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
 
 
 @pytest.mark.slow
+def test_a_pruned_trial_run_again_stops_at_once(sweep):
+    """As after a worker killed between its trial's prune and the study's update: the trial's
+    command again (what the next worker runs) trains no step, stops at its pruned checkpoint and
+    exits 0, and the worker would read the same pruning record."""
+    from ctl.core.model_dir import ModelDir
+    from ctl.sweep import runner, sweep_file
+
+    spec, trial = sweep_file.load(sweep["file"]), sweep["trials"][2]
+    model_dir = os.path.join(sweep["dir"], "trials", "2")
+    bindings = [flag.split("=", 1)[1] for flag in TINY] + spec.bindings(trial.params)
+    done = subprocess.run(runner.command(model_dir, [DIGITS_GIN], bindings, [],
+                                         runner.trial_flags(spec, sweep["dir"], None, 2)),
+                          cwd=ROOT, env=ctl_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "stop requested: the trial was pruned at step 20" in done.stdout
+    directory = ModelDir(model_dir)
+    assert [r["step"] for r in directory.metrics("train")][-1] == 20
+    assert max(directory.checkpoints()) == 20
+
+
+@pytest.mark.slow
 def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(sweep):
     trial = sweep["trials"][3]
     assert trial.state.name == "FAIL" and trial.params["DigitsTask.hidden_units"] == -1
