@@ -7,7 +7,7 @@ MLP and experiments/digits_data.py's held-out fifth):
 
 - `ctl_sweep`: `python -m ctl.sweep --gin_file=configs/digits.gin
   --sweep_file=configs/digits_sweep.toml --workers=2` (12 trials, TPE, ASHA at
-  each evaluation, each trial a `ctl.run` process);
+  each evaluation, each trial a ctl run in its own process);
 - `keras_tuner_hyperband` and `keras_tuner_random`: KerasTuner's Hyperband
   (`max_epochs` the sweep's longest run in epochs, factor 3) and RandomSearch
   (12 trials) over the same learning rate and width, at digits.gin's batch

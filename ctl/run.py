@@ -26,6 +26,11 @@ TensorFlow is imported only once the flags and the gin text are checked
 (`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
 at once. Gin mistakes that need the code (an unknown parameter, a module that
 does not import) are found after the import, by `ctl.core.config.parse`.
+
+A program that runs a ctl run with a hook of its own, after the experiment's
+(`python -m ctl.sweep.trial`), imports this module (its flags) and calls
+`app.run(lambda argv: main(argv, hooks=[...]), flags_parser=parse_flags)`:
+the same checks, messages and exit statuses.
 """
 
 import os
@@ -42,6 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import logging as std_logging  # noqa: E402 - after the setting above.
 import sys  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
@@ -74,7 +80,8 @@ def _exit(status: int, message: str) -> None:
     sys.exit(status)
 
 
-def _parse_flags(argv):
+def parse_flags(argv):
+    """ctl.run's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2."""
     try:
         return FLAGS(gin_text.expand_gin_flags(argv))
     except flags.Error as error:
@@ -108,7 +115,8 @@ def _say_strategy(name: str, strategy) -> None:
                  strategy.num_replicas_in_sync, devices)
 
 
-def main(argv):
+def main(argv, hooks: Sequence[Any] = ()):
+    """`python -m ctl.run`; `hooks` run after the experiment's (`ctl.train_lib.run_experiment`)."""
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     if not FLAGS.model_dir and FLAGS.mode != SMOKE:
@@ -117,12 +125,12 @@ def main(argv):
         gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
     except UserError as error:
         _fail(str(error))
-    _run()
+    _run(hooks)
     from ctl.core import stop  # TensorFlow is imported by now.
     stop.exit_0_on_a_late_signal()  # The run is done.
 
 
-def _run() -> None:
+def _run(hooks: Sequence[Any]) -> None:
     """Everything after the checks: TensorFlow is imported here."""
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
@@ -159,7 +167,7 @@ def _run() -> None:
             smoke.run_smoke(strategy)
         else:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan.mode, directory, strategy)
+                train_lib.run_experiment(plan.mode, directory, strategy, hooks=hooks)
     except Preempted as preempted:
         _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:
@@ -177,4 +185,4 @@ def _run() -> None:
 
 
 if __name__ == "__main__":
-    process_end.run(lambda: app.run(main, flags_parser=_parse_flags))
+    process_end.run(lambda: app.run(main, flags_parser=parse_flags))

@@ -17,9 +17,10 @@ passes them down.
 """
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -54,8 +55,13 @@ def run_experiment(
     model_dir: Union[str, ModelDir],
     strategy: Optional[tf.distribute.Strategy] = None,
     experiment: Optional[Experiment] = None,
+    hooks: Sequence[Any] = (),
 ) -> Dict[str, Any]:
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
+
+    `hooks` run after the experiment's own (`ctl.Experiment.hooks`, kept as
+    they are): for a program that runs a ctl run with a hook of its own
+    (`python -m ctl.sweep.trial`'s pruning hook; `ctl.run.main`'s `hooks`).
 
     Returns the last evaluation's results (for `train`, the last loop's).
     `continuous_eval` runs `ctl.sidecar.continuous_eval.evaluate_continuously`. When
@@ -70,7 +76,7 @@ def run_experiment(
     plan = RunPlan(mode, chief=is_chief(strategy), one_process=not isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy))
     if plan.sidecar:
-        experiment = experiment or config.call_configured(Experiment)
+        experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment)
     if plan.in_line_eval and cluster.has_evaluator():
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
@@ -80,7 +86,7 @@ def run_experiment(
             f"--model_dir={directory} holds no checkpoint to evaluate; train first "
             "(--mode=train) or point --model_dir at a trained run."
         )
-    experiment = experiment or config.call_configured(Experiment)
+    experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
     if plan.writes:  # Other workers only read the model dir.
         directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
@@ -95,6 +101,13 @@ def run_experiment(
         checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, plan.chief))
         return _run(plan, directory, strategy, experiment, stack,
                     checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher)
+
+
+def _with_hooks(experiment: Experiment, hooks: Sequence[Any]) -> Experiment:
+    """`experiment` with `hooks` after its own."""
+    if not hooks:
+        return experiment
+    return dataclasses.replace(experiment, hooks=(*experiment.hooks, *hooks))
 
 
 @contextlib.contextmanager

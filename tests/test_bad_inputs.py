@@ -343,7 +343,7 @@ def run_in_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
     code = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            app.run(run_module.main, argv=["ctl.run", *args], flags_parser=run_module._parse_flags)
+            app.run(run_module.main, argv=["ctl.run", *args], flags_parser=run_module.parse_flags)
     except SystemExit as exit_:
         code = 0 if exit_.code is None else exit_.code
     finally:

@@ -1,5 +1,5 @@
 """`python -m ctl.sweep`: sweep files checked before any trial, an exact budget with two workers,
-pruning at evaluations, failed trials, SIGTERM, kill -9 and the heartbeat takeover.
+pruning at evaluations, failed trials, HParams, SIGTERM, kill -9 and the heartbeat takeover.
 
 One module-scoped sweep (4 trials, 2 workers, tiny digits runs) is read by several tests. Its random
 sampler is seeded (each trial's suggestions are a function of its number): trials 0 and 1 train well,
@@ -165,6 +165,8 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
 
 @pytest.mark.slow
 def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
+    """The trial's own run asks the pruner at its evaluation of step 20 and stops right there: its
+    last train loop ends at 20, its final checkpoint is 20, it exits 0 and says why."""
     from ctl.core.model_dir import ModelDir
     from ctl.sweep import pruning
 
@@ -174,11 +176,35 @@ def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     record = pruning.read_pruned(model_dir)
     assert record["pruner"] == "median" and record["step"] == 20 and record["objective"] == "accuracy"
     assert "not good enough for the median pruner" in record["why"]
+    assert trial.intermediate_values == {20: record["value"]}
     directory = ModelDir(model_dir)
-    assert directory.final_checkpoint_number() is None  # Stopped before its 400 steps...
-    assert max(directory.checkpoints()) >= 20  # ...at a checkpoint.
+    assert [r["step"] for r in directory.metrics("train")][-1] == 20  # Not a step past the prune...
+    assert directory.final_checkpoint_number() == 20  # ...and a checkpoint of it: a clean stop.
     with open(os.path.join(model_dir, "sweep_trial.log")) as f:
-        assert "ctl.run: preempted" in f.read()
+        log = f.read()
+    assert "stop requested: pruned by the median pruner: accuracy = " in log
+    assert "ctl.run: preempted" not in log and "trial 2: pruned = " in sweep["done"].stdout
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_run_again_stops_at_once(sweep):
+    """As after a worker killed between its trial's prune and the study's update: the trial's
+    command again (what the next worker runs) trains no step, stops at its pruned checkpoint and
+    exits 0, and the worker would read the same pruning record."""
+    from ctl.core.model_dir import ModelDir
+    from ctl.sweep import runner, sweep_file
+
+    spec, trial = sweep_file.load(sweep["file"]), sweep["trials"][2]
+    model_dir = os.path.join(sweep["dir"], "trials", "2")
+    bindings = [flag.split("=", 1)[1] for flag in TINY] + spec.bindings(trial.params)
+    done = subprocess.run(runner.command(model_dir, [DIGITS_GIN], bindings, [],
+                                         runner.trial_flags(spec, sweep["dir"], None, 2)),
+                          cwd=ROOT, env=ctl_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "stop requested: the trial was pruned at step 20" in done.stdout
+    directory = ModelDir(model_dir)
+    assert [r["step"] for r in directory.metrics("train")][-1] == 20
+    assert max(directory.checkpoints()) == 20
 
 
 @pytest.mark.slow
@@ -192,14 +218,27 @@ def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(swee
 
 
 @pytest.mark.slow
-def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_trial_in_hparams(sweep):
+def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_and_pruned_trial_in_hparams(sweep):
+    """Trials 0 and 1 completed, trial 2 was pruned: each is a run of the HParams dashboard, with
+    its sampled values (trial 3 failed before training: no run)."""
     from tensorboard.backend.event_processing import plugin_event_multiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     logdir = plugin_event_multiplexer.EventMultiplexer()
     logdir.AddRunsFromDirectory(sweep["dir"])
     logdir.Reload()
     runs = logdir.PluginRunToTagToContent("hparams")
-    assert {os.path.join("trials", "0"), os.path.join("trials", "1")} <= set(runs), sorted(runs)
+    sampled = {}
+    for run, tags in runs.items():
+        for content in tags.values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("session_start_info"):
+                sampled[run] = data.session_start_info.hparams["DigitsTask.learning_rate"].number_value
+    trials = sweep["trials"]
+    assert set(sampled) == {os.path.join("trials", str(n)) for n in (0, 1, 2)}, sorted(runs)
+    for number in (0, 1, 2):
+        assert sampled[os.path.join("trials", str(number))] == pytest.approx(
+            trials[number].params["DigitsTask.learning_rate"])
 
 
 # Faults.
@@ -267,6 +306,84 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
     assert steps[-1] == 6000 and step < 6000
     assert model_dir.final_checkpoint_number() == 6000
+
+
+# Model dirs on a bucket.
+
+
+@pytest.mark.slow
+def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_path, gcs_dir):
+    """--trials_dir=gs://...: each trial is a run in <trials_dir>/<number> on the GCS emulator, its
+    evaluations reported, its objective and its pruning record read from there; the study and
+    the logs stay in the local sweep dir; ctl.report's table reads the trials' steps from the
+    bucket and TensorBoard finds both trials' HParams there. One worker: trial 0 (learning rate
+    0.01) completes, then trial 1 (1e-6) is pruned at its first evaluation."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    from ctl.core.model_dir import ModelDir
+    from ctl.sweep import pruning, report
+
+    sweep_file = write(tmp_path / "bucket.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
+                       'seed = 11\npruner = { name = "median", startup_trials = 1 }\n[space]\n'
+                       '"DigitsTask.learning_rate" = { choice = [0.01, 1e-6] }\n')
+    sweep_dir = str(tmp_path / "sweep")
+    done = run_sweep(sweep_file, sweep_dir, f"--trials_dir={gcs_dir}", *TINY,
+                     "--gin_bindings=TRAIN_STEPS=40")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trials = {t.number: t for t in load_trials(sweep_dir, "bucket")}
+    assert [(t.state.name, t.params["DigitsTask.learning_rate"]) for t in trials.values()] == [
+        ("COMPLETE", 0.01), ("PRUNED", 1e-6)]
+    for trial in trials.values():
+        directory = ModelDir(f"{gcs_dir}/{trial.number}")
+        assert trial.system_attrs["ctl_model_dir"] == directory.path
+        evals = directory.metrics("eval")
+        assert trial.intermediate_values == {r["step"]: r["accuracy"] for r in evals}
+        assert os.listdir(os.path.join(sweep_dir, "trials", str(trial.number))) == ["sweep_trial.log"]
+    complete, pruned = (ModelDir(f"{gcs_dir}/{n}") for n in (0, 1))
+    assert trials[0].value == complete.metrics("eval")[-1]["accuracy"]
+    assert complete.final_checkpoint_number() == 40 and pruned.final_checkpoint_number() == 20
+    assert pruning.read_pruned(pruned.path)["step"] == 20
+    text, png = report.report(sweep_dir)
+    lines = text.splitlines()
+    assert lines[0].endswith(f"; model dirs in {gcs_dir}")
+    assert [line.split()[-2] for line in lines[3:5]] == ["40", "20"], text  # Steps, read from gs://.
+    assert os.path.isfile(png)
+    logdir = plugin_event_multiplexer.EventMultiplexer()
+    logdir.AddRunsFromDirectory(gcs_dir)
+    logdir.Reload()
+    assert set(logdir.PluginRunToTagToContent("hparams")) == {"0", "1"}
+
+
+@pytest.mark.parametrize("trials_dir, expected", [
+    ("foo://bucket/x", "File system scheme 'foo' not implemented"),
+    ("gs:///x", "doesn't contain a bucket name"),
+    ("gs://no-such-bucket/x", "the bucket gs://no-such-bucket does not exist or cannot be read"),
+    ("FILE", "is a file"),
+])
+def test_a_bad_trials_dir_is_one_line(tmp_path, gcs, trials_dir, expected):
+    from ctl.core.errors import UserError
+    from ctl.sweep import sweep_dir
+
+    if trials_dir == "FILE":
+        trials_dir = write(tmp_path / "file", "")
+    with pytest.raises(UserError) as raised:
+        sweep_dir.check_trials_dir(trials_dir)
+    message = str(raised.value)
+    assert message.startswith(f"--trials_dir={trials_dir}") and expected in message, message
+    assert message.endswith("name a gs://BUCKET/PATH prefix in an existing bucket, or a local directory.")
+    assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_bad_trials_dir_ends_before_any_trial(tmp_path, gcs):
+    sweep_file = write(tmp_path / "s.toml", 'objective = "accuracy"\ntrials = 2\n[space]\n'
+                       '"DigitsTask.hidden_units" = { choice = [16, 32] }\n')
+    done = run_sweep(sweep_file, str(tmp_path / "sweep"), "--trials_dir=gs://no-such-bucket/x",
+                     timeout=300)
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("ctl.sweep: error: --trials_dir=gs://no-such-bucket/x: the bucket")
+    assert not os.path.exists(tmp_path / "sweep")
 
 
 def test_the_shipped_sweep_file_fits_its_config():

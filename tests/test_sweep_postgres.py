@@ -121,6 +121,9 @@ def test_two_machines_split_the_budget_without_overlap(machines):
     assert not ran[0] & ran[1] and ran[0] | ran[1] == {"0", "1", "2"}, ran
     for trial in trials:  # Each ran where the study says it ran.
         assert os.path.isdir(trial.system_attrs["ctl_model_dir"])
+    for trial in trials:  # Each run reported its evaluations to the study in PostgreSQL itself.
+        if trial.state.name != "FAIL":
+            assert 20 in trial.intermediate_values, (trial.number, trial.intermediate_values)
     assert all("3/3 ended" in out for out, _ in machines["outputs"])
 
 

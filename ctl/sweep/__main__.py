@@ -1,14 +1,17 @@
 """`python -m ctl.sweep`: a hyperparameter sweep over gin bindings, each trial a ctl run.
 
     python -m ctl.sweep --gin_file=configs/digits.gin --sweep_file=configs/digits_sweep.toml \
-        --sweep_dir=runs/digits_sweep [--workers=2] [--storage=postgresql://...] [--gin_bindings=...]
+        --sweep_dir=runs/digits_sweep [--workers=2] [--storage=postgresql://...] [--gin_bindings=...] \
+        [--trials_dir=gs://BUCKET/sweeps/digits]
 
-The sweep file and the gin config are checked first (`ctl.sweep.sweep_file`): a
-mistake ends in one line on stderr and exit status 2, before any trial. Then
-the study is opened or created (`ctl.sweep.study`) and `--workers` processes
-take its trials (`ctl.sweep.worker`). Run the same command again to resume a
-sweep (after a crash, a kill -9, a reboot); on another machine, with the same
-`--storage`, to add workers. SIGTERM or SIGINT stops the running trials at a
+The sweep file, the gin config and `--trials_dir` are checked first
+(`ctl.sweep.sweep_file`, `ctl.sweep.sweep_dir`): a mistake ends in one line on
+stderr and exit status 2, before any trial. Then the study is opened or
+created (`ctl.sweep.study`) and `--workers` processes take its trials
+(`ctl.sweep.worker`). Run the same command again to resume a sweep (after a
+crash, a kill -9, a reboot); on another machine, with the same `--storage`, to
+add workers. With `--trials_dir`, the trials' model dirs are
+`<trials_dir>/<number>/` (a bucket: every machine reaches them). SIGTERM or SIGINT stops the running trials at a
 checkpoint and exits 75. Without Optuna installed: one line naming the extra.
 """
 
@@ -34,6 +37,9 @@ flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): objective, budge
 flags.DEFINE_string("sweep_dir", None, "The sweep's directory: trials/<number>/ model dirs, the study.")
 flags.DEFINE_integer("workers", 1, "Worker processes on this machine, each running one trial at a time.",
                      lower_bound=1)
+flags.DEFINE_string("trials_dir", None, "Where the trials' model dirs go, <trials_dir>/<number>/, "
+                    "e.g. gs://BUCKET/sweeps/NAME (default: <sweep_dir>/trials); the study and the "
+                    "logs stay in --sweep_dir or --storage.")
 flags.DEFINE_string("storage", None, "The study's database, e.g. postgresql://USER@HOST:PORT/DB "
                     "(default: a journal file in --sweep_dir).")
 flags.DEFINE_float("heartbeat_seconds", 10.0, "How often a worker renews its running trial's heartbeat.",
@@ -67,6 +73,7 @@ def _sweep() -> int:
     import optuna
 
     from ctl.sweep import pruning, study, sweep_file
+    from ctl.sweep.sweep_dir import trials_path
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sweep = sweep_file.load(FLAGS.sweep_file)
@@ -84,28 +91,34 @@ def _sweep() -> int:
                         "; check --storage.") from error
     if FLAGS.as_worker or FLAGS.workers == 1:
         return _work(opened, sweep, sweep_dir)
-    study.write_record(sweep_dir, sweep, FLAGS.storage)
+    study.write_record(sweep_dir, sweep, FLAGS.storage, trials_path(FLAGS.trials_dir))
     return _supervise(FLAGS.workers)
 
 
 def _check(sweep) -> None:
-    """The gin text, then the space against the config (TensorFlow is imported here)."""
+    """The gin text, then the space against the config, then --trials_dir (TensorFlow is
+    imported here)."""
     import ctl
     from ctl.core import gin_text
-    from ctl.sweep import sweep_file
+    from ctl.sweep import sweep_dir, sweep_file
 
     gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
     sweep_file.check_against_config(sweep, FLAGS.gin_file, FLAGS.gin_bindings,
                                     FLAGS.gin_search_paths)
+    if FLAGS.trials_dir:
+        sweep_dir.check_trials_dir(FLAGS.trials_dir)
 
 
 def _work(opened, sweep, sweep_dir: str) -> int:
     from ctl.sweep import progress, study, worker
+    from ctl.sweep.sweep_dir import trials_path
 
-    study.write_record(sweep_dir, sweep, FLAGS.storage)
+    trials_dir = trials_path(FLAGS.trials_dir)
+    study.write_record(sweep_dir, sweep, FLAGS.storage, trials_dir)
     slot = study.take_slot(sweep_dir)
     one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
-                        FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds)
+                        FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds,
+                        FLAGS.storage, trials_dir)
     one.install_signals()
     one.say(f"study {sweep.study!r}: {progress.line(opened, sweep.objective)}")
     status = one.run()

@@ -1,4 +1,4 @@
-"""Pruning: the sweep file's pruner as Optuna's, asked at each evaluation of a trial.
+"""Pruning: the sweep file's pruner as Optuna's, asked inside each trial at each of its evaluations.
 
     asha    `SuccessiveHalvingPruner` (asynchronous successive halving): at rungs of
             min_resource * reduction_factor**k steps, a trial goes on only if its value
@@ -10,16 +10,25 @@
             ended (default 5) and warmup_steps steps (default 0).
     none    every trial runs to its end.
 
-The step a value is reported at is the evaluation's global step. A pruned
-trial stops at a checkpoint boundary (its `ctl.run` gets SIGTERM: it saves a
-checkpoint and exits 75) and `<trial dir>/sweep_pruned.json` says why.
+The asking is a hook of the trial's own run (`PruneAtEvaluations`, appended to
+the experiment's hooks by `python -m ctl.sweep.trial`): at each evaluation's
+end it reports the objective at the evaluation's global step to the trial in
+the study (the sweep's storage: the journal file in the sweep dir, or
+`--storage`) and asks `should_prune()`. If the pruner says so, it writes
+`<trial dir>/sweep_pruned.json` (why) and requests a stop (`run.stop`, as
+`ctl.hooks.EarlyStopping` does): the run ends right after that evaluation,
+saves a checkpoint of its step, runs its end-of-run hooks (the HParams summary
+among them) and exits 0. Its worker reads the outcome from the exit status and
+that file (`ctl.sweep.runner`).
 """
 
+import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Set
 
 import optuna
 
+from ctl.sweep.sweep_file import SweepFile
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
@@ -51,3 +60,70 @@ def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
     from ctl.core.model_dir import ModelDir, read_json
 
     return read_json(ModelDir(model_dir).sweep_pruned_file)
+
+
+class PruneAtEvaluations:
+    """A hook (`ctl.core.hook_protocol`) of a trial's run: reports the objective at each
+    evaluation to trial `number` of the sweep's study and stops the run at that evaluation
+    when the pruner says so.
+
+    `open_storage` gives the study's storage; it is called at the first evaluation, so
+    that a run that fails before one never opens the study. A step the trial already
+    has a value at (a resumed trial) is neither reported nor asked again; nor is a NaN
+    (the run's NaN policy decides, and its worker records the trial failed). A run
+    started again on a trial that was pruned (its worker died before it recorded the
+    end) stops at once, at a checkpoint.
+    """
+
+    def __init__(self, sweep: SweepFile, open_storage: Callable[[], optuna.storages.BaseStorage],
+                 number: int):
+        self.sweep = sweep
+        self.open_storage = open_storage
+        self.number = number
+        self.trial: Optional[optuna.Trial] = None
+        self.reported: Set[int] = set()
+
+    def bind(self, run) -> None:
+        self.run = run
+        pruned = read_pruned(run.model_dir)
+        if run.chief and isinstance(pruned, dict):
+            run.stop.request(f"the trial was pruned at step {pruned.get('step')} "
+                             f"({run.directory.sweep_pruned_file})")
+
+    def on_eval_end(self, logs) -> None:
+        value, step = self._objective(logs), self.run.step
+        if not self.run.chief or math.isnan(value):
+            return
+        if self.trial is None:
+            self._open()
+        if step in self.reported:
+            return
+        self.trial.report(value, step)
+        self.reported.add(step)
+        if not self.run.stop.should_stop and self.trial.should_prune():
+            record_pruned(self.run.model_dir, self.sweep.pruner, self.sweep.objective, step, value)
+            self.run.stop.request(f"pruned by the {self.sweep.pruner['name']} pruner: "
+                                  f"{self.sweep.objective} = {value:.6g} at step {step}")
+
+    def _open(self) -> None:
+        """The trial, through a study that samples nothing (its worker did) and has the sweep's
+        pruner."""
+        storage = self.open_storage()
+        study = optuna.load_study(study_name=self.sweep.study, storage=storage,
+                                  sampler=optuna.samplers.RandomSampler(seed=0),
+                                  pruner=make_pruner(self.sweep.pruner))
+        trial_id = storage.get_trial_id_from_study_id_trial_number(
+            storage.get_study_id_from_name(self.sweep.study), self.number)
+        self.reported = set(storage.get_trial(trial_id).intermediate_values)
+        self.trial = optuna.Trial(study, trial_id)
+
+    def _objective(self, logs) -> float:
+        from ctl.comforts.eval_results import flat_logs
+        from ctl.core.errors import UserError
+
+        flat = flat_logs(logs)
+        if self.sweep.objective not in flat:
+            raise UserError(f"objective = {self.sweep.objective!r} of --sweep_file="
+                            f"{self.sweep.path} is not among the evaluation results "
+                            f"({', '.join(sorted(flat))}); name one of them in the sweep file.")
+        return float(flat[self.sweep.objective])

@@ -47,12 +47,12 @@ def load(sweep_dir: str):
     return record, loaded, [t for t in loaded.get_trials(deepcopy=False) if t.number < budget]
 
 
-def _steps(trial, sweep_dir: str) -> Optional[int]:
+def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
     from ctl.core.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
-    model_dir = trial.system_attrs.get(MODEL_DIR) or trial_dir(sweep_dir, trial.number)
+    model_dir = trial.system_attrs.get(MODEL_DIR) or trial_dir(sweep_dir, trial.number, trials_dir)
     steps = [r.get("step") for r in ModelDir(model_dir).metrics()]
     steps = [s for s in steps if isinstance(s, int)]
     return max(steps) if steps else None
@@ -73,7 +73,7 @@ def table(sweep_dir: str) -> Tuple[str, list, dict]:
     header = ["trial", "state", objective, *bindings, "steps", "time"]
     rows, failures = [], []
     for trial in sorted(trials, key=lambda t: _order(t, maximize)):
-        steps, seconds = _steps(trial, sweep_dir), _seconds(trial)
+        steps, seconds = _steps(trial, sweep_dir, record.get("trials_dir")), _seconds(trial)
         rows.append([str(trial.number), trial.state.name.lower(),
                      "-" if trial.value is None else f"{trial.value:.6g}",
                      *(_short(trial.params.get(name, "-")) for name in bindings),
@@ -82,8 +82,9 @@ def table(sweep_dir: str) -> Tuple[str, list, dict]:
         if trial.state.name == "FAIL" and trial.user_attrs.get("fail_reason"):
             failures.append(f"trial {trial.number} failed: {trial.user_attrs['fail_reason']}")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    elsewhere = f"; model dirs in {record['trials_dir']}" if record.get("trials_dir") else ""
     lines = [f"ctl report: sweep {record['study']!r} in {sweep_dir}: {len(trials)} trials, "
-             f"{record.get('direction', 'maximize')} {objective}",
+             f"{record.get('direction', 'maximize')} {objective}{elsewhere}",
              "  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines.append("-" * len(lines[-1]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]

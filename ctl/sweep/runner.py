@@ -1,20 +1,25 @@
-"""A trial: one `python -m ctl.run --mode=train_and_eval` process in the trial's model dir.
+"""A trial: one `python -m ctl.sweep.trial` process (a ctl run) in the trial's model dir.
 
-Its sampled bindings follow the sweep command's `--gin_bindings` on its command
-line, so its `config.gin` holds them, and running the same command again
-resumes it from its own checkpoint (every guarantee of a run holds). While it
-runs, the worker reads its evaluations from `metrics.jsonl`
-(`ctl.comforts.progress`'s records), reports the objective to Optuna at each one and asks
-the pruner; it renews the trial's heartbeat. The child's output goes to
-`<trial dir>/sweep_trial.log`.
+The child is `ctl.run --mode=train_and_eval` with the pruning hook appended to
+its experiment's hooks (`ctl.sweep.trial`, `ctl.sweep.pruning`): the run itself
+reports the objective to Optuna at each evaluation, asks the pruner, and when
+pruned writes `sweep_pruned.json` and stops at that evaluation with a
+checkpoint. Its sampled bindings follow the sweep command's `--gin_bindings`
+on its command line, so its `config.gin` holds them, and running the same
+command again resumes it from its own checkpoint (every guarantee of a run
+holds). While it runs, the worker renews the trial's heartbeat and passes its
+own SIGTERM on. The child's output goes to `<sweep_dir>/trials/<number>/sweep_trial.log`
+(its model dir, unless `--trials_dir` put that elsewhere). Everything read from
+the model dir (the evaluations, `sweep_pruned.json`) is read through
+`ctl.core.model_dir` (`tf.io.gfile`): it may be on a bucket.
 
-How it ends, from the child's exit status:
-  0                        complete: the objective of its last evaluation
-  75 after a prune         pruned (the SIGTERM made it checkpoint and stop)
-  75 after the worker's    interrupted: the trial stays RUNNING, to resume
-     own SIGTERM
-  75 otherwise             preempted on its own: run again (it resumes)
-  anything else            failed, with the child's one line (`ctl.run: error: ...`)
+How it ends, from the child's exit status and its model dir:
+  0 or 75, with sweep_pruned.json  pruned: the value it was pruned on
+  0                                complete: the objective of its last evaluation
+                                   (`metrics.jsonl`, `ctl.comforts.progress`'s records)
+  75 after the worker's SIGTERM    interrupted: the trial stays RUNNING, to resume
+  75 otherwise                     preempted on its own: run again (it resumes)
+  anything else                    failed, with the child's one line (`ctl.run: error: ...`)
 
 On Linux the child is killed with its worker (`PR_SET_PDEATHSIG`): a worker
 killed with -9 leaves no trial training unseen.
@@ -35,11 +40,11 @@ import optuna
 
 from ctl.sweep import pruning
 from ctl.sweep.study import Study, make_sampler
+from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
 
-LOG_FILE = "sweep_trial.log"
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow's side.
-POLL_S = 0.1  # Reading a local metrics.jsonl is cheap; a prune lands sooner.
+POLL_S = 0.1  # How soon the worker's SIGTERM reaches the trial.
 
 
 class Outcome(NamedTuple):
@@ -63,13 +68,22 @@ def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
 
 
 def command(model_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
-            search_paths: Sequence[str]) -> List[str]:
-    argv = [sys.executable, "-m", "ctl.run", "--mode=train_and_eval", f"--model_dir={model_dir}"]
+            search_paths: Sequence[str], trial: Sequence[str]) -> List[str]:
+    """The child's command line; `trial` are its `ctl.sweep.trial` flags (`trial_flags`)."""
+    argv = [sys.executable, "-m", "ctl.sweep.trial", *trial, "--mode=train_and_eval",
+            f"--model_dir={model_dir}"]
     argv += [f"--gin_file={path}" for path in gin_files]
     argv += [f"--gin_bindings={binding}" for binding in gin_bindings]
     if search_paths:
         argv.append(f"--gin_search_paths={','.join(search_paths)}")
     return argv
+
+
+def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number: int) -> List[str]:
+    """How the child finds its trial in the study: the sweep file, the sweep dir, the storage."""
+    flags = [f"--sweep_file={os.path.abspath(sweep.path)}", f"--sweep_dir={sweep_dir}",
+             f"--trial={number}"]
+    return flags + ([f"--storage={storage}"] if storage else [])
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
@@ -107,47 +121,37 @@ def last_line(log_path: str) -> str:
 
 def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],
         gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
-        heartbeat_s: float, say=print) -> Outcome:
+        heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str]) -> Outcome:
     """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
     study.optuna.sampler = make_sampler(sweep, number)
     trial = optuna.Trial(study.optuna, study.trial_id(number))
     params = suggest(trial, sweep)
     bindings = sweep.bindings(params)
-    os.makedirs(model_dir, exist_ok=True)
-    reported = set(study.trial(number).intermediate_values)
+    log_path = trial_log_file(sweep_dir, number)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     if stop.is_set():
         return Outcome("interrupted")
     say(f"trial {number}: starting in {model_dir}: {', '.join(bindings)}")
-    log_path = os.path.join(model_dir, LOG_FILE)
     with open(log_path, "a") as log:
         child = subprocess.Popen(command(model_dir, gin_files, list(gin_bindings) + bindings,
-                                         search_paths),
+                                         search_paths, trial_flags(sweep, sweep_dir, storage, number)),
                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-    pruned, stopped, last_beat = None, False, time.monotonic()
+    stopped, last_beat = False, time.monotonic()
     while True:
-        done = child.poll() is not None
-        if stop.is_set() and not stopped and not done:
+        try:
+            status = child.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.is_set() and not stopped:
             child.send_signal(signal.SIGTERM)
             stopped = True
         if time.monotonic() - last_beat >= heartbeat_s:
             study.beat(number)
             last_beat = time.monotonic()
-        for record in eval_records(model_dir):
-            step, value = record.get("step"), objective_value(record, sweep.objective)
-            if not isinstance(step, int) or step in reported or value is None or math.isnan(value):
-                continue
-            reported.add(step)
-            trial.report(value, step)
-            if pruned is None and not done and not stopped and trial.should_prune():
-                pruning.record_pruned(model_dir, sweep.pruner, sweep.objective, step, value)
-                child.send_signal(signal.SIGTERM)
-                pruned = (step, value)
-        if done:
-            break
-        time.sleep(POLL_S)
-    status = child.returncode
-    if pruned is not None and status in (0, EXIT_PREEMPTED):
-        return Outcome("pruned", pruned[1], f"pruned at step {pruned[0]}")
+    pruned = pruning.read_pruned(model_dir)
+    if isinstance(pruned, dict) and status in (0, EXIT_PREEMPTED):
+        return Outcome("pruned", pruned.get("value"), f"pruned at step {pruned.get('step')}")
     if stopped and status == EXIT_PREEMPTED:
         return Outcome("interrupted")
     if status == EXIT_PREEMPTED:

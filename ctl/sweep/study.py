@@ -95,12 +95,14 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str]) -> None:
-    """`<sweep_dir>/sweep.json`: the study's name and storage (no password) and the objective."""
+def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
+                 trials_dir: Optional[str] = None) -> None:
+    """`<sweep_dir>/sweep.json`: the study's name and storage (no password), the objective, and
+    where the trials' model dirs go (None: `<sweep_dir>/trials`)."""
     layout.write_record(sweep_dir, {
         "study": sweep.study, "storage": without_password(storage) if storage else None,
         "objective": sweep.objective, "direction": sweep.direction, "trials": sweep.trials,
-        "sweep_file": os.path.abspath(sweep.path)})
+        "sweep_file": os.path.abspath(sweep.path), "trials_dir": trials_dir})
 
 
 def make_sampler(sweep: SweepFile, number: int = 0) -> optuna.samplers.BaseSampler:

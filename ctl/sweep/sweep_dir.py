@@ -1,21 +1,30 @@
 """A sweep dir: what `python -m ctl.sweep` keeps in it (no Optuna needed to find it).
 
     <sweep_dir>/
-      sweep.json              where the study is: its name, storage (no password), objective, budget
+      sweep.json              where the study is: its name, storage (no password), objective, budget,
+                              the trials' dir
       study.journal           the study (Optuna's journal file), unless --storage names a database
       trials/<number>/        each trial's model dir (`ctl.core.model_dir`), plus
-        sweep_trial.log         the trial's ctl.run output
+        sweep_trial.log         the trial's run's output (always here, on this machine)
         sweep_pruned.json       why it was pruned (`ctl.sweep.pruning`)
       workers/<slot>.lock     held (flock) by the worker in that slot
       report.png              `python -m ctl.report`'s figure
+
+With `--trials_dir=gs://BUCKET/PATH` (or another directory), the trials' model
+dirs, `sweep_pruned.json` included, are `<trials_dir>/<number>/` instead, read
+and written through `tf.io.gfile`; `trials/<number>/` then holds only the log,
+and the rest stays in the sweep dir.
 """
 
 import os
 from typing import Any, Dict, Optional
 
+from ctl.core.errors import UserError, first_line
+
 RECORD_FILE = "sweep.json"
 JOURNAL_FILE = "study.journal"
 TRIALS_DIR = "trials"
+LOG_FILE = "sweep_trial.log"
 WORKERS_DIR = "workers"
 
 
@@ -27,8 +36,50 @@ def journal_file(sweep_dir: str) -> str:
     return os.path.join(sweep_dir, JOURNAL_FILE)
 
 
-def trial_dir(sweep_dir: str, number: int) -> str:
-    return os.path.join(sweep_dir, TRIALS_DIR, str(number))
+def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> str:
+    """Trial `number`'s model dir: in `trials_dir` if given, else in the sweep dir's `trials/`."""
+    return os.path.join(trials_dir or os.path.join(sweep_dir, TRIALS_DIR), str(number))
+
+
+def reachable(model_dir: str) -> bool:
+    """Whether a trial's model dir, recorded by another machine's worker, is there from here (a
+    bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow)."""
+    from ctl.core.model_dir import ModelDir
+
+    return ModelDir(model_dir).exists()
+
+
+def trial_log_file(sweep_dir: str, number: int) -> str:
+    """Trial `number`'s output, in the (local) sweep dir wherever its model dir is."""
+    return os.path.join(sweep_dir, TRIALS_DIR, str(number), LOG_FILE)
+
+
+def trials_path(trials_dir: Optional[str]) -> Optional[str]:
+    """`--trials_dir` as the workers use it: a `gs://BUCKET/PATH` prefix as it is, a local
+    directory made absolute (None: the sweep dir's `trials/`)."""
+    if not trials_dir:
+        return None
+    return trials_dir if "://" in trials_dir else os.path.abspath(trials_dir)
+
+
+def check_trials_dir(trials_dir: str) -> None:
+    """Raises `UserError` (one line) if TensorFlow's file systems cannot reach `trials_dir`, its
+    bucket is missing or it names a file. Imports TensorFlow; writes nothing."""
+    import tensorflow as tf
+
+    path = trials_path(trials_dir)
+    fix = "name a gs://BUCKET/PATH prefix in an existing bucket, or a local directory"
+    try:
+        if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+            raise UserError(f"--trials_dir={trials_dir} is a file; {fix}.")
+        if "://" in path:
+            scheme, rest = path.split("://", 1)
+            bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+            if not tf.io.gfile.isdir(bucket):
+                raise UserError(f"--trials_dir={trials_dir}: the bucket {bucket} does not exist "
+                                f"or cannot be read; {fix}.")
+    except tf.errors.OpError as error:
+        raise UserError(f"--trials_dir={trials_dir}: {first_line(error)}; {fix}.") from None
 
 
 def slot_lock_file(sweep_dir: str, index: int) -> str:

@@ -12,17 +12,16 @@ and exits 75; the trial stays RUNNING in the study (to resume) and the worker
 exits 75.
 """
 
-import os
 import signal
 import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
 from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
-from ctl.sweep.sweep_dir import trial_dir
+from ctl.sweep.sweep_dir import reachable, trial_dir
 from ctl.sweep.sweep_file import SweepFile
 
 EXIT_PREEMPTED = runner.EXIT_PREEMPTED
@@ -32,8 +31,13 @@ IDLE_POLL_S = 2.0
 class Worker:
     def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
                  gin_files: Sequence[str], gin_bindings: Sequence[str],
-                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float):
+                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float,
+                 storage: Optional[str] = None, trials_dir: Optional[str] = None):
+        """`storage`: the sweep command's `--storage` (None: the journal file in `sweep_dir`),
+        which each trial's run opens to report to the study. `trials_dir`: where new trials'
+        model dirs go (`ctl.sweep.sweep_dir.trial_dir`)."""
         self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
+        self.storage, self.trials_dir = storage, trials_dir
         self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.stop = threading.Event()
@@ -70,26 +74,27 @@ class Worker:
             return number
         number = self.study.claim_next()
         if number is not None:
-            self.study.own(number, self.slot, trial_dir(self.sweep_dir, number))
+            self.study.own(number, self.slot, self._trial_dir(number))
             return number
         stale = self.study.take_over_stale(self.slot, self.grace_s, min(2.0, self.heartbeat_s))
         if stale is not None:
             self.say(f"trial {stale.number}: taking it over (no heartbeat for {self.grace_s:g} s)")
             recorded = stale.system_attrs.get(MODEL_DIR)
-            model_dir = recorded if recorded and os.path.isdir(recorded) else trial_dir(
-                self.sweep_dir, stale.number)
+            model_dir = recorded if recorded and reachable(recorded) else self._trial_dir(
+                stale.number)
             self.study.own(stale.number, self.slot, model_dir)
             return stale.number
         return None
 
     def _run(self, number: int) -> None:
         frozen = self.study.trial(number)
-        model_dir = frozen.system_attrs.get(MODEL_DIR) or trial_dir(self.sweep_dir, number)
+        model_dir = frozen.system_attrs.get(MODEL_DIR) or self._trial_dir(number)
         started = time.time()
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
                                  self.gin_bindings, self.search_paths, self.stop,
-                                 self.heartbeat_s, self.say)
+                                 self.heartbeat_s, self.say, sweep_dir=self.sweep_dir,
+                                 storage=self.storage)
             if outcome.state != "again":
                 break
             self.say(f"trial {number}: its run stopped on its own ({outcome.message}); resuming it")
@@ -110,6 +115,9 @@ class Worker:
         self.say(f"trial {number}: {outcome.state}{detail} in {seconds:.0f} s"
                  f"{': ' + outcome.message if outcome.message else ''}")
         self.say(progress.line(self.study, self.sweep.objective))
+
+    def _trial_dir(self, number: int) -> str:
+        return trial_dir(self.sweep_dir, number, self.trials_dir)
 
     def _tell(self, number: int, value, state) -> None:
         try:
