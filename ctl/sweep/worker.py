@@ -21,6 +21,7 @@ from typing import Sequence
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
+from ctl.sweep.launcher import FORKS, Launcher
 from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
 from ctl.sweep.sweep_dir import trial_dir
 from ctl.sweep.sweep_file import SweepFile
@@ -32,11 +33,13 @@ IDLE_POLL_S = 2.0
 class Worker:
     def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
                  gin_files: Sequence[str], gin_bindings: Sequence[str],
-                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float):
+                 search_paths: Sequence[str], heartbeat_s: float, grace_s: float,
+                 fork_trials: bool = FORKS):
         self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
         self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.stop = threading.Event()
+        self.launcher = Launcher(fork=fork_trials)  # Started at the first trial, kept warm.
 
     def say(self, text: str) -> None:
         print(f"sweep | worker {self.slot.index} | {text}", flush=True)
@@ -51,6 +54,12 @@ class Worker:
 
     def run(self) -> int:
         """Runs trials until the budget is spent (0) or a signal stops it (75)."""
+        try:
+            return self._run_trials()
+        finally:
+            self.launcher.close()
+
+    def _run_trials(self) -> int:
         while not self.stop.is_set():
             number = self._next()
             if number is None:
@@ -89,7 +98,7 @@ class Worker:
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
                                  self.gin_bindings, self.search_paths, self.stop,
-                                 self.heartbeat_s, self.say)
+                                 self.heartbeat_s, self.say, self.launcher)
             if outcome.state != "again":
                 break
             self.say(f"trial {number}: its run stopped on its own ({outcome.message}); resuming it")
