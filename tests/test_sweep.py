@@ -92,6 +92,10 @@ def sweep(tmp_path_factory):
      '[space]\n"X.y" = { choice = [1] }\n', "unknown key 'min_resorce' in pruner 'asha'"),
     ('objective = "accuracy"\ntrials = 9\nsampler = "grid"\n[space]\n"X.y" = { choice = [1, 2] }\n',
      "trials = 9 is more than the grid's 2 points"),
+    ('objective = "accuracy"\ntrials = 2\ntimeout = -5\n[space]\n"X.y" = { choice = [1] }\n',
+     "timeout = -5: the wall budget is a positive number of seconds"),
+    ('objective = "accuracy"\ntrials = 2\ntimeout = "1h"\n[space]\n"X.y" = { choice = [1] }\n',
+     "timeout = '1h': the wall budget is a positive number of seconds"),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
     from ctl.core.errors import UserError
@@ -276,6 +280,22 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
     assert steps[-1] == 6000 and step < 6000
     assert model_dir.final_checkpoint_number() == 6000
+
+
+@pytest.mark.slow
+def test_no_trial_starts_after_the_timeout_and_the_sweep_ends(tmp_path):
+    """timeout = 3: the first trial starts at once and runs past it (its launcher alone imports
+    TensorFlow for longer); no other trial of the budget starts; the worker ends with status 0."""
+    sweep_file = write(tmp_path / "timed.toml", 'objective = "accuracy"\ntrials = 5\ntimeout = 3\n'
+                       'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
+                       '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
+    sweep_dir = str(tmp_path / "sweep")
+    done = run_sweep(sweep_file, sweep_dir, *TINY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "timeout: the sweep is 3 s old; 4 trial(s) of the budget not started" in done.stdout
+    trials = load_trials(sweep_dir, "timed")
+    assert [t.state.name for t in trials] == ["COMPLETE"] + ["WAITING"] * 4
+    assert sorted(os.listdir(os.path.join(sweep_dir, "trials"))) == ["0"]
 
 
 @pytest.mark.slow

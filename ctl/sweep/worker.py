@@ -5,7 +5,8 @@ running them: they resume from their checkpoints, same number, same values),
 the next WAITING trial of the budget, and a RUNNING trial of another worker
 whose heartbeat is older than the grace period. With none of them but trials
 still running elsewhere it waits (one may need taking over); it ends when every
-trial of the budget ended.
+trial of the budget ended, or none runs once the sweep file's `timeout` passed
+(no trial starts after it; the study's `Study.timed_out`).
 
 SIGTERM (or SIGINT) is passed to the running trial, which saves a checkpoint
 and exits 75; the trial stays RUNNING in the study (to resume) and the worker
@@ -65,6 +66,10 @@ class Worker:
             if number is None:
                 counts = self.study.counts()
                 if counts["running"] == 0 and counts["waiting"] == 0:
+                    return 0
+                if counts["running"] == 0 and self.study.timed_out():
+                    self.say(f"timeout: the sweep is {self.study.timeout:g} s old; "
+                             f"{counts['waiting']} trial(s) of the budget not started")
                     return 0
                 self.stop.wait(IDLE_POLL_S)
                 continue
