@@ -7,7 +7,12 @@ MLP and experiments/digits_data.py's held-out fifth):
 
 - `ctl_sweep`: `python -m ctl.sweep --gin_file=configs/digits.gin
   --sweep_file=configs/digits_sweep.toml --workers=2` (12 trials, TPE, ASHA at
-  each evaluation, each trial a ctl run in its own process);
+  each evaluation, each trial a ctl run (`ctl.sweep.trial`) forked by its worker's
+  launcher); `ctl_sweep_process_per_trial` the same with `--fork_trials=false`
+  (each trial a new process: what a trial pays for its own TensorFlow import);
+- `ctl_sweep_hyperband_wall`: the same sweep file with `trials = 100` and
+  `timeout` = KerasTuner Hyperband's wall time as just measured (no trial
+  starts after it): an equal wall budget;
 - `keras_tuner_hyperband` and `keras_tuner_random`: KerasTuner's Hyperband
   (`max_epochs` the sweep's longest run in epochs, factor 3) and RandomSearch
   (12 trials) over the same learning rate and width, at digits.gin's batch
@@ -28,6 +33,7 @@ A measurement, not a test: the machine's load is recorded with it.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ import tomllib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_FILE = os.path.join(ROOT, "configs", "digits_sweep.toml")
 TRIALS = 12
+EQUAL_WALL_TRIALS = 100  # At Hyperband's wall time: a budget its timeout, not this, ends (2026-11-27).
 BATCH_SIZE = 64  # configs/digits.gin's
 
 
@@ -71,7 +78,20 @@ def best_by(events, seconds):
     return max(values) if values else None
 
 
-def ctl_sweep():
+def sweep_file(tmp, trials, timeout):
+    """The shipped sweep file with another budget and a timeout (a copy in `tmp`, same study name)."""
+    with open(SWEEP_FILE) as f:
+        text = f.read()
+    text, count = re.subn(r"(?m)^trials = \d+$", f"trials = {trials}"
+                          + (f"\ntimeout = {timeout:.0f}" if timeout else ""), text)
+    assert count == 1, "configs/digits_sweep.toml has no `trials = N` line"
+    path = os.path.join(tmp, os.path.basename(SWEEP_FILE))
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def ctl_sweep(system="ctl_sweep", trials=TRIALS, timeout=None, fork=True):
     import optuna
 
     from ctl.sweep import study as sweep_study
@@ -80,7 +100,9 @@ def ctl_sweep():
         sweep_dir = os.path.join(tmp, "sweep")
         started = time.time()
         done = subprocess.run([sys.executable, "-m", "ctl.sweep", "--gin_file=configs/digits.gin",
-                               f"--sweep_file={SWEEP_FILE}", f"--sweep_dir={sweep_dir}", "--workers=2"],
+                               f"--sweep_file={sweep_file(tmp, trials, timeout)}",
+                               f"--sweep_dir={sweep_dir}", "--workers=2",
+                               f"--fork_trials={str(fork).lower()}"],
                               cwd=ROOT, capture_output=True, text=True, timeout=3600,
                               env={**os.environ, "PYTHONPATH": ROOT})
         wall = time.time() - started
@@ -98,7 +120,9 @@ def ctl_sweep():
             if train_s is not None:
                 overheads.append((trial.datetime_complete - trial.datetime_start).total_seconds() - train_s)
         overheads.sort()
-        return {"system": "ctl_sweep", "trials": len(trials), "wall_s": round(wall, 2),
+        ended = [t for t in trials if t.state.is_finished()]
+        return {"system": system, "trials": len(ended), "trials_not_started": len(trials) - len(ended),
+                "timeout_s": timeout, "fork_trials": fork, "wall_s": round(wall, 2),
                 "best_accuracy": max(v for _, v in events), "events": events,
                 "trial_overhead_s": round(overheads[len(overheads) // 2], 2) if overheads else None}
 
@@ -195,14 +219,24 @@ def main():
     parser.add_argument("--target", type=float, default=0.9861)
     parser.add_argument("--out", default=None, help="Also append the lines to this file.")
     args = parser.parse_args()
-    lines = [ctl_sweep(), keras_tuner("hyperband"), keras_tuner("random"), optuna_fit()]
-    ctl = lines[0]
+    lines = [ctl_sweep("ctl_sweep_process_per_trial", fork=False), ctl_sweep()]
+    lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
+    lines.append(keras_tuner("hyperband"))
+    lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
+    # Hyperband's wall time as ctl's budget: no trial starts after it (`timeout`), with trials
+    # enough to fill it (or end sooner).
+    equal = ctl_sweep("ctl_sweep_hyperband_wall", trials=EQUAL_WALL_TRIALS,
+                      timeout=lines[-1]["wall_s"])
+    lines += [equal, keras_tuner("random"), optuna_fit()]
     for line in lines:
         line["seconds_to_target"] = reached(line["events"], args.target)
         line["target"] = args.target
-        line["load_average"] = round(os.getloadavg()[0], 2)
-        if line is not ctl:
-            ctl[f"ctl_best_by_{line['system']}_s"] = best_by(ctl["events"], line["wall_s"])
+        line.setdefault("load_average", round(os.getloadavg()[0], 2))
+    for ctl in lines:
+        if ctl["system"].startswith("ctl_"):
+            for other in lines:
+                if not other["system"].startswith("ctl_"):
+                    ctl[f"ctl_best_by_{other['system']}_s"] = best_by(ctl["events"], other["wall_s"])
     for line in lines:
         line.pop("events")
         text = json.dumps(line)

@@ -9,6 +9,7 @@ task's argument checks refuse: it fails.
 """
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -91,6 +92,10 @@ def sweep(tmp_path_factory):
      '[space]\n"X.y" = { choice = [1] }\n', "unknown key 'min_resorce' in pruner 'asha'"),
     ('objective = "accuracy"\ntrials = 9\nsampler = "grid"\n[space]\n"X.y" = { choice = [1, 2] }\n',
      "trials = 9 is more than the grid's 2 points"),
+    ('objective = "accuracy"\ntrials = 2\ntimeout = -5\n[space]\n"X.y" = { choice = [1] }\n',
+     "timeout = -5: the wall budget is a positive number of seconds"),
+    ('objective = "accuracy"\ntrials = 2\ntimeout = "1h"\n[space]\n"X.y" = { choice = [1] }\n',
+     "timeout = '1h': the wall budget is a positive number of seconds"),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
     from ctl.core.errors import UserError
@@ -287,8 +292,16 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
             step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
+            with open(model_dir.trainer_lock_file) as f:
+                trial_pid = json.load(f)["pid"]  # The trial's ctl.run: forked by the worker's launcher.
+            assert trial_pid != second.pid
             second.kill()  # kill -9: its trial's ctl.run dies with it (PR_SET_PDEATHSIG).
             second.wait(timeout=60)
+            deadline = time.monotonic() + 5
+            while os.path.exists(f"/proc/{trial_pid}") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not os.path.exists(f"/proc/{trial_pid}"), "the trial outlived its killed worker"
+            assert not os.path.exists(model_dir.finished_file), "the trial outlived its killed worker"
         finally:
             second.kill()
         log.seek(0)
@@ -306,6 +319,45 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
     assert steps[-1] == 6000 and step < 6000
     assert model_dir.final_checkpoint_number() == 6000
+
+
+@pytest.mark.slow
+def test_no_trial_starts_after_the_timeout_and_the_sweep_ends(tmp_path):
+    """timeout = 3: the first trial starts at once and runs past it (its launcher alone imports
+    TensorFlow for longer); no other trial of the budget starts; the worker ends with status 0."""
+    sweep_file = write(tmp_path / "timed.toml", 'objective = "accuracy"\ntrials = 5\ntimeout = 3\n'
+                       'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
+                       '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
+    sweep_dir = str(tmp_path / "sweep")
+    done = run_sweep(sweep_file, sweep_dir, *TINY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "timeout: the sweep is 3 s old; 4 trial(s) of the budget not started" in done.stdout
+    trials = load_trials(sweep_dir, "timed")
+    assert [t.state.name for t in trials] == ["COMPLETE"] + ["WAITING"] * 4
+    assert sorted(os.listdir(os.path.join(sweep_dir, "trials"))) == ["0"]
+
+
+@pytest.mark.slow
+def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path):
+    """Two trials forked by one worker's launcher (TensorFlow imported once, each child parsing its
+    own flags and gin) end with the same evaluations as the same trials each in a new process."""
+    from ctl.core.model_dir import ModelDir
+
+    sweep_file = write(tmp_path / "two.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
+                       'seed = 3\npruner = "none"\n[space]\n'
+                       '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n'
+                       '"DigitsTask.hidden_units" = { choice = [16, 48] }\n')
+    evaluations = {}
+    for fork in ("true", "false"):
+        sweep_dir = str(tmp_path / fork)
+        done = run_sweep(sweep_file, sweep_dir, f"--fork_trials={fork}", *TINY)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        trials = load_trials(sweep_dir, "two")
+        assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+        evaluations[fork] = [(t.params, [(r["step"], r["loss"]) for r in ModelDir(
+            os.path.join(sweep_dir, "trials", str(t.number))).metrics("eval")]) for t in trials]
+    assert evaluations["true"][0][0] != evaluations["true"][1][0]
+    assert evaluations["true"] == evaluations["false"]
 
 
 # Model dirs on a bucket.

@@ -27,11 +27,18 @@ import sys
 from typing import Callable, Optional
 
 _status: Optional[int] = None
+_registered = False
 
 
 def end_after_exit_handlers() -> None:
-    """Registers the end; call it before anything else registers an `atexit` handler."""
-    atexit.register(_end)
+    """Registers the end; call it before anything else registers an `atexit` handler.
+
+    Once per process: a process forked after it (`ctl.sweep.launcher`'s trials) keeps the
+    first registration, after the handlers of the modules its parent imported."""
+    global _registered
+    if not _registered:
+        atexit.register(_end)
+        _registered = True
 
 
 def run(main: Callable[[], None]) -> None:

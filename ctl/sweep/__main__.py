@@ -46,6 +46,8 @@ flags.DEFINE_float("heartbeat_seconds", 10.0, "How often a worker renews its run
                    lower_bound=0.1)
 flags.DEFINE_float("grace_seconds", 60.0, "A running trial whose heartbeat is this old is taken over.",
                    lower_bound=0.1)
+flags.DEFINE_bool("fork_trials", True, "Fork each trial from a process per worker that has imported "
+                  "TensorFlow and ctl (Linux; elsewhere, and with false, a new process per trial).")
 flags.DEFINE_bool("as_worker", False, "Internal: run as one of --workers (the checks were done).")
 flags.mark_flag_as_required("sweep_file")
 flags.mark_flag_as_required("sweep_dir")
@@ -118,7 +120,7 @@ def _work(opened, sweep, sweep_dir: str) -> int:
     slot = study.take_slot(sweep_dir)
     one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
                         FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds,
-                        FLAGS.storage, trials_dir)
+                        FLAGS.storage, trials_dir, fork_trials=FLAGS.fork_trials and worker.FORKS)
     one.install_signals()
     one.say(f"study {sweep.study!r}: {progress.line(opened, sweep.objective)}")
     status = one.run()

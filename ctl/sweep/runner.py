@@ -22,10 +22,11 @@ How it ends, from the child's exit status and its model dir:
   anything else                    failed, with the child's one line (`ctl.run: error: ...`)
 
 On Linux the child is killed with its worker (`PR_SET_PDEATHSIG`): a worker
-killed with -9 leaves no trial training unseen.
+killed with -9 leaves no trial training unseen. There, the worker's
+`ctl.sweep.launcher` forks the child from a process that has imported
+TensorFlow and ctl already (`--fork_trials`).
 """
 
-import ctypes
 import math
 import os
 import re
@@ -39,6 +40,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 import optuna
 
 from ctl.sweep import pruning
+from ctl.sweep.launcher import Launcher, die_with_parent  # noqa: F401 - ctl.sweep's too.
 from ctl.sweep.study import Study, make_sampler
 from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
@@ -86,14 +88,6 @@ def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number
     return flags + ([f"--storage={storage}"] if storage else [])
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> None:
-    """In a child, before it runs its program: `signum` reaches it when its parent dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # Not Linux: the child outlives a killed worker, and its trainer.lock says so.
-
-
 def eval_records(model_dir: str) -> List[Dict[str, Any]]:
     """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
     from ctl.core.model_dir import ModelDir
@@ -121,7 +115,8 @@ def last_line(log_path: str) -> str:
 
 def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],
         gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
-        heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str]) -> Outcome:
+        heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str],
+        launcher: Optional[Launcher] = None) -> Outcome:
     """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
     study.optuna.sampler = make_sampler(sweep, number)
     trial = optuna.Trial(study.optuna, study.trial_id(number))
@@ -132,10 +127,9 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
     if stop.is_set():
         return Outcome("interrupted")
     say(f"trial {number}: starting in {model_dir}: {', '.join(bindings)}")
-    with open(log_path, "a") as log:
-        child = subprocess.Popen(command(model_dir, gin_files, list(gin_bindings) + bindings,
-                                         search_paths, trial_flags(sweep, sweep_dir, storage, number)),
-                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    child = (launcher or Launcher(fork=False)).start(  # ctl.sweep.launcher: forked, or a new process.
+        command(model_dir, gin_files, list(gin_bindings) + bindings, search_paths,
+                trial_flags(sweep, sweep_dir, storage, number)), log_path)
     stopped, last_beat = False, time.monotonic()
     while True:
         try:

@@ -45,6 +45,7 @@ OWNER = "ctl_owner"
 HEARTBEAT = "ctl_heartbeat"
 MODEL_DIR = "ctl_model_dir"
 FAIL_REASON = "ctl_fail_reason"
+STARTED = "ctl_started"  # The study's user attribute: when it was created (time.time()).
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -129,6 +130,7 @@ class Study:
         """
         self.storage = storage
         self.budget = sweep.trials
+        self.timeout = sweep.timeout
         sampler = make_sampler(sweep)
         try:
             self.optuna = optuna.create_study(storage=storage, study_name=sweep.study,
@@ -147,6 +149,7 @@ class Study:
                             "keep the direction, or name a new study (study = \"...\").")
         if created:
             self.optuna.set_user_attr("objective", sweep.objective)
+            self.optuna.set_user_attr(STARTED, time.time())
         else:
             deadline = time.monotonic() + wait_s
             while len(self.all_trials()) < self.budget and time.monotonic() < deadline:
@@ -168,8 +171,21 @@ class Study:
     def trial(self, number: int) -> optuna.trial.FrozenTrial:
         return self.storage.get_trial(self.trial_id(number))
 
+    def timed_out(self) -> bool:
+        """True once the sweep file's `timeout` passed since the study was created: no trial starts."""
+        if self.timeout is None:
+            return False
+        started = self.optuna.user_attrs.get(STARTED)
+        if started is None:  # A study created before `timeout` existed: from now on.
+            started = time.time()
+            self.optuna.set_user_attr(STARTED, started)
+        return time.time() - started >= self.timeout
+
     def claim_next(self) -> Optional[int]:
-        """Claims the lowest-numbered WAITING trial of the budget; its number, or None."""
+        """Claims the lowest-numbered WAITING trial of the budget; its number, or None (also
+        once the sweep's timeout passed)."""
+        if self.timed_out():
+            return None
         for trial in sorted(self.trials((TrialState.WAITING,)), key=lambda t: t.number):
             try:
                 if self.storage.set_trial_state_values(self.trial_id(trial.number),

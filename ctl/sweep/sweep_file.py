@@ -3,6 +3,7 @@
     objective = "accuracy"        # an eval metric of the trials ("set/name" for a named eval set)
     direction = "maximize"        # or "minimize"
     trials = 12                   # the budget: trials that end completed, pruned or failed
+    timeout = 900                 # optional: no trial starts once the study is this many seconds old
     sampler = "tpe"               # tpe (default), random, grid
     seed = 0                      # the sampler's seed: repeatable suggestions
     pruner = "asha"               # asha (default), median, none; or a table, e.g.
@@ -32,7 +33,7 @@ from ctl.core.errors import UserError
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("asha", "median", "none")
 DIRECTIONS = ("maximize", "minimize")
-KEYS = ("objective", "direction", "trials", "sampler", "seed", "pruner", "study", "space")
+KEYS = ("objective", "direction", "trials", "timeout", "sampler", "seed", "pruner", "study", "space")
 # A distribution: its kind and the Optuna suggestion it is.
 DISTRIBUTIONS = ("log_uniform", "uniform", "int_uniform", "int_log_uniform", "choice")
 PRUNER_OPTIONS = {
@@ -76,6 +77,7 @@ class SweepFile:
     pruner: Dict[str, Any]
     study: str
     space: Tuple[Parameter, ...]
+    timeout: Optional[float] = None  # Seconds from the study's creation after which no trial starts.
 
     def bindings(self, params: Dict[str, Any]) -> List[str]:
         """The gin bindings of a trial's sampled `params` (keyed by binding), in the file's order."""
@@ -117,6 +119,11 @@ def load(path: str) -> SweepFile:
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise _fail(path, f"trials = {trials!r}: the budget must be a positive integer (e.g. "
                     "trials = 12).")
+    timeout = data.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < math.inf):
+        raise _fail(path, f"timeout = {timeout!r}: the wall budget is a positive number of seconds "
+                    "(e.g. timeout = 900), or no timeout key.")
     sampler = _choice(path, data, "sampler", SAMPLERS, "tpe")
     seed = data.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -139,7 +146,8 @@ def load(path: str) -> SweepFile:
         if trials > size:
             raise _fail(path, f"trials = {trials} is more than the grid's {size} points; set "
                         f"trials = {size} or fewer.")
-    return SweepFile(path, objective, direction, trials, sampler, seed, pruner, study, parameters)
+    return SweepFile(path, objective, direction, trials, sampler, seed, pruner, study, parameters,
+                     None if timeout is None else float(timeout))
 
 
 def _stem(path: str) -> str:

@@ -5,7 +5,8 @@ running them: they resume from their checkpoints, same number, same values),
 the next WAITING trial of the budget, and a RUNNING trial of another worker
 whose heartbeat is older than the grace period. With none of them but trials
 still running elsewhere it waits (one may need taking over); it ends when every
-trial of the budget ended.
+trial of the budget ended, or none runs once the sweep file's `timeout` passed
+(no trial starts after it; the study's `Study.timed_out`).
 
 SIGTERM (or SIGINT) is passed to the running trial, which saves a checkpoint
 and exits 75; the trial stays RUNNING in the study (to resume) and the worker
@@ -20,6 +21,7 @@ from typing import Optional, Sequence
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
+from ctl.sweep.launcher import FORKS, Launcher
 from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
 from ctl.sweep.sweep_dir import reachable, trial_dir
 from ctl.sweep.sweep_file import SweepFile
@@ -32,15 +34,18 @@ class Worker:
     def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
                  gin_files: Sequence[str], gin_bindings: Sequence[str],
                  search_paths: Sequence[str], heartbeat_s: float, grace_s: float,
-                 storage: Optional[str] = None, trials_dir: Optional[str] = None):
+                 storage: Optional[str] = None, trials_dir: Optional[str] = None,
+                 fork_trials: bool = FORKS):
         """`storage`: the sweep command's `--storage` (None: the journal file in `sweep_dir`),
         which each trial's run opens to report to the study. `trials_dir`: where new trials'
-        model dirs go (`ctl.sweep.sweep_dir.trial_dir`)."""
+        model dirs go (`ctl.sweep.sweep_dir.trial_dir`). `fork_trials`: start each trial
+        forked from a warm launcher (`ctl.sweep.launcher`), else in a new process."""
         self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
         self.storage, self.trials_dir = storage, trials_dir
         self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.stop = threading.Event()
+        self.launcher = Launcher(fork=fork_trials)  # Started at the first trial, kept warm.
 
     def say(self, text: str) -> None:
         print(f"sweep | worker {self.slot.index} | {text}", flush=True)
@@ -55,11 +60,21 @@ class Worker:
 
     def run(self) -> int:
         """Runs trials until the budget is spent (0) or a signal stops it (75)."""
+        try:
+            return self._run_trials()
+        finally:
+            self.launcher.close()
+
+    def _run_trials(self) -> int:
         while not self.stop.is_set():
             number = self._next()
             if number is None:
                 counts = self.study.counts()
                 if counts["running"] == 0 and counts["waiting"] == 0:
+                    return 0
+                if counts["running"] == 0 and self.study.timed_out():
+                    self.say(f"timeout: the sweep is {self.study.timeout:g} s old; "
+                             f"{counts['waiting']} trial(s) of the budget not started")
                     return 0
                 self.stop.wait(IDLE_POLL_S)
                 continue
@@ -94,7 +109,7 @@ class Worker:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
                                  self.gin_bindings, self.search_paths, self.stop,
                                  self.heartbeat_s, self.say, sweep_dir=self.sweep_dir,
-                                 storage=self.storage)
+                                 storage=self.storage, launcher=self.launcher)
             if outcome.state != "again":
                 break
             self.say(f"trial {number}: its run stopped on its own ({outcome.message}); resuming it")
