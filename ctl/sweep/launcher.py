@@ -132,7 +132,7 @@ def warm() -> None:
     from ctl.cluster import distribute, peers  # noqa: F401
     from ctl.faults import preemption, storage  # noqa: F401
     from ctl.sidecar import continuous_eval  # noqa: F401
-    from ctl.sweep import trial  # noqa: F401 - what the trials run: ctl.run with the pruning hook.
+    from ctl.sweep import pruning  # noqa: F401 - the trials' hook, and Optuna (never a module defining flags).
 
     ctl.import_api()
 
