@@ -3,6 +3,7 @@
 import os
 import signal
 import threading
+import time
 
 import gin
 import numpy as np
@@ -162,21 +163,27 @@ def test_a_pipeline_with_unsaveable_state_is_named_at_start():
 
 
 class _SignalAfterStep(ctl.hooks.Hook):
-    """Sends this process SIGTERM from the train actions of the loop that ends at `step`."""
+    """Sends this process SIGTERM from the train actions of the loop that ends at `step`, and
+    waits (up to 60 s) until `received()`: the watcher thread has set the stop. Without the
+    wait the next loop's ten tiny steps could all run before that thread got a core."""
 
-    def __init__(self, step):
-        self.step = step
+    def __init__(self, step, received):
+        self.step, self.received = step, received
 
     def on_train_loop_end(self, unused_logs):
         if self.run.step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while not self.received() and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 @pytest.mark.parametrize("stop_check, stopped_at", [("step", (20, 21)), ("loop", (30,))])
-def test_stop_check_loop_lets_a_signal_wait_for_the_loop_end(tmp_path, stop_check, stopped_at):
+def test_stop_check_loop_lets_a_signal_wait_for_the_loop_end(tmp_path, caplog, stop_check, stopped_at):
     config.parse([FAULTS_GIN], [*BASE, "ctl.Schedule.train_steps = 60",
                                 f"ctl.FaultTolerance.stop_check = '{stop_check}'"])
-    experiment = ctl.Experiment(hooks=[_SignalAfterStep(20)])
+    said = "received SIGTERM: saving a checkpoint at the next step boundary"  # Once the loops can read it.
+    experiment = ctl.Experiment(hooks=[_SignalAfterStep(20, lambda: said in caplog.text)])
     with pytest.raises(Preempted) as stopped:
         ctl.run_experiment("train", str(tmp_path), experiment=experiment)
     # 'step': the guard ends the next loop before its first step (or its second, if the
