@@ -134,7 +134,8 @@ def _work(opened, sweep, sweep_dir: str) -> int:
 def _supervise(workers: int) -> int:
     """Starts `workers` worker processes (this command with --as_worker), passes SIGTERM and
     SIGINT on to them, and exits 75 if one was stopped, else with the worst status."""
-    from ctl.sweep.runner import EXIT_PREEMPTED, die_with_parent
+    from ctl.sweep.launcher import die_with_parent
+    from ctl.sweep.runner import EXIT_PREEMPTED
 
     argv = [sys.executable, "-m", "ctl.sweep", *sys.argv[1:], "--as_worker", "--workers=1"]
     children = [subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(signal.SIGTERM))

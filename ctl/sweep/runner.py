@@ -40,7 +40,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 import optuna
 
 from ctl.sweep import pruning
-from ctl.sweep.launcher import Launcher, die_with_parent  # noqa: F401 - ctl.sweep's too.
+from ctl.sweep.launcher import Launcher
 from ctl.sweep.study import Study, make_sampler
 from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
