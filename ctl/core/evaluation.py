@@ -173,7 +173,11 @@ class Evaluation(orbit.AbstractEvaluator):
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
             loss = logs.pop("loss")
             loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
-            self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
+            # A static batch size makes `examples` a constant: tied to the loss, the count
+            # is not added when the step after the last batch finds the eval set ended.
+            with tf.control_dependencies([loss]):
+                weight = tf.identity(tf.cast(examples, loss.dtype))
+            self.eval_loss.update_state(loss, sample_weight=weight)
             if not self._aggregates:
                 return {}
             return {name: self._with_size(name, value) for name, value in logs.items()}

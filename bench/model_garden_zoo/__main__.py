@@ -1,0 +1,141 @@
+"""`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
+
+    python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
+
+Lists Model Garden's registry at run time, and for each experiment (or those
+named) trains its tiny variant K steps with ctl and with Model Garden's
+`train_lib` from one initial checkpoint (bench/model_garden_zoo/compare.py),
+each experiment in a process of its own. Prints one JSON line per experiment:
+`{"experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval",
+"ctl_s_per_step", "train_lib_s_per_step", "reason"}`, and writes all rows,
+with the details (losses, eval metrics, weights), the commit and the host's
+load, to the results file that `python -m bench.model_garden_zoo.page` turns
+into the docs page.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
+KEYS = ["experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
+        "train_lib_s_per_step", "reason"]
+TIMEOUT_S = 900  # One experiment, both trainers; a row that takes longer says so.
+
+
+def _registered() -> Dict[str, str]:
+    """experiment -> family, listed in a child process (the parent imports no TensorFlow)."""
+    code = ("import json; from bench.model_garden_zoo import registry; failed = registry.import_all(); "
+            "print('ZOO-LIST ' + json.dumps({'families': {n: registry.family(n) "
+            "for n in registry.experiments()}, 'failed': failed}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=_env(legacy_keras=False), check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("ZOO-LIST "):
+            return json.loads(line[len("ZOO-LIST "):])
+    raise SystemExit(f"listing Model Garden's registry failed: {out.stderr.strip().splitlines()[-1:]}")
+
+
+def _env(legacy_keras: bool) -> Dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    if legacy_keras:  # tensorflow_recommenders (the ranking task) refuses Keras 3 as tf.keras.
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str) -> Dict[str, Any]:
+    """One experiment's row, from its own process (a crash or a hang is its row's reason)."""
+    log = os.path.join(log_dir, experiment.replace("/", "_") + ".log")
+    command = [sys.executable, "-m", "bench.model_garden_zoo.compare", experiment,
+               f"--steps={steps}", f"--workdir={workdir}"]
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        try:
+            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                           env=_env(legacy_keras=family == "ranking"), check=False)
+        except subprocess.TimeoutExpired:
+            pass
+    row = None
+    with open(log) as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        if line.startswith("ZOO-ROW "):
+            row = json.loads(line[len("ZOO-ROW "):])
+    if row is None:
+        elapsed = time.perf_counter() - start
+        last = [line for line in lines if line.strip()][-1:] or ["no output"]
+        reason = (f"no result within {TIMEOUT_S} s" if elapsed >= TIMEOUT_S
+                  else f"the process ended without a result: {last[0][:300]}")
+        row = {key: None for key in KEYS}
+        row.update(experiment=experiment, trains=False, same_loss=False, same_eval=False, reason=reason)
+    row["family"] = family
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True, check=False)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "ctl", "bench"],
+                           cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    return out.stdout.strip() + ("+changes" if dirty else "")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps each way (K)")
+    parser.add_argument("--results", default=RESULTS, help="the results file (JSON)")
+    parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
+              file=sys.stderr)
+        return 2
+    listing = _registered()
+    families = listing["families"]
+    names = [n for n in args.experiments.split(",") if n] or list(families)
+    unknown = [n for n in names if n not in families]
+    if unknown:
+        print(f"--experiments: {unknown} not registered with Model Garden's exp_factory here; "
+              f"registered: {sorted(families)}", file=sys.stderr)
+        return 2
+    workdir = args.workdir or tempfile.mkdtemp(prefix="model_garden_zoo-")
+    log_dir = os.path.join(workdir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    rows: List[Dict[str, Any]] = []
+    loads = [os.getloadavg()[0]]
+    start = time.time()
+    for name in names:
+        row = run_row(name, families[name], args.steps, workdir, log_dir)
+        loads.append(os.getloadavg()[0])
+        rows.append(row)
+        print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
+    results = {"commit": _commit(), "steps": args.steps, "started": time.strftime(
+        "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
+        "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
+                                              "mean": round(sum(loads) / len(loads), 1)},
+        "registered": len(families), "imports_failed": listing["failed"], "rows": rows}
+    if args.experiments and os.path.exists(args.results):  # A partial run updates its rows only.
+        with open(args.results) as f:
+            previous = json.load(f)
+        kept = [r for r in previous.get("rows", []) if r["experiment"] not in set(names)]
+        results["rows"] = kept + rows
+        results["partial_update"] = names
+    tmp = args.results + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, args.results)
+    print(f"results: {args.results} ({len(rows)} experiments, {results['minutes']} min, "
+          f"logs in {log_dir})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
