@@ -2,6 +2,7 @@
 Model Garden's own `train_lib` in the same model dir, in both directions. (Both shipped Model Garden
 configs also run through the CLI in tests/test_comforts.py's smoke test of every config.)"""
 
+import json
 import os
 import re
 
@@ -15,6 +16,7 @@ from ctl.adapters import model_garden
 from tests.support.env import ROOT
 from tests.support.in_process import run_ctl_in_process
 from tests.support.reading import ctl_stderr_lines, scalars
+from tests.support.strategies import mirrored
 
 CONFIG = os.path.join(ROOT, "configs", "model_garden_image_classification.gin")
 STEPS = 4
@@ -211,3 +213,102 @@ def test_input_paths_are_checked_as_model_garden_reads_them_locally_and_in_a_buc
                     f"task.train_data.input_path='{missing}' matches no file")):
                 model_garden.check_input_path("image_classification", params.task.train_data,
                                               "task.train_data")
+
+
+# RetinaNet with its COCO evaluation: the task's validation logs carry a nested `(groundtruths,
+# outputs)` pair of dicts per replica for its aggregate_logs.
+RETINANET = "retinanet_resnetfpn_coco"
+
+
+def coco_annotations(pattern, path):
+    """A COCO annotation file of the boxes in the tf.Examples of `pattern`: the experiment's
+    `annotation_file`, as a real COCO run has one."""
+    images, annotations, categories = [], [], set()
+    for record in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)):
+        feature = tf.train.Example.FromString(record.numpy()).features.feature
+        image = int(feature["image/source_id"].bytes_list.value[0])
+        height, width = (feature[f"image/{k}"].int64_list.value[0] for k in ("height", "width"))
+        images.append({"id": image, "height": height, "width": width})
+        corners = zip(*(feature[f"image/object/bbox/{k}"].float_list.value
+                        for k in ("xmin", "ymin", "xmax", "ymax")))
+        for (x0, y0, x1, y1), label, area in zip(
+                corners, feature["image/object/class/label"].int64_list.value,
+                feature["image/object/area"].float_list.value):
+            categories.add(label)
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": image, "category_id": label, "iscrowd": 0,
+                "bbox": [x0 * width, y0 * height, (x1 - x0) * width, (y1 - y0) * height],
+                "area": area})
+    with open(path, "w") as f:
+        json.dump({"images": images, "annotations": annotations,
+                   "categories": [{"id": c} for c in sorted(categories)]}, f)
+    return path
+
+
+def retinanet_overrides(data_dir, steps=2):
+    """The zoo's tiny RetinaNet (ResNet-18 at depth 0.25, FPN, 128x128) on its generated
+    tf.Examples (8 in the eval set), COCO metrics on against an annotation file of them."""
+    from bench.model_garden_zoo import data, variants
+
+    overrides = variants.overrides(RETINANET, steps) + data.data_overrides(RETINANET, str(data_dir))
+    evals = overrides[-1]["task"]["validation_data"]["input_path"]
+    annotations = coco_annotations(evals, str(data_dir / "eval.json"))
+    return overrides + [{"task": {"init_checkpoint": "", "use_coco_metrics": True,
+                                  "annotation_file": annotations}}]
+
+
+class RecordingTask(ctl.ModelGardenTask):
+    """RetinaNet's task, recording what its aggregate_logs is handed at each eval step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = []
+
+    def aggregate_logs(self, state, step_logs):
+        self.steps.append(step_logs)
+        return super().aggregate_logs(state, step_logs)
+
+
+def evaluated(step_logs):
+    """Per image (its source id): the scores of its detections, from every replica."""
+    found = {}
+    for logs in step_logs:
+        for groundtruths, outputs in logs[model_garden_coco_name()]:
+            for source, scores in zip(groundtruths["source_id"], outputs["detection_scores"]):
+                assert int(source) not in found, f"image {int(source)} aggregated twice"
+                found[int(source)] = scores
+    return found
+
+
+def model_garden_coco_name():
+    from official.vision.evaluation import coco_evaluator
+
+    return coco_evaluator.COCOEvaluator(annotation_file=None, include_mask=False).name
+
+
+@pytest.mark.slow
+def test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirrored(tmp_path):
+    import official.vision.registry_imports  # noqa: F401
+
+    overrides = retinanet_overrides(tmp_path)
+    model_dir = str(tmp_path / "run")
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, checkpoint_interval=2)
+    task = RecordingTask(experiment=RETINANET, params_override=overrides)
+    default = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
+        task=task, schedule=schedule))
+    task_mirrored = RecordingTask(experiment=RETINANET, params_override=overrides)
+    mirrored_results = ctl.run_experiment("eval", model_dir, strategy=mirrored(),
+                                          experiment=ctl.Experiment(task=task_mirrored,
+                                                                    schedule=schedule))
+    # COCO's metrics, computed by the task's reduce_aggregated_logs, in both.
+    for results in (default, mirrored_results):
+        assert {"AP", "AP50", "ARmax100"} <= set(results), sorted(results)
+    # Every one of the 8 eval images reached the aggregation once, with its detections, whether
+    # one replica or two evaluated it; under MirroredStrategy a step's log holds both replicas'.
+    one, two = evaluated(task.steps), evaluated(task_mirrored.steps)
+    assert sorted(one) == sorted(two) == list(range(1, 9)), (sorted(one), sorted(two))
+    assert {len(logs[model_garden_coco_name()]) for logs in task_mirrored.steps} == {2}
+    for image, scores in one.items():
+        np.testing.assert_allclose(two[image], scores, rtol=1e-5, atol=1e-6)
+    for name in ("AP", "AP50", "ARmax100"):
+        assert mirrored_results[name] == pytest.approx(default[name]), name

@@ -207,7 +207,17 @@ class ModelGardenTask(Task):
         return inputs[0] if isinstance(inputs, tuple) and len(inputs) == 2 else inputs
 
     def initialize(self, model) -> None:
-        self.garden_task.initialize(model)
+        try:
+            self.garden_task.initialize(model)
+        except (ValueError, tf.errors.OpError) as error:
+            path = getattr(self.params.task, "init_checkpoint", None)
+            if not path:
+                raise
+            raise UserError(
+                f"ctl.ModelGardenTask: experiment {self.experiment!r}: task.init_checkpoint="
+                f"{path!r} cannot be read ({first_line(error, 200)}); point it at a checkpoint "
+                "you can read, or set task.init_checkpoint='' in "
+                "ctl.ModelGardenTask.params_override to start from scratch.") from error
 
     # Its steps: ctl reads the loss under Model Garden's name for it.
 
@@ -231,8 +241,11 @@ class ModelGardenTask(Task):
         return type(self.garden_task).aggregate_logs is not base_task.Task.aggregate_logs
 
     def aggregate_logs(self, state, step_logs):
-        # Model Garden's tasks take each entry as per-replica tensors.
-        tensors = {name: [tf.constant(v) for v in values] for name, values in step_logs.items()}
+        # Model Garden's trainer hands each leaf of an entry over as a tuple of per-replica
+        # tensors (`strategy.experimental_local_results`); ctl gives a nest per replica.
+        tensors = {name: tf.nest.map_structure(lambda *leaf: tuple(map(tf.constant, leaf)),
+                                               *values)
+                   for name, values in step_logs.items()}
         return self.garden_task.aggregate_logs(state, tensors)
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step: int) -> Dict[str, Any]:
