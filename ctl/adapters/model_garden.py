@@ -27,7 +27,8 @@ Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
-from typing import Any, Dict, Mapping, Sequence, Union
+import inspect
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
@@ -66,16 +67,27 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
     return params
 
 
+def garden_task(params, logging_dir: Optional[str] = None):
+    """The Model Garden task of an experiment config, as its own trainer builds it."""
+    from official.core import task_factory
+
+    if type(params.task).__module__ == "official.recommendation.ranking.configs.config":
+        # The ranking task is not in task_factory: its train.py builds it with the trainer config.
+        from official.recommendation.ranking import task as ranking
+
+        return ranking.RankingTask(params.task, trainer_config=params.trainer, logging_dir=logging_dir)
+    return task_factory.get_task(params.task, logging_dir=logging_dir)
+
+
 @gin.configurable(module="ctl")
 class ModelGardenTask(Task):
     """Runs the task of a registered Model Garden experiment as a ctl task."""
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
                  params_override: Union[Override, Sequence[Override]] = ()):
-        from official.core import task_factory
-
         self.params = experiment_config(experiment, config_files, params_override)
-        self.garden_task = task_factory.get_task(self.params.task)
+        self.garden_task = garden_task(self.params)
+        self._model = None
 
     def trainer_settings(self) -> Dict[str, Any]:
         """The experiment's trainer config under `ctl.Schedule`'s names."""
@@ -89,21 +101,29 @@ class ModelGardenTask(Task):
     # What Model Garden's trainer would build, in the same way.
 
     def build_model(self):
-        return self.garden_task.build_model()
+        self._model = self.garden_task.build_model()
+        return self._model
 
     def build_optimizer(self):
-        return self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
-                                                 self.params.runtime)
+        optimizer = self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
+                                                      self.params.runtime)
+        # The ranking task compiles its model with its optimizers and returns None here.
+        return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
         data = self.params.task.train_data if training else self.params.task.validation_data
-        return self.garden_task.build_inputs(data, input_context=input_context)
+        # As orbit's make_distributed_dataset: the context only to a task that takes it.
+        if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
+            return self.garden_task.build_inputs(data, input_context=input_context)
+        return self.garden_task.build_inputs(data)
 
     def build_losses(self, labels, outputs, aux_losses=None):
         return self.garden_task.build_losses(labels, outputs, aux_losses=aux_losses)
 
     def build_metrics(self, training: bool = True):
-        return list(self.garden_task.build_metrics(training=training))
+        # As Model Garden's trainer: the task's metrics, then the model's own (a compiled model's).
+        return list(self.garden_task.build_metrics(training=training)) + list(
+            getattr(self._model, "metrics", None) or [])
 
     def features(self, inputs):
         """Model Garden's convention: a 2-tuple is `(features, labels)`, else the element
