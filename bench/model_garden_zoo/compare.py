@@ -245,6 +245,8 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
                      "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
     evals = {}
     for key, value in garden_eval.items():
+        if key == "steps_per_second":  # A rate, not a result.
+            continue
         theirs = _number(value)
         ours = _number(ctl_eval.get("loss" if key == "validation_loss" else key))
         if theirs is not None:
@@ -254,6 +256,14 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     missing = [key for key, (a, _) in evals.items() if a is None]
     row["same_eval"] = bool(evals) and not missing and max(diffs) <= EVAL_TOLERANCE
     row["bit_identical_eval"] = bool(evals) and not missing and max(diffs) == 0.0
+    differing = {key: pair for key, pair in evals.items()
+                 if pair[0] is not None and _relative(*pair) > EVAL_TOLERANCE}
+    if differing:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "eval differs: " + ", ".join(
+            f"{key} {a:.6g} (ctl) vs {b:.6g} (train_lib)" for key, (a, b) in differing.items())
+    if row["trains"] and not row["same_loss"]:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
+            f"training losses differ (max relative difference {row['max_rel_loss_diff']:.2e})"
     if missing:
         row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
             f"eval metrics missing from ctl's results: {missing}"
