@@ -54,6 +54,8 @@ def _env(legacy_keras: bool) -> Dict[str, str]:
 # (`make_deterministic_parallel_map_and_batch`) into a graph that some of Model
 # Garden's detection parsers cannot run; such a row is run again without it.
 DETERMINISM_REWRITE = "make_deterministic"
+DETERMINISM_NOTE = ("op determinism off: TensorFlow's make_deterministic_parallel_map_and_batch "
+                    "rewrite of the input pipeline fails to run (InvalidArgumentError in MakeIterator)")
 
 
 def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str) -> Dict[str, Any]:
@@ -64,9 +66,7 @@ def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str
         rewrite_failed = not row["trains"] and DETERMINISM_REWRITE in f.read()
     if rewrite_failed:
         row = _run_row(experiment, family, steps, workdir, log_dir, determinism=False)
-        row["determinism_note"] = ("op determinism off: TensorFlow's make_deterministic_parallel_map_and_batch "
-                                   "rewrite of the input pipeline fails to run (InvalidArgumentError in "
-                                   "MakeIterator), under train_lib as under ctl")
+        row["determinism_note"] = DETERMINISM_NOTE
     return row
 
 
@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default=RESULTS, help="the results file (JSON)")
     parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
     parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (each in its process)")
+    parser.add_argument("--collect", default="", help="write the results file from the rows a run "
+                        "in this workdir has finished so far (the others say they were not run)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
         return 2
     listing = _registered()
     families = listing["families"]
+    if args.collect:
+        return collect(args.collect, families, listing["failed"], args.steps, args.results)
     names = [n for n in args.experiments.split(",") if n] or list(families)
     unknown = [n for n in names if n not in families]
     if unknown:
@@ -154,24 +158,63 @@ def main(argv=None) -> int:
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(one, names))
-    results = {"commit": _commit(), "steps": args.steps, "started": time.strftime(
+    write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
+                  partial=bool(args.experiments))
+    print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
+    return 0
+
+
+def _logged_row(log: str):
+    if not os.path.exists(log):
+        return None
+    with open(log) as f:
+        rows = [json.loads(line[len("ZOO-ROW "):]) for line in f if line.startswith("ZOO-ROW ")]
+    return rows[-1] if rows else None
+
+
+def collect(workdir: str, families: Dict[str, str], failed, steps: int, path: str) -> int:
+    """The results file from the rows a (stopped or running) run in `workdir` has finished."""
+    log_dir = os.path.join(workdir, "logs")
+    rows, finished = [], []
+    for name in families:
+        base = os.path.join(log_dir, name.replace("/", "_"))
+        row = _logged_row(base + "-nodet.log") or _logged_row(base + ".log")
+        if row is None:
+            row = {key: None for key in KEYS}
+            row.update(experiment=name, reason="not measured: the zoo run was stopped before this row")
+        else:
+            finished.append(os.path.getmtime(base + ".log"))
+            if os.path.exists(base + "-nodet.log"):
+                row["determinism_note"] = DETERMINISM_NOTE
+        row["family"] = families[name]
+        rows.append(row)
+    start = os.path.getctime(log_dir)
+    write_results(path, list(families), rows, families, failed, steps, start,
+                  [os.getloadavg()[0]], partial=False)
+    print(f"results: {path} ({len(finished)} of {len(rows)} rows measured)", file=sys.stderr)
+    return 0
+
+
+def write_results(path, names, rows, families, failed, steps, start, loads, partial) -> None:
+    """The results file: every row, the commit, the time and the host's load."""
+    results = {"commit": _commit(), "steps": steps, "started": time.strftime(
         "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
         "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
                                               "mean": round(sum(loads) / len(loads), 1)},
-        "registered": len(families), "imports_failed": listing["failed"], "rows": rows}
-    if args.experiments and os.path.exists(args.results):  # A partial run updates its rows only.
-        with open(args.results) as f:
+        "registered": len(families), "imports_failed": failed, "rows": rows}
+    if partial and os.path.exists(path):  # A run of some experiments updates their rows only.
+        with open(path) as f:
             previous = json.load(f)
         kept = [r for r in previous.get("rows", []) if r["experiment"] not in set(names)]
-        results["rows"] = kept + rows
-        results["partial_update"] = names
-    tmp = args.results + ".tmp"
+        order = {name: k for k, name in enumerate(families)}
+        results["rows"] = sorted(kept + rows, key=lambda r: order.get(r["experiment"], len(order)))
+        results["updated"] = {row["experiment"]: row.get("commit") for row in rows}
+        for key in ("commit", "started", "minutes", "load_1min"):
+            results[key] = previous.get(key, results[key])
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
-    os.replace(tmp, args.results)
-    print(f"results: {args.results} ({len(rows)} experiments, {results['minutes']} min, "
-          f"logs in {log_dir})", file=sys.stderr)
-    return 0
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -92,19 +92,17 @@ def _seeded(garden_task):
     return garden_task
 
 
-def write_initial_checkpoint(params, model_dirs: List[str]) -> None:
+def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) -> None:
     """Step 0 of a run, as Model Garden's trainer lays it out, in each of `model_dirs`."""
     import tensorflow as tf
 
-    from ctl.adapters import model_garden
+    import ctl
 
-    task = _seeded(model_garden.garden_task(params))
-    model = task.build_model()
-    optimizer = task.create_optimizer(params.trainer.optimizer_config, params.runtime)
-    if optimizer is None:  # The ranking task's optimizer comes with its compiled model.
-        optimizer = model.optimizer
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    _seeded(task.garden_task)
+    model = task.build_model()  # Built (a model built on first call: on one batch).
     checkpoint = tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64), model=model,
-                                     optimizer=optimizer)
+                                     optimizer=task.build_optimizer())
     for directory in model_dirs:
         tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
 
@@ -162,7 +160,7 @@ def run_ctl(experiment: str, overrides, steps: int, model_dir: str) -> Dict[str,
             self.trained = _weights(self.run.model)
 
     tf_keras.utils.set_random_seed(1)
-    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides, logging_dir=model_dir)
     _seeded(task.garden_task)
     schedule = ctl.Schedule(train_steps=steps, steps_per_loop=1, eval_interval=steps,
                             checkpoint_interval=steps, eval_steps=EVAL_STEPS)
@@ -214,7 +212,7 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
         overrides = params_for(experiment, steps, os.path.join(workdir, "data"))
         params = model_garden.experiment_config(experiment, params_override=overrides)
         stage = "writing the initial checkpoint"
-        write_initial_checkpoint(params, list(dirs.values()))
+        write_initial_checkpoint(experiment, overrides, list(dirs.values()))
         stage = "train_lib"
         start = time.perf_counter()
         garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])

@@ -72,6 +72,8 @@ def render(results) -> str:
         "Run it yourself (the `model_garden` extra brings `tensorflow-recommenders` for the "
         "ranking experiments):",
         "",
+        "<!-- docs-test: skip (trains two detection models; tests/test_model_garden_zoo.py runs "
+        "the command) -->",
         "```sh",
         "pip install -e '.[model_garden]'",
         "python -m bench.model_garden_zoo --experiments=retinanet_resnetfpn_coco --steps=6",

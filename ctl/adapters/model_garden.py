@@ -28,6 +28,7 @@ two); importing `ctl` does not load them.
 """
 
 import inspect
+import tempfile
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import gin
@@ -68,7 +69,12 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
 
 
 def garden_task(params, logging_dir: Optional[str] = None):
-    """The Model Garden task of an experiment config, as its own trainer builds it."""
+    """The Model Garden task of an experiment config, as its own trainer builds it.
+
+    Args:
+      params: the experiment's config (`experiment_config`).
+      logging_dir: where the task may write files (Model Garden's trainer gives its model dir).
+    """
     from official.core import task_factory
 
     if type(params.task).__module__ == "official.recommendation.ranking.configs.config":
@@ -84,9 +90,13 @@ class ModelGardenTask(Task):
     """Runs the task of a registered Model Garden experiment as a ctl task."""
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
-                 params_override: Union[Override, Sequence[Override]] = ()):
+                 params_override: Union[Override, Sequence[Override]] = (),
+                 logging_dir: Optional[str] = None):
         self.params = experiment_config(experiment, config_files, params_override)
-        self.garden_task = garden_task(self.params)
+        # Some tasks write files there as Model Garden's trainer runs them (the WMT
+        # Transformer its eval records, SQuAD its predictions): a temporary dir by default.
+        self.garden_task = garden_task(self.params, logging_dir or tempfile.mkdtemp(
+            prefix="ctl-model-garden-"))
         self._model = None
 
     def trainer_settings(self) -> Dict[str, Any]:
@@ -101,8 +111,11 @@ class ModelGardenTask(Task):
     # What Model Garden's trainer would build, in the same way.
 
     def build_model(self):
-        self._model = self.garden_task.build_model()
-        return self._model
+        model = self.garden_task.build_model()
+        if not model.variables:  # Built on its first call (the ranking model): on one train batch.
+            model(self.features(next(iter(self.build_inputs(training=True)))), training=False)
+        self._model = model
+        return model
 
     def build_optimizer(self):
         optimizer = self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
