@@ -14,6 +14,7 @@ into the docs page.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -49,12 +50,34 @@ def _env(legacy_keras: bool) -> Dict[str, str]:
     return env
 
 
+# TensorFlow's op determinism rewrites a parallel map with random ops
+# (`make_deterministic_parallel_map_and_batch`) into a graph that some of Model
+# Garden's detection parsers cannot run; such a row is run again without it.
+DETERMINISM_REWRITE = "make_deterministic"
+DETERMINISM_NOTE = ("op determinism off: TensorFlow's make_deterministic_parallel_map_and_batch "
+                    "rewrite of the input pipeline fails to run (InvalidArgumentError in MakeIterator)")
+
+
 def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str) -> Dict[str, Any]:
-    """One experiment's row, from its own process (a crash or a hang is its row's reason)."""
+    """One experiment's row (see `_run_row`); without op determinism where TensorFlow's rewrite fails."""
+    row = _run_row(experiment, family, steps, workdir, log_dir, determinism=True)
     log = os.path.join(log_dir, experiment.replace("/", "_") + ".log")
+    with open(log) as f:
+        rewrite_failed = not row["trains"] and DETERMINISM_REWRITE in f.read()
+    if rewrite_failed:
+        row = _run_row(experiment, family, steps, workdir, log_dir, determinism=False)
+        row["determinism_note"] = DETERMINISM_NOTE
+    return row
+
+
+def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str,
+             determinism: bool) -> Dict[str, Any]:
+    """One experiment's row, from its own process (a crash or a hang is its row's reason)."""
+    log = os.path.join(log_dir, experiment.replace("/", "_") + ("" if determinism else "-nodet") + ".log")
     command = [sys.executable, "-m", "bench.model_garden_zoo.compare", experiment,
-               f"--steps={steps}", f"--workdir={workdir}"]
+               f"--steps={steps}", f"--workdir={workdir}"] + ([] if determinism else ["--no_determinism"])
     start = time.perf_counter()
+    commit = _commit()
     with open(log, "w") as out:
         try:
             subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
@@ -75,8 +98,16 @@ def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str
         row = {key: None for key in KEYS}
         row.update(experiment=experiment, trains=False, same_loss=False, same_eval=False, reason=reason)
     row["family"] = family
+    row["commit"] = commit
     row["wall_s"] = round(time.perf_counter() - start, 1)
     return row
+
+
+def _write_data(names: List[str], workdir: str) -> None:
+    code = ("import sys; from bench.model_garden_zoo import registry, data; registry.import_all(); "
+            "[data.data_overrides(n, sys.argv[2]) for n in sys.argv[1].split(',')]")
+    subprocess.run([sys.executable, "-c", code, ",".join(names), os.path.join(workdir, "data")],
+                   cwd=ROOT, env=_env(legacy_keras=False), check=True, capture_output=True)
 
 
 def _commit() -> str:
@@ -93,6 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="training steps each way (K)")
     parser.add_argument("--results", default=RESULTS, help="the results file (JSON)")
     parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
+    parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (each in its process)")
+    parser.add_argument("--collect", default="", help="write the results file from the rows a run "
+                        "in this workdir has finished so far (the others say they were not run)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
@@ -100,6 +134,8 @@ def main(argv=None) -> int:
         return 2
     listing = _registered()
     families = listing["families"]
+    if args.collect:
+        return collect(args.collect, families, listing["failed"], args.steps, args.results)
     names = [n for n in args.experiments.split(",") if n] or list(families)
     unknown = [n for n in names if n not in families]
     if unknown:
@@ -112,29 +148,73 @@ def main(argv=None) -> int:
     rows: List[Dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
     start = time.time()
-    for name in names:
+    _write_data(names, workdir)  # Once, before rows that share files run at once.
+
+    def one(name):
         row = run_row(name, families[name], args.steps, workdir, log_dir)
         loads.append(os.getloadavg()[0])
-        rows.append(row)
         print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
-    results = {"commit": _commit(), "steps": args.steps, "started": time.strftime(
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, names))
+    write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
+                  partial=bool(args.experiments))
+    print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
+    return 0
+
+
+def _logged_row(log: str):
+    if not os.path.exists(log):
+        return None
+    with open(log) as f:
+        rows = [json.loads(line[len("ZOO-ROW "):]) for line in f if line.startswith("ZOO-ROW ")]
+    return rows[-1] if rows else None
+
+
+def collect(workdir: str, families: Dict[str, str], failed, steps: int, path: str) -> int:
+    """The results file from the rows a (stopped or running) run in `workdir` has finished."""
+    log_dir = os.path.join(workdir, "logs")
+    rows, finished = [], []
+    for name in families:
+        base = os.path.join(log_dir, name.replace("/", "_"))
+        row = _logged_row(base + "-nodet.log") or _logged_row(base + ".log")
+        if row is None:
+            row = {key: None for key in KEYS}
+            row.update(experiment=name, reason="not measured: the zoo run was stopped before this row")
+        else:
+            finished.append(os.path.getmtime(base + ".log"))
+            if os.path.exists(base + "-nodet.log"):
+                row["determinism_note"] = DETERMINISM_NOTE
+        row["family"] = families[name]
+        rows.append(row)
+    start = os.path.getctime(log_dir)
+    write_results(path, list(families), rows, families, failed, steps, start,
+                  [os.getloadavg()[0]], partial=False)
+    print(f"results: {path} ({len(finished)} of {len(rows)} rows measured)", file=sys.stderr)
+    return 0
+
+
+def write_results(path, names, rows, families, failed, steps, start, loads, partial) -> None:
+    """The results file: every row, the commit, the time and the host's load."""
+    results = {"commit": _commit(), "steps": steps, "started": time.strftime(
         "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
         "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
                                               "mean": round(sum(loads) / len(loads), 1)},
-        "registered": len(families), "imports_failed": listing["failed"], "rows": rows}
-    if args.experiments and os.path.exists(args.results):  # A partial run updates its rows only.
-        with open(args.results) as f:
+        "registered": len(families), "imports_failed": failed, "rows": rows}
+    if partial and os.path.exists(path):  # A run of some experiments updates their rows only.
+        with open(path) as f:
             previous = json.load(f)
         kept = [r for r in previous.get("rows", []) if r["experiment"] not in set(names)]
-        results["rows"] = kept + rows
-        results["partial_update"] = names
-    tmp = args.results + ".tmp"
+        order = {name: k for k, name in enumerate(families)}
+        results["rows"] = sorted(kept + rows, key=lambda r: order.get(r["experiment"], len(order)))
+        results["updated"] = {row["experiment"]: row.get("commit") for row in rows}
+        for key in ("commit", "started", "minutes", "load_1min"):
+            results[key] = previous.get(key, results[key])
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
-    os.replace(tmp, args.results)
-    print(f"results: {args.results} ({len(rows)} experiments, {results['minutes']} min, "
-          f"logs in {log_dir})", file=sys.stderr)
-    return 0
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

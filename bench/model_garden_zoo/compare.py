@@ -16,6 +16,7 @@ a process of its own).
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 LOSS_TOLERANCE = 1e-5  # Relative: "same loss" below it; bit-identical is reported apart.
 EVAL_TOLERANCE = 1e-5
+EVAL_STEPS = 2  # Batches per evaluation (fewer where the eval set ends first).
 
 
 def _scalars(summary_dir: str) -> Dict[str, Dict[int, float]]:
@@ -72,7 +74,7 @@ def params_for(experiment: str, steps: int, data_dir: str):
 
     schedule = {"trainer": {"train_steps": steps, "steps_per_loop": 1, "summary_interval": 1,
                             "checkpoint_interval": steps, "validation_interval": steps,
-                            "validation_steps": -1, "max_to_keep": 2}}
+                            "validation_steps": EVAL_STEPS, "max_to_keep": 2}}
     return variants.overrides(experiment, steps) + data.data_overrides(experiment, data_dir) + [schedule]
 
 
@@ -90,18 +92,17 @@ def _seeded(garden_task):
     return garden_task
 
 
-def write_initial_checkpoint(params, model_dirs: List[str]) -> None:
+def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) -> None:
     """Step 0 of a run, as Model Garden's trainer lays it out, in each of `model_dirs`."""
     import tensorflow as tf
-    from official.core import task_factory
 
-    task = _seeded(task_factory.get_task(params.task))
-    model = task.build_model()
-    optimizer = task.create_optimizer(params.trainer.optimizer_config, params.runtime)
-    if optimizer is None:  # The ranking task's optimizer comes with its compiled model.
-        optimizer = model.optimizer
+    import ctl
+
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    _seeded(task.garden_task)
+    model = task.build_model()  # Built (a model built on first call: on one batch).
     checkpoint = tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64), model=model,
-                                     optimizer=optimizer)
+                                     optimizer=task.build_optimizer())
     for directory in model_dirs:
         tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
 
@@ -109,16 +110,38 @@ def write_initial_checkpoint(params, model_dirs: List[str]) -> None:
 def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
     import tensorflow as tf
     import tf_keras
-    from official.core import task_factory, train_lib
+    from official.core import train_lib
+
+    from ctl.adapters import model_garden
 
     tf_keras.utils.set_random_seed(1)
-    task = _seeded(task_factory.get_task(params.task, logging_dir=model_dir))
+    task = _seeded(model_garden.garden_task(params, logging_dir=model_dir))
     model, _ = train_lib.run_experiment(
         distribution_strategy=tf.distribute.get_strategy(), task=task, mode="train_and_eval",
-        params=params, model_dir=model_dir)
+        params=params, model_dir=model_dir, trainer=_ranking_trainer(params, task))
     found = _scalars(os.path.join(model_dir, "validation"))
     step = params.trainer.train_steps
     return {tag: values[step] for tag, values in found.items() if step in values}, _weights(model)
+
+
+def _ranking_trainer(params, task):
+    """The ranking experiments' own trainer, as their train.py builds it (others: None, train_lib's)."""
+    if type(task).__name__ != "RankingTask":
+        return None
+    import tensorflow as tf
+    from official.core import train_utils
+    from official.recommendation.ranking.train import RankingTrainer
+
+    model = task.build_model()
+
+    def dataset(data):
+        return tf.distribute.get_strategy().distribute_datasets_from_function(
+            lambda context: task.build_inputs(data, context))
+
+    return RankingTrainer(config=params, task=task, model=model, optimizer=model.optimizer,
+                          train=True, evaluate=True, train_dataset=dataset(params.task.train_data),
+                          validation_dataset=dataset(params.task.validation_data),
+                          checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, ""))
 
 
 def _weights(model) -> List[Any]:
@@ -137,10 +160,10 @@ def run_ctl(experiment: str, overrides, steps: int, model_dir: str) -> Dict[str,
             self.trained = _weights(self.run.model)
 
     tf_keras.utils.set_random_seed(1)
-    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides, logging_dir=model_dir)
     _seeded(task.garden_task)
     schedule = ctl.Schedule(train_steps=steps, steps_per_loop=1, eval_interval=steps,
-                            checkpoint_interval=steps)
+                            checkpoint_interval=steps, eval_steps=EVAL_STEPS)
     weights = Weights()
     results = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
         task=task, schedule=schedule, hooks=[weights]))
@@ -160,13 +183,14 @@ def _rates(model_dir: str) -> Dict[int, float]:
     return found.get("steps_per_second", found.get("steps/sec", {}))
 
 
-def compare(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
+def compare(experiment: str, steps: int, workdir: str, determinism: bool = True) -> Dict[str, Any]:
     """Trains `experiment`'s tiny variant both ways from one checkpoint; returns its row.
 
     Args:
       experiment: a registered experiment's name.
       steps: training steps each way (K).
       workdir: for the data (kept between experiments) and this experiment's two model dirs.
+      determinism: whether to call `tf.config.experimental.enable_op_determinism()`.
     """
     import tensorflow as tf
 
@@ -175,16 +199,20 @@ def compare(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
     row: Dict[str, Any] = {"experiment": experiment, "trains": False, "same_loss": False,
                            "max_rel_loss_diff": None, "same_eval": False, "ctl_s_per_step": None,
                            "train_lib_s_per_step": None, "reason": ""}
-    tf.config.experimental.enable_op_determinism()
+    if determinism:
+        tf.config.experimental.enable_op_determinism()
+    row["op_determinism"] = determinism
     name = experiment.replace("/", "_")
     dirs = {"train_lib": os.path.join(workdir, "runs", name, "train_lib"),
             "ctl": os.path.join(workdir, "runs", name, "ctl")}
+    for directory in dirs.values():  # A fresh start (a row may be run again).
+        shutil.rmtree(directory, ignore_errors=True)
     stage = "building the config"
     try:
         overrides = params_for(experiment, steps, os.path.join(workdir, "data"))
         params = model_garden.experiment_config(experiment, params_override=overrides)
         stage = "writing the initial checkpoint"
-        write_initial_checkpoint(params, list(dirs.values()))
+        write_initial_checkpoint(experiment, overrides, list(dirs.values()))
         stage = "train_lib"
         start = time.perf_counter()
         garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])
@@ -215,6 +243,8 @@ def compare(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
                      "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
     evals = {}
     for key, value in garden_eval.items():
+        if key == "steps_per_second":  # A rate, not a result.
+            continue
         theirs = _number(value)
         ours = _number(ctl_eval.get("loss" if key == "validation_loss" else key))
         if theirs is not None:
@@ -224,6 +254,14 @@ def compare(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
     missing = [key for key, (a, _) in evals.items() if a is None]
     row["same_eval"] = bool(evals) and not missing and max(diffs) <= EVAL_TOLERANCE
     row["bit_identical_eval"] = bool(evals) and not missing and max(diffs) == 0.0
+    differing = {key: pair for key, pair in evals.items()
+                 if pair[0] is not None and _relative(*pair) > EVAL_TOLERANCE}
+    if differing:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "eval differs: " + ", ".join(
+            f"{key} {a:.6g} (ctl) vs {b:.6g} (train_lib)" for key, (a, b) in differing.items())
+    if row["trains"] and not row["same_loss"]:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
+            f"training losses differ (max relative difference {row['max_rel_loss_diff']:.2e})"
     if missing:
         row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
             f"eval metrics missing from ctl's results: {missing}"
@@ -237,11 +275,13 @@ def main(argv=None) -> int:
     parser.add_argument("experiment")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--no_determinism", action="store_true",
+                        help="without tf.config.experimental.enable_op_determinism()")
     args = parser.parse_args(argv)
     from bench.model_garden_zoo import registry
 
     failed = registry.import_all()
-    row = compare(args.experiment, args.steps, args.workdir)
+    row = compare(args.experiment, args.steps, args.workdir, determinism=not args.no_determinism)
     if not row["trains"] and failed and not row["reason"].startswith("train"):
         row["reason"] += f" (imports that failed: {failed})"
     print("ZOO-ROW " + json.dumps(row), flush=True)

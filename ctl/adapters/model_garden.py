@@ -36,7 +36,9 @@ Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
-from typing import Any, Dict, List, Mapping, Sequence, Union
+import inspect
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
@@ -96,6 +98,8 @@ def check_optimizer(experiment: str, params) -> None:
     from official.modeling import optimization
 
     config = params.trainer.optimizer_config
+    if not (hasattr(config, "optimizer") and hasattr(config, "learning_rate")):
+        return  # Not the factory's config: the task builds its own (the ranking task's).
     where = "trainer.optimizer_config"
     if config.optimizer.type is None:
         raise UserError(
@@ -158,18 +162,38 @@ def _patterns(value) -> List[str]:
     return [part.strip() for each in values for part in str(each).split(",") if part.strip()]
 
 
+def garden_task(params, logging_dir: Optional[str] = None):
+    """The Model Garden task of an experiment config, as its own trainer builds it.
+
+    Args:
+      params: the experiment's config (`experiment_config`).
+      logging_dir: where the task may write files (Model Garden's trainer gives its model dir).
+    """
+    from official.core import task_factory
+
+    if type(params.task).__module__ == "official.recommendation.ranking.configs.config":
+        # The ranking task is not in task_factory: its train.py builds it with the trainer config.
+        from official.recommendation.ranking import task as ranking
+
+        return ranking.RankingTask(params.task, trainer_config=params.trainer, logging_dir=logging_dir)
+    return task_factory.get_task(params.task, logging_dir=logging_dir)
+
+
 @gin.configurable(module="ctl")
 class ModelGardenTask(Task):
     """Runs the task of a registered Model Garden experiment as a ctl task."""
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
-                 params_override: Union[Override, Sequence[Override]] = ()):
-        from official.core import task_factory
-
+                 params_override: Union[Override, Sequence[Override]] = (),
+                 logging_dir: Optional[str] = None):
         self.experiment = experiment
         self.params = experiment_config(experiment, config_files, params_override)
         check_optimizer(experiment, self.params)
-        self.garden_task = task_factory.get_task(self.params.task)
+        # Some tasks write files there as Model Garden's trainer runs them (the WMT
+        # Transformer its eval records, SQuAD its predictions): a temporary dir by default.
+        self.garden_task = garden_task(self.params, logging_dir or tempfile.mkdtemp(
+            prefix="ctl-model-garden-"))
+        self._model = None
 
     def trainer_settings(self) -> Dict[str, Any]:
         """The experiment's trainer config under `ctl.Schedule`'s names."""
@@ -183,23 +207,34 @@ class ModelGardenTask(Task):
     # What Model Garden's trainer would build, in the same way.
 
     def build_model(self):
-        return self.garden_task.build_model()
+        model = self.garden_task.build_model()
+        if not model.variables:  # Built on its first call (the ranking model): on one train batch.
+            model(self.features(next(iter(self.build_inputs(training=True)))), training=False)
+        self._model = model
+        return model
 
     def build_optimizer(self):
-        return self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
-                                                 self.params.runtime)
+        optimizer = self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
+                                                      self.params.runtime)
+        # The ranking task compiles its model with its optimizers and returns None here.
+        return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
         where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
         check_input_path(self.experiment, data, where)
-        return self.garden_task.build_inputs(data, input_context=input_context)
+        # As orbit's make_distributed_dataset: the context only to a task that takes it.
+        if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
+            return self.garden_task.build_inputs(data, input_context=input_context)
+        return self.garden_task.build_inputs(data)
 
     def build_losses(self, labels, outputs, aux_losses=None):
         return self.garden_task.build_losses(labels, outputs, aux_losses=aux_losses)
 
     def build_metrics(self, training: bool = True):
-        return list(self.garden_task.build_metrics(training=training))
+        # As Model Garden's trainer: the task's metrics, then the model's own (a compiled model's).
+        return list(self.garden_task.build_metrics(training=training)) + list(
+            getattr(self._model, "metrics", None) or [])
 
     def features(self, inputs):
         """Model Garden's convention: a 2-tuple is `(features, labels)`, else the element

@@ -167,6 +167,13 @@ class Evaluation(orbit.AbstractEvaluator):
 
     def eval_step(self, iterator):
         def step_fn(inputs):
+            # Every op of the step waits for the inputs: the step after the last batch ends
+            # at the end of the eval set, before an update that reads no input (a static
+            # batch size's example count, a metric of constants) could run.
+            with tf.control_dependencies(tf.nest.flatten(inputs)):
+                return replica_step(inputs)
+
+        def replica_step(inputs):
             logs = dict(
                 self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
             )
@@ -175,11 +182,7 @@ class Evaluation(orbit.AbstractEvaluator):
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
             loss = logs.pop("loss")
             loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
-            # A static batch size makes `examples` a constant: tied to the loss, the count
-            # is not added when the step after the last batch finds the eval set ended.
-            with tf.control_dependencies([loss]):
-                weight = tf.identity(tf.cast(examples, loss.dtype))
-            self.eval_loss.update_state(loss, sample_weight=weight)
+            self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
             # Each entry may be a nested structure (Model Garden's detection tasks log a
