@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.core.aggregation import Aggregation as Aggregation, Reducer as Reducer
     from ctl.core.arguments import Check as Check, Range as Range, check_arguments as check_arguments
     from ctl.core.checkpointing import restore_model as restore_model
-    from ctl.core.errors import UserError as UserError
+    from ctl.utils.errors import UserError as UserError
     from ctl.core.runner import TrainLoopEnd as TrainLoopEnd
     from ctl.core.schedules import register_schedules as register_schedules, with_warmup as with_warmup
     from ctl.core.task import Task as Task
@@ -38,7 +38,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.core.aggregation": ["Aggregation", "Reducer"],
     "ctl.core.arguments": ["Check", "Range", "check_arguments"],
     "ctl.core.checkpointing": ["restore_model"],
-    "ctl.core.errors": ["UserError"],
+    "ctl.utils.errors": ["UserError"],
     "ctl.core.run_plan": ["MODES"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],

@@ -25,14 +25,14 @@ of each binding against the objective.
 import os
 from typing import Dict, List, Tuple
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
 from absl import app, flags, logging  # noqa: E402
 
-from ctl.core.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)

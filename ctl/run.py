@@ -5,7 +5,7 @@
 
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
-The console (`ctl.core.console`): ctl's lines in one format on stdout, a live
+The console (`ctl.utils.console`): ctl's lines in one format on stdout, a live
 bar on a terminal; TensorFlow's, orbit's and absl's routine INFO lines only
 when `--verbosity` asks (`--verbosity=0` shows them; absl's flag).
 
@@ -35,7 +35,7 @@ the same checks, messages and exit statuses.
 
 import os
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -53,8 +53,9 @@ from absl import app, flags, logging  # noqa: E402
 
 import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
-from ctl.core import console, gin_text  # noqa: E402
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.utils import console  # noqa: E402
+from ctl.core import gin_text  # noqa: E402
+from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
 from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS

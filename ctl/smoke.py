@@ -28,8 +28,9 @@ import tensorflow as tf
 from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
-from ctl.core import checkpointing, config, console
-from ctl.core.errors import UserError, one_line
+from ctl.core import checkpointing, config
+from ctl.utils import console
+from ctl.utils.errors import UserError, one_line
 from ctl.core.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 

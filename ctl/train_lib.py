@@ -29,11 +29,12 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console, contract
+from ctl.core import config, contract
+from ctl.utils import console
 from ctl.core.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.core.model_dir import ModelDir

@@ -32,7 +32,7 @@ def check(command: Dict) -> List[str]:
     import ctl
     import ctl.run  # noqa: F401 - defines the flags of `python -m ctl.run` in absl's FLAGS.
     from ctl.core import config, gin_text
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
 
     where, args = command["where"], command["args"]
     flag_values = flags.FLAGS

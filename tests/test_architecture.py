@@ -157,7 +157,7 @@ def test_an_unused_import_and_a_wrong_type_fail_them(tmp_path):
     shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
-    errors = tmp_path / "ctl" / "core" / "errors.py"
+    errors = tmp_path / "ctl" / "utils" / "errors.py"
     errors.write_text("import json\n" + errors.read_text() + "\n\nWRONG: int = 'a string'\n")
     failed = _habits(str(tmp_path), str(tmp_path / "mypy"))
     assert len(failed) == 2
@@ -245,7 +245,7 @@ def test_each_package_docstring_names_its_modules_and_no_other():
     import ast
 
     wrong = []
-    for package in ("adapters", "cluster", "comforts", "core", "faults", "sidecar"):
+    for package in ("adapters", "cluster", "comforts", "core", "faults", "sidecar", "utils"):
         directory = os.path.join(ROOT, "ctl", package)
         modules = {name[:-3] for name in os.listdir(directory)
                    if name.endswith(".py") and name != "__init__.py"}

@@ -98,7 +98,7 @@ def sweep(tmp_path_factory):
      "timeout = '1h': the wall budget is a positive number of seconds"),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
     from ctl.sweep import sweep_file
 
     with pytest.raises(UserError) as raised:
@@ -413,7 +413,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     ("FILE", "is a file"),
 ])
 def test_a_bad_trials_dir_is_one_line(tmp_path, gcs, trials_dir, expected):
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
     from ctl.sweep import sweep_dir
 
     if trials_dir == "FILE":

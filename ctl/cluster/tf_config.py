@@ -26,7 +26,7 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.run_plan import CONTINUOUS_EVAL, TRAIN
 
 ROLES = ("chief", "worker", "ps", "evaluator")

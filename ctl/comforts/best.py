@@ -28,7 +28,7 @@ import gin
 import tensorflow as tf
 
 from ctl.comforts.eval_results import improved, metric_value
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import read_json, write_json
 

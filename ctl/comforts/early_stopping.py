@@ -9,7 +9,7 @@ read as `ctl.comforts.eval_results` reads it ("set/name" for a named eval set).
 import gin
 
 from ctl.comforts.eval_results import improved, metric_value
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import read_json, write_json
 

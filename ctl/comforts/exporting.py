@@ -26,8 +26,8 @@ import gin
 import tensorflow as tf
 
 from ctl.comforts.best import BestMetric
-from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.utils import console
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 from ctl.core.model_dir import is_published, publishing, temporaries
 from ctl.core.serving import default_serving_signatures

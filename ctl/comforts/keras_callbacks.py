@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Sequence
 import gin
 
 from ctl.comforts.progress import scalars
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 
 

@@ -24,8 +24,8 @@ from typing import Optional
 import gin
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.utils import console
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 
 

@@ -5,7 +5,7 @@
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 `MetricsLog` is a hook (`ctl.hooks`) that ctl adds to every run on the
-chief; it runs eagerly on the host. What a run prints is `ctl.core.console`'s.
+chief; it runs eagerly on the host. What a run prints is `ctl.utils.console`'s.
 """
 
 import json

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.model_dir import ModelDir, read_json, results_of
 
 KIND = "done"

@@ -11,9 +11,8 @@ dir's files are `model_dir`'s (with `checkpoint_contents`, `claims`,
 subsystems plug into are `hook_protocol` (hooks, train/eval actions), `stop`
 (the stop request, signals, the second signal's exit), `runner` and
 `aggregation`. A configurable's declared argument checks are `arguments`'. Around them: gin at the edges (`config`,
-`gin_text`), `UserError` (`errors`), what a run prints (`console`), the
-default serving signature (`serving`), the report's PNGs (`figures`) and a
-command's end (`process_end`).
+`gin_text`), the default serving signature (`serving`) and the report's PNGs
+(`figures`). `UserError`, what a run prints and a command's end are `ctl.utils`'.
 `Experiment` (`ctl.experiment`) and the composition root (`ctl.train_lib`)
 are above core. Nothing is re-exported here: the public API is `ctl`.
 """

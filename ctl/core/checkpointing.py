@@ -30,9 +30,10 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from ctl.core import console, staging
+from ctl.utils import console
+from ctl.core import staging
 from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
                                 is_object_store)
 

@@ -70,8 +70,8 @@ from typing import Any, Dict, Optional, Protocol
 
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import first_line
+from ctl.utils import console
+from ctl.utils.errors import first_line
 from ctl.core.model_dir import is_object_store, read_bytes, write_atomically
 
 RENEW_SECONDS = 5.0

@@ -18,7 +18,7 @@ import gin
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.gin_text import check_gin_file
 from ctl.core.background import uploads
 from ctl.core.model_dir import ModelDir, is_object_store, write_atomically

@@ -50,7 +50,7 @@ age compares the holder's clock with the reader's. Eager, on the host.
 import threading
 from typing import Any, Callable, Iterable, Optional
 
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.claims import Claim, claim_for
 from ctl.core.model_dir import ModelDir, is_object_store
 

@@ -5,7 +5,7 @@ matplotlib is the `report` extra: without it, one `UserError` names the install.
 
 import io
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.model_dir import write_atomically
 
 

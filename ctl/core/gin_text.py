@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from gin import config_parser
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 
 GIN_FLAG_PREFIX = "--gin."
 _INCLUDE = re.compile(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$")

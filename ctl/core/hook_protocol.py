@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 # The stop request is defined with every other stop (signals, the second signal's exit);
 # it belongs to the hook protocol, and `ctl.hooks` exports it from here.
 from ctl.core.stop import StopRequest

@@ -59,8 +59,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError, first_line
+from ctl.utils import console
+from ctl.utils.errors import UserError, first_line
 
 CHECKPOINT_STATE_FILE = "checkpoint"
 CONFIG_FILE = "config.gin"

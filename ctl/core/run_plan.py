@@ -21,7 +21,7 @@ Pure Python: `ctl.run`'s flags read `MODES` before TensorFlow is imported.
 
 import dataclasses
 
-from ctl.core.errors import require_choice
+from ctl.utils.errors import require_choice
 
 TRAIN = "train"
 EVAL = "eval"

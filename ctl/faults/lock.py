@@ -21,7 +21,7 @@ before that loop's checkpoint, with one line and exit 2
 """
 
 from ctl.core.claims import claim_for
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.model_dir import ModelDir
 
 

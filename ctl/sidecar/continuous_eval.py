@@ -40,11 +40,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config, console, model_dir as files, staging
+from ctl.core import config, model_dir as files, staging
+from ctl.utils import console
 from ctl.core.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.core.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store

@@ -119,7 +119,7 @@ class PruneAtEvaluations:
 
     def _objective(self, logs) -> float:
         from ctl.comforts.eval_results import flat_logs
-        from ctl.core.errors import UserError
+        from ctl.utils.errors import UserError
 
         flat = flat_logs(logs)
         if self.sweep.objective not in flat:

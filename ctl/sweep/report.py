@@ -16,7 +16,7 @@ import datetime
 import os
 from typing import Any, List, Optional, Tuple
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def _order(trial, maximize: bool) -> Tuple[int, float, int]:

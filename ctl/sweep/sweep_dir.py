@@ -19,7 +19,7 @@ and the rest stays in the sweep dir.
 import os
 from typing import Any, Dict, Optional
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 
 RECORD_FILE = "sweep.json"
 JOURNAL_FILE = "study.journal"

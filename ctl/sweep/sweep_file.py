@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tomllib
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("asha", "median", "none")
