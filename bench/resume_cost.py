@@ -33,7 +33,7 @@ from ctl import train_lib
 from ctl.core import config
 from ctl.experiment import Experiment
 from ctl.core.stop import SignalWatcher
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.core.run_plan import RunPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -85,7 +85,7 @@ def summarize(curves: Dict[str, Curve]) -> List[Tuple[str, float, float, int, in
 
 
 def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
-    """The summary of the run in `directory` (a `ctl.core.model_dir.ModelDir`)."""
+    """The summary of the run in `directory` (a `ctl.model_dir.ModelDir`)."""
     lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
     if everything:
@@ -140,7 +140,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
     import tensorflow as tf  # Not for a bad flag.
 
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     directory = ModelDir(model_dir)
     if not tf.io.gfile.isdir(model_dir):
@@ -164,7 +164,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
     from ctl.core import config
-    from ctl.core.model_dir import REPORT_FILE, ModelDir, read_text
+    from ctl.model_dir import REPORT_FILE, ModelDir, read_text
 
     runs = []
     for model_dir in model_dirs:
@@ -204,7 +204,7 @@ def _check_output(output: str) -> None:
     object store, where directories are implied, that it names no directory)."""
     import tensorflow as tf
 
-    from ctl.core.model_dir import is_object_store
+    from ctl.model_dir import is_object_store
 
     parent = os.path.dirname(output if "://" in output else os.path.abspath(output))
     missing = not is_object_store(output) and not tf.io.gfile.isdir(parent)

@@ -136,7 +136,7 @@ def _run(hooks: Sequence[Any]) -> None:
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
     from ctl.core import config
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.core.stop import EXIT_PREEMPTED
     from ctl.faults.preemption import Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within

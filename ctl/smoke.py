@@ -31,7 +31,7 @@ from ctl.comforts.eval_results import flat_logs
 from ctl.core import checkpointing, config
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 
 SMOKE_STEPS = 2

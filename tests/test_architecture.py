@@ -245,7 +245,7 @@ def test_each_package_docstring_names_its_modules_and_no_other():
     import ast
 
     wrong = []
-    for package in ("adapters", "cluster", "comforts", "core", "faults", "sidecar", "utils"):
+    for package in ("adapters", "cluster", "comforts", "core", "faults", "model_dir", "sidecar", "utils"):
         directory = os.path.join(ROOT, "ctl", package)
         modules = {name[:-3] for name in os.listdir(directory)
                    if name.endswith(".py") and name != "__init__.py"}
@@ -277,11 +277,11 @@ def test_no_test_module_imports_another():
 # Outside the rule: model_dir.py itself, and ctl/sweep/ (an entry point, with its own sweep dir).
 MODEL_DIR_BASES = {"path", "directory", "model_dir", "summary_dir"}
 CHECKPOINT_SUFFIXES = (".index", ".data", ".*")
-JOINS_ALLOWED_IN = ("ctl/core/model_dir.py", "ctl/sweep/")
+JOINS_ALLOWED_IN = ("ctl/model_dir/", "ctl/sweep/")
 
 
 def _model_dir_members() -> set:
-    with open(os.path.join(ROOT, "ctl", "core", "model_dir.py")) as f:
+    with open(os.path.join(ROOT, "ctl", "model_dir", "layout.py")) as f:
         tree = ast.parse(f.read())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelDir")
     return {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
@@ -323,7 +323,7 @@ def _model_dir_joins(source: str, members: set) -> list:
 
 
 def test_no_file_name_is_joined_into_a_model_dir_outside_model_dir_py():
-    """`ctl.core.model_dir` names every file of a model dir (its layout docstring): others ask it."""
+    """`ctl.model_dir` names every file of a model dir (its layout docstring): others ask it."""
     members, offenders = _model_dir_members(), []
     for dirpath, _, names in os.walk(os.path.join(ROOT, "ctl")):
         for name in sorted(names):
@@ -331,7 +331,7 @@ def test_no_file_name_is_joined_into_a_model_dir_outside_model_dir_py():
             if name.endswith(".py") and not relative.startswith(JOINS_ALLOWED_IN):
                 with open(os.path.join(dirpath, name)) as f:
                     offenders += [f"{relative}:{line}" for line in _model_dir_joins(f.read(), members)]
-    assert not offenders, ("file names joined into a model dir outside ctl/core/model_dir.py (give "
+    assert not offenders, ("file names joined into a model dir outside ctl/model_dir/ (give "
                            "ModelDir a name for each):\n" + "\n".join(offenders))
 
 

@@ -30,7 +30,7 @@ from absl import logging as absl_logging
 import gin
 import pytest
 
-from ctl.core.model_dir import ModelDir, read_json
+from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.processes import ctl_command
 from tests.support.processes import run as run_command

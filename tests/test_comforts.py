@@ -21,7 +21,7 @@ from tests.support.env import ROOT
 from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.comfort_tasks import EncoderTask
 from tests.tasks import RegressionTask, regression_data
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
+from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.processes import Process, run_ctl

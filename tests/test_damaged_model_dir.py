@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core import config
-from ctl.core.model_dir import ModelDir, read_json, write_atomically
+from ctl.model_dir import ModelDir, read_json, write_atomically
 from ctl.sidecar import continuous_eval
 from ctl.sidecar.scheduler import ContinuousEval
 from tests.support.env import TEST_GIN

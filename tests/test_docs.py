@@ -368,7 +368,7 @@ CITED_PATH = re.compile(r"`((?:ctl|tests|bench|configs|experiments|tools|docs|\.
 
 
 def test_every_cited_path_exists():
-    """A file or directory of the repository named in the docs (`ctl/core/claims.py`, `configs/`,
+    """A file or directory of the repository named in the docs (`ctl/model_dir/claims.py`, `configs/`,
     `bench/results/*.json`) is there: a renamed module leaves no sentence pointing at nothing."""
     missing = []
     for page in PAGES + ["BUILD.md"]:
@@ -504,12 +504,12 @@ def test_every_exit_status_in_the_code_is_explained():
 
 
 def test_every_file_of_the_model_dir_is_in_the_reference():
-    """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
-    from ctl.core import model_dir
+    """A file `ctl.model_dir` names needs its row (who writes it, who reads it)."""
+    from ctl import model_dir
 
     names = {value for name, value in vars(model_dir).items()
              if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
-    assert names, "no *_FILE or *_DIR constant in ctl.core.model_dir"
+    assert names, "no *_FILE or *_DIR constant in ctl.model_dir"
     rows = _hand_written("reference/model-dir.md")
     missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
     assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

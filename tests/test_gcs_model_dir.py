@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
+from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
 from tests.support.env import ROOT
 from tests.support.processes import Process, run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
@@ -244,8 +244,8 @@ def test_in_line_evaluation_in_a_bucket_reads_the_sidecar_announcement_ahead_off
     # so a sidecar's coming and going is seen one evaluation later.
     import threading
 
-    from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
+    from ctl.model_dir import ModelDir
     readers = []
     read = EvaluatorRole.live_sidecar
 

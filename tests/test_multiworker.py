@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core import config
-from ctl.core.model_dir import FINISHED_FILE
+from ctl.model_dir import FINISHED_FILE
 from tests.support.env import ROOT
 from tests.support.processes import Process
 from tests.support.reading import scalars

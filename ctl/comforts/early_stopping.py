@@ -11,7 +11,7 @@ import gin
 from ctl.comforts.eval_results import improved, metric_value
 from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import read_json, write_json
+from ctl.model_dir import read_json, write_json
 
 
 @gin.configurable(module="ctl.hooks")

@@ -20,8 +20,8 @@ import tensorflow as tf
 from ctl import compat
 from ctl.utils.errors import UserError, first_line
 from ctl.core.gin_text import check_gin_file
-from ctl.core.background import uploads
-from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
+from ctl.model_dir.background import uploads
+from ctl.model_dir import ModelDir, is_object_store, write_atomically
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
 # too, so a --gin_file or the trainer's config.gin may be in an object store.

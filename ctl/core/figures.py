@@ -6,7 +6,7 @@ matplotlib is the `report` extra: without it, one `UserError` names the install.
 import io
 
 from ctl.utils.errors import UserError
-from ctl.core.model_dir import write_atomically
+from ctl.model_dir import write_atomically
 
 
 def pyplot():

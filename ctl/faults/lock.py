@@ -11,18 +11,18 @@ trainer can name the holder:
 
 In an object store (`gs://`, `s3://`), which has no lock, the same file is a
 lease that the trainer renews every few seconds and deletes when it ends
-(`ctl.core.claims.Lease`: what it catches and what it cannot). A trainer that
+(`ctl.model_dir.claims.Lease`: what it catches and what it cannot). A trainer that
 finds another host's fresh lease watches it until it is renewed (refused) or
 goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
-`ctl.core.claims.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
+`ctl.model_dir.claims.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
 was frozen or cut off longer than that) stops at the end of its next train loop,
 before that loop's checkpoint, with one line and exit 2
 (`ModelDirLock.stop_if_taken`, `ModelDirTaken`).
 """
 
-from ctl.core.claims import claim_for
+from ctl.model_dir.claims import claim_for
 from ctl.utils.errors import UserError
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 
 
 class ModelDirTaken(UserError):

@@ -40,15 +40,17 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config, model_dir as files, staging
+from ctl.core import config
+from ctl import model_dir as files
+from ctl.model_dir import staging
 from ctl.utils import console
-from ctl.core.background import uploads
+from ctl.model_dir.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.utils.errors import UserError, first_line
-from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
+from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
+from ctl.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
@@ -349,7 +351,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
 def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
                     directory: ModelDir) -> Tuple[EvaluatorRole, List[Any]]:
     """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
-    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`),
+    the evaluated checkpoint, run only if this process owns them (`ctl.model_dir.evaluator_role`),
     and those hooks.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such

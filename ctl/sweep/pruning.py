@@ -47,7 +47,7 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
     which value."""
-    from ctl.core.model_dir import ModelDir, write_json
+    from ctl.model_dir import ModelDir, write_json
 
     write_json(ModelDir(model_dir).sweep_pruned_file, {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
@@ -57,7 +57,7 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
 
 
 def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import ModelDir, read_json
+    from ctl.model_dir import ModelDir, read_json
 
     return read_json(ModelDir(model_dir).sweep_pruned_file)
 

@@ -48,7 +48,7 @@ def load(sweep_dir: str):
 
 
 def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
