@@ -163,7 +163,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
-    from ctl.core import config
+    from ctl.config import gin_config as config
     from ctl.model_dir import REPORT_FILE, ModelDir, read_text
 
     runs = []

@@ -23,9 +23,9 @@ two evaluations, with status 75. Signals, the second signal's exit and a late
 signal's are `ctl.core.stop`'s.
 
 TensorFlow is imported only once the flags and the gin text are checked
-(`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
+(`ctl.config.gin_text`): `--help`, a flag mistake and a gin syntax error answer
 at once. Gin mistakes that need the code (an unknown parameter, a module that
-does not import) are found after the import, by `ctl.core.config.parse`.
+does not import) are found after the import, by `ctl.config.gin_config.parse`.
 
 A program that runs a ctl run with a hook of its own, after the experiment's
 (`python -m ctl.sweep.trial`), imports this module (its flags) and calls
@@ -54,9 +54,9 @@ from absl import app, flags, logging  # noqa: E402
 import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.utils import console  # noqa: E402
-from ctl.core import gin_text  # noqa: E402
+from ctl.config import gin_text  # noqa: E402
 from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
+from ctl.config.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
@@ -135,7 +135,7 @@ def _run(hooks: Sequence[Any]) -> None:
     """Everything after the checks: TensorFlow is imported here."""
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
-    from ctl.core import config
+    from ctl.config import gin_config as config
     from ctl.model_dir import ModelDir
     from ctl.core.stop import EXIT_PREEMPTED
     from ctl.faults.preemption import Preempted

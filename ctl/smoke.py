@@ -28,7 +28,8 @@ import tensorflow as tf
 from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
-from ctl.core import checkpointing, config
+from ctl.core import checkpointing
+from ctl.config import gin_config as config
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line
 from ctl.model_dir import ModelDir

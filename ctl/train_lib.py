@@ -12,7 +12,7 @@ into an extension point that core defines: hooks and train/eval actions
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly. It makes the run's two objects
 once, the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
-(`ctl.core.run_plan`: what this process does for its mode and cluster), and
+(`ctl.config.run_plan`: what this process does for its mode and cluster), and
 passes them down.
 """
 
@@ -29,7 +29,8 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, contract
+from ctl.config import gin_config as config
+from ctl.core import contract
 from ctl.utils import console
 from ctl.model_dir.background import uploads
 from ctl.core.checkpointing import CheckpointManager
@@ -38,7 +39,7 @@ from ctl.utils.errors import UserError
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
 from ctl.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.config.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher

@@ -245,7 +245,7 @@ def test_each_package_docstring_names_its_modules_and_no_other():
     import ast
 
     wrong = []
-    for package in ("adapters", "cluster", "comforts", "core", "faults", "model_dir", "sidecar", "utils"):
+    for package in ("adapters", "cluster", "comforts", "config", "core", "faults", "model_dir", "sidecar", "utils"):
         directory = os.path.join(ROOT, "ctl", package)
         modules = {name[:-3] for name in os.listdir(directory)
                    if name.endswith(".py") and name != "__init__.py"}

@@ -151,7 +151,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     evaluation steps aside (one line), the sidecar evaluates every checkpoint and owns the
     best checkpoint and the exports; the trainer keeps its run-end hooks (FinalExporter).
     On a local disk (flock) and in a bucket (a real GCS API: leases, no lock)."""
-    from ctl.core import config
+    from ctl.config import gin_config as config
     root = request.getfixturevalue("gcs_dir") if storage == "gs" else str(tmp_path)
     model_dir = f"{root}/run"
     gfile = tf.io.gfile

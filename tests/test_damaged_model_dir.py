@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.model_dir import ModelDir, read_json, write_atomically
 from ctl.sidecar import continuous_eval
 from ctl.sidecar.scheduler import ContinuousEval

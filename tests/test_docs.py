@@ -8,7 +8,7 @@ How a code block is checked follows its fence's language:
   unknown name or parameter fails), once the page's other blocks ran (its modules are written);
 - `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
   ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
-  defines, its gin files and bindings through `ctl.core.gin_text` and `ctl.core.config.parse` after the
+  defines, its gin files and bindings through `ctl.config.gin_text` and `ctl.config.gin_config.parse` after the
   files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
   a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
   against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,

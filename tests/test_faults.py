@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.model_dir import ModelDir
 from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl import model_dir as files
 from ctl.model_dir import staging
 from ctl.utils import console

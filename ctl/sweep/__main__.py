@@ -101,7 +101,7 @@ def _check(sweep) -> None:
     """The gin text, then the space against the config, then --trials_dir (TensorFlow is
     imported here)."""
     import ctl
-    from ctl.core import gin_text
+    from ctl.config import gin_text
     from ctl.sweep import sweep_dir, sweep_file
 
     gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)

@@ -2,7 +2,7 @@
 
 Flags name the files and bindings; everything the experiment does is read from
 gin. `parse` turns every gin mistake into a one-line `UserError` (what the text
-alone shows, `ctl.core.gin_text` finds first, before TensorFlow is imported).
+alone shows, `ctl.config.gin_text` finds first, before TensorFlow is imported).
 """
 
 import ast
@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ctl import compat
 from ctl.utils.errors import UserError, first_line
-from ctl.core.gin_text import check_gin_file
+from ctl.config.gin_text import check_gin_file
 from ctl.model_dir.background import uploads
 from ctl.model_dir import ModelDir, is_object_store, write_atomically
 

@@ -4,7 +4,7 @@
 see in the text in a fraction of a second: this module imports neither
 TensorFlow nor the modules a gin file names. `check` finds a missing or
 unreadable file (also one named by an `include`), a syntax error, and a
-`ctl.NAME` that is not one of ctl's public names; `ctl.core.config.parse`
+`ctl.NAME` that is not one of ctl's public names; `ctl.config.gin_config.parse`
 then parses the config for real (imports, parameters, values).
 
 Gin files are the user's (not the model dir's): a local path is read with
