@@ -115,7 +115,7 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 def plot_panels(panels, path: str) -> None:
     """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically
     (`path` may be in an object store)."""
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
 

@@ -7,8 +7,8 @@ the runner contract in `runner`; the step's gradient pipeline in `train_step`,
 drives train and eval loops with `checkpointing` and `summaries`; a checkpoint
 holds `checkpoint_contents`. The extension points the subsystems plug into are
 `hook_protocol` (hooks, train/eval actions), `stop` (the stop request, signals,
-the second signal's exit), `runner` and `aggregation`. Around them: the default
-serving signature (`serving`) and the report's PNGs (`figures`).
+the second signal's exit), `runner` and `aggregation`; the default serving
+signature is `serving`'s.
 
 Below core: configuration and flags (`ctl.config`), the model dir and its
 cross-process records (`ctl.model_dir`), process plumbing (`ctl.utils`).

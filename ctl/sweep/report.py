@@ -97,7 +97,7 @@ def _short(value) -> str:
 
 def plot(trials: list, record: dict, path: str) -> None:
     """Optimization history and each binding against the objective, as one PNG (written atomically)."""
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
 
