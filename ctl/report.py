@@ -36,6 +36,7 @@ from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parse
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
+REPORT_FILE = "report.png"  # In the model dir (or beside the runs compared): the curves.
 Curve = List[Tuple[int, float, float]]  # (step, wall time, value)
 
 
@@ -146,7 +147,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     if not tf.io.gfile.isdir(model_dir):
         raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
                         "directory.")
-    output = output or directory.report_file
+    output = output or directory.file(REPORT_FILE)
     _check_output(output)
     train = read_scalars(directory.train_dir)
     evals = read_scalars(directory.eval_dir)
@@ -164,7 +165,7 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
     from ctl.config import gin_config as config
-    from ctl.model_dir import REPORT_FILE, ModelDir, read_text
+    from ctl.model_dir import ModelDir, read_text
 
     runs = []
     for model_dir in model_dirs:

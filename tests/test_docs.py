@@ -36,6 +36,7 @@ The built site is read back: no list rendered as a paragraph, no empty or cut ta
 the hook protocol on the Python API page with its docstring.
 """
 
+import ast
 import concurrent.futures
 import functools
 import glob
@@ -503,13 +504,38 @@ def test_every_exit_status_in_the_code_is_explained():
     assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
 
 
+def _model_dir_names_owned_above() -> set:
+    """The `*_FILE`/`*_DIR` constants a module above `ctl.model_dir` defines and joins into a model
+    dir (`ModelDir.file(NAME)` in that module): the names of the files each layer writes."""
+    found = set()
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "ctl")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                tree = ast.parse(f.read())
+            constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                         for t in n.targets if isinstance(t, ast.Name)
+                         and re.fullmatch(r"[A-Z_]+_(FILE|DIR)", t.id)
+                         and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+            joined = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "file"
+                      for a in n.args if isinstance(a, ast.Name)}
+            found |= {constants[c] for c in joined & set(constants)}
+    return found
+
+
 def test_every_file_of_the_model_dir_is_in_the_reference():
-    """A file `ctl.model_dir` names needs its row (who writes it, who reads it)."""
+    """A file `ctl.model_dir` names, or a layer above joins into a model dir, needs its row
+    (who writes it, who reads it)."""
     from ctl import model_dir
 
     names = {value for name, value in vars(model_dir).items()
              if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
     assert names, "no *_FILE or *_DIR constant in ctl.model_dir"
+    above = _model_dir_names_owned_above()
+    assert {"trainer.lock", "early_stopping.json", "report.png"} <= above, above
+    names |= above
     rows = _hand_written("reference/model-dir.md")
     missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
     assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

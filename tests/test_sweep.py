@@ -292,7 +292,9 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
             step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
-            with open(model_dir.trainer_lock_file) as f:
+            from ctl.faults.lock import TRAINER_LOCK_FILE
+
+            with open(model_dir.file(TRAINER_LOCK_FILE)) as f:
                 trial_pid = json.load(f)["pid"]  # The trial's ctl.run: forked by the worker's launcher.
             assert trial_pid != second.pid
             second.kill()  # kill -9: its trial's ctl.run dies with it (PR_SET_PDEATHSIG).

@@ -12,25 +12,22 @@ process) and `background` (uploads off the training thread).
 `checkpoints`) is how the layers above use it.
 """
 
-from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored,
-                                       UnreadableCheckpointError, checkpoint_files, checkpoint_index)
+from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored, UnreadableCheckpointError,
+                                       checkpoint_files, checkpoint_index)
 from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, append_json_line,
                                  is_object_store, is_published, is_temporary, publish_directory, publishing,
-                                 read_bytes, read_json, read_json_lines, read_text, temporaries,
-                                 write_atomically, write_json)
-from ctl.model_dir.layout import (BEST_DIR, BEST_RECORD_FILE, CONFIG_FILE, EARLY_STOPPING_FILE, EVAL_DIR,
-                                  EVALUATOR_FILE, EXPORT_DIR, FINISHED_FILE, METRICS_FILE, OPERATIVE_CONFIG_FILE,
-                                  PROFILE_DIR, RECORD_FIELDS, REPORT_FILE, SIDECAR_METRICS_FILE,
-                                  SIDECAR_PROGRESS_FILE, SMOKE_EXPORT_DIR, SWEEP_PRUNED_FILE, TRAIN_DIR,
-                                  TRAINER_LOCK_FILE, ModelDir, eval_set_dir, results_of, uploaded_path)
+                                 read_bytes, read_json, read_json_lines, read_text, temporaries, write_atomically,
+                                 write_json)
+from ctl.model_dir.layout import (BEST_DIR, BEST_RECORD_FILE, CONFIG_FILE, EVAL_DIR, EVALUATOR_FILE, EXPORT_DIR,
+                                  FINISHED_FILE, METRICS_FILE, OPERATIVE_CONFIG_FILE, RECORD_FIELDS,
+                                  SIDECAR_METRICS_FILE, TRAIN_DIR, ModelDir, eval_set_dir, results_of, uploaded_path)
 
 __all__ = [
     "CHECKPOINT_STATE_FILE", "CheckpointState", "Restored", "UnreadableCheckpointError", "checkpoint_files",
     "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "append_json_line",
     "is_object_store", "is_published", "is_temporary", "publish_directory", "publishing", "read_bytes",
     "read_json", "read_json_lines", "read_text", "temporaries", "write_atomically", "write_json", "BEST_DIR",
-    "BEST_RECORD_FILE", "CONFIG_FILE", "EARLY_STOPPING_FILE", "EVAL_DIR", "EVALUATOR_FILE", "EXPORT_DIR",
-    "FINISHED_FILE", "METRICS_FILE", "OPERATIVE_CONFIG_FILE", "PROFILE_DIR", "RECORD_FIELDS", "REPORT_FILE",
-    "SIDECAR_METRICS_FILE", "SIDECAR_PROGRESS_FILE", "SMOKE_EXPORT_DIR", "SWEEP_PRUNED_FILE", "TRAIN_DIR",
-    "TRAINER_LOCK_FILE", "ModelDir", "eval_set_dir", "results_of", "uploaded_path",
+    "BEST_RECORD_FILE", "CONFIG_FILE", "EVAL_DIR", "EVALUATOR_FILE", "EXPORT_DIR", "FINISHED_FILE",
+    "METRICS_FILE", "OPERATIVE_CONFIG_FILE", "RECORD_FIELDS", "SIDECAR_METRICS_FILE", "TRAIN_DIR", "ModelDir",
+    "eval_set_dir", "results_of", "uploaded_path",
 ]

@@ -1,7 +1,7 @@
 """Claims on a model dir: which process is the trainer, which runs the eval-side hooks,
 whether a sidecar evaluator serves it.
 
-    claim = claim_for(ModelDir(d).trainer_lock_file, "trainer", wait=True)
+    claim = claim_for(ModelDir(d).file("trainer.lock"), "trainer", wait=True)
     if not claim.try_acquire():
         ...  # claim.holder() names the live process that has it
 

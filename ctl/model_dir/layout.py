@@ -24,8 +24,12 @@
       report.png                    `python -m ctl.report`'s curves
       smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
 
-`ModelDir` names each of them: no other module joins a file name into a model
-dir. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
+`ModelDir` names the files core and the model dir's records use; a file that a
+layer above writes has its name there (`TRAINER_LOCK_FILE` in `ctl.faults.lock`,
+`EARLY_STOPPING_FILE`, `PROFILE_DIR`, `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`,
+`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), joined
+through `ModelDir.file`: no module joins a file name into a model dir by hand.
+It also reads the run's records (`metrics`, `sidecar_evaluations`, and
 `evaluations_on_record`, the one answer to "which steps were evaluated, with
 what results").
 """
@@ -47,22 +51,15 @@ from ctl.utils.errors import UserError, first_line
 
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
-TRAINER_LOCK_FILE = "trainer.lock"
 EVALUATOR_FILE = "evaluator.lock"
 FINISHED_FILE = "ctl_run_finished.json"
 METRICS_FILE = "metrics.jsonl"
-EARLY_STOPPING_FILE = "early_stopping.json"
 TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 SIDECAR_METRICS_FILE = "metrics.jsonl"  # In EVAL_DIR.
-SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In EVAL_DIR.
 BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 EXPORT_DIR = "export"
-PROFILE_DIR = "plugins/profile"  # In TRAIN_DIR: TensorBoard's run, the profiler's layout.
-REPORT_FILE = "report.png"
-SMOKE_EXPORT_DIR = "smoke_export"
-SWEEP_PRUNED_FILE = "sweep_pruned.json"  # A sweep's trial: why it was pruned.
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
 
 
@@ -149,10 +146,6 @@ class ModelDir:
         return self.file(OPERATIVE_CONFIG_FILE)
 
     @property
-    def trainer_lock_file(self) -> str:
-        return self.file(TRAINER_LOCK_FILE)
-
-    @property
     def evaluator_file(self) -> str:
         """The evaluator role's one record (`ctl.model_dir.evaluator_role`)."""
         return self.file(EVALUATOR_FILE)
@@ -166,10 +159,6 @@ class ModelDir:
         return self.file(METRICS_FILE)
 
     @property
-    def early_stopping_file(self) -> str:
-        return self.file(EARLY_STOPPING_FILE)
-
-    @property
     def train_dir(self) -> str:
         return self.file(TRAIN_DIR)
 
@@ -180,10 +169,6 @@ class ModelDir:
     @property
     def sidecar_metrics_file(self) -> str:
         return self.file(EVAL_DIR, SIDECAR_METRICS_FILE)
-
-    @property
-    def sidecar_progress_file(self) -> str:
-        return self.file(EVAL_DIR, SIDECAR_PROGRESS_FILE)
 
     @property
     def best_dir(self) -> str:
@@ -229,24 +214,6 @@ class ModelDir:
     def export_best_record_files(self) -> List[str]:
         """Every exporter's best record (`export/*/best.json`), sorted."""
         return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
-
-    @property
-    def profile_dir(self) -> str:
-        """The train run's profile traces (the profiler is given `train_dir` and adds this)."""
-        return self.file(TRAIN_DIR, PROFILE_DIR)
-
-    @property
-    def report_file(self) -> str:
-        return self.file(REPORT_FILE)
-
-    @property
-    def smoke_export_dir(self) -> str:
-        return self.file(SMOKE_EXPORT_DIR)
-
-    @property
-    def sweep_pruned_file(self) -> str:
-        """Why a sweep pruned the trial this dir holds (`ctl.sweep.pruning`)."""
-        return self.file(SWEEP_PRUNED_FILE)
 
     # The run's records.
 

@@ -15,7 +15,7 @@ The root is made at the first `directory()` and removed when the process exits.
 A process that is killed (SIGKILL, the out-of-memory killer) removes nothing:
 the next process to make its root removes the roots of processes that are gone
 first. A root's process is alive while it holds the claim on the root's
-`.owner` (a `ctl.model_dir.claims.FileLock`: an `flock` the kernel drops when the
+`.owner` (a `ctl.model_dir.file_lock.FileLock`: an `flock` the kernel drops when the
 process ends however it ends), taken before the root gets its name: a live
 process's root is never touched (a reused pid, or another pid namespace
 sharing the directory, changes nothing).

@@ -55,6 +55,8 @@ from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
+SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In the eval dir: what the sidecar did with each checkpoint.
+
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations."""
 
@@ -252,7 +254,7 @@ def evaluate_continuously(
     console.info(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
-        settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
+        settings.max_evaluations, len(progress.outcomes), directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE))
     evaluator = CheckpointEvaluator(experiment, strategy, directory)
     role, hooks = _evaluator_role(experiment, evaluator, directory)
     try:
@@ -407,14 +409,14 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
     A progress record that cannot be read is ignored (one WARNING): the
     metrics file still says which checkpoints were evaluated.
     """
-    progress = sidecar.Progress.from_record(files.read_json(directory.sidecar_progress_file))
+    progress = sidecar.Progress.from_record(files.read_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE)))
     for record in directory.sidecar_evaluations():
         progress.record(int(record["number"]), sidecar.EVALUATED)
     return progress
 
 
 def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
-    files.write_json(directory.sidecar_progress_file, progress.to_record())
+    files.write_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE), progress.to_record())
 
 
 
