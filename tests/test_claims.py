@@ -25,9 +25,9 @@ from ctl.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_dire
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(claims, "RENEW_SECONDS", 0.2)
-    monkeypatch.setattr(claims, "STALE_SECONDS", 1.5)
-    monkeypatch.setattr(claims, "SETTLE_SECONDS", 0.1)
+    monkeypatch.setattr(leases, "RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(leases, "STALE_SECONDS", 1.5)
+    monkeypatch.setattr(leases, "SETTLE_SECONDS", 0.1)
 
 
 def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
@@ -152,7 +152,7 @@ def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_tha
 def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick, monkeypatch):
     """The read-back after `SETTLE_SECONDS`: another taker's record written while this one
     settles (both found none) wins; this one backs off and names it."""
-    monkeypatch.setattr(claims, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
+    monkeypatch.setattr(leases, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
     path = str(tmp_path / "trainer.lock")
     lease = claims.Lease(path, "trainer")
     taken = []
