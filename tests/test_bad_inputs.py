@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from ctl.core.model_dir import ModelDir, read_json
+from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.in_process import run_ctl_in_process
 from tests.support.processes import ctl_command
@@ -75,7 +76,7 @@ def cluster(task_type, index=0):
 
 def hold_trainer_lock(model_dir, tmp):
     """Takes `trainer.lock` as a live trainer would (released when the test ends)."""
-    path = ModelDir(model_dir).trainer_lock_file
+    path = ModelDir(model_dir).file(TRAINER_LOCK_FILE)
     handle = open(path, "a+")
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     handle.seek(0)
