@@ -312,3 +312,34 @@ def test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirror
         np.testing.assert_allclose(two[image], scores, rtol=1e-5, atol=1e-6)
     for name in ("AP", "AP50", "ARmax100"):
         assert mirrored_results[name] == pytest.approx(default[name]), name
+
+
+@pytest.mark.slow
+def test_a_ctl_checkpoint_exports_with_model_gardens_export_module_and_serves_the_same(tmp_path):
+    """Model Garden's `official.vision.serving.export_saved_model_lib` exports ctl's checkpoint; the
+    SavedModel serves what Model Garden's export module serves around the model ctl trained."""
+    from official.vision.serving import export_saved_model_lib
+    from official.vision.serving import image_classification as serving
+
+    model_dir = str(tmp_path / "run")
+    task = configured_task(tmp_path / "data")
+    trained = train_with_ctl(task, model_dir, STEPS).trained
+    export_dir = str(tmp_path / "export")
+    export_saved_model_lib.export_inference_graph(
+        input_type="image_tensor", batch_size=3, input_image_size=[32, 32], params=task.params,
+        checkpoint_path=tf.train.latest_checkpoint(model_dir), export_dir=export_dir)
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3)), tf.uint8)
+    served = tf.saved_model.load(export_dir).signatures[
+        "serving_default"](inputs=images)
+    model = task.build_model()
+    model.set_weights(trained)
+    in_memory = serving.ClassificationModule(params=task.params, model=model, batch_size=3,
+                                             input_image_size=[32, 32]).serve(images)
+    assert set(served) == set(in_memory) >= {"logits", "probs"}, (set(served), set(in_memory))
+    for name in in_memory:
+        np.testing.assert_allclose(served[name].numpy(), in_memory[name].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    # Not the model at its initial weights: Model Garden's module read ctl's checkpoint.
+    fresh = serving.ClassificationModule(params=task.params, model=task.build_model(), batch_size=3,
+                                         input_image_size=[32, 32]).serve(images)
+    assert not np.allclose(fresh["logits"].numpy(), in_memory["logits"].numpy())
