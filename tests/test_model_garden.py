@@ -290,11 +290,15 @@ def model_garden_coco_name():
 def test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirrored(tmp_path):
     import official.vision.registry_imports  # noqa: F401
 
+    from bench.model_garden_zoo import compare
+
     overrides = retinanet_overrides(tmp_path)
     model_dir = str(tmp_path / "run")
-    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, checkpoint_interval=2)
+    # Step 0 as Model Garden's trainer lays it out (the zoo's): one checkpoint, evaluated twice.
+    compare.write_initial_checkpoint(RETINANET, overrides, [model_dir])
+    schedule = ctl.Schedule(train_steps=2)
     task = RecordingTask(experiment=RETINANET, params_override=overrides)
-    default = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
+    default = ctl.run_experiment("eval", model_dir, experiment=ctl.Experiment(
         task=task, schedule=schedule))
     task_mirrored = RecordingTask(experiment=RETINANET, params_override=overrides)
     mirrored_results = ctl.run_experiment("eval", model_dir, strategy=mirrored(),
