@@ -157,7 +157,7 @@ class PsWatchdog:
             try:
                 _probe_ps(index)
                 self._answered[index] = time.monotonic()
-            except Exception:  # noqa: BLE001 - a ps that is gone: no answer; the checker decides.
+            except Exception:  # A ps that is gone: no answer; the checker decides.
                 pass
             self._stopped.wait(PROBE_INTERVAL_S)
 

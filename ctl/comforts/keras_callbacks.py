@@ -42,7 +42,12 @@ from ctl.core.hook_protocol import Hook, Run
 
 @gin.configurable(module="ctl.hooks")
 class KerasCallbacks(Hook):
-    """Runs `callbacks` as Keras' `fit` would, one epoch per evaluation, its test calls in each."""
+    """Runs `callbacks` as Keras' `fit` would, one epoch per evaluation, its test calls in each.
+
+    Args:
+        callbacks: Keras callbacks (`keras.callbacks.Callback`s, e.g. `@keras.callbacks.CSVLogger()`), called in
+            order.
+    """
 
     def __init__(self, callbacks: Sequence[Any] = ()):
         self.callbacks = list(callbacks)
@@ -55,6 +60,11 @@ class KerasCallbacks(Hook):
         return self.callbacks
 
     def bind(self, run: Run) -> None:
+        """Gives each callback the model and calls its `on_train_begin`.
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         for callback in self.callbacks:
             if any(c.__name__ == "EarlyStopping" for c in type(callback).__mro__):
@@ -66,9 +76,20 @@ class KerasCallbacks(Hook):
             callback.on_train_begin({})
 
     def on_train_loop_end(self, logs) -> None:
+        """Keeps the loop's results for the next `on_epoch_end`.
+
+        Args:
+            logs: the train loop's results.
+        """
         self._train_logs = scalars(logs)
 
     def on_eval_end(self, logs) -> None:
+        """Ends an epoch: `on_epoch_end` with the train results and the evaluation's as `val_*`; stops the run if a
+            callback set `model.stop_training`.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         epoch_logs = {**self._train_logs, **{f"val_{k}": v for k, v in scalars(logs).items()}}
         for callback in self.callbacks:
             callback.on_epoch_end(self._epoch, epoch_logs)
@@ -77,5 +98,10 @@ class KerasCallbacks(Hook):
             self.run.stop.request("a Keras callback set model.stop_training")
 
     def on_trial_close(self, logs) -> None:
+        """Calls each callback's `on_train_end`.
+
+        Args:
+            logs: the last evaluation's (or train loop's) results.
+        """
         for callback in self.callbacks:
             callback.on_train_end(scalars(logs))

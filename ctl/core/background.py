@@ -137,7 +137,7 @@ class _Lane:
             task = self._queue.get()
             try:
                 task()
-            except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+            except BaseException as error:  # Raised on the caller's thread.
                 self._on_error(error)
             finally:
                 with self._ran:

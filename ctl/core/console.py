@@ -170,7 +170,7 @@ class Console(logging.Handler):
                 self._update_bar(record, *progress)
             else:
                 self._plain_train_line(record, *progress)
-        except Exception:  # noqa: BLE001 - logging's contract: report, never raise.
+        except Exception:  # Logging's contract: report, never raise.
             self.handleError(record)
 
     def _text(self, record: logging.LogRecord, target: Optional[int] = None) -> str:

@@ -251,7 +251,7 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
         tf.function(step_fn).get_concrete_function(spec)
     except UserError:
         raise
-    except Exception as error:  # noqa: BLE001 - the task's own code failed to trace.
+    except Exception as error:  # The task's own code failed to trace.
         found = user_error_within(error)
         if found is not None:
             raise found from error

@@ -195,7 +195,7 @@ class EvaluatorRole:
             if pending is not None:
                 try:
                     pending.result()
-                except Exception:  # noqa: BLE001 - only its end is waited for here.
+                except Exception:  # Only its end is waited for here.
                     pass
         self.claim.release()
 
@@ -221,7 +221,7 @@ class _OnThread:
     def _run(self) -> None:
         try:
             self._value = self._work()
-        except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+        except BaseException as error:  # Raised on the caller's thread.
             self._error = error
 
     def result(self) -> Any:

@@ -145,7 +145,7 @@ def _read(path: str) -> bytes:
         try:
             with gfile.GFile(path, "rb") as f:
                 return f.read()
-        except Exception as error:  # noqa: BLE001 - tf.errors.OpError, without importing TF first.
+        except Exception as error:  # tf.errors.OpError, without importing TF first.
             raise OSError(str(error)) from error
     with open(path, "rb") as f:
         return f.read()
