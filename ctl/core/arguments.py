@@ -44,7 +44,14 @@ from ctl.core.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """Bounds for a number: `at_least`/`at_most` inclusive, `above`/`below` exclusive."""
+    """Bounds for a number: `at_least`/`at_most` inclusive, `above`/`below` exclusive.
+
+    Args:
+        at_least: the smallest value allowed (inclusive), or None.
+        above: a value the argument must exceed (exclusive), or None.
+        at_most: the largest value allowed (inclusive), or None.
+        below: a value the argument must stay under (exclusive), or None.
+    """
 
     at_least: Optional[float] = None
     above: Optional[float] = None
@@ -52,6 +59,11 @@ class Range:
     below: Optional[float] = None
 
     def holds(self, value) -> bool:
+        """Whether `value` is within the bounds (a value that is not a number is left to the type check).
+
+        Args:
+            value: the argument's value.
+        """
         if not _is_real(value):
             return True  # Another type the annotation allows: not a number to bound.
         value = float(value)
@@ -68,12 +80,22 @@ class Range:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """Any other condition on a value: `predicate(value)` is true; `requirement` says it in words."""
+    """Any other condition on a value: `predicate(value)` is true; `requirement` says it in words.
+
+    Args:
+        predicate: a function of the value, true when the value is acceptable.
+        requirement: the condition in words, for the error (e.g. `"a power of two"`).
+    """
 
     predicate: Callable[[Any], bool]
     requirement: str
 
     def holds(self, value) -> bool:
+        """Whether `predicate(value)` is true.
+
+        Args:
+            value: the argument's value.
+        """
         return bool(self.predicate(value))
 
     def describe(self) -> str:
@@ -85,6 +107,16 @@ def check_arguments(target):
 
     Apply it under `@gin.configurable` (gin then registers the checked
     callable). Raises `UserError` for the first argument that fails.
+
+    Args:
+        target: the function or class whose arguments' annotations (`Annotated[int, ctl.Range(at_least=1)]`) are
+            checked.
+
+    Returns:
+        `target`, wrapped to check each call's arguments.
+
+    Raises:
+        UserError: (on a call) the first argument that fails its type, `Range` or `Check`.
     """
     function = target.__init__ if inspect.isclass(target) else target
     name = target.__name__

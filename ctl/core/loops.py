@@ -127,7 +127,11 @@ class LastResults:
 
 @plain
 def metric_results(metrics) -> Logs:
-    """Each metric's result by name (a metric that returns a dict adds its entries)."""
+    """Each metric's result by name (a metric that returns a dict adds its entries).
+
+    Args:
+        metrics: Keras metrics.
+    """
     logs = {}
     for metric in metrics:
         result = metric.result()
@@ -145,9 +149,13 @@ class StepGuard:
     Trainer's with a stop source (`ctl.Trainer(stop=..., guard_steps=True)`), see above."""
 
     def __init__(self, watcher, global_step: tf.Variable, cluster_wide: bool = False):
-        """`watcher`: the stop source (its `stop_requested` and `step_limit`); `global_step`:
-        the trainer's, recorded as the bad step; `cluster_wide`: agree on stopping with the
-        other workers (see the module docstring)."""
+        """Makes the guard's variables (the bad step, and cluster-wide the agreed stop).
+
+        Args:
+            watcher: the stop source (its `stop_requested` and `step_limit`).
+            global_step: the trainer's, recorded as the bad step.
+            cluster_wide: agree on stopping with the other workers (one all-reduce per step).
+        """
         self.stop_requested = watcher.stop_requested
         self.step_limit = watcher.step_limit
         self.global_step = global_step
@@ -162,7 +170,13 @@ class StepGuard:
     @classmethod
     def for_strategy(cls, strategy: tf.distribute.Strategy, watcher,
                      global_step: tf.Variable) -> "StepGuard":
-        """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`."""
+        """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`.
+
+        Args:
+            strategy: the run's strategy.
+            watcher: the stop source.
+            global_step: the trainer's global step.
+        """
         return cls(watcher, global_step,
                    cluster_wide=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
@@ -190,6 +204,11 @@ class StepGuard:
         `train_step` returns the verdict to the loop, which records the bad
         step. A sum of losses is finite only if every loss is. Cluster-wide,
         also agrees on the stop flags (`stop_agreed`).
+
+        Args:
+            strategy: the run's strategy.
+            per_replica_loss: the step's loss on each replica (`strategy.run`'s result).
+            global_step: the global step after the step's update.
         """
         del global_step  # The loop reads the step it ended at.
         if self.cluster_wide:
@@ -219,6 +238,9 @@ class StepGuard:
         """`loop_fn(iterator, num_steps)`: a `tf.while_loop` over `step_fn`; call it in `tf.function`.
 
         `step_fn(iterator)` returns the step's verdict (`check_loss`), or None.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
         """
         def loop_fn(iterator, num_steps):
             # The count runs up to 0. The verdict rides it: a bad step jumps it to 1,
@@ -247,6 +269,9 @@ class StepGuard:
         For steps scheduled ahead of time (parameter servers): a step that
         starts after a signal or a bad loss does nothing, so the loop ends
         once the steps already running on workers are done.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
         """
         def step(iterator):
             def run():
@@ -260,7 +285,11 @@ class StepGuard:
         return step
 
     def host_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step."""
+        """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
+        """
         def loop_fn(iterator, num_steps):
             for _ in range(int(num_steps)):
                 if bool(self.should_stop()):
@@ -281,6 +310,12 @@ def scheduled_train_loop(coordinator, step_fn, guard: Optional[StepGuard], reset
     (`StepGuard.skip_if_stopped`), and at most 4 steps per worker are
     scheduled ahead, so a stop waits for the steps running and for these.
     `reset` resets the metrics first; the results are read after `join()`.
+
+    Args:
+        coordinator: the `ClusterCoordinator` that schedules the steps.
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics (run before the first step).
     """
     workers = {device.name.split("/device:")[0] for device in tf.config.list_logical_devices()
                if device.name.startswith("/job:worker/")}  # The coordinator sees their devices.
@@ -306,6 +341,9 @@ def wait_for_step(remote_value) -> None:
     worker was lost since, the copy fails ("failed to connect", seen once in
     about eight runs of a worker SIGKILL) though the step is done. A lost ps
     fails the steps themselves, and `ClusterCoordinator` reports that.
+
+    Args:
+        remote_value: the step's `RemoteValue`.
     """
     try:
         remote_value.fetch()
@@ -320,6 +358,13 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
     The loop also returns `read_end()` (the global step and the guard's bad
     step it ended at): a separate reset or read right after a loop cost a
     share of a short loop of a small model (figure 1, docs/bench.md).
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics, at the loop's start.
+        read: reads the loop's results, at its end.
+        read_end: reads the global step and the bad step, at its end.
     """
     loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(step_fn)
 
@@ -332,7 +377,14 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
 
 
 def host_train_loop(step_fn, guard: Optional[StepGuard], reset, read):
-    """`loop_fn(iterator, num_steps) -> results`: the host calls `step_fn` once per step."""
+    """`loop_fn(iterator, num_steps) -> results`: the host calls `step_fn` once per step.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics, at the loop's start.
+        read: reads the loop's results, at its end.
+    """
     loop = (guard.host_loop if guard else orbit.utils.create_loop_fn)(step_fn)
 
     def host_loop(iterator, num_steps):
@@ -347,7 +399,12 @@ def host_train_loop(step_fn, guard: Optional[StepGuard], reset, read):
 
 def graph_eval_loop(step_fn, eval_stop):
     """`loop_fn(iterator, num_steps)` as one `tf.while_loop`, for inside `tf.function`; with an
-    `eval_stop`, it also ends before the next step once a stop is requested."""
+    `eval_stop`, it also ends before the next step once a stop is requested.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        eval_stop: the stop source that ends an evaluation early, or None.
+    """
     if eval_stop is None:
         return orbit.utils.create_tf_while_loop_fn(step_fn)
     stop = eval_stop.stop_requested
@@ -365,7 +422,12 @@ def graph_eval_loop(step_fn, eval_stop):
 
 
 def stoppable(step_fn, eval_stop):
-    """`step_fn` for orbit's host loop, which ends it (StopIteration) once `eval_stop` asks."""
+    """`step_fn` for orbit's host loop, which ends it (StopIteration) once `eval_stop` asks.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        eval_stop: the stop source that ends an evaluation early.
+    """
     if eval_stop is None:
         return step_fn
     requested = eval_stop.requested
@@ -379,7 +441,12 @@ def stoppable(step_fn, eval_stop):
 
 
 def with_batch_callbacks(step_fn, callbacks):
-    """`step_fn`, with each Keras callback's `on_test_batch_begin/end` around it."""
+    """`step_fn`, with each Keras callback's `on_test_batch_begin/end` around it.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        callbacks: Keras callbacks.
+    """
     if not callbacks:
         return step_fn
     batches = itertools.count()
@@ -436,5 +503,9 @@ _ENDER = _IteratorEnder()
 
 
 def end_off_path(iterator) -> None:
-    """Ends `iterator` on the ender's thread, once the caller has dropped its own references."""
+    """Ends `iterator` on the ender's thread, once the caller has dropped its own references.
+
+    Args:
+        iterator: the iterator to end (a dataset iterator whose end may block).
+    """
     _ENDER.put(iterator)
