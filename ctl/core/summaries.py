@@ -55,7 +55,13 @@ from ctl.core.model_dir import eval_set_dir, is_object_store, uploaded_path
 
 
 class SummaryManager:
-    """Loop summaries of one directory (`None`: every call is a no-op), buffered on the host."""
+    """Loop summaries of one directory (`None`: every call is a no-op), buffered on the host.
+
+    Args:
+        summary_dir: where the event files go, local or in an object store; None: every call is a no-op.
+        global_step: the step variable, the default step of each record.
+        clock: the time source of the flush interval (a test may pass its own).
+    """
 
     FLUSH_SECONDS = 5.0
 
@@ -76,7 +82,11 @@ class SummaryManager:
         self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
 
     def summary_writer(self, relative_path: str = ""):
-        """The writer of `relative_path` under the summary dir (a no-op writer if disabled)."""
+        """The writer of `relative_path` under the summary dir (a no-op writer if disabled).
+
+        Args:
+            relative_path: a subdirectory of the summary dir ("": the dir itself).
+        """
         writer = self._writers.get(relative_path)
         if writer is None:
             writer = (tf.summary.create_file_writer(
@@ -89,6 +99,10 @@ class SummaryManager:
         """Keeps `summary_dict` for the next flush, at `step` (default: the global step's value).
 
         A nested dict's values go to a subdirectory named by its key.
+
+        Args:
+            summary_dict: `{name: scalar}`, or `{subdirectory: {name: scalar}}`.
+            step: the step recorded (default: the global step's value).
         """
         if not self.enabled:
             return
@@ -229,7 +243,11 @@ def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, 
 
 
 def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """`values` as Python floats, or `None` if one is not a real scalar (or there are none)."""
+    """`values` as Python floats, or `None` if one is not a real scalar (or there are none).
+
+    Args:
+        values: `{name: value}`.
+    """
     if not values:
         return None
     scalars = {}

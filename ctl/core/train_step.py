@@ -52,6 +52,12 @@ _plain = tf.autograph.experimental.do_not_convert
 
 
 def validate(clip_norm: Optional[float], accumulation_steps: int) -> None:
+    """Raises `UserError` unless `clip_norm` is None or positive and `accumulation_steps` a positive integer.
+
+    Args:
+        clip_norm: `ctl.Trainer.clip_norm`.
+        accumulation_steps: `ctl.Trainer.accumulation_steps`.
+    """
     if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(
             clip_norm, (int, float)) or not clip_norm > 0):
         raise UserError(f"ctl.Trainer.clip_norm ({clip_norm!r}) must be a positive number or "
@@ -66,7 +72,12 @@ def validate(clip_norm: Optional[float], accumulation_steps: int) -> None:
 def scale_loss(optimizer, loss):
     """What a train step differentiates: `optimizer.scale_loss(loss)` for ctl's
     pipeline; for a plain Keras optimizer, the loss over the replica count
-    (gradients are summed over replicas)."""
+    (gradients are summed over replicas).
+
+    Args:
+        optimizer: the step's optimizer: ctl's `GradientPipeline` or a Keras optimizer.
+        loss: this replica's loss.
+    """
     if isinstance(optimizer, GradientPipeline):
         return optimizer.scale_loss(loss)
     return loss / tf.distribute.get_strategy().num_replicas_in_sync
@@ -77,6 +88,12 @@ class GradientPipeline:
 
     Built by the Trainer inside its strategy's scope; `optimizer` is the
     trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
+
+    Args:
+        optimizer: the trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
+        variables: the variables it updates (the model's trainable ones).
+        clip_norm: clip the gradients, summed over replicas, to this global norm (None: no clipping).
+        accumulation_steps: one update per this many batches.
     """
 
     def __init__(self, optimizer, variables, clip_norm: Optional[float] = None,
@@ -115,7 +132,11 @@ class GradientPipeline:
 
     @_plain
     def scale_loss(self, loss):
-        """This replica's share of the loss to differentiate: `loss / replicas * loss scale`."""
+        """This replica's share of the loss to differentiate: `loss / replicas * loss scale`.
+
+        Args:
+            loss: this replica's unscaled loss.
+        """
         if self._replicas > 1:
             loss = loss / self._replicas
         recorder = self._recorder("scale_loss")
@@ -128,7 +149,12 @@ class GradientPipeline:
 
     @_plain
     def apply_gradients(self, grads_and_vars, **unused_kwargs) -> None:
-        """Records this replica's gradients; the Trainer applies them after the step returns."""
+        """Records this replica's gradients; the Trainer applies them after the step returns.
+
+        Args:
+            grads_and_vars: `(gradient, variable)` pairs, as Keras optimizers take them.
+            **unused_kwargs: Keras' other arguments (not read).
+        """
         recorder = self._recorder("apply_gradients")
         if recorder.gradients is not None:
             raise UserError("a train_step called optimizer.apply_gradients twice; ctl applies "
@@ -153,7 +179,12 @@ class GradientPipeline:
 
     @_plain
     def update(self, gradients: List, apply: bool) -> None:
-        """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context)."""
+        """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context).
+
+        Args:
+            gradients: this replica's gradients of the micro-batch, in the order of `variables`.
+            apply: the update's last micro-batch: apply the sum.
+        """
         if not apply:
             for total, gradient in zip(self._sums, gradients):
                 if gradient is not None:
