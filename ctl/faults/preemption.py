@@ -36,7 +36,13 @@ class Preempted(Exception):
     """Training stopped on a signal after saving a checkpoint at `step`."""
 
     def __init__(self, signum: Optional[int], step: int, checkpoint: Optional[str]):
-        """`signum` None: another worker of the cluster received the signal."""
+        """The message says how to resume.
+
+        Args:
+            signum: the signal received; None: another worker of the cluster received it.
+            step: the step of the checkpoint.
+            checkpoint: the checkpoint's path (None: none written).
+        """
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint

@@ -51,7 +51,11 @@ from ctl.faults import run_size
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once)."""
+    """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once).
+
+    Args:
+        seed: `ctl.FaultTolerance.seed`.
+    """
     random.seed(seed)
     np.random.seed(seed)
     tf.random.set_seed(seed)
@@ -64,6 +68,9 @@ def probe_pipeline(task) -> tf.data.Dataset:
 
     Its own pipeline, not the trainer's: iterators of one dataset share its
     shuffle's seed generator, so probing the trainer's would change its data.
+
+    Args:
+        task: the run's `ctl.Task`.
     """
     return contract.inputs(task, True, tf.distribute.InputContext())
 
@@ -76,6 +83,10 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
     the buffers are empty, so this is cheap). Such a pipeline's position is
     saved or skipped to like any other's, but its data repeat only if its
     random ops draw the same numbers in a new process.
+
+    Args:
+        task: the run's `ctl.Task`.
+        probe: a train pipeline of it (None: `probe_pipeline(task)`).
     """
     options = tf.data.Options()
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
@@ -85,7 +96,13 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
 
 
 def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> None:
-    """Says at start when a resume may not see the data an uninterrupted run would."""
+    """Says at start when a resume may not see the data an uninterrupted run would.
+
+    Args:
+        task: the run's `ctl.Task`.
+        seeded: whether `ctl.FaultTolerance.seed` is set.
+        probe: a train pipeline of the task (None: one is built).
+    """
     reason = stateful_input_op(task, probe)
     if reason is None:
         return
@@ -111,7 +128,13 @@ class InputPosition:
     """
 
     def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None):
-        """`probe`: a train pipeline of the trainer's task (`probe_pipeline`) to try options on."""
+        """Chooses how the position is kept (tf.data options) and sizes the run.
+
+        Args:
+            trainer: the run's Trainer (its train dataset, checkpoint and strategy).
+            probe: a train pipeline of the trainer's task (`probe_pipeline`) to try options on
+                (None: one is built).
+        """
         self.trainer = trainer
         self._options = None  # The tf.data options under which the iterator saves, if it does.
         self.why_not_saved = self._choose_options(probe)
@@ -126,6 +149,11 @@ class InputPosition:
         return self._options is not None
 
     def with_options(self, dataset):
+        """`dataset` with the tf.data options under which its iterator saves (itself if it does not).
+
+        Args:
+            dataset: the train dataset.
+        """
         return dataset.with_options(self._options) if self._options is not None else dataset
 
     @contextlib.contextmanager
@@ -152,6 +180,10 @@ class InputPosition:
 
         Reads the saved position when `path` has one for this pipeline, else
         skips the consumed batches. Returns how: "checkpoint", "skip" or "start".
+
+        Args:
+            path: the restored checkpoint (None: a fresh start).
+            step: the restored step.
         """
         segment = run_size.recorded(path) if path is not None and self.size else None
         if segment is not None and segment.size != self.size and self.size.global_batch is not None:
@@ -264,6 +296,10 @@ def skip_consumed_batches(trainer, steps: int) -> None:
 
     Runs eagerly, before the next train loop; the trainer makes a new
     iterator when its `train_dataset` is replaced.
+
+    Args:
+        trainer: the run's Trainer.
+        steps: the steps already trained (their batches are skipped).
     """
     batches_per_step = trainer.batches_per_step  # ctl.Trainer.accumulation_steps
 

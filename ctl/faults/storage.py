@@ -58,13 +58,22 @@ _NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
 
 @dataclasses.dataclass(frozen=True)
 class StorageFault:
-    """The storage refused `path`, for `cause` (e.g. "No space left on device")."""
+    """The storage refused `path`, for `cause` (e.g. "No space left on device").
+
+    Args:
+        path: the file or directory the storage refused.
+        cause: the storage's words for why (e.g. "No space left on device").
+    """
 
     path: str
     cause: str
 
     def message(self, directory: ModelDir) -> str:
-        """One line: what failed, and what to do, naming the newest complete checkpoint."""
+        """One line: what failed, and what to do, naming the newest complete checkpoint.
+
+        Args:
+            directory: the run's model dir.
+        """
         newest = _newest_checkpoint(directory)
         kept = (f"the newest complete checkpoint, {newest}, is intact" if newest
                 else "no checkpoint was complete yet")
@@ -75,7 +84,12 @@ class StorageFault:
 def storage_fault_within(error: BaseException,
                          directory: Optional[ModelDir]) -> Optional[StorageFault]:
     """The storage fault behind `error` (itself, its cause or its context), or None
-    (`directory`: the run's model dir, None without one)."""
+    (`directory`: the run's model dir, None without one).
+
+    Args:
+        error: the error a write raised.
+        directory: the run's model dir, None without one.
+    """
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
