@@ -61,7 +61,12 @@ class PeerLost(Exception):
     """A task this one trains with is gone; the run cannot go on without it."""
 
     def __init__(self, lost: List[str], cause: str):
-        """`cause`: how the loss showed, e.g. "TensorFlow: <its message>"."""
+        """The message names the lost tasks and says how to resume.
+
+        Args:
+            lost: the lost tasks, as "worker 1 (host:port)".
+            cause: how the loss showed, e.g. "TensorFlow: <its message>".
+        """
         self.lost = lost
         super().__init__(
             f"lost {', '.join(lost)} ({cause}); this task stops too. Restart the "
@@ -83,6 +88,10 @@ def lost_tasks(cluster: ClusterConfig, message: str) -> List[str]:
     (`ClusterCoordinator` reschedules a lost worker's steps), so when a ps is
     lost the workers are not named: a cluster manager that restarts the whole
     job after the ps died may already have stopped them.
+
+    Args:
+        cluster: the validated TF_CONFIG (`ctl.cluster.tf_config.read_tf_config`).
+        message: TensorFlow's error message.
     """
     peers = [(job, index, address) for job, addresses in cluster.training_cluster().items()
              for index, address in enumerate(addresses)
@@ -114,7 +123,11 @@ def _cause(error: tf.errors.OpError) -> str:
 
 @contextlib.contextmanager
 def reported_as_peer_loss(cluster: Optional[ClusterConfig]) -> Iterator[None]:
-    """Turns a collective failure caused by a lost peer into `PeerLost` (multi-task clusters only)."""
+    """Turns a collective failure caused by a lost peer into `PeerLost` (multi-task clusters only).
+
+    Args:
+        cluster: the validated TF_CONFIG, or None (one process: nothing to turn).
+    """
     if cluster is None or cluster.trainers < 2:
         yield
         return
@@ -135,6 +148,9 @@ class PsWatchdog:
     has not answered for `ANSWER_TIMEOUT_S`. A probe
     that fails (a ps whose process is gone) does not count as an answer, but
     the main thread usually hears of that loss first (`reported_as_peer_loss`).
+
+    Args:
+        cluster: the validated TF_CONFIG of a parameter-server cluster (its ps tasks are watched).
     """
 
     def __init__(self, cluster: ClusterConfig):
@@ -189,7 +205,12 @@ def _exit_lost(message: str) -> None:
 
 @contextlib.contextmanager
 def watched(cluster: Optional[ClusterConfig], strategy_name: str) -> Iterator[None]:
-    """Runs a `PsWatchdog` while the coordinator of a parameter-server cluster trains; else nothing."""
+    """Runs a `PsWatchdog` while the coordinator of a parameter-server cluster trains; else nothing.
+
+    Args:
+        cluster: the validated TF_CONFIG, or None.
+        strategy_name: `--strategy`: only `parameter_server` is watched.
+    """
     if cluster is None or strategy_name != "parameter_server" or not cluster.is_chief \
             or not cluster.training_cluster().get("ps"):
         yield
