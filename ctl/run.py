@@ -81,7 +81,11 @@ def _exit(status: int, message: str) -> None:
 
 
 def parse_flags(argv):
-    """ctl.run's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2."""
+    """ctl.run's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2.
+
+    Args:
+        argv: the command line, the program name first.
+    """
     try:
         return FLAGS(gin_text.expand_gin_flags(argv))
     except flags.Error as error:
@@ -116,7 +120,12 @@ def _say_strategy(name: str, strategy) -> None:
 
 
 def main(argv, hooks: Sequence[Any] = ()):
-    """`python -m ctl.run`; `hooks` run after the experiment's (`ctl.train_lib.run_experiment`)."""
+    """`python -m ctl.run`; `hooks` run after the experiment's (`ctl.train_lib.run_experiment`).
+
+    Args:
+        argv: absl's remaining arguments (the program name alone: anything else is an error).
+        hooks: hooks run after the experiment's own.
+    """
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     if not FLAGS.model_dir and FLAGS.mode != SMOKE:

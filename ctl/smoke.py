@@ -38,7 +38,12 @@ STAGES = ("train", "eval", "restore", "export")
 
 
 def run_smoke(strategy=None, experiment=None) -> float:
-    """Runs the smoke test; returns its duration in seconds or raises `UserError`."""
+    """Runs the smoke test; returns its duration in seconds or raises `UserError`.
+
+    Args:
+        strategy: the strategy to run under (None: the current one).
+        experiment: the experiment (None: the gin-configured `ctl.Experiment`).
+    """
     start = time.monotonic()
     strategy = strategy or tf.distribute.get_strategy()
     experiment = experiment or config.call_configured(Experiment)
