@@ -70,7 +70,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
             _export_and_compare(experiment.task, trainer, directory)
         except UserError as error:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
-        except Exception as error:  # noqa: BLE001 - any failure is the answer here.
+        except Exception as error:  # Any failure is the answer here.
             console.info("smoke", "failed at %s:\n%s", stage, traceback.format_exc())
             raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
                             f"{one_line(error)} (traceback on stdout)") from error

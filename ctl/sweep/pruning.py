@@ -32,6 +32,11 @@ from ctl.sweep.sweep_file import SweepFile
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
+    """The Optuna pruner the sweep file's `[pruner]` table names (asha, median or none).
+
+    Args:
+        options: the table, checked (`name` and its options).
+    """
     name = options["name"]
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
@@ -46,7 +51,15 @@ def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
 def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: int,
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
-    which value."""
+    which value.
+
+    Args:
+        model_dir: the trial's model dir.
+        pruner: the sweep file's `[pruner]` table.
+        objective: the objective's name.
+        step: the step of the evaluation it was pruned at.
+        value: the objective's value there.
+    """
     from ctl.core.model_dir import ModelDir, write_json
 
     write_json(ModelDir(model_dir).sweep_pruned_file, {
@@ -57,6 +70,11 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
 
 
 def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
+    """The record `record_pruned` wrote, or None.
+
+    Args:
+        model_dir: the trial's model dir.
+    """
     from ctl.core.model_dir import ModelDir, read_json
 
     return read_json(ModelDir(model_dir).sweep_pruned_file)
@@ -73,6 +91,11 @@ class PruneAtEvaluations:
     (the run's NaN policy decides, and its worker records the trial failed). A run
     started again on a trial that was pruned (its worker died before it recorded the
     end) stops at once, at a checkpoint.
+
+    Args:
+        sweep: the parsed sweep file.
+        open_storage: returns the study's storage (called at the first evaluation).
+        number: the trial's number.
     """
 
     def __init__(self, sweep: SweepFile, open_storage: Callable[[], optuna.storages.BaseStorage],
@@ -84,6 +107,11 @@ class PruneAtEvaluations:
         self.reported: Set[int] = set()
 
     def bind(self, run) -> None:
+        """Keeps the run; a trial already pruned (its record is in the model dir) is stopped at once.
+
+        Args:
+            run: the trial run's `ctl.hooks.Run`.
+        """
         self.run = run
         pruned = read_pruned(run.model_dir)
         if run.chief and isinstance(pruned, dict):
@@ -91,6 +119,11 @@ class PruneAtEvaluations:
                              f"({run.directory.sweep_pruned_file})")
 
     def on_eval_end(self, logs) -> None:
+        """Reports the objective at this step to the trial, and stops the run if the pruner says so.
+
+        Args:
+            logs: the evaluation's results (the objective among them).
+        """
         value, step = self._objective(logs), self.run.step
         if not self.run.chief or math.isnan(value):
             return

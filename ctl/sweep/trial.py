@@ -33,6 +33,11 @@ for _name in ("sweep_file", "sweep_dir", "trial"):
 
 
 def main(argv):
+    """`python -m ctl.sweep.trial`: ctl.run's path, with the trial's pruning hook.
+
+    Args:
+        argv: absl's remaining arguments.
+    """
     import optuna
 
     from ctl.sweep import pruning, study, sweep_file
