@@ -1,54 +1,14 @@
 """ctl's Controller: train, evaluate and checkpoint, on orbit's runner protocol.
 
-ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
-`orbit.AbstractEvaluator` (ctl's `Trainer`, and orbit's own `StandardTrainer` and
-`StandardEvaluator`: tests/test_orbit_protocol.py; orbit's own tests of its Controller run against
-this one: tests/test_orbit_controller_tests.py) and subclasses nothing of orbit's `Controller`, whose
-loop it would otherwise override method by method (BUILD.md, "orbit"). It
-keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
-`save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
-through `ctl.core.console` (one format, rate and ETA from steady-state loops),
-and it adds a stop request and checkpoint hooks: `train` also checks
-`stop.should_stop` after every train loop, and `train_and_evaluate` after every
-evaluation, so a stop request ends training at the next boundary, with a final
-checkpoint. Everything runs eagerly on the host. Its constructor takes orbit's
-familiar arguments (`trainer`, `evaluator`, `global_step`, `strategy`,
-`steps_per_loop`) and the rest in three small groups: `Checkpoints` (the
-manager, asynchronous saves, the hooks that see a save or a restore),
-`Summaries` (where the loops' results go) and `BetweenLoops` (what runs after
-a loop, and the stop request).
+It drives any `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (ctl's `Trainer`, orbit's
+`StandardTrainer`) with orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
+`save_checkpoint`, `restore_checkpoint`, train and eval actions), and adds a stop request
+checked after every loop and evaluation, checkpoint hooks, and host bookkeeping that costs no
+eager TensorFlow op. Its constructor takes orbit's familiar arguments and the rest in three
+groups: `Checkpoints`, `Summaries`, `BetweenLoops`. It is the one owner of the current step on
+the host (`Controller.step`). Everything runs eagerly on the host.
 
-What happens after each train loop (`_train_n_steps`) costs no eager
-TensorFlow op: orbit's spends host time there (global-step reads, two
-summary-writer flushes, a summary op, a pretty-printed output), a share of
-a short loop of a small model that figure 1 shows (docs/bench.md). ctl's takes the loop's results and the
-global step from the value the loop's own `tf.function` call returns
-(`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
-every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
-at most every 0.1 s and for the last loop of a stretch). Measured with
-`python -m bench.run --only train_throughput`.
-
-Asynchronous checkpoints use TensorFlow's `tf.train.CheckpointOptions(
-enable_async=True)`; for Keras 3 variables, which break TensorFlow's second
-async save, `ctl.compat.share_keras_cpu_twins` is applied to the variables of
-this controller's checkpoint (nothing process-wide).
-
-The controller is the one owner of "the current step" on the host
-(`Controller.step`): it takes it from each loop's `TrainLoopEnd`, after the
-`after_train_loop` handlers (the fault handler) had their say, and from the
-global step after every restore and as each `train` or `train_and_evaluate`
-call starts (its caller may have moved the global step). A handler that restores a checkpoint returns
-the end with the restored step, so the next loop, the summaries and the hooks
-all work from that step; nothing else keeps a copy that could go stale.
-
-    train_and_evaluate(train_steps, eval_steps, eval_interval):
-      if step is an eval step and not skip_evaluation(step): evaluate
-      while step < train_steps and not stop.should_stop:
-        train(to the next multiple of eval_interval, or train_steps)  # stops early on a request
-          per loop: end = trainer.train(n); end = handler(end) for each
-                    after_train_loop handler; step = end.step; train actions
-        evaluate(eval_steps)                  # eval actions may request a stop
-      save checkpoint                          # on_checkpoint_end(path)
+Why ctl has its own, and `train_and_evaluate` as pseudo-code: docs/explanation/training-loop.md.
 """
 
 import dataclasses
@@ -288,7 +248,7 @@ class Controller:
         """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
 
         orbit's does the same; this one runs no eager TensorFlow op: the loop
-        hands back its results and the global step (see the module docstring).
+        hands back its results and the global step (docs/explanation/training-loop.md).
         `stretch_end`: the step this stretch of training ends at (for the console).
         """
         started = time.perf_counter()

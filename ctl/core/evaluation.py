@@ -1,35 +1,14 @@
 """`Evaluation`: the Trainer's side of orbit's evaluator protocol (`evaluate(num_steps)`).
 
-ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`,
-`eval_step`, `eval_reduce`, `eval_end`) are overridden on a Trainer subclass.
-One evaluation (`evaluate`) of each eval set, from the start of the set:
+ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`, `eval_step`,
+`eval_reduce`, `eval_end`) are overridden on a Trainer subclass. One evaluation (`evaluate`)
+runs each eval set from its start: `eval_begin` (eager), the loop of `eval_step`s (inside
+`tf.function` when it can be), `eval_reduce` after each step (eager, only if the task
+aggregates, `ctl.core.aggregation`), then `eval_end` (eager). Metrics are read, and the extra
+logs of `validation_step` gathered, across all replicas of all workers, so every worker computes
+the same results over the whole eval set; the eval loss is a mean over examples.
 
-    state = eval_begin()                    # eager: the aggregation state, or None
-    loop(iterator, num_steps):              # one tf.function call if it can be
-      reset eval loss and metrics
-      for _ in range(num_steps or until the eval set ends):
-        if eval_stop requested: break       # only with an eval_stop (the Trainer's `stop`)
-        outputs = eval_step(iterator)
-          inputs = next_eval_inputs(iterator)
-          strategy.run(task.validation_step, inputs)
-          strategy.gather(extra logs)       # from every replica of every worker
-        state = eval_reduce(state, outputs) # eager; only if the task aggregates
-                                            # (ctl.core.aggregation)
-      read eval loss and metrics
-    if eval_stop requested: raise EvaluationStopped   # incomplete: nothing written
-    return eval_end(state)                  # eager: {loss, metrics, task results}
-                                            # (the iterator ends on a thread of its own:
-                                            # ctl.core.loops.end_off_path)
-
-The loop is one `tf.function` call (`ctl.core.loops.graph_eval_loop`) for a
-fixed number of steps with `use_tf_while_loop`; evaluations over the whole
-eval set, with Keras callbacks (`eval_callbacks`), or of tasks that aggregate
-logs on the host use the host loop.
-
-The first dimension of every input tensor is the batch: the eval loss is a mean
-over examples, weighted by batch size. Metrics are read across all replicas of
-all workers, and the extra logs of `validation_step` are gathered from all of
-them, so that every worker computes the same results over the whole eval set.
+The loop as pseudo-code: docs/explanation/training-loop.md.
 """
 
 from typing import Any, Dict, Optional, Sequence

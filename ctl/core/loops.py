@@ -1,98 +1,17 @@
 """The loop functions of ctl's Trainer: the train loops, the eval loops' parts, the iterator ender.
 
-Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`);
-the Trainer (`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it
-its hooks. One training loop of `num_steps` steps (`Trainer.train`, as ctl's
-Controller calls it):
+Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`); the Trainer
+(`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it its hooks:
 
-    train_loop_begin()                      # eager hook; does nothing by default
-    loop(iterator, num_steps):              # one tf.function call (tf.while_loop): graph_train_loop
-      reset loss and metrics
-      ok = True
-      for _ in range(num_steps):
-        if not ok or step_guard.should_stop(): break  # only with a step guard (StepGuard, below)
-        ok = train_step(iterator)           # one update (ctl.core.train_step)
-          repeat accumulation_steps - 1 times:   # only with accumulation
-            strategy.run(replica_step, next_train_inputs(iterator), apply=False)
-          loss = strategy.run(replica_step, next_train_inputs(iterator), apply=True)
-            replica_step:                   # per replica; XLA-compiled with jit_compile
-              task.train_step(inputs, model, optimizer=gradient pipeline, metrics)
-            then gradients.update(...)      # sum, clip, apply (not compiled)
-          ema.update()                      # only with ema_decay
-          global_step += 1
-          return step_guard.check_loss(loss)  # the verdict: all losses finite
-      (the guard records the step it ended at if not ok: bad_step)
-      read loss, metrics, learning rate, global step, bad step
-    logs = train_loop_end()                 # eager; what the loop read
-    return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
+- `graph_train_loop`: reset, the steps and the reads in one `tf.function` call (`use_tf_while_loop`);
+- `host_train_loop`: the host calls the step once per step;
+- `scheduled_train_loop`: parameter servers, one scheduled closure per step;
+- `StepGuard`: a train loop that ends early, at a step boundary, on a stop request or a NaN loss
+  (cluster-wide under `MultiWorkerMirroredStrategy`);
+- `graph_eval_loop`, `stoppable`, `with_batch_callbacks`, `metric_results`: the eval loops' parts;
+- `end_off_path`: a finished eval iterator ended on a thread of its own.
 
-Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
-each step is one closure that the `ClusterCoordinator` schedules on a
-free worker (`scheduled_train_loop`), and `train_loop_end` first waits for
-them all (`join()`), then reads the metrics. With a step guard the host
-schedules at most 4 steps per worker ahead, stops scheduling once the guard
-says stop, and each scheduled step that starts after that does nothing
-(`StepGuard.skip_if_stopped`).
-
-`use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
-number of steps: `graph_eval_loop`) as one `tf.while_loop` inside one
-`tf.function` call, metric resets and reads included; with `False` the host
-drives the loop and each step is its own `tf.function` call
-(`host_train_loop`). Evaluations over the whole eval set, and of tasks that
-aggregate logs on the host, always use the host loop (`ctl.core.evaluation`).
-
-The guarded train loop (`StepGuard`): it ends early, at a step boundary, on a stop request or a NaN loss.
-
-orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
-Trainer a loop that also ends early when
-
-  * a stop was requested (the stop source, `ctl.core.stop.SignalWatcher`, lowers its
-    `step_limit` variable, from a thread, while the loop runs): checked
-    before every step;
-  * the last step's loss was NaN or Inf: `check_loss`, called by the Trainer
-    after each step, returns the step's verdict, and the loop carries it to
-    its next condition; the loop records the step it ended at in `bad_step`.
-
-In one `tf.while_loop` (`graph_loop`), counting the steps up to 0:
-
-    i = -num_steps
-    while i < step_limit:            # one variable read: 0, or far below once a stop is requested
-      ok = train_step(iterator)      # ends with ok = check_loss(loss, ...): all losses finite
-      i = i + 1 if ok else 1         # a bad step ends the loop
-    if i == 1: bad_step = global_step                     # once per loop
-
-A loop's condition waits for the step before it: whatever it computes adds
-to the time between two steps. This one is a variable read and a
-comparison, the least that reading a stop request before every step takes
-(the verdict of `check_loss`, a finiteness test and a select, is ready
-before the step's updates are). On the bench MLP (240 ops a step) it runs at
-1.00 of the same loop without a guard; the previous condition, `i <
-num_steps and not stop_requested` (a read, a negation and a conjunction),
-at 0.975 (`python -m bench.guard_designs`, docs/faults.md). A compute-bound
-model notices neither. `host_loop` does the same with one `tf.function`
-call per step.
-
-Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
-and each has its own `stop_requested`: a worker that stopped on its own signal
-would leave the others blocked in the next step's all-reduce. So there the
-guard is *cluster-wide*: `check_loss` all-reduces, in the one collective it
-already needs for the losses, each worker's stop flag, and the loop reads the
-agreed result (`stop_agreed`). A signal on any worker therefore stops every
-worker after the same step: the step during which the signal's flag entered the
-all-reduce, at most one step after it arrived. A NaN or Inf loss on any replica
-of any worker makes the reduced sum non-finite on every worker alike, so all
-record the same `bad_step`.
-
-Under `ParameterServerStrategy` the coordinator schedules the steps of a loop
-ahead of time and workers run them later; the host stops scheduling once the
-guard says stop and each scheduled step checks the guard before it runs and
-records its own bad loss (`skip_if_stopped`; the variables live on the
-coordinator and workers read them). The loop therefore ends once the steps
-already running when the signal or the bad loss came are done: at most one
-step per worker.
-
-What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job; the
-Trainer builds its guard from the stop source and `guard_steps` it is constructed with.
+The loops as pseudo-code, and why the guard is built as it is: docs/explanation/training-loop.md.
 """
 
 import atexit

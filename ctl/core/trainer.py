@@ -1,26 +1,18 @@
 """`Trainer`: builds what a `Task` trains and runs its train loops, on orbit's runner protocol.
 
-The Trainer is an `orbit.AbstractTrainer` and `orbit.AbstractEvaluator`
-(`train(num_steps)`, `evaluate(num_steps)`) with its own loops, built from
-orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
-`make_distributed_dataset`); no orbit runner class to keep in step with.
-Its pieces, one idea each:
+An `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (`train(num_steps)`,
+`evaluate(num_steps)`) with its own loops, built from orbit's utilities. Its pieces:
 
-- this module: building (model, optimizer, metrics, datasets, checkpoint)
-  and the train step and train hooks;
-- `ctl.core.loops`: the loop functions, and the train loop as pseudo-code,
-  saying which hook runs eagerly and which inside `tf.function`; the
-  guarded train loop (`StepGuard`) that ends early on a stop or a NaN loss;
-- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer
-  inherits), its hooks and its loop as pseudo-code;
-- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`), and what an
-  evaluation a stop ended raises (`EvaluationStopped`).
+- this module: building (model, optimizer, metrics, datasets, checkpoint), the train step
+  and the train hooks;
+- `ctl.core.loops`: the loop functions and the step guard (`StepGuard`);
+- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer inherits) and its hooks;
+- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`) and what a stopped
+  evaluation raises (`EvaluationStopped`);
+- `ctl.core.precision`, `ctl.core.train_step`, `ctl.core.ema`: the train-step settings
+  (docs/train_step.md). `global_step` counts updates (K batches with `accumulation_steps=K`).
 
-The train-step settings (`mixed_precision`, `jit_compile`, `clip_norm`,
-`accumulation_steps`, `ema_decay`) are described in docs/train_step.md; their
-machinery lives in `ctl.core.precision`, `ctl.core.train_step` and
-`ctl.core.ema`. `global_step` counts updates: with `accumulation_steps=K` a
-step reads K batches, and every interval of the `Schedule` is in updates.
+The loops as pseudo-code: docs/explanation/training-loop.md.
 """
 
 import functools
@@ -52,8 +44,19 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
     Subclass and override a hook to change one part of the loop (the train
     hooks here, the eval hooks of `ctl.core.evaluation.Evaluation`); point
-    gin's `ctl.Experiment.trainer_cls` at the subclass.
+    gin's `ctl.Experiment.trainer_cls` at the subclass. The hooks, and where each runs:
 
+        train_loop_begin()             eager, before each train loop
+        next_train_inputs(iterator)    inside tf.function, once per batch
+        train_step(iterator)           inside tf.function, one update
+        train_loop_end() -> logs       eager, after each train loop
+        eval_begin() -> state          eager, before each eval set
+        next_eval_inputs(iterator)     inside tf.function, once per batch
+        eval_step(iterator)            inside tf.function, one step on every replica
+        eval_reduce(state, outputs)    eager, after each eval step (a task that aggregates)
+        eval_end(state) -> logs        eager, after each eval set
+
+    The loops they run in, as pseudo-code: [The training loop](../explanation/training-loop.md).
     The train-step settings are explained in [The train step](../train_step.md).
 
     Example (gin; the task and strategy come from `ctl.Experiment` and `--strategy`):
