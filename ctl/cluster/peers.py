@@ -1,34 +1,16 @@
 """A lost peer: a worker of the cluster died or stopped answering in the middle of training.
 
-Under `MultiWorkerMirroredStrategy` every step is an all-reduce over all
-workers, so when one worker is killed (SIGKILL, OOM killer, a lost machine)
-the others cannot go on. TensorFlow's runtime notices and fails the collective
-op the survivors are in:
+TensorFlow notices a lost peer and fails the collective op the survivors are in (at once when
+its sockets close; after the coordination service's missed heartbeats, 10 s by default, for a
+machine that vanished). `reported_as_peer_loss` turns that error into `PeerLost`, naming the
+lost task(s): a task whose address refuses connections now or, when none does, one the error
+names (an error that names no other task keeps its traceback). `python -m ctl.run` then exits
+with `EXIT_PEER_LOST` (69): restart the cluster, which resumes from the last checkpoint.
 
-  * at once when the peer's process is gone and its sockets are closed
-    ("Socket closed" from `/job:worker/replica:0/task:1`);
-  * otherwise (a machine that vanished, a frozen process) when the
-    coordination service misses the peer's heartbeats, 10 s by default
-    ("The following tasks are unhealthy (stopped sending heartbeats)").
-
-The error reaches the survivor's main thread as a `tf.errors.OpError` from the
-train loop (or from a save or an evaluation). `reported_as_peer_loss` turns it
-into `PeerLost`, whose message names the lost task(s), and `python -m ctl.run`
-exits with `EXIT_PEER_LOST` (69, `EX_UNAVAILABLE` in `sysexits.h`): restart
-the cluster, which resumes from the last checkpoint.
-
-Under `ParameterServerStrategy` neither happens for a *frozen* ps (a stopped
-process, a machine that stopped answering without closing its connections):
-the coordinator's steps wait on it forever (measured: still waiting after 120 s
-with the ps SIGSTOPped; TensorFlow's coordination service does not fail them).
-`watched` therefore runs a `PsWatchdog` on the coordinator: a small op on each
-ps every `PROBE_INTERVAL_S`; a ps that has not answered for `ANSWER_TIMEOUT_S`
-is lost, and the coordinator exits 69 with the same one line.
-
-A task is named lost if its address refuses connections now or, when none
-does, if the error names it (`/job:worker/replica:0/task:1`). An error that
-names no other task, with every peer still listening, is not a peer loss and
-keeps its traceback.
+A *frozen* ps leaves a parameter-server coordinator waiting forever; `watched` runs a
+`PsWatchdog` there, which probes each ps every `PROBE_INTERVAL_S` and exits 69 for one silent
+for `ANSWER_TIMEOUT_S`. Why and what was measured: docs/explanation/architecture.md ("Faults
+on a cluster").
 """
 
 import contextlib

@@ -1,34 +1,10 @@
 """Keras callbacks at ctl's seams, the one route for them: each evaluation is a test run and ends an "epoch".
 
     ctl.Experiment.hooks = [@ctl.hooks.KerasCallbacks()]
-    ctl.hooks.KerasCallbacks.callbacks = [@keras.callbacks.EarlyStopping()]   # gin.external_configurable
+    ctl.hooks.KerasCallbacks.callbacks = [@keras.callbacks.CSVLogger()]   # gin.external_configurable
 
-The same calls wherever the evaluation runs, in-line (`train_and_eval`,
-`eval`) or on a sidecar evaluator (`continuous_eval`); all eager, on the host:
-
-    bind                       set_model(model); on_train_begin({})
-    each evaluation, for each eval set:
-                               on_test_begin(); on_test_batch_begin(b), on_test_batch_end(b)
-                               per batch b; on_test_end({eval results})
-    after each evaluation      on_epoch_end(epoch, {last train loop's results, val_<eval results>})
-    the run's normal end       on_train_end(last results)
-
-The test calls come from the Trainer's evaluation itself (`eval_callbacks`: its
-host loop, one call per batch); `on_epoch_end` is an eval-side hook action, run
-by the process that owns the eval-side hooks (`ctl.core.evaluator_role`). On a
-sidecar, `model` is the restored model, the epoch's logs hold only the `val_`
-entries (it trains nothing), and the run's end is the sidecar's (the trainer's
-final checkpoint evaluated, or `max_evaluations`). `epoch` counts this
-process's evaluations.
-
-A callback that sets `model.stop_training = True` (Keras' `EarlyStopping`,
-`TerminateOnNaN`) makes a ctl stop request (in-line; a sidecar follows its
-trainer). The callbacks must come from the same Keras as the model.
-
-Early stopping has one route, `ctl.hooks.EarlyStopping` (its count survives a
-restart, in the model dir); Keras' `EarlyStopping` here still stops the run
-through the same stop request, but counts in this process only, and says so
-once when bound.
+The calls `KerasCallbacks` makes, in-line and on a sidecar evaluator alike, are listed in its
+docstring; docs/comforts.md says what a sidecar's callbacks see and how early stopping differs.
 """
 
 from typing import Any, Dict, List, Sequence
@@ -43,6 +19,24 @@ from ctl.core.hook_protocol import Hook, Run
 @gin.configurable(module="ctl.hooks")
 class KerasCallbacks(Hook):
     """Runs `callbacks` as Keras' `fit` would, one epoch per evaluation, its test calls in each.
+
+    The same calls wherever the evaluation runs, in-line (`train_and_eval`, `eval`) or on a
+    sidecar evaluator (`continuous_eval`); all eager, on the host:
+
+        bind                       set_model(model); on_train_begin({})
+        each evaluation, for each eval set:
+                                   on_test_begin(); on_test_batch_begin(b), on_test_batch_end(b)
+                                   per batch b; on_test_end({eval results})
+        after each evaluation      on_epoch_end(epoch, {last train loop's results, val_<eval results>})
+        the run's normal end       on_train_end(last results)
+
+    The test calls come from the Trainer's evaluation itself (`eval_callbacks`); `on_epoch_end`
+    runs in the process that owns the eval-side hooks (`ctl.core.evaluator_role`). On a sidecar,
+    `model` is the restored model and the epoch's logs hold only the `val_` entries. `epoch`
+    counts this process's evaluations. A callback that sets `model.stop_training = True` (Keras'
+    `EarlyStopping`, `TerminateOnNaN`) makes a ctl stop request; Keras' `EarlyStopping` counts in
+    this process only (`ctl.hooks.EarlyStopping` keeps its count in the model dir). The callbacks
+    must come from the same Keras as the model.
 
     Args:
         callbacks: Keras callbacks (`keras.callbacks.Callback`s, e.g. `@keras.callbacks.CSVLogger()`), called in

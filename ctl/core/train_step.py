@@ -1,38 +1,18 @@
 """The gradient pipeline of a train step: loss scaling, clipping, accumulation, the update.
 
-    ctl.Trainer.clip_norm = 1.0              # clip by the global norm of the summed gradients
-    ctl.Trainer.accumulation_steps = 4       # one update per 4 micro-batches
-
-A task's `train_step` receives the trainer's `GradientPipeline` as its
-`optimizer`. It does what a Keras optimizer does for a train step, with ctl's
-settings applied, per replica (inside `strategy.run`):
-
-    with tf.GradientTape() as tape:
-      loss = ...                                   # this replica's mean loss
-      scaled_loss = optimizer.scale_loss(loss)     # / replicas, * loss scale
-    gradients = tape.gradient(scaled_loss, variables)
-    optimizer.apply_gradients(zip(gradients, variables))   # records them
-
-`apply_gradients` only records the gradients: the update runs after the
-task's step has returned (`update`, called by the Trainer), so that with
-`ctl.Trainer.jit_compile` XLA compiles the task's step (forward, backward,
-metrics) without the synchronization between replicas that MirroredStrategy
-cannot compile on CPUs. `update`, per replica:
+A task's `train_step` receives the trainer's `GradientPipeline` as its `optimizer`: it takes
+gradients of `optimizer.scale_loss(loss)` and calls `optimizer.apply_gradients` once, which only
+records them. The Trainer runs the update after the task's step returns (`update`, per replica),
+so that with `jit_compile` XLA compiles the task's step without cross-replica synchronization:
 
     g = recorded gradients (+ those of earlier micro-batches of this update)
     if clipping or loss scaling:  g = sum of g over replicas   (all-reduce)
-    g = g / accumulation_steps
-    norm = global_norm(g) / loss scale            -> `gradient_norm` summary
+    g = g / accumulation_steps;  norm = global_norm(g) / loss scale   -> `gradient_norm`
     if clip_norm: g = g * min(1, clip_norm / norm)
-    optimizer.apply_gradients(g)                  # LossScaleOptimizer: unscale, skip on overflow
+    optimizer.apply_gradients(g)        # LossScaleOptimizer: unscale, skip on overflow
 
-What a custom `train_step` must do: take gradients of `optimizer.scale_loss(loss)`
-(a step that divides by the replica count itself works while there is no loss
-scale; with `mixed_float16` ctl refuses a step that skips `scale_loss`), and
-call `optimizer.apply_gradients` once. `optimizer.iterations`,
-`optimizer.learning_rate` and `optimizer.inner` (the Keras optimizer) are there
-too. With accumulation the step runs once per micro-batch; the update runs
-after the last one.
+What a custom `train_step` must do, and the settings (`ctl.Trainer.clip_norm`,
+`accumulation_steps`, ...): docs/train_step.md.
 """
 
 import inspect

@@ -1,38 +1,16 @@
 """Exact resume: the input position and the RNG state come back with the model.
 
-`tf.train.Checkpoint` restores the model, optimizer and global step. Two more
-things decide what a resumed run computes:
+- `InputPosition`: the train iterator in the checkpoint (`train_input`) where TensorFlow can
+  save it (the default strategy); elsewhere the train dataset is rebuilt and the batches
+  already consumed are skipped (`skip_consumed_batches`);
+- the Keras 3 RNG states (Dropout, noise layers), in the checkpoint as `rng`
+  (`ctl.core.checkpoint_contents`);
+- `seed_everything`: one seed for Python, NumPy, TensorFlow and Keras, and TF op determinism;
+- `stateful_input_op`, `warn_if_not_replayable`: a pipeline whose state cannot be saved, said
+  at start.
 
-* The input position (`InputPosition`). Where TensorFlow can save a
-  `tf.data` iterator's state, the train iterator is in the checkpoint as
-  `train_input`, and a resume reads it back: the cost is the size of that
-  state (shuffle buffers, file offsets), the same at step 10 and at step
-  10,000,000. That is the default strategy, whose train dataset is a plain
-  `tf.data.Dataset`. The full state (buffers included), not tf.data's
-  `experimental_symbolic_checkpoint`: see `InputPosition._choose_options`.
-  Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` (as
-  `ctl.core.contract.inputs` checks and repeats it) and
-  skips the batches already consumed: `global_step` steps of
-  `accumulation_steps` global batches each, i.e. `global_step *
-  accumulation_steps * replicas_per_pipeline` elements of every input
-  pipeline. That is Mirrored, multi-worker and parameter-server strategies (a
-  `DistributedIterator` is not trackable in TensorFlow 2.20), pipelines
-  TensorFlow cannot serialize (`from_generator`, `py_function`), and
-  checkpoints without a saved position (an older ctl, another strategy, or a
-  pipeline changed since the save). Skipping reads and discards those
-  elements: its cost grows with the step, and it assumes each train step
-  calls `next_train_inputs` `trainer.batches_per_step` times (the Trainer
-  does). Either way the resumed run sees the same data as an uninterrupted one when the pipeline
-  yields the same sequence each time it is built (files in a fixed order,
-  `shuffle(seed=...)`, seeded random ops).
-* RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
-  in a variable that `tf.train.Checkpoint(model=...)` does not save; the
-  Trainer's checkpoint holds them as `rng` (`ctl.core.checkpoint_contents`).
-  Stateful random ops (`tf.random.uniform` without a generator, tf_keras'
-  legacy Dropout) have no state to save.
-
-`seed_everything` makes the computation itself repeatable: one seed for
-Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
+What comes back on which strategy, and what it costs: docs/faults.md ("Resume") and
+docs/explanation/fault-tolerance-internals.md.
 """
 
 import contextlib
