@@ -1,34 +1,8 @@
 """`ctl.KerasModelTask`: a model you `compile()` and `fit()`, trained by ctl unchanged.
 
-    def my_model():                       # what you already have
-        model = keras.Sequential([...])
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
-        return model
-
-    ctl.Experiment.task = @ctl.KerasModelTask()
-    ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
-    ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
-    ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
-    ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
-
-Each function is a `'package.module.function'` string (imported when the
-task is built: the function needs no gin decorator), or `@my_model` for one
-decorated with `@gin.configurable` (or registered with
-`gin.external_configurable`) in a module the gin file imports. After the run,
-`ctl.restore_model(my_model(), model_dir)` gives the trained model back.
-
-The model's compiled loss (`Model.compute_loss`, with its regularization
-losses), compiled metrics (`Model.compute_metrics`) and optimizer train it,
-as `fit` would; the model may be Keras 3 or tf_keras. Data: a function
-returning fit's `(x, y)` arrays, or a `tf.data.Dataset` of single `(x, y)`
-examples (not batched: ctl shards per input pipeline and batches per replica).
-The train data is shuffled (`shuffle_buffer` examples, `seed`) and repeated;
-the eval data is read once per evaluation, its remainder batch kept.
-
-Both Keras flavours divide `compute_loss` by the replicas in sync under a
-distribution strategy (their losses are made for summed gradients); the
-step applies those gradients as they are and reports the per-replica mean.
+The model's compiled loss, metrics and optimizer train it as `fit` would, on data given as
+fit's `(x, y)` or a dataset of examples; `KerasModelTask`'s docstring shows the gin lines
+and each setting (docs/how-to/from-model-fit.md walks through a conversion).
 """
 
 import importlib
@@ -44,6 +18,31 @@ from ctl.core.task import Task, shard_for_pipeline
 @gin.configurable(module="ctl")
 class KerasModelTask(Task):
     """Trains a compiled Keras model with its compiled loss, metrics and optimizer.
+
+        def my_model():                       # what you already have
+            model = keras.Sequential([...])
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
+            return model
+
+        ctl.Experiment.task = @ctl.KerasModelTask()
+        ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
+        ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
+        ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
+        ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
+
+    Each function is a `'package.module.function'` string (imported when the task is built:
+    the function needs no gin decorator), or `@my_model` for one decorated with
+    `@gin.configurable` (or registered with `gin.external_configurable`) in a module the gin
+    file imports. After the run, `ctl.restore_model(my_model(), model_dir)` gives the trained
+    model back.
+
+    The model's compiled loss (`Model.compute_loss`, with its regularization losses), compiled
+    metrics (`Model.compute_metrics`) and optimizer train it, as `fit` would; the model may be
+    Keras 3 or tf_keras. The train data is shuffled and repeated; the eval data is read once per
+    evaluation, its remainder batch kept. Both Keras flavours divide `compute_loss` by the
+    replicas in sync under a distribution strategy (their losses are made for summed
+    gradients); the step applies those gradients as they are and reports the per-replica mean.
 
     Args:
         model_fn: a function returning the compiled Keras model (`model.compile(optimizer=..., loss=...,

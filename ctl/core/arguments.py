@@ -1,32 +1,11 @@
 """Checks declared on a configurable's arguments, next to them: an impossible value is a `UserError`.
 
-A gin binding can set an argument to anything: `DigitsTask.hidden_units=0`
-or a batch size of -1 would otherwise reach Keras or tf.data and end in their
-traceback, after the run started. `check_arguments` reads the annotations of a
-function's (or a class's `__init__`'s) parameters and checks the values of
-every call against them, before the body runs:
-
-    @gin.configurable
-    @ctl.check_arguments
-    class DigitsTask(ctl.Task):
-        def __init__(self, hidden_units: Annotated[int, ctl.Range(at_least=1)] = 128,
-                     learning_rate: Annotated[float, ctl.Range(above=0)] = 1e-3,
-                     data_dir: Optional[str] = None): ...
-
-- the type: `int` (not a bool), `float` (any real number: `1` will do),
-  `bool`, `str`, `None`, a class, `Callable`, and `Union`/`Optional` of them
-  (a generic such as `List[int]` checks its container);
-- `Range(at_least, above, at_most, below)`: bounds for a number (a value of
-  another type the annotation allows, e.g. a learning-rate schedule, is not
-  bounded); NaN is out of every range;
-- `Check(predicate, requirement)`: any other condition, and the words for it
-  ("an even number").
-
-A parameter without an annotation is not checked. A value that fails is one
-line naming the binding, the value and what to bind instead (with the
-default), e.g. "DigitsTask.hidden_units=0 is out of range; bind it to an
-integer >= 1 (default: 128).": `python -m ctl.run` prints it and exits 2,
-before anything is written (gin builds the task before the run starts).
+A gin binding can set an argument to anything: `DigitsTask.hidden_units=0` would otherwise
+reach Keras and end in its traceback, after the run started. `check_arguments` checks every
+call's values against the annotations of the parameters (the type, `Range`, `Check`), before
+the body runs; a value that fails is one line naming the binding, the value and what to bind
+instead, and `python -m ctl.run` exits 2 before anything is written. `check_arguments`'
+docstring shows the annotations it reads.
 """
 
 import dataclasses
@@ -107,6 +86,27 @@ def check_arguments(target):
 
     Apply it under `@gin.configurable` (gin then registers the checked
     callable). Raises `UserError` for the first argument that fails.
+
+        @gin.configurable
+        @ctl.check_arguments
+        class DigitsTask(ctl.Task):
+            def __init__(self, hidden_units: Annotated[int, ctl.Range(at_least=1)] = 128,
+                         learning_rate: Annotated[float, ctl.Range(above=0)] = 1e-3,
+                         data_dir: Optional[str] = None): ...
+
+    What an annotation checks:
+
+    - the type: `int` (not a bool), `float` (any real number: `1` will do), `bool`, `str`,
+      `None`, a class, `Callable`, and `Union`/`Optional` of them (a generic such as
+      `List[int]` checks its container);
+    - `Range(at_least, above, at_most, below)`: bounds for a number (a value of another type
+      the annotation allows, e.g. a learning-rate schedule, is not bounded); NaN is out of
+      every range;
+    - `Check(predicate, requirement)`: any other condition, and the words for it.
+
+    A parameter without an annotation is not checked. A value that fails is one line naming
+    the binding, the value and what to bind instead (with the default), e.g.
+    "DigitsTask.hidden_units=0 is out of range; bind it to an integer >= 1 (default: 128)."
 
     Args:
         target: the function or class whose arguments' annotations (`Annotated[int, ctl.Range(at_least=1)]`) are

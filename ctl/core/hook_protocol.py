@@ -1,33 +1,15 @@
 """The hook protocol: what a hook is, what it sees (`Run`) and the stop request (`ctl.core.stop`).
 
-A hook is any object with some of these methods; ctl calls the ones it has,
-all eagerly, on the host, in the order the hooks are listed:
+A hook is any object with some of these methods; ctl calls the ones it has, all eagerly, on
+the host, in the order the hooks are listed (`HookProtocol` says when each is called):
 
-    bind(run)                     once, before anything runs: the `Run` below
-    on_initialize()               the model dir holds no checkpoint (warm start)
-    on_checkpoint_load(path)      a checkpoint was restored
-    on_train_loop_end(logs)       after each train loop (orbit train action)
-    on_eval_end(logs)             after each evaluation (orbit eval action)
-    on_checkpoint_end(path)       a checkpoint was saved
-    on_trial_close(logs)          the run ended normally; `logs` are the last
-                                  evaluation's (or train loop's) results
+    bind(run), on_initialize(), on_checkpoint_load(path), on_train_loop_end(logs),
+    on_eval_end(logs), on_checkpoint_end(path), on_trial_close(logs)
 
-A hook may also hold `eval_callbacks`, Keras callbacks that the Trainer's
-evaluation itself calls around each eval set and batch (`eval_callbacks(hooks)`;
-`ctl.hooks.KerasCallbacks`, the one route for Keras callbacks), wherever it
-runs: in-line and on a sidecar evaluator, which also calls such a hook's
-`on_trial_close` when it ends normally.
-
-`logs` map names to scalars (NumPy values from ctl's controller, tensors from
-other callers; `float()` them). Each of
-these bound methods is an orbit `Action` (`Callable[[Output], None]`), so the
-same hook objects serve ctl's trainer and a sidecar evaluator (docs/comforts.md).
-
-Any hook may call `run.stop.request(reason)`: `train_and_eval` then stops
-after the current train loop and its evaluation, saves a checkpoint, closes the
-hooks and returns normally (the Supervisor's `should_stop`).
-
-Hooks are listed in gin:
+Each bound method is an orbit `Action`, so the same hook objects serve ctl's trainer and a
+sidecar evaluator (docs/comforts.md). Any hook may end training with
+`run.stop.request(reason)`. `Hooks` binds a list of them to a run; `eval_callbacks` collects
+the Keras callbacks hooks hold for the Trainer's evaluation. Hooks are listed in gin:
 
     ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
 """
@@ -133,7 +115,15 @@ class HookProtocol(Protocol):
 
     Each is called eagerly on the host, in the order the hooks are listed, by the process that
     owns the run's side effects (`on_eval_end`: the one evaluating; see
-    [Comforts](../comforts.md)). `logs` map metric names to scalars (`float()` them).
+    [Comforts](../comforts.md)). `logs` map metric names to scalars (NumPy values from ctl's
+    controller, tensors from other callers: `float()` them).
+
+    A hook may also hold `eval_callbacks`, Keras callbacks that the Trainer's evaluation itself
+    calls around each eval set and batch (`ctl.hooks.KerasCallbacks`, the one route for Keras
+    callbacks), wherever it runs: in-line and on a sidecar evaluator, which also calls such a
+    hook's `on_trial_close` when it ends normally. Any hook may call `run.stop.request(reason)`:
+    `train_and_eval` then stops after the current train loop and its evaluation, saves a
+    checkpoint, closes the hooks and returns normally.
     """
 
     def bind(self, run: Run) -> None:
