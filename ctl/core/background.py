@@ -47,7 +47,12 @@ _CHUNK_BYTES = 16 << 20
 
 
 def upload(local: str, remote: str) -> None:
-    """Writes the local file `local` to `remote` (replaced if it is there), in chunks."""
+    """Writes the local file `local` to `remote` (replaced if it is there), in chunks.
+
+    Args:
+        local: the local file.
+        remote: its path in the object store.
+    """
     with open(local, "rb") as source, tf.io.gfile.GFile(remote, "wb") as target:
         while True:
             chunk = source.read(_CHUNK_BYTES)
@@ -63,7 +68,12 @@ RETIREMENTS = "retirements"  # Deletes of checkpoints the state file no longer n
 
 class Uploads:
     """FIFO lanes of upload functions, each run on a daemon thread of its own (started at its
-    first submit): what one lane was handed lands in that order; lanes overlap."""
+    first submit): what one lane was handed lands in that order; lanes overlap.
+
+    Args:
+        name: the prefix of the lanes' thread names.
+        lanes: the lanes' names (`FILES`, `CHECKPOINTS`, `RETIREMENTS`).
+    """
 
     def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS, RETIREMENTS)):
         self._lanes = {lane: _Lane(f"{name}-{lane}", self._store) for lane in lanes}
@@ -71,17 +81,32 @@ class Uploads:
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable, *args, lane: str = FILES) -> None:
-        """Queues `fn(*args)` on `lane`; raises the error of an earlier upload, if one failed."""
+        """Queues `fn(*args)` on `lane`; raises the error of an earlier upload, if one failed.
+
+        Args:
+            fn: the upload function.
+            lane: the lane it waits in.
+            *args: its arguments.
+        """
         self.check()
         self._lanes[lane].submit(lambda: fn(*args))
 
     def mark(self, lane: str = FILES) -> int:
-        """How many uploads `lane` was handed so far (for `wait_for`)."""
+        """How many uploads `lane` was handed so far (for `wait_for`).
+
+        Args:
+            lane: a lane's name.
+        """
         return self._lanes[lane].submitted
 
     def wait_for(self, lane: str, mark: int) -> None:
         """Returns once the first `mark` uploads of `lane` ran (done or failed), e.g. on another
-        lane's thread: what was handed to `lane` before `mark()` lands first."""
+        lane's thread: what was handed to `lane` before `mark()` lands first.
+
+        Args:
+            lane: the lane waited for.
+            mark: what `mark(lane)` returned.
+        """
         self._lanes[lane].wait_for(mark)
 
     def wait(self) -> None:

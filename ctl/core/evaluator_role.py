@@ -60,7 +60,13 @@ SIDECAR = "sidecar evaluator"
 
 class EvaluatorRole:
     """One process's part in evaluating `directory`: `role` is `TRAINER` or `SIDECAR`;
-    `actions` the experiment's eval-side actions (`on_eval_end`), run only by the role's holder."""
+    `actions` the experiment's eval-side actions (`on_eval_end`), run only by the role's holder.
+
+    Args:
+        directory: the model dir evaluated.
+        role: `TRAINER` or `SIDECAR`.
+        actions: the experiment's eval-side actions (`on_eval_end`), run only by the role's holder.
+    """
 
     def __init__(self, directory: ModelDir, role: str,
                  actions: Iterable[Callable[[Any], None]] = ()):
@@ -106,7 +112,11 @@ class EvaluatorRole:
 
     def steps_aside(self, step: int) -> bool:
         """Whether in-line evaluation steps aside at `step`; evaluating, a trainer with
-        eval-side hooks holds the role until they ran (`__call__`)."""
+        eval-side hooks holds the role until they ran (`__call__`).
+
+        Args:
+            step: the step of the evaluation about to run.
+        """
         if self.actions and not self._in_store:
             taken = self.claim.try_acquire()  # Holding it, no sidecar can take it.
             sidecar = None if taken or self.claim.holder_role() != SIDECAR else self.claim.holder()

@@ -23,7 +23,12 @@ def pyplot():
 
 
 def write_png(figure, path: str) -> None:
-    """Writes `figure` as a PNG to `path` (an object store's too), atomically, and closes it."""
+    """Writes `figure` as a PNG to `path` (an object store's too), atomically, and closes it.
+
+    Args:
+        figure: a matplotlib figure.
+        path: where the PNG goes, local or in an object store.
+    """
     plt = pyplot()
     figure.tight_layout()
     image = io.BytesIO()

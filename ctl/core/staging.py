@@ -41,12 +41,20 @@ _root_pid: Optional[int] = None
 
 
 def directory(name: str) -> str:
-    """A new, empty directory `<root>/<name>-<random>` for the caller to fill and `remove()`."""
+    """A new, empty directory `<root>/<name>-<random>` for the caller to fill and `remove()`.
+
+    Args:
+        name: the directory's name, before its random suffix.
+    """
     return tempfile.mkdtemp(prefix=f"{name}-", dir=root())
 
 
 def remove(path: str) -> None:
-    """Removes a directory of `directory()` and everything in it (nothing if it is gone)."""
+    """Removes a directory of `directory()` and everything in it (nothing if it is gone).
+
+    Args:
+        path: a directory `directory()` made.
+    """
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -71,7 +79,11 @@ def current_root() -> Optional[str]:
 
 def clear_dead_roots(parent: str) -> None:
     """Removes the staging roots in `parent` whose process has ended (their claim is free;
-    a dead root is never claimed again, so the look and the removal need no lock between)."""
+    a dead root is never claimed again, so the look and the removal need no lock between).
+
+    Args:
+        parent: the directory the staging roots are in (the temporary directory).
+    """
     try:
         names = os.listdir(parent)
     except OSError:
