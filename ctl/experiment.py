@@ -83,8 +83,8 @@ class Experiment:
         `ctl.Experiment.task = @DigitsTask()`.
       schedule: when to train, evaluate, checkpoint and summarize (`ctl.Schedule`).
       trainer_cls: the `ctl.Trainer` subclass that runs the task (default
-        `ctl.Trainer`): to change *how* one part of the loop runs (a train or eval
-        hook of the Trainer, e.g. `next_train_inputs`), subclass it, register the
+        `ctl.Trainer`): to change *how* one part of the loop runs (an override point
+        of the Trainer's train or eval loop, e.g. `next_train_inputs`), subclass it, register the
         subclass with gin and bind `ctl.Experiment.trainer_cls = @MyTrainer`. The
         trainer and a sidecar evaluator build the same class.
       fault_tolerance: what to do on a NaN loss and how often to check for a stop

@@ -1,6 +1,6 @@
 """`Evaluation`: the Trainer's side of orbit's evaluator protocol (`evaluate(num_steps)`).
 
-ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`, `eval_step`,
+ctl's `Trainer` inherits it; its override points (`eval_begin`, `next_eval_inputs`, `eval_step`,
 `eval_reduce`, `eval_end`) are overridden on a Trainer subclass. One evaluation (`evaluate`)
 runs each eval set from its start: `eval_begin` (eager), the loop of `eval_step`s (inside
 `tf.function` when it can be), `eval_reduce` after each step (eager, only if the task

@@ -1,7 +1,7 @@
 """The loop functions of ctl's Trainer: the train loops, the eval loops' parts, the iterator ender.
 
 Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`); the Trainer
-(`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it its hooks:
+(`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it its override points:
 
 - `graph_train_loop`: reset, the steps and the reads in one `tf.function` call (`use_tf_while_loop`);
 - `host_train_loop`: the host calls the step once per step;

@@ -4,9 +4,9 @@ An `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (`train(num_steps)`,
 `evaluate(num_steps)`) with its own loops, built from orbit's utilities. Its pieces:
 
 - this module: building (model, optimizer, metrics, datasets, checkpoint), the train step
-  and the train hooks;
+  and the train loop's override points (the methods a subclass overrides);
 - `ctl.core.loops`: the loop functions and the step guard (`StepGuard`);
-- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer inherits) and its hooks;
+- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer inherits) and its override points;
 - `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`) and what a stopped
   evaluation raises (`EvaluationStopped`);
 - `ctl.core.precision`, `ctl.core.train_step`, `ctl.core.ema`: the train-step settings
@@ -42,9 +42,10 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
     tools can read it, `rng`: the Keras 3 RNG states of the model, if any
     (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
-    Subclass and override a hook to change one part of the loop (the train
-    hooks here, the eval hooks of `ctl.core.evaluation.Evaluation`); point
-    gin's `ctl.Experiment.trainer_cls` at the subclass. The hooks, and where each runs:
+    Subclass and override one of its override points to change one part of
+    the loop (the train loop's here, the evaluation's of `ctl.core.evaluation.Evaluation`);
+    point gin's `ctl.Experiment.trainer_cls` at the subclass. (Objects that watch a run
+    without changing the loop are hooks: `ctl.hooks`.) The override points, and where each runs:
 
         train_loop_begin()             eager, before each train loop
         next_train_inputs(iterator)    inside tf.function, once per batch
