@@ -202,8 +202,8 @@ class Console(logging.Handler):
         stream: where the lines go (default: stdout).
         bar: draw a live progress bar (None: when `stream` is a terminal).
         clock: the time source (a test may pass its own).
-        every_seconds: seconds between plain train lines without a bar.
-        history_seconds: seconds between the train lines kept above the bar.
+        every_seconds: plain train lines (without a bar) at most this often (seconds).
+        history_seconds: on a terminal, a train line is kept above the bar at least this often (seconds).
     """
 
     def __init__(self, stream: Optional[TextIO] = None, bar: Optional[bool] = None,
