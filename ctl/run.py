@@ -5,10 +5,10 @@
 
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`. The same command runs on every
 task of a cluster (the role comes from TF_CONFIG, `ctl.cluster.tf_config`). TensorFlow is
-imported only once the flags and the gin text are checked (`ctl.core.gin_text`), so `--help`, a
+imported only once the flags and the gin text are checked (`ctl.config.gin_text`), so `--help`, a
 flag mistake and a gin syntax error answer at once. A user's mistake ends in one line on stderr
 and exit status 2; the other exit statuses (75 preempted, 69 a lost peer, 74 a storage fault)
-are in docs/reference/exit-statuses.md. ctl's lines go through `ctl.core.console`;
+are in docs/reference/exit-statuses.md. ctl's lines go through `ctl.utils.console`;
 TensorFlow's, orbit's and absl's INFO lines show with `--verbosity=0`.
 
 A program that runs a ctl run with a hook of its own (`python -m ctl.sweep.trial`) calls
@@ -17,7 +17,7 @@ A program that runs a ctl run with a hook of its own (`python -m ctl.sweep.trial
 
 import os
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -35,9 +35,10 @@ from absl import app, flags, logging  # noqa: E402
 
 import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
-from ctl.core import console, gin_text  # noqa: E402
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
+from ctl.utils import console  # noqa: E402
+from ctl.config import gin_text  # noqa: E402
+from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.config.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
@@ -125,8 +126,8 @@ def _run(hooks: Sequence[Any]) -> None:
     """Everything after the checks: TensorFlow is imported here."""
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
-    from ctl.core import config
-    from ctl.core.model_dir import ModelDir
+    from ctl.config import gin_config as config
+    from ctl.model_dir import ModelDir
     from ctl.core.stop import EXIT_PREEMPTED
     from ctl.faults.preemption import Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within

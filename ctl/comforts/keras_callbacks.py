@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Sequence
 import gin
 
 from ctl.comforts.progress import scalars
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 
 
@@ -31,7 +31,7 @@ class KerasCallbacks(Hook):
         the run's normal end       on_train_end(last results)
 
     The test calls come from the Trainer's evaluation itself (`eval_callbacks`); `on_epoch_end`
-    runs in the process that owns the eval-side hooks (`ctl.core.evaluator_role`). On a sidecar,
+    runs in the process that owns the eval-side hooks (`ctl.model_dir.evaluator_role`). On a sidecar,
     `model` is the restored model and the epoch's logs hold only the `val_` entries. `epoch`
     counts this process's evaluations. A callback that sets `model.stop_training = True` (Keras'
     `EarlyStopping`, `TerminateOnNaN`) makes a ctl stop request; Keras' `EarlyStopping` counts in

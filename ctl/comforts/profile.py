@@ -24,9 +24,11 @@ from typing import Optional
 import gin
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.utils import console
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
+
+PROFILE_DIR = "plugins/profile"  # In the train dir: TensorBoard's run, the profiler's layout.
 
 
 @gin.configurable(module="ctl.hooks")
@@ -58,7 +60,7 @@ class Profile(Hook):
             run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
         """
         super().bind(run)
-        self.logdir = run.directory.train_dir  # The profiler adds `ModelDir.profile_dir`'s part.
+        self.logdir = run.directory.train_dir  # The profiler adds `PROFILE_DIR`.
 
     def on_train_loop_end(self, unused_logs) -> None:
         """Starts the profiler once the step reaches `start_step`; stops it after `num_steps`.

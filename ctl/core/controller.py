@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.stop import StopRequest
 from ctl.core.summaries import SummaryManager

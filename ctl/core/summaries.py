@@ -6,8 +6,8 @@ dict's values in a subdirectory per key), but keeps a loop's scalars as Python f
 writes all of a writer's kept rows with one `tf.function` call per flush. The controller
 flushes before each checkpoint, at the end of training and otherwise every `FLUSH_SECONDS`;
 an evaluation's results are written as its `writing()` context ends. In an object store the
-writers write to a local directory (`ctl.core.staging`) and each flush hands an upload to
-`ctl.core.background` (`mirror`). Everything here runs eagerly, between loops.
+writers write to a local directory (`ctl.model_dir.staging`) and each flush hands an upload to
+`ctl.model_dir.background` (`mirror`). Everything here runs eagerly, between loops.
 
 Why, and what it saves: docs/explanation/training-loop.md ("Loop summaries").
 """
@@ -21,9 +21,9 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from ctl.core import staging
-from ctl.core.background import upload, uploads
-from ctl.core.model_dir import eval_set_dir, is_object_store, uploaded_path
+from ctl.model_dir import staging
+from ctl.model_dir.background import upload, uploads
+from ctl.model_dir import eval_set_dir, is_object_store, uploaded_path
 
 
 class SummaryManager:

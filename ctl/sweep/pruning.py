@@ -30,6 +30,8 @@ import optuna
 
 from ctl.sweep.sweep_file import SweepFile
 
+SWEEP_PRUNED_FILE = "sweep_pruned.json"  # In a trial's model dir: why it was pruned.
+
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
     """The Optuna pruner the sweep file's `[pruner]` table names (asha, median or none).
@@ -60,9 +62,9 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
         step: the step of the evaluation it was pruned at.
         value: the objective's value there.
     """
-    from ctl.core.model_dir import ModelDir, write_json
+    from ctl.model_dir import ModelDir, write_json
 
-    write_json(ModelDir(model_dir).sweep_pruned_file, {
+    write_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE), {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
         "value": value, "time": time.time(),
         "why": f"{objective} = {value:.6g} at step {step} was not good enough for the "
@@ -75,9 +77,9 @@ def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
     Args:
         model_dir: the trial's model dir.
     """
-    from ctl.core.model_dir import ModelDir, read_json
+    from ctl.model_dir import ModelDir, read_json
 
-    return read_json(ModelDir(model_dir).sweep_pruned_file)
+    return read_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE))
 
 
 class PruneAtEvaluations:
@@ -116,7 +118,7 @@ class PruneAtEvaluations:
         pruned = read_pruned(run.model_dir)
         if run.chief and isinstance(pruned, dict):
             run.stop.request(f"the trial was pruned at step {pruned.get('step')} "
-                             f"({run.directory.sweep_pruned_file})")
+                             f"({run.directory.file(SWEEP_PRUNED_FILE)})")
 
     def on_eval_end(self, logs) -> None:
         """Reports the objective at this step to the trial, and stops the run if the pruner says so.
@@ -152,7 +154,7 @@ class PruneAtEvaluations:
 
     def _objective(self, logs) -> float:
         from ctl.comforts.eval_results import flat_logs
-        from ctl.core.errors import UserError
+        from ctl.utils.errors import UserError
 
         flat = flat_logs(logs)
         if self.sweep.objective not in flat:

@@ -16,7 +16,7 @@ import datetime
 import os
 from typing import Any, List, Optional, Tuple
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def _order(trial, maximize: bool) -> Tuple[int, float, int]:
@@ -52,7 +52,7 @@ def load(sweep_dir: str):
 
 
 def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
@@ -112,7 +112,7 @@ def plot(trials: list, record: dict, path: str) -> None:
         record: the sweep's record (`sweep.json`).
         path: where the PNG goes.
     """
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
 
