@@ -1,40 +1,16 @@
 """Writes to an object store off the training thread: in order, on threads of their own.
 
-A request to `gs://` takes tens of milliseconds, and a write is a whole upload
-(an object store cannot append): a loop that waited for each write would wait
-for the store several times a second. Checkpoints (`ctl.core.checkpointing`), summaries
-(`ctl.core.summaries`) and `metrics.jsonl` (`ctl.comforts.progress`) are
-written locally, or kept in memory, and their uploads are handed to the
-process's `Uploads`:
+Checkpoints, summaries and `metrics.jsonl` are written locally (or kept in memory) and their
+uploads handed to the process's `Uploads`:
 
     uploads().submit(upload, local, remote)   # returns at once
     ...
     uploads().wait()   # every upload submitted so far is done (or its error raised)
 
-Uploads go in three lanes, each first in, first out on a thread of its own, so
-that what was handed to a lane first is in the store first: `FILES`
-(summaries, `metrics.jsonl`), `CHECKPOINTS` (a checkpoint's data files, then
-its index, then the state file) and `RETIREMENTS` (the deletes of checkpoints
-beyond `max_to_keep`, which the state file no longer names: three of the nine
-requests a checkpoint cost). A checkpoint's upload overlaps the summaries' and
-waits for them (`mark`, `wait_for`) only before its state file: a
-checkpoint's summaries are in the store before the state file names it; an
-evaluation's, handed over after the save, may land before that. With one
-thread for all, the main job on `gs://` at 50 ms a request waited for the
-store at each checkpoint (bench figure 9). The first error is raised
-again on the caller's thread by the next `submit`, `wait` or `check`, so a
-failing store ends the run like a failing local disk. A run waits for its
-uploads before it ends, and before exit 75 after a signal; a SIGKILL loses
-the uploads still queued (the last checkpoint named in the bucket's state
-file is whole: its index and state file are uploaded after its data). What
-the store's latency still costs the main job is bench figure 9 (BUILD.md).
-
-On a file system nothing is handed here: writes are cheap and go to disk at once.
-
-`upload(local, remote)` writes a local file to the store in two requests (a
-resumable upload's start and its body); `tf.io.gfile.copy` asks whether the
-target is there first (two more: a stat, and a listing for a directory of
-that name), which, at 50 ms a request, doubled the time of each file.
+Three lanes (`FILES`, `CHECKPOINTS`, `RETIREMENTS`), each first in, first out on a thread of
+its own; the first error is raised again on the caller's thread. On a file system nothing is
+handed here. The lanes' order, and what the store's latency costs:
+docs/explanation/model-dir-records.md.
 """
 
 import queue

@@ -64,7 +64,11 @@ RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields;
 
 
 def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
-    """The metrics of a `metrics.jsonl` record."""
+    """The metrics of a `metrics.jsonl` record.
+
+    Args:
+        record: one record of `metrics.jsonl`.
+    """
     return {name: value for name, value in record.items() if name not in RECORD_FIELDS}
 
 
@@ -73,18 +77,33 @@ def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
 
 def eval_set_dir(summary_dir: str, eval_set: str) -> str:
     """`train/<set>/` or `eval/<set>/`: the summaries of the named eval set `eval_set` ("": the
-    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one)."""
+    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one).
+
+    Args:
+        summary_dir: `train/`, `eval/` or a local staging copy of one.
+        eval_set: the eval set's name ("": the run's own).
+    """
     return os.path.join(summary_dir, eval_set)
 
 
 def uploaded_path(local: str, staged_dir: str, summary_dir: str) -> str:
     """Where the summary file `local`, under `staged_dir` (a local staging copy of
-    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`."""
+    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`.
+
+    Args:
+        local: a summary file under `staged_dir`.
+        staged_dir: the local staging copy of `summary_dir`.
+        summary_dir: the summary dir in the object store.
+    """
     return os.path.join(summary_dir, os.path.relpath(local, staged_dir))
 
 
 class ModelDir:
-    """The files of one model dir (a local path or a `gs://`-style URL)."""
+    """The files of one model dir (a local path or a `gs://`-style URL).
+
+    Args:
+        path: the model dir: a local path or a `gs://`-style URL.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -96,6 +115,11 @@ class ModelDir:
         return f"ModelDir({self.path!r})"
 
     def file(self, *names: str) -> str:
+        """The path of `names` joined under the model dir: the one way a file name joins a model dir.
+
+        Args:
+            *names: the path's parts below the model dir, e.g. `"best", "best.json"`.
+        """
         return os.path.join(self.path, *names)
 
     def exists(self) -> bool:
@@ -179,20 +203,32 @@ class ModelDir:
         return self.file(BEST_DIR, BEST_RECORD_FILE)
 
     def best_checkpoint(self, step: int) -> str:
-        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
+        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole.
+
+        Args:
+            step: the best evaluation's step.
+        """
         return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
 
     @contextlib.contextmanager
     def writing_best_checkpoint(self, step: int) -> Iterator[str]:
         """The prefix to write the best checkpoint of `step` to, published whole (`publishing`,
-        its `.index` last) at `best/ckpt-<step>/` when the block ends."""
+        its `.index` last) at `best/ckpt-<step>/` when the block ends.
+
+        Args:
+            step: the best evaluation's step.
+        """
         final = self.best_checkpoint(step)
         with publishing(os.path.dirname(final), last=["*.index"]) as temp:
             yield os.path.join(temp, os.path.basename(final))
 
     def best_leftovers(self, step: int) -> List[str]:
         """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
-        (`ckpt-N/`) and temporaries a kill left, in listing order."""
+        (`ckpt-N/`) and temporaries a kill left, in listing order.
+
+        Args:
+            step: the step of the best checkpoint that stays.
+        """
         keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
         return [path for name, path in entries(self.best_dir)
                 if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
@@ -202,13 +238,28 @@ class ModelDir:
         return self.file(EXPORT_DIR)
 
     def export_dir(self, name: str) -> str:
+        """`export/<name>/`: exporter `name`'s exports.
+
+        Args:
+            name: the exporter's name.
+        """
         return self.file(EXPORT_DIR, name)
 
     def export_step_dir(self, name: str, step: int) -> str:
+        """`export/<name>/<step>/`: exporter `name`'s export at `step`.
+
+        Args:
+            name: the exporter's name.
+            step: the exported step.
+        """
         return self.file(EXPORT_DIR, name, str(step))
 
     def export_best_record_file(self, name: str) -> str:
-        """`ctl.hooks.BestExporter`'s record of exporter `name`."""
+        """`ctl.hooks.BestExporter`'s record of exporter `name`.
+
+        Args:
+            name: the exporter's name.
+        """
         return self.file(EXPORT_DIR, name, BEST_RECORD_FILE)
 
     def export_best_record_files(self) -> List[str]:
@@ -218,7 +269,11 @@ class ModelDir:
     # The run's records.
 
     def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first."""
+        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first.
+
+        Args:
+            kind: "train" or "eval" (None: every record).
+        """
         records = read_json_lines(self.metrics_file)
         return [r for r in records if kind is None or r.get("kind") == kind]
 
@@ -246,7 +301,13 @@ class ModelDir:
     def mark_finished(self, step: int, final_checkpoint: Optional[str],
                       train_steps: Optional[int] = None) -> None:
         """Records (atomically) that training ended, its final checkpoint, and the
-        `train_steps` it was asked for (an early stop ends before them)."""
+        `train_steps` it was asked for (an early stop ends before them).
+
+        Args:
+            step: the step training ended at.
+            final_checkpoint: the final checkpoint's path (None: none written).
+            train_steps: `ctl.Schedule.train_steps`, the steps asked for.
+        """
         text = json.dumps({"final_step": step, "final_checkpoint":
                            final_checkpoint and os.path.basename(final_checkpoint),
                            "train_steps": train_steps})
@@ -262,6 +323,9 @@ class ModelDir:
 
         With `train_steps`, a marker of a run asked for fewer steps is stale (the
         run is being extended and its trainer has not cleared it yet): None.
+
+        Args:
+            train_steps: the steps this run is asked for (None: any marker counts).
         """
         data = read_json(self.finished_file)
         if not isinstance(data, dict):
@@ -279,7 +343,11 @@ class ModelDir:
 
     def checkpoint_path(self, name: str) -> str:
         """Where the checkpoint `name` (`ckpt-N`, its prefix) or one of its files
-        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir."""
+        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir.
+
+        Args:
+            name: `ckpt-N`, or one of its files' names.
+        """
         return self.file(name)
 
     def checkpoints(self) -> Dict[int, str]:
@@ -317,7 +385,12 @@ class ModelDir:
     def committed_checkpoints(self, settle_seconds: float,
                               found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
         """The checkpoints (of `found`) that are complete: named in the state file, or
-        with an index file `settle_seconds` old (a state file that cannot be read names none)."""
+        with an index file `settle_seconds` old (a state file that cannot be read names none).
+
+        Args:
+            settle_seconds: how old an index file not named in the state file must be.
+            found: `{number: path}` to look at (None: every checkpoint of the dir).
+        """
         found = self.checkpoints() if found is None else found
         if not found:
             return found
@@ -346,6 +419,10 @@ class ModelDir:
         while it was read (a live trainer retires its old checkpoints), the
         model dir is looked at again, up to `looks` times. Reads only; writes
         nothing.
+
+        Args:
+            restore: restores one checkpoint, given its path.
+            looks: how many times the dir is looked at when checkpoints were deleted meanwhile.
         """
         state = self.checkpoint_state()
         found = self.checkpoints()
@@ -395,7 +472,13 @@ class ModelDir:
     def write_checkpoint_state(self, restored: Restored, quiet: bool = False,
                                stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
-        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
+        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage.
+
+        Args:
+            restored: what `restore_newest` restored.
+            quiet: write no console line.
+            stamps: when each kept checkpoint was written, by path (default: its index file's time).
+        """
         known, times = stamps or {}, []
         for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
