@@ -170,7 +170,7 @@ class KerasModelTask(Task):
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
         """This pipeline's share of the train data (shuffled, repeated, batches of the per-replica size) or of the eval
-            data (read once, its remainder batch kept).
+        data (read once, its remainder batch kept).
 
         Args:
             training: True for the train dataset, False for an eval dataset.

@@ -79,7 +79,7 @@ class KerasCallbacks(Hook):
 
     def on_eval_end(self, logs) -> None:
         """Ends an epoch: `on_epoch_end` with the train results and the evaluation's as `val_*`; stops the run if a
-            callback set `model.stop_training`.
+        callback set `model.stop_training`.
 
         Args:
             logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).

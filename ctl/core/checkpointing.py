@@ -139,7 +139,7 @@ class CheckpointManager:
 
     def save(self, checkpoint_number=None, check_interval=True, options=None):
         """Saves a checkpoint at the current step if one is due (in an object store: staged locally, uploaded in the
-            background).
+        background).
 
         Args:
             checkpoint_number: not read: the number is always the current step (kept for

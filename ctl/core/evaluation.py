@@ -170,7 +170,7 @@ class Evaluation(orbit.AbstractEvaluator):
 
     def eval_step(self, iterator):
         """One eval step on every replica (inside `tf.function`); returns the extra entries to aggregate, gathered over
-            the replicas.
+        the replicas.
 
         Args:
             iterator: the distributed eval iterator.
