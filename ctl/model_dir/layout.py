@@ -1,37 +1,14 @@
-"""A model dir: every file ctl keeps in it, how each is written and how each is read.
+"""A model dir: every file ctl keeps in it, how each is named and how the run's records are read.
 
-    <model_dir>/
-      checkpoint                    TensorFlow's checkpoint state file: names the latest checkpoint
-      ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
-      config.gin                    the parsed config (the trainer, at start)
-      operative_config.gin          the values actually used (the trainer, after its first loop)
-      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.model_dir.claims`)
-      evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
-                                    evaluation; its holder runs the eval-side hooks (`ctl.model_dir.evaluator_role`)
-      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
-      metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
-      early_stopping.json           `ctl.hooks.EarlyStopping`'s count
-      train/, eval/                 TensorBoard summaries
-      train/<set>/, eval/<set>/     a named eval set's summaries (a nested dict of results: one per key)
-      eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
-      eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`),
-                                    the checkpoint `best/ckpt-N/ckpt`
-      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
-                                    each published whole, its `ctl_published.json` written last
-      .tmp-<name>-<pid>/            a directory being written, beside where it is published
-      train/plugins/profile/<run>/  `ctl.hooks.Profile`'s trace (TensorBoard's Profile tab)
-      report.png                    `python -m ctl.report`'s curves
-      smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
-
-`ModelDir` names the files core and the model dir's records use; a file that a
-layer above writes has its name there (`TRAINER_LOCK_FILE` in `ctl.faults.lock`,
-`EARLY_STOPPING_FILE`, `PROFILE_DIR`, `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`,
-`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), joined
-through `ModelDir.file`: no module joins a file name into a model dir by hand.
-It also reads the run's records (`metrics`, `sidecar_evaluations`, and
-`evaluations_on_record`, the one answer to "which steps were evaluated, with
-what results").
+`ModelDir` (one per run) names the files core and the model dir's records use
+(`checkpoint`, `config.gin`, `metrics.jsonl`, `evaluator.lock`, `best/`, `export/<name>/<step>/`,
+`train/`, `eval/`, ...); a file that a layer above writes has its name there
+(`TRAINER_LOCK_FILE` in `ctl.faults.lock`, `EARLY_STOPPING_FILE`, `PROFILE_DIR`,
+`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules
+that write them), joined through `ModelDir.file`: no module joins a file name into a model dir
+by hand. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
+`evaluations_on_record`, the one answer to "which steps were evaluated, with what results").
+Every file, who writes it, when, and who reads it: docs/reference/model-dir.md.
 """
 
 import contextlib
