@@ -30,9 +30,9 @@ from ctl.utils import process_end
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
-from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)

@@ -169,7 +169,7 @@ def _run(hooks: Sequence[Any]) -> None:
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(first_line(error, None))
-    except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
+    except Exception as error:  # Only a storage fault is handled here.
         fault = storage_fault_within(error, directory)
         if fault is None:
             raise  # A bug keeps its traceback.

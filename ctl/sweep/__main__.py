@@ -27,7 +27,7 @@ import sys
 
 from absl import app, flags
 
-from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")

@@ -53,15 +53,7 @@ def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
 def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: int,
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
-    which value.
-
-    Args:
-        model_dir: the trial's model dir.
-        pruner: the sweep file's `[pruner]` table.
-        objective: the objective's name.
-        step: the step of the evaluation it was pruned at.
-        value: the objective's value there.
-    """
+    which value."""
     from ctl.model_dir import ModelDir, write_json
 
     write_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE), {
@@ -72,11 +64,6 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
 
 
 def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
-    """The record `record_pruned` wrote, or None.
-
-    Args:
-        model_dir: the trial's model dir.
-    """
     from ctl.model_dir import ModelDir, read_json
 
     return read_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE))

@@ -27,11 +27,7 @@ def _order(trial, maximize: bool) -> Tuple[int, float, int]:
 
 
 def load(sweep_dir: str):
-    """(record, study, trials of the budget) of `sweep_dir`.
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-    """
+    """(record, study, trials of the budget) of `sweep_dir`."""
     try:
         import optuna
     except ImportError as error:
@@ -70,11 +66,6 @@ def _seconds(trial) -> Optional[float]:
 
 
 def table(sweep_dir: str) -> Tuple[str, list, dict]:
-    """The sweep's table (trials sorted by the objective), the trials, and the sweep's record.
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-    """
     record, loaded, trials = load(sweep_dir)
     maximize = record.get("direction", "maximize") == "maximize"
     objective = record.get("objective", "value")
@@ -105,13 +96,7 @@ def _short(value) -> str:
 
 
 def plot(trials: list, record: dict, path: str) -> None:
-    """Optimization history and each binding against the objective, as one PNG (written atomically).
-
-    Args:
-        trials: the budget's trials.
-        record: the sweep's record (`sweep.json`).
-        path: where the PNG goes.
-    """
+    """Optimization history and each binding against the objective, as one PNG (written atomically)."""
     from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
@@ -157,12 +142,7 @@ def plot(trials: list, record: dict, path: str) -> None:
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
-    """(table, png path) of the sweep in `sweep_dir`.
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-        output: where the PNG goes (default: `report.png` in the sweep dir).
-    """
+    """(table, png path) of the sweep in `sweep_dir`."""
     text, trials, record = table(sweep_dir)
     output = output or os.path.join(sweep_dir, "report.png")
     plot(trials, record, output)

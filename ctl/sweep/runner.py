@@ -116,11 +116,7 @@ def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number
 
 
 def eval_records(model_dir: str) -> List[Dict[str, Any]]:
-    """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`).
-
-    Args:
-        model_dir: the trial's model dir.
-    """
+    """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
     from ctl.model_dir import ModelDir
 
     return ModelDir(model_dir).metrics("eval")

@@ -59,11 +59,7 @@ def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> 
 
 def reachable(model_dir: str) -> bool:
     """Whether a trial's model dir, recorded by another machine's worker, is there from here (a
-    bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow).
-
-    Args:
-        model_dir: the trial's model dir.
-    """
+    bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow)."""
     from ctl.model_dir import ModelDir
 
     return ModelDir(model_dir).exists()

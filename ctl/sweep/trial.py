@@ -18,10 +18,10 @@ from ctl.utils import process_end
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from ctl import run as ctl_run  # noqa: E402 - ctl.run's flags, defined on import.
-from ctl.utils.errors import UserError, exit_with_error  # noqa: E402
+from ctl import run as ctl_run  # ctl.run's flags, defined on import.
+from ctl.utils.errors import UserError, exit_with_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): the objective, the study, the pruner.")
