@@ -388,14 +388,21 @@ def nav_pages(nav) -> List[str]:
     return pages
 
 
-@pytest.mark.slow
-def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
-    import yaml
-
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for the tests that read it (`mkdocs build --strict`)."""
+    site = tmp_path_factory.mktemp("site")
     done = run_command(ctl_command("build", "--strict", "-q", "-d", str(site), module="mkdocs"),
                        timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+    return site
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(site):
+    import yaml
+
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
         config = yaml.load(f, Loader=yaml.BaseLoader)
     in_nav = set(nav_pages(config["nav"]))
@@ -420,6 +427,24 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
     with open(site / "reference" / "api.html") as f:
         missing = reference_gaps(f.read())
     assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
+
+
+# What a reader types in the site's search box, and the page it must list first.
+SEARCHES = {"gs://": "how-to/gcs.html", "sweep": "how-to/tune-hyperparameters.html",
+            "preemption": "how-to/preemptible-jobs.html"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_search_lists_the_page_for_a_topic_first(site):
+    """The built search index, ranked as mkdocs-material's search worker ranks it in a browser
+    (tests/support/site_search.py): the how-to for a topic comes first, not a page that mentions it."""
+    from tests.support.site_search import SiteSearch
+
+    search = SiteSearch(str(site / "search" / "search_index.json"))
+    wrong = {query: search.pages(query)[:3] for query, page in SEARCHES.items()
+             if search.pages(query)[:1] != [page]}
+    assert not wrong, f"searches whose first page is not the topic's (query: first pages): {wrong}"
 
 
 def _documented(html: str, heading: str) -> bool:
