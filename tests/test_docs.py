@@ -529,6 +529,26 @@ def test_every_exit_status_in_the_code_is_explained():
     assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
 
 
+def test_the_api_page_starts_with_an_overview_of_every_public_name():
+    """The Python API page opens with what a run is made of (Task, Trainer, Experiment,
+    run_experiment, hooks) and where each other public name fits: a name added to `ctl` needs its
+    place there too (the alphabetical reference below it is generated)."""
+    import ctl
+
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    page = docs_reference.api_page()
+    overview = page.split("## Every name, A to Z")[0]
+    assert "## Overview" in overview and "::: " not in overview, overview[:300]
+    table = overview.split("The rest, by use:")[0]
+    for name in ("Task", "Trainer", "Experiment", "run_experiment", "hooks"):
+        assert f"[`ctl.{name}`](#" in table, f"the overview's table lacks ctl.{name}"
+    missing = [name for name in ctl.__all__ if f"[`ctl.{name}`](#" not in overview]
+    assert not missing, f"public names the API page's overview does not place: {missing}"
+
+
 def test_every_file_of_the_model_dir_is_in_the_reference():
     """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
     from ctl.core import model_dir
