@@ -15,7 +15,7 @@ def pyplot():
         import matplotlib
     except ImportError as error:
         raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
-                        "pip install 'ctl[report]' (or matplotlib).") from error
+                        "pip install -e '.[report]' in ctl's checkout (or pip install matplotlib).") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

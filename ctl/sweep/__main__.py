@@ -68,7 +68,8 @@ def main(argv):
     try:
         import optuna  # noqa: F401
     except ImportError:
-        _fail("ctl.sweep runs on Optuna, which is not installed: pip install 'ctl[sweep]'.")
+        _fail("ctl.sweep runs on Optuna, which is not installed: pip install -e '.[sweep]' "
+              "in ctl's checkout.")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         sys.exit(_sweep())
