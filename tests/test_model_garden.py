@@ -160,7 +160,7 @@ MISTAKES = {  # name -> (experiment, overrides(tmp_path), mode, what the one lin
         "image_classification",
         lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={tmp}/no/train-*-of-00002"],
         "train", "experiment 'image_classification': task.train_data.input_path="
-        f"'{{tmp}}/no/train-*-of-00002' matches no file; point it at the experiment's TFRecord"),
+        "'{tmp}/no/train-*-of-00002' matches no file; point it at the experiment's TFRecord"),
     "one of a comma list of input files missing, in eval": (
         "image_classification",
         lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={shards(tmp, 'train')}", {
