@@ -24,28 +24,29 @@
       report.png                    `python -m ctl.report`'s curves
       smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
 
-`ModelDir` names the files core and the model dir's records use; a file that a
-layer above writes has its name there (`TRAINER_LOCK_FILE` in `ctl.faults.lock`,
-`EARLY_STOPPING_FILE`, `PROFILE_DIR`, `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`,
-`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), joined
-through `ModelDir.file`: no module joins a file name into a model dir by hand.
+`ModelDir` names the files that core writes and those its own readers read
+(`metrics.jsonl`, `eval/metrics.jsonl`, `ctl_run_finished.json`); a file that
+only a layer above writes and reads has its name there (`TRAINER_LOCK_FILE` in
+`ctl.faults.lock`, `EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
+`ctl.comforts.best`, `EXPORT_DIR` in `ctl.comforts.exporting`, `PROFILE_DIR`,
+`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE`
+in the modules that write them), joined through `ModelDir.file`: no module
+joins a file name into a model dir by hand.
 It also reads the run's records (`metrics`, `sidecar_evaluations`, and
 `evaluations_on_record`, the one answer to "which steps were evaluated, with
 what results").
 """
 
-import contextlib
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
 from ctl.model_dir.checkpoints import (CHECKPOINT_INDEX, CHECKPOINT_STATE_FILE, CheckpointState, Restored,
                                        UnreadableCheckpointError, checkpoint_index, parse_checkpoint_state)
-from ctl.model_dir.files import (entries, is_temporary, publishing, read_json, read_json_lines, read_text,
-                                 write_atomically)
+from ctl.model_dir.files import read_json, read_json_lines, read_text, write_atomically
 from ctl.utils import console
 from ctl.utils.errors import UserError, first_line
 
@@ -57,9 +58,6 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 SIDECAR_METRICS_FILE = "metrics.jsonl"  # In EVAL_DIR.
-BEST_DIR = "best"
-BEST_RECORD_FILE = "best.json"
-EXPORT_DIR = "export"
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
 
 
@@ -170,51 +168,6 @@ class ModelDir:
     def sidecar_metrics_file(self) -> str:
         return self.file(EVAL_DIR, SIDECAR_METRICS_FILE)
 
-    @property
-    def best_dir(self) -> str:
-        return self.file(BEST_DIR)
-
-    @property
-    def best_record_file(self) -> str:
-        return self.file(BEST_DIR, BEST_RECORD_FILE)
-
-    def best_checkpoint(self, step: int) -> str:
-        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
-        return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
-
-    @contextlib.contextmanager
-    def writing_best_checkpoint(self, step: int) -> Iterator[str]:
-        """The prefix to write the best checkpoint of `step` to, published whole (`publishing`,
-        its `.index` last) at `best/ckpt-<step>/` when the block ends."""
-        final = self.best_checkpoint(step)
-        with publishing(os.path.dirname(final), last=["*.index"]) as temp:
-            yield os.path.join(temp, os.path.basename(final))
-
-    def best_leftovers(self, step: int) -> List[str]:
-        """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
-        (`ckpt-N/`) and temporaries a kill left, in listing order."""
-        keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
-        return [path for name, path in entries(self.best_dir)
-                if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
-
-    @property
-    def exports_dir(self) -> str:
-        return self.file(EXPORT_DIR)
-
-    def export_dir(self, name: str) -> str:
-        return self.file(EXPORT_DIR, name)
-
-    def export_step_dir(self, name: str, step: int) -> str:
-        return self.file(EXPORT_DIR, name, str(step))
-
-    def export_best_record_file(self, name: str) -> str:
-        """`ctl.hooks.BestExporter`'s record of exporter `name`."""
-        return self.file(EXPORT_DIR, name, BEST_RECORD_FILE)
-
-    def export_best_record_files(self) -> List[str]:
-        """Every exporter's best record (`export/*/best.json`), sorted."""
-        return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
-
     # The run's records.
 
     def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -236,10 +189,6 @@ class ModelDir:
         recorded = {r.get("step"): r.get("results") or {} for r in self.sidecar_evaluations()}
         recorded.update({r.get("step"): results_of(r) for r in self.metrics("eval")})
         return recorded
-
-    def best_record(self) -> Dict[str, Any]:
-        """`ctl.hooks.BestCheckpoint`'s record (empty if none)."""
-        return read_json(self.best_record_file, {})
 
     # The run-finished marker.
 
