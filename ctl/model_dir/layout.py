@@ -1,40 +1,17 @@
-"""A model dir: every file ctl keeps in it, how each is written and how each is read.
+"""A model dir: every file ctl keeps in it, how each is named and how the run's records are read.
 
-    <model_dir>/
-      checkpoint                    TensorFlow's checkpoint state file: names the latest checkpoint
-      ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
-      config.gin                    the parsed config (the trainer, at start)
-      operative_config.gin          the values actually used (the trainer, after its first loop)
-      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.model_dir.claims`)
-      evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
-                                    evaluation; its holder runs the eval-side hooks (`ctl.model_dir.evaluator_role`)
-      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
-      metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
-      early_stopping.json           `ctl.hooks.EarlyStopping`'s count
-      train/, eval/                 TensorBoard summaries
-      train/<set>/, eval/<set>/     a named eval set's summaries (a nested dict of results: one per key)
-      eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
-      eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`),
-                                    the checkpoint `best/ckpt-N/ckpt`
-      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
-                                    each published whole, its `ctl_published.json` written last
-      .tmp-<name>-<pid>/            a directory being written, beside where it is published
-      train/plugins/profile/<run>/  `ctl.hooks.Profile`'s trace (TensorBoard's Profile tab)
-      report.png                    `python -m ctl.report`'s curves
-      smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
-
-`ModelDir` names the files that core writes and those its own readers read
-(`metrics.jsonl`, `eval/metrics.jsonl`, `ctl_run_finished.json`); a file that
+`ModelDir` (one per run) names the files that core writes and those its own
+readers read (`checkpoint`, `config.gin`, `metrics.jsonl`, `eval/metrics.jsonl`,
+`ctl_run_finished.json`, `evaluator.lock`, `train/`, `eval/`, ...); a file that
 only a layer above writes and reads has its name there (`TRAINER_LOCK_FILE` in
 `ctl.faults.lock`, `EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
 `ctl.comforts.best`, `EXPORT_DIR` in `ctl.comforts.exporting`, `PROFILE_DIR`,
 `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE`
-in the modules that write them), joined through `ModelDir.file`: no module
-joins a file name into a model dir by hand.
-It also reads the run's records (`metrics`, `sidecar_evaluations`, and
-`evaluations_on_record`, the one answer to "which steps were evaluated, with
-what results").
+in the modules that write them), joined through `ModelDir.file`: no module joins
+a file name into a model dir by hand. It also reads the run's records (`metrics`,
+`sidecar_evaluations`, and `evaluations_on_record`, the one answer to "which
+steps were evaluated, with what results").
+Every file, who writes it, when, and who reads it: docs/reference/model-dir.md.
 """
 
 import json
@@ -62,7 +39,11 @@ RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields;
 
 
 def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
-    """The metrics of a `metrics.jsonl` record."""
+    """The metrics of a `metrics.jsonl` record.
+
+    Args:
+        record: one record of `metrics.jsonl`.
+    """
     return {name: value for name, value in record.items() if name not in RECORD_FIELDS}
 
 
@@ -71,18 +52,33 @@ def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
 
 def eval_set_dir(summary_dir: str, eval_set: str) -> str:
     """`train/<set>/` or `eval/<set>/`: the summaries of the named eval set `eval_set` ("": the
-    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one)."""
+    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one).
+
+    Args:
+        summary_dir: `train/`, `eval/` or a local staging copy of one.
+        eval_set: the eval set's name ("": the run's own).
+    """
     return os.path.join(summary_dir, eval_set)
 
 
 def uploaded_path(local: str, staged_dir: str, summary_dir: str) -> str:
     """Where the summary file `local`, under `staged_dir` (a local staging copy of
-    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`."""
+    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`.
+
+    Args:
+        local: a summary file under `staged_dir`.
+        staged_dir: the local staging copy of `summary_dir`.
+        summary_dir: the summary dir in the object store.
+    """
     return os.path.join(summary_dir, os.path.relpath(local, staged_dir))
 
 
 class ModelDir:
-    """The files of one model dir (a local path or a `gs://`-style URL)."""
+    """The files of one model dir (a local path or a `gs://`-style URL).
+
+    Args:
+        path: the model dir: a local path or a `gs://`-style URL.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -94,6 +90,11 @@ class ModelDir:
         return f"ModelDir({self.path!r})"
 
     def file(self, *names: str) -> str:
+        """The path of `names` joined under the model dir: the one way a file name joins a model dir.
+
+        Args:
+            *names: the path's parts below the model dir, e.g. `"eval", "metrics.jsonl"`.
+        """
         return os.path.join(self.path, *names)
 
     def exists(self) -> bool:
@@ -171,7 +172,11 @@ class ModelDir:
     # The run's records.
 
     def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first."""
+        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first.
+
+        Args:
+            kind: "train" or "eval" (None: every record).
+        """
         records = read_json_lines(self.metrics_file)
         return [r for r in records if kind is None or r.get("kind") == kind]
 
@@ -195,7 +200,13 @@ class ModelDir:
     def mark_finished(self, step: int, final_checkpoint: Optional[str],
                       train_steps: Optional[int] = None) -> None:
         """Records (atomically) that training ended, its final checkpoint, and the
-        `train_steps` it was asked for (an early stop ends before them)."""
+        `train_steps` it was asked for (an early stop ends before them).
+
+        Args:
+            step: the step training ended at.
+            final_checkpoint: the final checkpoint's path (None: none written).
+            train_steps: `ctl.Schedule.train_steps`, the steps asked for.
+        """
         text = json.dumps({"final_step": step, "final_checkpoint":
                            final_checkpoint and os.path.basename(final_checkpoint),
                            "train_steps": train_steps})
@@ -211,6 +222,9 @@ class ModelDir:
 
         With `train_steps`, a marker of a run asked for fewer steps is stale (the
         run is being extended and its trainer has not cleared it yet): None.
+
+        Args:
+            train_steps: the steps this run is asked for (None: any marker counts).
         """
         data = read_json(self.finished_file)
         if not isinstance(data, dict):
@@ -228,7 +242,11 @@ class ModelDir:
 
     def checkpoint_path(self, name: str) -> str:
         """Where the checkpoint `name` (`ckpt-N`, its prefix) or one of its files
-        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir."""
+        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir.
+
+        Args:
+            name: `ckpt-N`, or one of its files' names.
+        """
         return self.file(name)
 
     def checkpoints(self) -> Dict[int, str]:
@@ -266,7 +284,12 @@ class ModelDir:
     def committed_checkpoints(self, settle_seconds: float,
                               found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
         """The checkpoints (of `found`) that are complete: named in the state file, or
-        with an index file `settle_seconds` old (a state file that cannot be read names none)."""
+        with an index file `settle_seconds` old (a state file that cannot be read names none).
+
+        Args:
+            settle_seconds: how old an index file not named in the state file must be.
+            found: `{number: path}` to look at (None: every checkpoint of the dir).
+        """
         found = self.checkpoints() if found is None else found
         if not found:
             return found
@@ -295,6 +318,10 @@ class ModelDir:
         while it was read (a live trainer retires its old checkpoints), the
         model dir is looked at again, up to `looks` times. Reads only; writes
         nothing.
+
+        Args:
+            restore: restores one checkpoint, given its path.
+            looks: how many times the dir is looked at when checkpoints were deleted meanwhile.
         """
         state = self.checkpoint_state()
         found = self.checkpoints()
@@ -344,7 +371,13 @@ class ModelDir:
     def write_checkpoint_state(self, restored: Restored, quiet: bool = False,
                                stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
-        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
+        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage.
+
+        Args:
+            restored: what `restore_newest` restored.
+            quiet: write no console line.
+            stamps: when each kept checkpoint was written, by path (default: its index file's time).
+        """
         known, times = stamps or {}, []
         for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:
