@@ -93,7 +93,7 @@ def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
 TF_INFO_LINE = re.compile(r"^\S+ \S+: I \S+:\d+\] ", re.MULTILINE)
 
 
-def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it():
+def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it(tmp_path):
     # oneDNN's notice at import is an INFO line on every x86 CPU once oneDNN is asked for (TensorFlow
     # turns it on by itself only on CPUs with AVX-512 or AMX).
     env = {**{k: v for k, v in ctl_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"},
@@ -102,9 +102,10 @@ def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets
                      env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "None"
-    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out.
-    result = _python(None, "-m", "ctl.run", "--mode=trian", env=env)
-    assert result.returncode == 2 and "--mode" in result.stderr, result.stderr
+    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out. A bad flag
+    # ends before TensorFlow is imported; a config without its task ends after.
+    result = _python(None, "-m", "ctl.run", "--mode=train", f"--model_dir={tmp_path / 'run'}", env=env)
+    assert result.returncode == 2 and "Required bindings" in result.stderr, result.stderr
     assert not TF_INFO_LINE.search(result.stderr), result.stderr
     imported = _python("import tensorflow", env=env).stderr
     assert "oneDNN custom operations" in imported and TF_INFO_LINE.search(imported), imported
