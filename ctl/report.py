@@ -106,6 +106,8 @@ def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
         train: the train curves by tag.
         evals: the eval curves by tag.
     """
+    from ctl.comforts.best import best_record
+
     lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
     if everything:
@@ -117,7 +119,7 @@ def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
     for kind, curves in (("train", train), ("eval", evals)):
         for tag, last, best, step, count in summarize(curves):
             lines.append(f"{kind:6} {tag:24} {last:12.6g} {best:12.6g} {step:8d} {count:7d}")
-    record = directory.best_record()
+    record = best_record(directory)
     if record:
         lines.append(f"best checkpoint: {record['metric']} = {record['value']:.6g} at step "
                      f"{record['step']} ({record['path']})")

@@ -89,17 +89,26 @@ def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it():
-    env = {k: v for k, v in ctl_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+# A line of TensorFlow's C++ log at INFO: `2026-11-27 11:54:54.974786: I tensorflow/.../port.cc:153] ...`.
+TF_INFO_LINE = re.compile(r"^\S+ \S+: I \S+:\d+\] ", re.MULTILINE)
+
+
+def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it(tmp_path):
+    # oneDNN's notice at import is an INFO line on every x86 CPU once oneDNN is asked for (TensorFlow
+    # turns it on by itself only on CPUs with AVX-512 or AMX).
+    env = {**{k: v for k, v in ctl_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+           "TF_ENABLE_ONEDNN_OPTS": "1"}
     result = _python("import os, ctl; ctl.Task; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))",
                      env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "None"
-    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out.
-    result = _python(None, "-m", "ctl.run", "--mode=trian", env=env)
-    assert result.returncode == 2 and "--mode" in result.stderr, result.stderr
-    assert "oneDNN custom operations" not in result.stderr
-    assert "oneDNN custom operations" in _python("import tensorflow", env=env).stderr
+    # The CLI keeps TensorFlow's C++ INFO lines (here: oneDNN's notice at import) out. A bad flag
+    # ends before TensorFlow is imported; a config without its task ends after.
+    result = _python(None, "-m", "ctl.run", "--mode=train", f"--model_dir={tmp_path / 'run'}", env=env)
+    assert result.returncode == 2 and "Required bindings" in result.stderr, result.stderr
+    assert not TF_INFO_LINE.search(result.stderr), result.stderr
+    imported = _python("import tensorflow", env=env).stderr
+    assert "oneDNN custom operations" in imported and TF_INFO_LINE.search(imported), imported
 
 
 def test_the_tools_that_need_no_tensorflow_start_without_it():
@@ -277,10 +286,10 @@ def test_no_test_module_imports_another():
 # Where a model dir's names live. A file name is joined into a model dir where the base of a join
 # (`os.path.join(base, ...)`, `f"{base}/..."`, `base + "/..."`) is reached as one: `x.path` (a
 # ModelDir's), `x.directory` (the hooks' `run.directory`, a manager's dir), `model_dir`,
-# `summary_dir`, or a ModelDir member (`x.train_dir`, `x.export_dir(name)`, `x.file(...)`). A
+# `summary_dir`, or a ModelDir member (`x.train_dir`, `x.file(...)`). A
 # checkpoint's files (`prefix + ".index"`, `".*"`, `".data-*"`) are named from its prefix there too.
 # Joins into local staging or temporary dirs (named `local`, `temp`, `directory`, ...) pass.
-# Outside the rule: model_dir.py itself, and ctl/sweep/ (an entry point, with its own sweep dir).
+# Outside the rule: ctl/model_dir/ itself, and ctl/sweep/ (an entry point, with its own sweep dir).
 MODEL_DIR_BASES = {"path", "directory", "model_dir", "summary_dir"}
 CHECKPOINT_SUFFIXES = (".index", ".data", ".*")
 JOINS_ALLOWED_IN = ("ctl/model_dir/", "ctl/sweep/")
@@ -352,7 +361,7 @@ def test_the_model_dir_join_rule_sees_the_joins_it_replaced():
         'remotes = tf.io.gfile.glob(path + ".*")',
         'found = tf.io.gfile.exists(path + ".index")',
         'log = f"{run.directory.train_dir}/log.txt"',
-        'record = run.directory.best_dir + "/best.json"',
+        'record = run.directory.file(BEST_DIR) + "/best.json"',
     ]
     for join in joins:
         assert _model_dir_joins(join, _model_dir_members()), join

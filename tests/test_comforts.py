@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
+from ctl.comforts.best import best_record
 from ctl.comforts.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
 from ctl.config import gin_config as config
@@ -295,7 +296,7 @@ def test_evaluator_side_hooks_export_and_track_the_evaluated_checkpoint(tmp_path
     expected = model_at(os.path.join(tmp_path, "ckpt-20"))(FEATURES).numpy()
     np.testing.assert_allclose(served(os.path.join(tmp_path, "export", "latest", "20"), FEATURES),
                                expected, rtol=1e-6)
-    record = ModelDir(str(tmp_path)).best_record()
+    record = best_record(ModelDir(str(tmp_path)))
     assert record["step"] == 20
     np.testing.assert_allclose(model_at(record["path"])(FEATURES).numpy(), expected, rtol=1e-6)
 
@@ -317,7 +318,7 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     assert [r["number"] for r in records] == [20, 40]
     best = min(records, key=lambda r: r["results"]["loss"])
     assert best["step"] == 40  # The loss falls: the later checkpoint is the better one.
-    record = ModelDir(str(tmp_path)).best_record()
+    record = best_record(ModelDir(str(tmp_path)))
     assert (record["step"], record["value"]) == (40, pytest.approx(best["results"]["loss"]))
 
 
@@ -349,7 +350,7 @@ def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
         hook.bind(run)
     assert os.listdir(tmp_path) == []
     best_checkpoint.on_eval_end({"loss": np.float32(0.5)})
-    record = ModelDir(str(tmp_path)).best_record()
+    record = best_record(ModelDir(str(tmp_path)))
     assert (record["value"], record["step"]) == (0.5, 7)
     assert tf.train.load_checkpoint(record["path"]).get_tensor(
         "step/.ATTRIBUTES/VARIABLE_VALUE") == 7

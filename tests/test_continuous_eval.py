@@ -16,6 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
+from ctl.comforts.best import best_record
 from ctl.model_dir import EVAL_DIR
 from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
@@ -188,7 +189,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     published_by = lambda path: read_json(f"{path}/{PUBLISHED_MARKER}")["pid"]  # noqa: E731
     assert [published_by(f"{model_dir}/export/latest/{s}") for s in ("30", "40")] == [sidecar.pid] * 2
     assert published_by(f"{model_dir}/export/final/40") == trainer.pid
-    best = ModelDir(model_dir).best_record()
+    best = best_record(ModelDir(model_dir))
     # The sidecar's best checkpoint holds what it restored: the model and step, no optimizer.
     names = {name for name, _ in tf.train.list_variables(best["path"])}
     assert any(n.startswith("model/") for n in names) and not any(
@@ -336,7 +337,7 @@ def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
     records = ModelDir(model_dir).sidecar_evaluations()
     assert [r["step"] for r in records] == [10, 20]
     far_losses = {r["step"]: r["results"]["far"]["loss"] for r in records}
-    best = ModelDir(model_dir).best_record()
+    best = best_record(ModelDir(model_dir))
     assert best["metric"] == "far/loss" and best["step"] == min(far_losses, key=far_losses.get)
     assert records[1]["results"]["near"]["examples"] == 6.0
     assert records[1]["results"]["far"]["examples"] == 10.0

@@ -580,7 +580,7 @@ def test_every_file_of_the_model_dir_is_in_the_reference():
              if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
     assert names, "no *_FILE or *_DIR constant in ctl.model_dir"
     above = _model_dir_names_owned_above()
-    assert {"trainer.lock", "early_stopping.json", "report.png"} <= above, above
+    assert {"trainer.lock", "early_stopping.json", "best", "best.json", "export", "report.png"} <= above, above
     names |= above
     rows = _hand_written("reference/model-dir.md")
     missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
+from ctl.comforts.best import best_record
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
 from ctl.model_dir import ModelDir
@@ -36,7 +37,7 @@ def test_named_eval_sets_in_line(tmp_path, strategy):
     assert [r["step"] for r in evals] == [10, 20]
     far = {r["step"]: r["far/loss"] for r in evals}
     assert evals[-1]["near/examples"] == 6.0
-    best = ModelDir(model_dir).best_record()
+    best = best_record(ModelDir(model_dir))
     assert best["metric"] == "far/loss" and best["step"] == min(far, key=far.get)
 
     # `--mode=eval` and the sidecar evaluate the same sets of the same checkpoints alike.

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from ctl.comforts.best import BEST_DIR, BEST_RECORD_FILE
 from ctl.comforts.early_stopping import EARLY_STOPPING_FILE
 from ctl.faults.lock import TRAINER_LOCK_FILE
 from ctl.model_dir import EVAL_DIR
@@ -63,7 +64,7 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     for name, steps in (("latest", ["30", "40"]), ("final", ["40"]), ("checkpoint", ["40"])):
         assert listing(f"{model_dir}/export/{name}")[-len(steps):] == steps, name
         assert all(published(f"{model_dir}/export/{name}/{s}") for s in steps), name
-    best = read_json(directory.best_record_file)
+    best = read_json(directory.file(BEST_DIR, BEST_RECORD_FILE))
     assert best["step"] == 40 and published(os.path.dirname(best["path"]))
     served = tf.saved_model.load(f"{model_dir}/export/final/40")
     assert "serving_default" in served.signatures

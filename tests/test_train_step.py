@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
+from ctl.comforts.best import best_record
 from ctl.core.trainer import Trainer
 from ctl.core.stop import SignalWatcher
 from ctl.core.runner import NO_BAD_STEP
@@ -159,7 +160,7 @@ def test_moving_average_reaches_the_sidecar_the_exports_and_the_best_checkpoint(
                                features @ kernel + bias, rtol=1e-5)
     # The best checkpoint's model is the average.
     best = RegressionTask().build_model()
-    tf.train.Checkpoint(model=best).read(ModelDir(model_dir).best_record()["path"]).expect_partial()
+    tf.train.Checkpoint(model=best).read(best_record(ModelDir(model_dir))["path"]).expect_partial()
     np.testing.assert_array_equal(weights(best)[0], kernel)
     # The sidecar evaluates the average: the in-line results, again.
     sidecar = evaluate_continuously(

@@ -22,7 +22,8 @@ a better one. Restore it with `tf.train.Checkpoint(...).read(record["path"])`.
 Runs eagerly on the host, on the chief (or a sidecar evaluator).
 """
 
-from typing import Any, Dict, Optional
+import os
+from typing import Any, Dict, List, Optional
 
 import gin
 import tensorflow as tf
@@ -30,7 +31,22 @@ import tensorflow as tf
 from ctl.comforts.eval_results import improved, metric_value
 from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
-from ctl.model_dir import read_json, write_json
+from ctl.model_dir import ModelDir, entries, is_temporary, publishing, read_json, write_json
+
+BEST_DIR = "best"  # In the model dir: the best checkpoint (`ckpt-<step>/`) and its record.
+BEST_RECORD_FILE = "best.json"  # In BEST_DIR, and in each `BestExporter`'s `export/<name>/`.
+
+
+def best_record(directory: ModelDir) -> Dict[str, Any]:
+    """`BestCheckpoint`'s record in a model dir.
+
+    Args:
+        directory: the run's model dir.
+
+    Returns:
+        The record (`{"metric", "higher_is_better", "value", "step", "path"}`), empty if none.
+    """
+    return read_json(directory.file(BEST_DIR, BEST_RECORD_FILE), {})
 
 
 class BestMetric:
@@ -123,9 +139,9 @@ class BestCheckpoint(Hook):
             run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
         """
         super().bind(run)
-        self.directory = run.directory.best_dir
+        self.directory = run.directory.file(BEST_DIR)
         self.best = BestMetric(self.metric, self.higher_is_better,
-                               run.directory.best_record_file, write=run.chief)
+                               run.directory.file(BEST_DIR, BEST_RECORD_FILE), write=run.chief)
 
     def on_eval_end(self, logs) -> None:
         """On the chief, writes the evaluated state to `<model_dir>/best` if `logs` beat the best so far.
@@ -142,12 +158,26 @@ class BestCheckpoint(Hook):
         console.info("best", "%s = %.6g, best so far: %s", self.metric, self.best.value, path,
                      step=step)
 
+    def _checkpoint(self, step: int) -> str:
+        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
+        return self.run.directory.file(BEST_DIR, f"ckpt-{step}", "ckpt")
+
     def _write(self, step: int) -> str:
-        with self.run.directory.writing_best_checkpoint(step) as prefix:
-            self.run.checkpoint.write(prefix)
-        return self.run.directory.best_checkpoint(step)
+        """Writes the best checkpoint of `step`, published whole (`publishing`, its `.index`
+        last) at `best/ckpt-<step>/`."""
+        final = self._checkpoint(step)
+        with publishing(os.path.dirname(final), last=["*.index"]) as temp:
+            self.run.checkpoint.write(os.path.join(temp, os.path.basename(final)))
+        return final
+
+    def _leftovers(self, step: int) -> List[str]:
+        """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
+        (`ckpt-N/`) and temporaries a kill left, in listing order."""
+        keep = os.path.basename(os.path.dirname(self._checkpoint(step)))
+        return [path for name, path in entries(self.directory)
+                if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
 
     def _remove_all_but(self, step: int) -> None:
-        for path in self.run.directory.best_leftovers(step):
+        for path in self._leftovers(step):
             tf.io.gfile.rmtree(path)
 

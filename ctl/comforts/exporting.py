@@ -25,12 +25,26 @@ from typing import Callable, Dict, List, Optional
 import gin
 import tensorflow as tf
 
-from ctl.comforts.best import BestMetric
+from ctl.comforts.best import BEST_RECORD_FILE, BestMetric
 from ctl.utils import console
 from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.model_dir import is_published, publishing, temporaries
+from ctl.model_dir import ModelDir, is_published, publishing, temporaries
 from ctl.core.serving import default_serving_signatures
+
+EXPORT_DIR = "export"  # In the model dir: `<name>/<step>/`, a SavedModel each.
+
+
+def export_best_record_files(directory: ModelDir) -> List[str]:
+    """Every `BestExporter`'s record in a model dir.
+
+    Args:
+        directory: the run's model dir.
+
+    Returns:
+        The paths of `export/*/best.json`, sorted.
+    """
+    return sorted(tf.io.gfile.glob(directory.file(EXPORT_DIR, "*", BEST_RECORD_FILE)))
 
 
 def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) -> Optional[str]:
@@ -73,7 +87,10 @@ class Exporter(Hook):
 
     @property
     def directory(self) -> str:
-        return self.run.directory.export_dir(self.name)
+        return self.run.directory.file(EXPORT_DIR, self.name)
+
+    def _step_dir(self, step: int) -> str:
+        return self.run.directory.file(EXPORT_DIR, self.name, str(step))
 
     def exported_steps(self, published: bool = True) -> List[int]:
         """The steps exported (whole ones; all with `published=False`), oldest first.
@@ -89,12 +106,12 @@ class Exporter(Hook):
         steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(self.directory)
                        if name.rstrip("/").isdigit())
         return [s for s in steps if not published
-                or is_published(self.run.directory.export_step_dir(self.name, s))]
+                or is_published(self._step_dir(s))]
 
     def export(self) -> Optional[str]:
         if not self.run.chief:
             return None
-        path = self.run.directory.export_step_dir(self.name, self.run.step)
+        path = self._step_dir(self.run.step)
         model = self.run.eval_model  # The moving average, with ctl.Trainer.ema_decay.
         if getattr(self, "_signatures", None) is None:  # Traced once, reused by every export.
             self._signatures = serving_signatures(self.run.task, model)
@@ -104,7 +121,7 @@ class Exporter(Hook):
         kept = self.exported_steps()[-self.max_to_keep:]
         for step in self.exported_steps(published=False):
             if step not in kept:  # Retired, or half of an export a kill interrupted.
-                tf.io.gfile.rmtree(self.run.directory.export_step_dir(self.name, step))
+                tf.io.gfile.rmtree(self._step_dir(step))
         for temp in temporaries(self.directory):  # What a killed export left aside.
             tf.io.gfile.rmtree(temp)
         return written
@@ -171,7 +188,7 @@ class BestExporter(Exporter):
         """
         super().bind(run)
         self.best = BestMetric(self.metric, self.higher_is_better,
-                               self.run.directory.export_best_record_file(self.name),
+                               self.run.directory.file(EXPORT_DIR, self.name, BEST_RECORD_FILE),
                                write=run.chief, owner="ctl.hooks.BestExporter")
 
     def on_eval_end(self, logs) -> None:

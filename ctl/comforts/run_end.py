@@ -20,6 +20,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
+from ctl.comforts.best import best_record
+from ctl.comforts.exporting import EXPORT_DIR, export_best_record_files
 from ctl.utils import console
 from ctl.model_dir import ModelDir, read_json, results_of
 
@@ -95,8 +97,8 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
                  if tf.io.gfile.isdir(path)]
     if summaries:
         where.append("summaries " + " ".join(f"{os.path.basename(p)}/" for p in summaries))
-    if tf.io.gfile.isdir(directory.exports_dir):
-        where.append(f"exports {os.path.basename(directory.exports_dir)}/")
+    if tf.io.gfile.isdir(directory.file(EXPORT_DIR)):
+        where.append(f"exports {EXPORT_DIR}/")
     console.info(KIND, "in %s: %s", directory.path, ", ".join(where))
     console.info(KIND, "to look: python -m ctl.report --model_dir=%s ; tensorboard --logdir %s",
                  directory.path, directory.path)
@@ -104,8 +106,8 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
 
 def _best_records(directory: ModelDir):
     """`ctl.hooks.BestCheckpoint`'s record and each `ctl.hooks.BestExporter`'s, if any."""
-    records = [directory.best_record()]
-    for path in directory.export_best_record_files():
+    records = [best_record(directory)]
+    for path in export_best_record_files(directory):
         record = read_json(path, {})
         if isinstance(record, dict) and record:
             records.append(record)

@@ -1,28 +1,29 @@
 """A model dir: every file ctl keeps in it, how each is named and how the run's records are read.
 
-`ModelDir` (one per run) names the files core and the model dir's records use
-(`checkpoint`, `config.gin`, `metrics.jsonl`, `evaluator.lock`, `best/`, `export/<name>/<step>/`,
-`train/`, `eval/`, ...); a file that a layer above writes has its name there
-(`TRAINER_LOCK_FILE` in `ctl.faults.lock`, `EARLY_STOPPING_FILE`, `PROFILE_DIR`,
-`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules
-that write them), joined through `ModelDir.file`: no module joins a file name into a model dir
-by hand. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
-`evaluations_on_record`, the one answer to "which steps were evaluated, with what results").
+`ModelDir` (one per run) names the files that core writes and those its own
+readers read (`checkpoint`, `config.gin`, `metrics.jsonl`, `eval/metrics.jsonl`,
+`ctl_run_finished.json`, `evaluator.lock`, `train/`, `eval/`, ...); a file that
+only a layer above writes and reads has its name there (`TRAINER_LOCK_FILE` in
+`ctl.faults.lock`, `EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
+`ctl.comforts.best`, `EXPORT_DIR` in `ctl.comforts.exporting`, `PROFILE_DIR`,
+`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE`
+in the modules that write them), joined through `ModelDir.file`: no module joins
+a file name into a model dir by hand. It also reads the run's records (`metrics`,
+`sidecar_evaluations`, and `evaluations_on_record`, the one answer to "which
+steps were evaluated, with what results").
 Every file, who writes it, when, and who reads it: docs/reference/model-dir.md.
 """
 
-import contextlib
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
 from ctl.model_dir.checkpoints import (CHECKPOINT_INDEX, CHECKPOINT_STATE_FILE, CheckpointState, Restored,
                                        UnreadableCheckpointError, checkpoint_index, parse_checkpoint_state)
-from ctl.model_dir.files import (entries, is_temporary, publishing, read_json, read_json_lines, read_text,
-                                 write_atomically)
+from ctl.model_dir.files import read_json, read_json_lines, read_text, write_atomically
 from ctl.utils import console
 from ctl.utils.errors import UserError, first_line
 
@@ -34,9 +35,6 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 SIDECAR_METRICS_FILE = "metrics.jsonl"  # In EVAL_DIR.
-BEST_DIR = "best"
-BEST_RECORD_FILE = "best.json"
-EXPORT_DIR = "export"
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
 
 
@@ -95,7 +93,7 @@ class ModelDir:
         """The path of `names` joined under the model dir: the one way a file name joins a model dir.
 
         Args:
-            *names: the path's parts below the model dir, e.g. `"best", "best.json"`.
+            *names: the path's parts below the model dir, e.g. `"eval", "metrics.jsonl"`.
         """
         return os.path.join(self.path, *names)
 
@@ -171,78 +169,6 @@ class ModelDir:
     def sidecar_metrics_file(self) -> str:
         return self.file(EVAL_DIR, SIDECAR_METRICS_FILE)
 
-    @property
-    def best_dir(self) -> str:
-        return self.file(BEST_DIR)
-
-    @property
-    def best_record_file(self) -> str:
-        return self.file(BEST_DIR, BEST_RECORD_FILE)
-
-    def best_checkpoint(self, step: int) -> str:
-        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole.
-
-        Args:
-            step: the best evaluation's step.
-        """
-        return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
-
-    @contextlib.contextmanager
-    def writing_best_checkpoint(self, step: int) -> Iterator[str]:
-        """The prefix to write the best checkpoint of `step` to, published whole (`publishing`,
-        its `.index` last) at `best/ckpt-<step>/` when the block ends.
-
-        Args:
-            step: the best evaluation's step.
-        """
-        final = self.best_checkpoint(step)
-        with publishing(os.path.dirname(final), last=["*.index"]) as temp:
-            yield os.path.join(temp, os.path.basename(final))
-
-    def best_leftovers(self, step: int) -> List[str]:
-        """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
-        (`ckpt-N/`) and temporaries a kill left, in listing order.
-
-        Args:
-            step: the step of the best checkpoint that stays.
-        """
-        keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
-        return [path for name, path in entries(self.best_dir)
-                if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
-
-    @property
-    def exports_dir(self) -> str:
-        return self.file(EXPORT_DIR)
-
-    def export_dir(self, name: str) -> str:
-        """`export/<name>/`: exporter `name`'s exports.
-
-        Args:
-            name: the exporter's name.
-        """
-        return self.file(EXPORT_DIR, name)
-
-    def export_step_dir(self, name: str, step: int) -> str:
-        """`export/<name>/<step>/`: exporter `name`'s export at `step`.
-
-        Args:
-            name: the exporter's name.
-            step: the exported step.
-        """
-        return self.file(EXPORT_DIR, name, str(step))
-
-    def export_best_record_file(self, name: str) -> str:
-        """`ctl.hooks.BestExporter`'s record of exporter `name`.
-
-        Args:
-            name: the exporter's name.
-        """
-        return self.file(EXPORT_DIR, name, BEST_RECORD_FILE)
-
-    def export_best_record_files(self) -> List[str]:
-        """Every exporter's best record (`export/*/best.json`), sorted."""
-        return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
-
     # The run's records.
 
     def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -268,10 +194,6 @@ class ModelDir:
         recorded = {r.get("step"): r.get("results") or {} for r in self.sidecar_evaluations()}
         recorded.update({r.get("step"): results_of(r) for r in self.metrics("eval")})
         return recorded
-
-    def best_record(self) -> Dict[str, Any]:
-        """`ctl.hooks.BestCheckpoint`'s record (empty if none)."""
-        return read_json(self.best_record_file, {})
 
     # The run-finished marker.
 
