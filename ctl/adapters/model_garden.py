@@ -237,6 +237,14 @@ class ModelGardenTask(Task):
         return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        """The Model Garden task's `build_inputs` on `task.train_data` or `task.validation_data`, its `input_path`
+            checked first.
+
+        Args:
+            training: True for the train dataset, False for the eval dataset.
+            input_context: this input pipeline's `tf.distribute.InputContext` (given to a task that takes it); None
+                outside a strategy's distribution.
+        """
         where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
         check_input_path(self.experiment, data, where)
