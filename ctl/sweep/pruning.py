@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Optional, Set
 
 import optuna
 
+from ctl.sweep import optuna_internals as internals
 from ctl.sweep.sweep_file import SweepFile
 
 
@@ -112,10 +113,9 @@ class PruneAtEvaluations:
         study = optuna.load_study(study_name=self.sweep.study, storage=storage,
                                   sampler=optuna.samplers.RandomSampler(seed=0),
                                   pruner=make_pruner(self.sweep.pruner))
-        trial_id = storage.get_trial_id_from_study_id_trial_number(
-            storage.get_study_id_from_name(self.sweep.study), self.number)
-        self.reported = set(storage.get_trial(trial_id).intermediate_values)
-        self.trial = optuna.Trial(study, trial_id)
+        study_id = storage.get_study_id_from_name(self.sweep.study)
+        self.reported = set(internals.frozen(storage, study_id, self.number).intermediate_values)
+        self.trial = internals.trial_of(study, storage, study_id, self.number)
 
     def _objective(self, logs) -> float:
         from ctl.comforts.eval_results import flat_logs

@@ -17,7 +17,7 @@ How it ends, from the child's exit status and its model dir:
   0 or 75, with sweep_pruned.json  pruned: the value it was pruned on
   0                                complete: the objective of its last evaluation
                                    (`metrics.jsonl`, `ctl.comforts.progress`'s records)
-  75 after the worker's SIGTERM    interrupted: the trial stays RUNNING, to resume
+  not 0 after the worker's SIGTERM interrupted: the trial stays RUNNING, to resume
   75 otherwise                     preempted on its own: run again (it resumes)
   anything else                    failed, with the child's one line (`ctl.run: error: ...`)
 
@@ -119,8 +119,7 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
         launcher: Optional[Launcher] = None) -> Outcome:
     """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
     study.optuna.sampler = make_sampler(sweep, number)
-    trial = optuna.Trial(study.optuna, study.trial_id(number))
-    params = suggest(trial, sweep)
+    params = suggest(study.optuna_trial(number), sweep)
     bindings = sweep.bindings(params)
     log_path = trial_log_file(sweep_dir, number)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -146,7 +145,9 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
     pruned = pruning.read_pruned(model_dir)
     if isinstance(pruned, dict) and status in (0, EXIT_PREEMPTED):
         return Outcome("pruned", pruned.get("value"), f"pruned at step {pruned.get('step')}")
-    if stopped and status == EXIT_PREEMPTED:
+    if stopped and status != 0:
+        # Whatever its status: a trial stopped before its run watched signals (-15), or that
+        # failed while it stopped, stays RUNNING, and the same command resumes it.
         return Outcome("interrupted")
     if status == EXIT_PREEMPTED:
         return Outcome("again", message=last_line(log_path))

@@ -2,15 +2,20 @@
 
 In order, it runs: the RUNNING trials of its own slot (its predecessor died
 running them: they resume from their checkpoints, same number, same values),
-the next WAITING trial of the budget, and a RUNNING trial of another worker
-whose heartbeat is older than the grace period. With none of them but trials
+a RUNNING trial of another worker whose heartbeat is older than the grace
+period (its machine died: taken over before any new trial starts, by one
+worker, `Study.take_over_stale`), and the next WAITING trial of the budget.
+A trial it ran but no longer owns when it ends (another worker took it over
+meanwhile: this one was frozen longer than the grace) is left to that worker,
+not told. With none of them but trials
 still running elsewhere it waits (one may need taking over); it ends when every
 trial of the budget ended, or none runs once the sweep file's `timeout` passed
 (no trial starts after it; the study's `Study.timed_out`).
 
-SIGTERM (or SIGINT) is passed to the running trial, which saves a checkpoint
-and exits 75; the trial stays RUNNING in the study (to resume) and the worker
-exits 75.
+SIGTERM (or SIGINT) is passed to the running trial once (a session of its
+own: no terminal's signal reaches it directly), which saves a checkpoint and
+exits 75; the trial stays RUNNING in the study (to resume) and the worker exits
+75.
 """
 
 import signal
@@ -22,7 +27,7 @@ from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
 from ctl.sweep.launcher import FORKS, Launcher
-from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
+from ctl.sweep.study import FAIL_REASON, MODEL_DIR, OWNER, Slot, Study
 from ctl.sweep.sweep_dir import reachable, trial_dir
 from ctl.sweep.sweep_file import SweepFile
 
@@ -52,7 +57,9 @@ class Worker:
 
     def install_signals(self) -> None:
         def on_signal(signum, unused_frame):
-            self.say(f"received {signal.Signals(signum).name}: stopping the trial at a checkpoint")
+            if not self.stop.is_set():
+                self.say(f"received {signal.Signals(signum).name}: stopping the trial at a "
+                         "checkpoint")
             self.stop.set()
 
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -87,18 +94,20 @@ class Worker:
             number = orphans[0].number
             self.say(f"trial {number}: resuming it (its worker in this slot ended before it did)")
             return number
-        number = self.study.claim_next()
-        if number is not None:
-            self.study.own(number, self.slot, self._trial_dir(number))
-            return number
-        stale = self.study.take_over_stale(self.slot, self.grace_s, min(2.0, self.heartbeat_s))
-        if stale is not None:
-            self.say(f"trial {stale.number}: taking it over (no heartbeat for {self.grace_s:g} s)")
+        taken = self.study.take_over_stale(self.slot, self.grace_s)
+        if taken is not None:
+            stale, age = taken
+            self.say(f"trial {stale.number}: taking it over (its heartbeat is {age:.0f} s old, "
+                     f"grace {self.grace_s:g} s; owner {stale.system_attrs.get(OWNER)})")
             recorded = stale.system_attrs.get(MODEL_DIR)
             model_dir = recorded if recorded and reachable(recorded) else self._trial_dir(
                 stale.number)
             self.study.own(stale.number, self.slot, model_dir)
             return stale.number
+        number = self.study.claim_next()
+        if number is not None:
+            self.study.own(number, self.slot, self._trial_dir(number))
+            return number
         return None
 
     def _run(self, number: int) -> None:
@@ -116,10 +125,14 @@ class Worker:
         if outcome.state == "interrupted":
             self.say(f"trial {number}: stopped at a checkpoint; the same command resumes it")
             return
-        trial_id = self.study.trial_id(number)
+        owner = self.study.owner(number)
+        if owner != self.slot.key:
+            self.say(f"trial {number}: {owner} took it over while it ran; leaving it to that "
+                     f"worker ({outcome.state} here: {outcome.message or 'no message'})")
+            return
         if outcome.state == "failed":
             self.study.set_attr(number, FAIL_REASON, outcome.message)
-            self.study.storage.set_trial_user_attr(trial_id, "fail_reason", outcome.message)
+            self.study.set_user_attr(number, "fail_reason", outcome.message)
             self._tell(number, None, TrialState.FAIL)
         elif outcome.state == "pruned":
             self._tell(number, None, TrialState.PRUNED)
