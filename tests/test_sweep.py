@@ -312,7 +312,7 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         fcntl.flock(held, fcntl.LOCK_EX)  # Slot 0's worker "never returns".
         third = run_sweep(sweep_file, sweep_dir, *long_run)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert "worker 1 | trial 0: taking it over (no heartbeat for 6 s)" in third.stdout
+    assert "worker 1 | trial 0: taking it over (its heartbeat is" in third.stdout
     trials = load_trials(sweep_dir, "one")
     assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE")]
     assert trials[0].params == params
