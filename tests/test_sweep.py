@@ -97,6 +97,8 @@ def sweep(tmp_path_factory):
      "timeout = -5: the wall budget is a positive number of seconds"),
     ('objective = "accuracy"\ntrials = 2\ntimeout = "1h"\n[space]\n"X.y" = { choice = [1] }\n',
      "timeout = '1h': the wall budget is a positive number of seconds"),
+    ('objective = "accuracy"\ntrials = 2\nvalue = "max"\n[space]\n"X.y" = { choice = [1] }\n',
+     "value = 'max'; expected one of: best, last."),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
     from ctl.core.errors import UserError
@@ -164,9 +166,16 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
             config = f.read()
         assert "DigitsTask.learning_rate = 0.01" in config and "DigitsTask.hidden_units = 32" in config
         evals = [r for r in read_json_lines(model_dir.metrics_file) if r["kind"] == "eval"]
-        assert trial.value == evals[-1]["accuracy"] and evals[-1]["step"] == 400
+        assert evals[-1]["step"] == 400
         assert trial.intermediate_values == {r["step"]: r["accuracy"] for r in evals}
         assert model_dir.final_checkpoint_number() == 400
+        # value = "best" (the default): its best evaluation, whose checkpoint the run kept.
+        best = max(evals, key=lambda r: r["accuracy"])
+        assert trial.value == best["accuracy"]
+        record = model_dir.best_record()
+        assert (record["metric"], record["value"], record["step"]) == (
+            "accuracy", best["accuracy"], best["step"])
+        assert os.path.isfile(record["path"] + ".index")
 
 
 @pytest.mark.slow
@@ -377,7 +386,8 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     from ctl.sweep import pruning, report
 
     sweep_file = write(tmp_path / "bucket.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
-                       'seed = 11\npruner = { name = "median", startup_trials = 1 }\n[space]\n'
+                       'seed = 11\nvalue = "last"\n'
+                       'pruner = { name = "median", startup_trials = 1 }\n[space]\n'
                        '"DigitsTask.learning_rate" = { choice = [0.01, 1e-6] }\n')
     sweep_dir = str(tmp_path / "sweep")
     done = run_sweep(sweep_file, sweep_dir, f"--trials_dir={gcs_dir}", *TINY,
@@ -393,7 +403,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
         assert trial.intermediate_values == {r["step"]: r["accuracy"] for r in evals}
         assert os.listdir(os.path.join(sweep_dir, "trials", str(trial.number))) == ["sweep_trial.log"]
     complete, pruned = (ModelDir(f"{gcs_dir}/{n}") for n in (0, 1))
-    assert trials[0].value == complete.metrics("eval")[-1]["accuracy"]
+    assert trials[0].value == complete.metrics("eval")[-1]["accuracy"]  # value = "last"
     assert complete.final_checkpoint_number() == 40 and pruned.final_checkpoint_number() == 20
     assert pruning.read_pruned(pruned.path)["step"] == 20
     text, png = report.report(sweep_dir)
@@ -437,6 +447,18 @@ def test_a_sweep_with_a_bad_trials_dir_ends_before_any_trial(tmp_path, gcs):
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("ctl.sweep: error: --trials_dir=gs://no-such-bucket/x: the bucket")
     assert not os.path.exists(tmp_path / "sweep")
+
+
+@pytest.mark.parametrize("value, direction, expected", [
+    ("best", "maximize", 0.9), ("best", "minimize", 0.5), ("last", "maximize", 0.8),
+    ("last", "minimize", 0.8)])
+def test_a_trials_value_is_its_best_or_its_last_evaluation(tmp_path, value, direction, expected):
+    from ctl.sweep import runner, sweep_file
+
+    sweep = sweep_file.load(write(tmp_path / "s.toml", f'objective = "accuracy"\ntrials = 2\n'
+                                  f'value = "{value}"\ndirection = "{direction}"\n[space]\n'
+                                  '"X.y" = { choice = [1] }\n'))
+    assert runner.trial_value([0.5, float("nan"), 0.9, 0.8], sweep) == expected
 
 
 def test_the_shipped_sweep_file_fits_its_config():

@@ -15,8 +15,10 @@ the model dir (the evaluations, `sweep_pruned.json`) is read through
 
 How it ends, from the child's exit status and its model dir:
   0 or 75, with sweep_pruned.json  pruned: the value it was pruned on
-  0                                complete: the objective of its last evaluation
-                                   (`metrics.jsonl`, `ctl.comforts.progress`'s records)
+  0                                complete: the objective of its best evaluation (the sweep
+                                   file's `value = "best"`, whose checkpoint the run keeps in
+                                   `best/`) or of its last one (`value = "last"`), from
+                                   `metrics.jsonl` (`ctl.comforts.progress`'s records)
   not 0 after the worker's SIGTERM interrupted: the trial stays RUNNING, to resume
   75 otherwise                     preempted on its own: run again (it resumes)
   anything else                    failed, with the child's one line (`ctl.run: error: ...`)
@@ -160,4 +162,14 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
                        f"in {model_dir}/metrics.jsonl")
     if math.isnan(values[-1]):
         return Outcome("failed", message=f"{sweep.objective} is NaN at the last evaluation")
-    return Outcome("complete", values[-1])
+    return Outcome("complete", trial_value(values, sweep))
+
+
+def trial_value(values: Sequence[float], sweep: SweepFile) -> float:
+    """A completed trial's value from its evaluations' objective, oldest first: the last one
+    (`value = "last"`), or the best one by the sweep's direction (`value = "best"`; NaN never
+    is)."""
+    if sweep.value == "last":
+        return values[-1]
+    finite = [v for v in values if not math.isnan(v)]
+    return (max if sweep.maximize else min)(finite)
