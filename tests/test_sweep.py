@@ -188,7 +188,7 @@ def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     trial = sweep["trials"][2]
     assert trial.state.name == "PRUNED" and trial.params["DigitsTask.learning_rate"] == 1e-6
     model_dir = os.path.join(sweep["dir"], "trials", "2")
-    record = pruning.read_pruned(model_dir)
+    record = pruning.read_pruned(ModelDir(model_dir))
     assert record["pruner"] == "median" and record["step"] == 20 and record["objective"] == "accuracy"
     assert "not good enough for the median pruner" in record["why"]
     assert trial.intermediate_values == {20: record["value"]}
@@ -212,7 +212,7 @@ def test_a_pruned_trial_run_again_stops_at_once(sweep):
     spec, trial = sweep_file.load(sweep["file"]), sweep["trials"][2]
     model_dir = os.path.join(sweep["dir"], "trials", "2")
     bindings = [flag.split("=", 1)[1] for flag in TINY] + spec.bindings(trial.params)
-    done = subprocess.run(runner.command(model_dir, [DIGITS_GIN], bindings, [],
+    done = subprocess.run(runner.command(ModelDir(model_dir), [DIGITS_GIN], bindings, [],
                                          runner.trial_flags(spec, sweep["dir"], None, 2)),
                           cwd=ROOT, env=ctl_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -405,7 +405,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     complete, pruned = (ModelDir(f"{gcs_dir}/{n}") for n in (0, 1))
     assert trials[0].value == complete.metrics("eval")[-1]["accuracy"]  # value = "last"
     assert complete.final_checkpoint_number() == 40 and pruned.final_checkpoint_number() == 20
-    assert pruning.read_pruned(pruned.path)["step"] == 20
+    assert pruning.read_pruned(pruned)["step"] == 20
     text, png = report.report(sweep_dir)
     lines = text.splitlines()
     assert lines[0].endswith(f"; model dirs in {gcs_dir}")

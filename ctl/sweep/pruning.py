@@ -24,12 +24,15 @@ that file (`ctl.sweep.runner`).
 
 import math
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Set
 
 import optuna
 
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.core.model_dir import ModelDir
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
@@ -44,23 +47,23 @@ def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: int,
+def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str, step: int,
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
     which value."""
-    from ctl.core.model_dir import ModelDir, write_json
+    from ctl.core.model_dir import write_json
 
-    write_json(ModelDir(model_dir).sweep_pruned_file, {
+    write_json(model_dir.sweep_pruned_file, {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
         "value": value, "time": time.time(),
         "why": f"{objective} = {value:.6g} at step {step} was not good enough for the "
                f"{pruner['name']} pruner, against the other trials at that step"})
 
 
-def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import ModelDir, read_json
+def read_pruned(model_dir: "ModelDir") -> Optional[Dict[str, Any]]:
+    from ctl.core.model_dir import read_json
 
-    return read_json(ModelDir(model_dir).sweep_pruned_file)
+    return read_json(model_dir.sweep_pruned_file)
 
 
 class PruneAtEvaluations:
@@ -86,7 +89,7 @@ class PruneAtEvaluations:
 
     def bind(self, run) -> None:
         self.run = run
-        pruned = read_pruned(run.model_dir)
+        pruned = read_pruned(run.directory)
         if run.chief and isinstance(pruned, dict):
             run.stop.request(f"the trial was pruned at step {pruned.get('step')} "
                              f"({run.directory.sweep_pruned_file})")
@@ -102,7 +105,7 @@ class PruneAtEvaluations:
         self.trial.report(value, step)
         self.reported.add(step)
         if not self.run.stop.should_stop and self.trial.should_prune():
-            record_pruned(self.run.model_dir, self.sweep.pruner, self.sweep.objective, step, value)
+            record_pruned(self.run.directory, self.sweep.pruner, self.sweep.objective, step, value)
             self.run.stop.request(f"pruned by the {self.sweep.pruner['name']} pruner: "
                                   f"{self.sweep.objective} = {value:.6g} at step {step}")
 

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence
 
 import optuna
 
@@ -46,6 +46,9 @@ from ctl.sweep.launcher import Launcher
 from ctl.sweep.study import Study, make_sampler
 from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.core.model_dir import ModelDir
 
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow's side.
 POLL_S = 0.1  # How soon the worker's SIGTERM reaches the trial.
@@ -71,11 +74,11 @@ def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
     return params
 
 
-def command(model_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
+def command(model_dir: "ModelDir", gin_files: Sequence[str], gin_bindings: Sequence[str],
             search_paths: Sequence[str], trial: Sequence[str]) -> List[str]:
     """The child's command line; `trial` are its `ctl.sweep.trial` flags (`trial_flags`)."""
     argv = [sys.executable, "-m", "ctl.sweep.trial", *trial, "--mode=train_and_eval",
-            f"--model_dir={model_dir}"]
+            f"--model_dir={model_dir.path}"]
     argv += [f"--gin_file={path}" for path in gin_files]
     argv += [f"--gin_bindings={binding}" for binding in gin_bindings]
     if search_paths:
@@ -88,13 +91,6 @@ def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number
     flags = [f"--sweep_file={os.path.abspath(sweep.path)}", f"--sweep_dir={sweep_dir}",
              f"--trial={number}"]
     return flags + ([f"--storage={storage}"] if storage else [])
-
-
-def eval_records(model_dir: str) -> List[Dict[str, Any]]:
-    """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
-    from ctl.core.model_dir import ModelDir
-
-    return ModelDir(model_dir).metrics("eval")
 
 
 def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
@@ -115,7 +111,7 @@ def last_line(log_path: str) -> str:
     return (ours or raised or lines or ["no output"])[-1][:400]
 
 
-def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],
+def run(study: Study, number: int, sweep: SweepFile, model_dir: "ModelDir", gin_files: Sequence[str],
         gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
         heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str],
         launcher: Optional[Launcher] = None) -> Outcome:
@@ -155,11 +151,11 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
         return Outcome("again", message=last_line(log_path))
     if status != 0:
         return Outcome("failed", message=f"exit status {status}: {last_line(log_path)}")
-    values = [objective_value(r, sweep.objective) for r in eval_records(model_dir)]
+    values = [objective_value(r, sweep.objective) for r in model_dir.metrics("eval")]
     values = [v for v in values if v is not None]
     if not values:
         return Outcome("failed", message=f"no evaluation recorded objective {sweep.objective!r} "
-                       f"in {model_dir}/metrics.jsonl")
+                       f"in {model_dir.metrics_file}")
     if math.isnan(values[-1]):
         return Outcome("failed", message=f"{sweep.objective} is NaN at the last evaluation")
     return Outcome("complete", trial_value(values, sweep))

@@ -50,7 +50,7 @@ import os
 import socket
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import optuna
 from optuna.trial import TrialState
@@ -59,6 +59,9 @@ from ctl.core.errors import UserError, first_line
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep import sweep_dir as layout
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.core.model_dir import ModelDir
 
 # Trial system attributes.
 OWNER = "ctl_owner"
@@ -225,9 +228,9 @@ class Study:
     def beat(self, number: int) -> None:
         self.set_attr(number, HEARTBEAT, time.time())
 
-    def own(self, number: int, slot: "Slot", model_dir: str) -> None:
+    def own(self, number: int, slot: "Slot", model_dir: "ModelDir") -> None:
         self.set_attr(number, OWNER, slot.key)
-        self.set_attr(number, MODEL_DIR, model_dir)
+        self.set_attr(number, MODEL_DIR, model_dir.path)
         self.beat(number)
 
     def orphans(self, slot: "Slot") -> List[optuna.trial.FrozenTrial]:

@@ -43,14 +43,6 @@ def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> 
     return os.path.join(trials_dir or os.path.join(sweep_dir, TRIALS_DIR), str(number))
 
 
-def reachable(model_dir: str) -> bool:
-    """Whether a trial's model dir, recorded by another machine's worker, is there from here (a
-    bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow)."""
-    from ctl.core.model_dir import ModelDir
-
-    return ModelDir(model_dir).exists()
-
-
 def trial_log_file(sweep_dir: str, number: int) -> str:
     """Trial `number`'s output, in the (local) sweep dir wherever its model dir is."""
     return os.path.join(sweep_dir, TRIALS_DIR, str(number), LOG_FILE)

@@ -21,15 +21,18 @@ exits 75; the trial stays RUNNING in the study (to resume) and the worker exits
 import signal
 import threading
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
 from ctl.sweep.launcher import FORKS, Launcher
 from ctl.sweep.study import FAIL_REASON, MODEL_DIR, OWNER, Slot, Study
-from ctl.sweep.sweep_dir import reachable, trial_dir
+from ctl.sweep.sweep_dir import trial_dir
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.core.model_dir import ModelDir
 
 EXIT_PREEMPTED = runner.EXIT_PREEMPTED
 IDLE_POLL_S = 2.0
@@ -99,8 +102,9 @@ class Worker:
             stale, age = taken
             self.say(f"trial {stale.number}: taking it over (its heartbeat is {age:.0f} s old, "
                      f"grace {self.grace_s:g} s; owner {stale.system_attrs.get(OWNER)})")
-            recorded = stale.system_attrs.get(MODEL_DIR)
-            model_dir = recorded if recorded and reachable(recorded) else self._trial_dir(
+            recorded = self._model_dir(stale)
+            # Reachable from here (a bucket, a shared file system), or a new one in this sweep dir.
+            model_dir = recorded if recorded and recorded.exists() else self._trial_dir(
                 stale.number)
             self.study.own(stale.number, self.slot, model_dir)
             return stale.number
@@ -111,8 +115,7 @@ class Worker:
         return None
 
     def _run(self, number: int) -> None:
-        frozen = self.study.trial(number)
-        model_dir = frozen.system_attrs.get(MODEL_DIR) or self._trial_dir(number)
+        model_dir = self._model_dir(self.study.trial(number)) or self._trial_dir(number)
         started = time.time()
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
@@ -144,8 +147,18 @@ class Worker:
                  f"{': ' + outcome.message if outcome.message else ''}")
         self.say(progress.line(self.study, self.sweep.objective))
 
-    def _trial_dir(self, number: int) -> str:
-        return trial_dir(self.sweep_dir, number, self.trials_dir)
+    def _trial_dir(self, number: int) -> "ModelDir":
+        from ctl.core.model_dir import ModelDir
+
+        return ModelDir(trial_dir(self.sweep_dir, number, self.trials_dir))
+
+    @staticmethod
+    def _model_dir(trial) -> Optional["ModelDir"]:
+        """The model dir the study records for `trial` (None: none yet)."""
+        from ctl.core.model_dir import ModelDir
+
+        recorded = trial.system_attrs.get(MODEL_DIR)
+        return ModelDir(recorded) if recorded else None
 
     def _tell(self, number: int, value, state) -> None:
         try:
