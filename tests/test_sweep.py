@@ -470,6 +470,7 @@ def test_the_shipped_sweep_file_fits_its_config():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # Two sweeps of two trials each, on a loaded host.
 @pytest.mark.parametrize("signum, workers, fork", [
     (signal.SIGINT, 2, "true"), (signal.SIGINT, 1, "false"), (signal.SIGTERM, 2, "false")],
     ids=["ctrl_c-2_workers-forked", "ctrl_c-1_worker-processes", "sigterm-2_workers-processes"])
@@ -484,10 +485,10 @@ def test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumab
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
                        '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
     sweep_dir = str(tmp_path / "sweep")
-    args = [f"--workers={workers}", f"--fork_trials={fork}", "--gin_bindings=TRAIN_STEPS=3000",
+    args = [f"--workers={workers}", f"--fork_trials={fork}", "--gin_bindings=TRAIN_STEPS=1000",
             "--gin_bindings=ctl.Schedule.steps_per_loop=50",
             "--gin_bindings=ctl.Schedule.checkpoint_interval=100",
-            "--gin_bindings=ctl.Schedule.eval_interval=3000"]
+            "--gin_bindings=ctl.Schedule.eval_interval=1000"]
     dirs = [ModelDir(os.path.join(sweep_dir, "trials", str(n))) for n in range(workers)]
     with tempfile.TemporaryFile("w+") as log:
         sweep = subprocess.Popen(sweep_command(sweep_file, sweep_dir, *args), cwd=ROOT,
@@ -517,10 +518,11 @@ def test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumab
     assert [t.state.name for t in load_trials(sweep_dir, "group")] == ["COMPLETE"] * workers
     for directory in dirs:
         steps = [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "train"]
-        assert steps.count(50) == 1 and steps[-1] == 3000, steps  # Resumed, not restarted.
+        assert steps.count(50) == 1 and steps[-1] == 1000, steps  # Resumed, not restarted.
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # Six TensorFlow processes at once, then five trials.
 def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(tmp_path):
     """Three workers killed with -9 while their trials train (a dead machine: three trials go stale
     at once); then two workers in other slots (the dead ones' slots held, as by workers that never
@@ -533,8 +535,8 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
                        '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
     sweep_dir = str(tmp_path / "sweep")
-    args = ["--fork_trials=false", "--heartbeat_seconds=1", "--grace_seconds=5",
-            "--gin_bindings=TRAIN_STEPS=800", "--gin_bindings=ctl.Schedule.steps_per_loop=20",
+    args = ["--heartbeat_seconds=1", "--grace_seconds=5", "--gin_bindings=TRAIN_STEPS=400",
+            "--gin_bindings=ctl.Schedule.steps_per_loop=20",
             "--gin_bindings=ctl.Schedule.checkpoint_interval=40",
             "--gin_bindings=ctl.Schedule.eval_interval=400"]
     dirs = [ModelDir(os.path.join(sweep_dir, "trials", str(n))) for n in range(5)]
@@ -550,6 +552,12 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
             process.kill()  # kill -9: their trials die with them (PR_SET_PDEATHSIG).
             process.wait(timeout=60)
     assert [t.state.name for t in load_trials(sweep_dir, "stale")] == ["RUNNING"] * 3 + ["WAITING"] * 2
+    from ctl.sweep.study import heartbeat_age
+
+    deadline = time.monotonic() + 60  # The grace passed: then no worker may start a new trial first.
+    while not all(heartbeat_age(t) >= 5 for t in load_trials(sweep_dir, "stale")[:3]):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
     held = [open(os.path.join(sweep_dir, "workers", f"{i}.lock"), "a+") for i in range(3)]
     try:
@@ -570,4 +578,4 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
     assert [t.state.name for t in load_trials(sweep_dir, "stale")] == ["COMPLETE"] * 5
     for directory in dirs[:3]:
         steps = [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "train"]
-        assert steps.count(20) == 1 and steps[-1] == 800, steps  # Resumed, not restarted.
+        assert steps.count(20) == 1 and steps[-1] == 400, steps  # Resumed, not restarted.

@@ -71,6 +71,13 @@ def test_trial_of_a_running_trial_samples_once_and_returns_its_values_after(tmp_
     assert internals.frozen(storage, study_id, 0).params == {"x": first}
 
 
+def test_the_objective_is_named_without_a_warning(tmp_path, recwarn):
+    study, _ = queue(journal(tmp_path), trials=0)
+    internals.name_objective(study, "accuracy")
+    assert optuna.load_study(study_name="q", storage=journal(tmp_path)).metric_names == ["accuracy"]
+    assert not [w for w in recwarn if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
+
+
 def test_attrs_written_by_number_are_read_by_another_storage(tmp_path):
     storage = journal(tmp_path)
     _, study_id = queue(storage, trials=2)

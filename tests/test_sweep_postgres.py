@@ -198,3 +198,72 @@ def test_optuna_dashboard_reads_the_study(machines):
     finally:
         dashboard.terminate()
         dashboard.wait(timeout=30)
+
+
+@pytest.mark.timeout(1200)  # Six TensorFlow processes at once, then five trials.
+def test_a_dead_machines_stale_trials_are_taken_over_first_each_by_one_machine(postgres, tmp_path):
+    """Machine A's three workers killed with -9 while their trials train; machines B and C (two
+    commands, each its own sweep dir) on a budget of five: A's three trials are taken over once
+    their grace passed, before trial 3 or 4 starts, each by one machine, and resume from their
+    checkpoints (A's model dirs are on a file system B and C reach); all five complete."""
+    import re
+
+    import psycopg
+
+    from ctl.core.model_dir import ModelDir, read_json_lines
+
+    with psycopg.connect(postgres.replace("/sweep", "/postgres"), autocommit=True) as connection:
+        connection.execute("CREATE DATABASE stale")  # Its own: the dashboard test counts studies.
+    storage = postgres.replace("/sweep", "/stale")
+    sweep_file = write(tmp_path / "stale.toml", 'objective = "accuracy"\ntrials = 5\n'
+                       'sampler = "random"\nseed = 0\npruner = "none"\nstudy = "stale"\n[space]\n'
+                       '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
+    args = [f"--storage={storage}", "--heartbeat_seconds=1", "--grace_seconds=5",
+            "--gin_bindings=TRAIN_STEPS=400", "--gin_bindings=ctl.Schedule.steps_per_loop=20",
+            "--gin_bindings=ctl.Schedule.checkpoint_interval=40",
+            "--gin_bindings=ctl.Schedule.eval_interval=400"]
+
+    def command(machine):
+        return [sys.executable, "-m", "ctl.sweep", f"--gin_file={DIGITS_GIN}",
+                f"--sweep_file={sweep_file}", f"--sweep_dir={tmp_path / machine}", *args]
+
+    dirs = [ModelDir(str(tmp_path / "a" / "trials" / str(n))) for n in range(3)]
+    dead = [subprocess.Popen(command("a"), cwd=ROOT, env=ctl_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for _ in range(3)]
+    try:
+        wait_for(lambda: all(d.exists() and any(n > 0 for n in d.checkpoints()) for d in dirs)
+                 or any(p.poll() is not None for p in dead), 400, "machine A's trials to train")
+        assert all(p.poll() is None for p in dead), "a worker of machine A ended early"
+    finally:
+        for process in dead:
+            process.kill()  # kill -9: their trials die with them (PR_SET_PDEATHSIG).
+            process.wait(timeout=60)
+    import optuna
+
+    from ctl.sweep.study import heartbeat_age
+
+    url = storage.replace("postgresql://", "postgresql+psycopg://")
+    wait_for(lambda: all(heartbeat_age(t) >= 5 for t in optuna.load_study(
+        study_name="stale", storage=url).get_trials(states=[optuna.trial.TrialState.RUNNING])),
+        60, "the grace to pass")  # Then no worker may start a new trial first.
+    others = [subprocess.Popen(command(m), cwd=ROOT, env=ctl_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for m in ("b", "c")]
+    try:
+        outputs = [p.communicate(timeout=900)[0] for p in others]
+    finally:
+        for p in others:
+            p.kill()
+    assert [p.returncode for p in others] == [0, 0], outputs
+    taken = []
+    for output in outputs:
+        lines = output.splitlines()
+        at = [i for i, line in enumerate(lines) if "taking it over (its heartbeat is" in line]
+        taken += [int(re.search(r"trial (\d+): taking", lines[i]).group(1)) for i in at]
+        new = [i for i, line in enumerate(lines) if re.search(r"trial [34]: starting", line)]
+        assert not at or not new or max(at) < min(new), output  # Before this machine's new ones.
+    assert sorted(taken) == [0, 1, 2], outputs  # Each by one machine.
+    trials = optuna.load_study(study_name="stale", storage=url).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 5
+    for directory in dirs:
+        steps = [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "train"]
+        assert steps.count(20) == 1 and steps[-1] == 400, steps  # Resumed, not restarted.

@@ -16,6 +16,8 @@ fails when a release breaks one.
   the values it was given: `trial_of` builds `optuna.Trial(study, trial_id)`
   for it, whose `suggest_*` return those values; `ask()` has no way back to a
   RUNNING trial.
+- `name_objective`: `Study.set_metric_names`, experimental in Optuna 5 (its
+  warning silenced).
 - Reads and writes of one trial by its number (`trial_id`, `frozen`,
   `set_system_attr`, `set_user_attr`): `BaseStorage` methods, which Optuna's
   documentation reserves for its own use.
@@ -29,6 +31,7 @@ fails when a release breaks one.
 
 import contextlib
 import time
+import warnings
 import zlib
 from typing import Any, Iterator, Optional
 
@@ -75,6 +78,15 @@ def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     return None
+
+
+def name_objective(study: optuna.Study, objective: str) -> None:
+    """Labels the study's one value `objective` (optuna-dashboard shows it), once;
+    `set_metric_names` is experimental in Optuna 5: its warning is not the user's."""
+    if study.metric_names != [objective]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([objective])
 
 
 def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int,

@@ -181,8 +181,7 @@ class Study:
             deadline = time.monotonic() + wait_s
             while len(self.all_trials()) < self.budget and time.monotonic() < deadline:
                 time.sleep(0.5)
-        if self.optuna.metric_names != [sweep.objective]:  # optuna-dashboard's label.
-            self.optuna.set_metric_names([sweep.objective])
+        internals.name_objective(self.optuna, sweep.objective)  # optuna-dashboard's label.
         for _ in range(self.budget - len(self.all_trials())):
             internals.add_waiting(storage, self.study_id)
 
