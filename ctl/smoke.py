@@ -28,17 +28,25 @@ import tensorflow as tf
 from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
-from ctl.core import checkpointing, config, console
-from ctl.core.errors import UserError, one_line
-from ctl.core.model_dir import ModelDir
+from ctl.core import checkpointing
+from ctl.config import gin_config as config
+from ctl.utils import console
+from ctl.utils.errors import UserError, one_line
+from ctl.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 
 SMOKE_STEPS = 2
 STAGES = ("train", "eval", "restore", "export")
+SMOKE_EXPORT_DIR = "smoke_export"  # In the smoke run's temporary model dir: its SavedModel.
 
 
 def run_smoke(strategy=None, experiment=None) -> float:
-    """Runs the smoke test; returns its duration in seconds or raises `UserError`."""
+    """Runs the smoke test; returns its duration in seconds or raises `UserError`.
+
+    Args:
+        strategy: the strategy to run under (None: the current one).
+        experiment: the experiment (None: the gin-configured `ctl.Experiment`).
+    """
     start = time.monotonic()
     strategy = strategy or tf.distribute.get_strategy()
     experiment = experiment or config.call_configured(Experiment)
@@ -65,7 +73,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
             _export_and_compare(experiment.task, trainer, directory)
         except UserError as error:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
-        except Exception as error:  # noqa: BLE001 - any failure is the answer here.
+        except Exception as error:  # Any failure is the answer here.
             console.info("smoke", "failed at %s:\n%s", stage, traceback.format_exc())
             raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
                             f"{one_line(error)} (traceback on stdout)") from error
@@ -78,7 +86,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
 def _export_and_compare(task, trainer, directory: ModelDir) -> None:
     features = task.features(next(iter(task.build_inputs(training=False))))
     signatures = task.serving_signatures(trainer.eval_model)
-    path = export_saved_model(trainer.eval_model, signatures, directory.smoke_export_dir)
+    path = export_saved_model(trainer.eval_model, signatures, directory.file(SMOKE_EXPORT_DIR))
     loaded = tf.saved_model.load(path)
     for name, function in signatures.items():
         if name not in loaded.signatures:

@@ -11,8 +11,8 @@ into an extension point that core defines: hooks and train/eval actions
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly. It makes the run's two objects
-once, the `ModelDir` (`ctl.core.model_dir`) and the `RunPlan`
-(`ctl.core.run_plan`: what this process does for its mode and cluster), and
+once, the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
+(`ctl.config.run_plan`: what this process does for its mode and cluster), and
 passes them down.
 """
 
@@ -29,15 +29,17 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console, contract
-from ctl.core.background import uploads
+from ctl.config import gin_config as config
+from ctl.core import contract
+from ctl.utils import console
+from ctl.model_dir.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError
-from ctl.core.evaluator_role import TRAINER, EvaluatorRole
+from ctl.utils.errors import UserError
+from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -70,6 +72,20 @@ def run_experiment(
     `train_and_eval` marks the run finished in `model_dir` and says where
     its results are (`ctl.comforts.run_end`); a run already complete writes
     nothing and returns its recorded results.
+
+    Args:
+        mode: what to run, one of `ctl.MODES`: `train`, `eval`, `train_and_eval` or `continuous_eval`.
+        model_dir: the run's model dir: a path (local or `gs://`) or a `ModelDir`.
+        strategy: the strategy to run under (None: the current one).
+        experiment: the experiment (None: the gin-configured `ctl.Experiment`).
+        hooks: hooks run after the experiment's own.
+
+    Returns:
+        The last evaluation's results (for `train`, the last loop's).
+
+    Raises:
+        UserError: a mistake of the user's: nothing to evaluate, a model dir that cannot be written, a checkpoint of
+            another model.
     """
     directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
@@ -131,7 +147,15 @@ def _checkpoint_directory(directory: ModelDir, chief: bool):
 
 
 class Built(NamedTuple):
-    """What `build_controller` returns."""
+    """What `build_controller` returns.
+
+    Args:
+        trainer: the run's Trainer.
+        controller: the Controller that drives it.
+        faults: the fault handler; None unless training.
+        hooks: the bound hooks.
+        eval_side: the evaluator role's claim, released when the run ends (None: not held).
+    """
 
     trainer: Trainer
     controller: Controller
@@ -149,6 +173,15 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     Restores the latest checkpoint in `directory` (or initializes); writes
     nothing. Training needs a `watcher`. `bench/` drives the returned
     controller directly, so that it measures ctl's real loop.
+
+    Args:
+        plan: what this process runs (`RunPlan`).
+        directory: the run's model dir.
+        strategy: the strategy to build under.
+        experiment: the experiment.
+        checkpoint_dir: where checkpoints are saved (a multi-worker non-chief's scratch dir; None: `directory`).
+        watcher: the run's signal watcher (needed to train).
+        lock: the trainer's claim on the model dir, or None.
     """
     schedule = experiment.schedule
     if experiment.fault_tolerance.seed is not None:
@@ -272,7 +305,7 @@ class _Evaluations:
     """Which in-line evaluations of `train_and_eval` run: none at a step already
     evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
     read once at start), and none while a live sidecar evaluator serves the model
-    dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
+    dir (`ctl.model_dir.evaluator_role`, given as `in_line` when the plan steps aside:
     one-process strategies, the workers of a cluster must agree on every
     evaluation). Evaluating, the chief holds the evaluator role until the
     evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""

@@ -30,7 +30,8 @@ from absl import logging as absl_logging
 import gin
 import pytest
 
-from ctl.core.model_dir import ModelDir, read_json
+from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.processes import ctl_command
 from tests.support.processes import run as run_command
@@ -80,7 +81,7 @@ def cluster(task_type, index=0):
 
 def hold_trainer_lock(model_dir, tmp):
     """Takes `trainer.lock` as a live trainer would (released when the test ends)."""
-    path = ModelDir(model_dir).trainer_lock_file
+    path = ModelDir(model_dir).file(TRAINER_LOCK_FILE)
     handle = open(path, "a+")
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     handle.seek(0)
@@ -161,6 +162,14 @@ CASES = {
                                  model_dir="new"),
     "steps_per_loop 0": Case(run("--gin_bindings=ctl.Schedule.steps_per_loop=0"),
                              "steps_per_loop (0) must be a positive integer", model_dir="new"),
+    # --mode=smoke (no model dir: it rehearses in a temporary one).
+    "smoke: steps_per_loop 0": Case(
+        lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
+                      "--gin_bindings=ctl.Schedule.steps_per_loop=0"],
+        "steps_per_loop (0) must be a positive integer", model_dir="new"),
+    "smoke: unknown configurable": Case(
+        lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
+                      "--gin_bindings=ctl.Scheduel.train_steps=3"], "ctl.Scheduel", model_dir="new"),
     "checkpoint_interval 0": Case(run("--gin_bindings=ctl.Schedule.checkpoint_interval=0"),
                                   "checkpoint_interval", model_dir="new"),
     "async_checkpointing not a bool": Case(

@@ -8,11 +8,11 @@ How a code block is checked follows its fence's language:
   unknown name or parameter fails), once the page's other blocks ran (its modules are written);
 - `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
   ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
-  defines, its gin files and bindings through `ctl.core.gin_text` and `ctl.core.config.parse` after the
+  defines, its gin files and bindings through `ctl.config.gin_text` and `ctl.config.gin_config.parse` after the
   files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
   a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
   against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
-  kubectl) are not run; no line is longer than `SHELL_LINE_LIMIT`;
+  kubectl) are not run;
 - `yaml`: parsed, and a command list with `-m ctl.run` in it (a container's) checked as above;
 - `json`: each line parsed;
 - `text` (or no language): output shown to the reader, not run.
@@ -36,6 +36,7 @@ The built site is read back: no list rendered as a paragraph, no empty or cut ta
 the hook protocol on the Python API page with its docstring.
 """
 
+import ast
 import concurrent.futures
 import functools
 import glob
@@ -322,15 +323,16 @@ def test_every_snippet_runs(page, tmp_path, monkeypatch):
         parse_gin(gin_files, page)
 
 
-SHELL_LINE_LIMIT = 90  # About what a code block shows at 1280 px without scrolling sideways.
+CODE_LINE_LIMIT = 84  # What a code block shows at 1280 px without scrolling sideways.
 
 
-def test_shell_lines_fit_the_page():
-    """A command of ~110 characters scrolls sideways: wrap it with `\\` (checked in every sh block)."""
+def test_code_blocks_fit_the_page():
+    """A code block wider than the page's column scrolls sideways: wrap a command with `\\`, put a
+    comment on the line above its code, cut a long output line (every block of every language)."""
     long = [f"{block.where()}: {len(line)} characters: {line[:60]}..."
-            for page in PAGES for block in blocks(page) if block.lang in ("sh", "bash")
-            for line in block.text.splitlines() if len(line) > SHELL_LINE_LIMIT]
-    assert not long, "shell lines to wrap:\n" + "\n".join(long)
+            for page in PAGES for block in blocks(page)
+            for line in block.text.splitlines() if len(line) > CODE_LINE_LIMIT]
+    assert not long, "code lines to wrap:\n" + "\n".join(long)
 
 
 def test_the_markers_are_understood():
@@ -368,7 +370,7 @@ CITED_PATH = re.compile(r"`((?:ctl|tests|bench|configs|experiments|tools|docs|\.
 
 
 def test_every_cited_path_exists():
-    """A file or directory of the repository named in the docs (`ctl/core/claims.py`, `configs/`,
+    """A file or directory of the repository named in the docs (`ctl/model_dir/claims.py`, `configs/`,
     `bench/results/*.json`) is there: a renamed module leaves no sentence pointing at nothing."""
     missing = []
     for page in PAGES + ["BUILD.md"]:
@@ -388,14 +390,21 @@ def nav_pages(nav) -> List[str]:
     return pages
 
 
-@pytest.mark.slow
-def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
-    import yaml
-
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for the tests that read it (`mkdocs build --strict`)."""
+    site = tmp_path_factory.mktemp("site")
     done = run_command(ctl_command("build", "--strict", "-q", "-d", str(site), module="mkdocs"),
                        timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+    return site
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(site):
+    import yaml
+
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
         config = yaml.load(f, Loader=yaml.BaseLoader)
     in_nav = set(nav_pages(config["nav"]))
@@ -420,6 +429,24 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
     with open(site / "reference" / "api.html") as f:
         missing = reference_gaps(f.read())
     assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
+
+
+# What a reader types in the site's search box, and the page it must list first.
+SEARCHES = {"gs://": "how-to/gcs.html", "sweep": "how-to/tune-hyperparameters.html",
+            "preemption": "how-to/preemptible-jobs.html"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_search_lists_the_page_for_a_topic_first(site):
+    """The built search index, ranked as mkdocs-material's search worker ranks it in a browser
+    (tests/support/site_search.py): the how-to for a topic comes first, not a page that mentions it."""
+    from tests.support.site_search import SiteSearch
+
+    search = SiteSearch(str(site / "search" / "search_index.json"))
+    wrong = {query: search.pages(query)[:3] for query, page in SEARCHES.items()
+             if search.pages(query)[:1] != [page]}
+    assert not wrong, f"searches whose first page is not the topic's (query: first pages): {wrong}"
 
 
 def _documented(html: str, heading: str) -> bool:
@@ -503,13 +530,58 @@ def test_every_exit_status_in_the_code_is_explained():
     assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
 
 
+def test_the_api_page_starts_with_an_overview_of_every_public_name():
+    """The Python API page opens with what a run is made of (Task, Trainer, Experiment,
+    run_experiment, hooks) and where each other public name fits: a name added to `ctl` needs its
+    place there too (the alphabetical reference below it is generated)."""
+    import ctl
+
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    page = docs_reference.api_page()
+    overview = page.split("## Every name, A to Z")[0]
+    assert "## Overview" in overview and "::: " not in overview, overview[:300]
+    table = overview.split("The rest, by use:")[0]
+    for name in ("Task", "Trainer", "Experiment", "run_experiment", "hooks"):
+        assert f"[`ctl.{name}`](#" in table, f"the overview's table lacks ctl.{name}"
+    missing = [name for name in ctl.__all__ if f"[`ctl.{name}`](#" not in overview]
+    assert not missing, f"public names the API page's overview does not place: {missing}"
+
+
+def _model_dir_names_owned_above() -> set:
+    """The `*_FILE`/`*_DIR` constants a module above `ctl.model_dir` defines and joins into a model
+    dir (`ModelDir.file(NAME)` in that module): the names of the files each layer writes."""
+    found = set()
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "ctl")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                tree = ast.parse(f.read())
+            constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                         for t in n.targets if isinstance(t, ast.Name)
+                         and re.fullmatch(r"[A-Z_]+_(FILE|DIR)", t.id)
+                         and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+            joined = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "file"
+                      for a in n.args if isinstance(a, ast.Name)}
+            found |= {constants[c] for c in joined & set(constants)}
+    return found
+
+
 def test_every_file_of_the_model_dir_is_in_the_reference():
-    """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
-    from ctl.core import model_dir
+    """A file `ctl.model_dir` names, or a layer above joins into a model dir, needs its row
+    (who writes it, who reads it)."""
+    from ctl import model_dir
 
     names = {value for name, value in vars(model_dir).items()
              if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
-    assert names, "no *_FILE or *_DIR constant in ctl.core.model_dir"
+    assert names, "no *_FILE or *_DIR constant in ctl.model_dir"
+    above = _model_dir_names_owned_above()
+    assert {"trainer.lock", "early_stopping.json", "report.png"} <= above, above
+    names |= above
     rows = _hand_written("reference/model-dir.md")
     missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
     assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

@@ -101,12 +101,12 @@ def sweep(tmp_path_factory):
      "value = 'max'; expected one of: best, last."),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
-    from ctl.core.errors import UserError
-    from ctl.sweep import sweep_file
-
-    with pytest.raises(UserError) as raised:
-        sweep_file.load(write(tmp_path / "bad.toml", text))
-    assert expected in str(raised.value) and "\n" not in str(raised.value)
+    """Through `python -m ctl.sweep`: one line on stderr, exit 2, no sweep dir."""
+    done = run_sweep(write(tmp_path / "bad.toml", text), str(tmp_path / "sweep"), timeout=120)
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("ctl.sweep: error: ") and expected in lines[0], lines[0]
+    assert not os.path.exists(tmp_path / "sweep")
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_without_optuna_one_line_names_the_extra(tmp_path):
                           env=ctl_env({"PYTHONPATH": os.pathsep.join([str(blocker), ROOT])}))
     assert done.returncode == 2
     assert done.stderr.strip() == ("ctl.sweep: error: ctl.sweep runs on Optuna, which is not "
-                                   "installed: pip install 'ctl[sweep]'.")
+                                   "installed: pip install -e '.[sweep]' in ctl's checkout.")
 
 
 # The shared sweep.
@@ -156,7 +156,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 @pytest.mark.slow
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     for number in (0, 1):
         trial = sweep["trials"][number]
@@ -182,7 +182,7 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
 def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     """The trial's own run asks the pruner at its evaluation of step 20 and stops right there: its
     last train loop ends at 20, its final checkpoint is 20, it exits 0 and says why."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import pruning
 
     trial = sweep["trials"][2]
@@ -206,7 +206,7 @@ def test_a_pruned_trial_run_again_stops_at_once(sweep):
     """As after a worker killed between its trial's prune and the study's update: the trial's
     command again (what the next worker runs) trains no step, stops at its pruned checkpoint and
     exits 0, and the worker would read the same pruning record."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import runner, sweep_file
 
     spec, trial = sweep_file.load(sweep["file"]), sweep["trials"][2]
@@ -265,7 +265,7 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     slot's orphan). kill -9 of that worker mid-trial, then a worker in another slot (the first slot
     held, as by a worker that never returns): it takes the trial over after the grace period. One
     trial, same number, same values, resumed from its checkpoints each time, never restarted."""
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     sweep_file = write(tmp_path / "one.toml", 'objective = "accuracy"\ntrials = 1\nsampler = "random"\n'
                        'seed = 0\npruner = "none"\n[space]\n'
@@ -302,7 +302,9 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
             step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
-            with open(model_dir.trainer_lock_file) as f:
+            from ctl.faults.lock import TRAINER_LOCK_FILE
+
+            with open(model_dir.file(TRAINER_LOCK_FILE)) as f:
                 trial_pid = json.load(f)["pid"]  # The trial's ctl.run: forked by the worker's launcher.
             assert trial_pid != second.pid
             second.kill()  # kill -9: its trial's ctl.run dies with it (PR_SET_PDEATHSIG).
@@ -350,8 +352,10 @@ def test_no_trial_starts_after_the_timeout_and_the_sweep_ends(tmp_path):
 @pytest.mark.slow
 def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path):
     """Two trials forked by one worker's launcher (TensorFlow imported once, each child parsing its
-    own flags and gin) end with the same evaluations as the same trials each in a new process."""
-    from ctl.core.model_dir import ModelDir
+    own flags and gin) end with the same evaluations as the same trials each in a new process, and
+    each writes its own log: its own run's evaluation lines and end, in its trial dir."""
+    from ctl.model_dir import ModelDir
+    from ctl.sweep.sweep_dir import LOG_FILE
 
     sweep_file = write(tmp_path / "two.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
                        'seed = 3\npruner = "none"\n[space]\n'
@@ -366,6 +370,13 @@ def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path
         assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
         evaluations[fork] = [(t.params, [(r["step"], r["loss"]) for r in ModelDir(
             os.path.join(sweep_dir, "trials", str(t.number))).metrics("eval")]) for t in trials]
+        for trial, (_, evaluated) in zip(trials, evaluations[fork]):
+            trial_dir = os.path.join(sweep_dir, "trials", str(trial.number))
+            with open(os.path.join(trial_dir, LOG_FILE)) as f:
+                log = f.read()
+            steps = [int(s) for s in re.findall(r" eval \| step: +(\d+) \| loss", log)]
+            assert steps == [step for step, _ in evaluated], (fork, trial.number, log[-2000:])
+            assert f"done | in {trial_dir}:" in log, (fork, trial.number, log[-2000:])
     assert evaluations["true"][0][0] != evaluations["true"][1][0]
     assert evaluations["true"] == evaluations["false"]
 
@@ -382,7 +393,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     0.01) completes, then trial 1 (1e-6) is pruned at its first evaluation."""
     from tensorboard.backend.event_processing import plugin_event_multiplexer
 
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import pruning, report
 
     sweep_file = write(tmp_path / "bucket.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
@@ -424,7 +435,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     ("FILE", "is a file"),
 ])
 def test_a_bad_trials_dir_is_one_line(tmp_path, gcs, trials_dir, expected):
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
     from ctl.sweep import sweep_dir
 
     if trials_dir == "FILE":
@@ -479,7 +490,7 @@ def test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumab
     """As a terminal's Ctrl-C does (SIGINT to the foreground process group) or a SIGTERM to the
     group, while every trial trains: the sweep exits 75 with its one line, every trial stays
     RUNNING with a checkpoint, and the same command resumes each (none restarted, none failed)."""
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     sweep_file = write(tmp_path / "group.toml", f'objective = "accuracy"\ntrials = {workers}\n'
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
@@ -529,7 +540,7 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
     return) on a budget of five: the three stale trials are taken over once their grace passed,
     before trial 3 or 4 starts, each by one worker, the message saying the heartbeat's age; each
     resumes from its checkpoint and every trial completes, none failed."""
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     sweep_file = write(tmp_path / "stale.toml", 'objective = "accuracy"\ntrials = 5\n'
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'

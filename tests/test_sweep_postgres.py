@@ -210,7 +210,7 @@ def test_a_dead_machines_stale_trials_are_taken_over_first_each_by_one_machine(p
 
     import psycopg
 
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     with psycopg.connect(postgres.replace("/sweep", "/postgres"), autocommit=True) as connection:
         connection.execute("CREATE DATABASE stale")  # Its own: the dashboard test counts studies.

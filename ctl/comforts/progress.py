@@ -5,7 +5,7 @@
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 `MetricsLog` is a hook (`ctl.hooks`) that ctl adds to every run on the
-chief; it runs eagerly on the host. What a run prints is `ctl.core.console`'s.
+chief; it runs eagerly on the host. What a run prints is `ctl.utils.console`'s.
 """
 
 import json
@@ -18,12 +18,19 @@ import tensorflow as tf
 
 from ctl.comforts.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.background import uploads
-from ctl.core.model_dir import is_object_store, read_text, write_atomically
+from ctl.model_dir.background import uploads
+from ctl.model_dir import is_object_store, read_text, write_atomically
 
 
 def scalars(logs) -> Dict[str, float]:
-    """The scalar entries of `logs` as Python floats, named eval sets' as "set/name"."""
+    """The scalar entries of `logs` as Python floats, named eval sets' as "set/name".
+
+    Args:
+        logs: a hook's `logs`, possibly nested by eval set.
+
+    Returns:
+        `{name: float}` for every numeric scalar (non-scalars left out).
+    """
     values = {}
     for name, value in flat_logs(logs).items():
         if isinstance(value, (float, int, np.number)) and not isinstance(value, bool):
@@ -43,11 +50,16 @@ class MetricsLog(Hook):
     every loop: docs/bench.md); each line is flushed as one write, so readers never see half a
     record and a killed run loses none. In an object store, where an append
     uploads the whole file again, the lines are kept in memory and the file
-    is uploaded whole from `ctl.core.background` (one upload queued at a time,
+    is uploaded whole from `ctl.model_dir.background` (one upload queued at a time,
     each with every line so far); a SIGKILL loses the lines not yet uploaded.
     """
 
     def bind(self, run: Run) -> None:
+        """Sets the file, `<model_dir>/metrics.jsonl`; nothing is opened yet.
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.path = run.directory.metrics_file
         self._file: Optional[Any] = None  # A GFile, opened on the first line.
@@ -55,17 +67,38 @@ class MetricsLog(Hook):
         self._queued = False
 
     def on_train_loop_end(self, logs) -> None:
+        """Appends a `train` line.
+
+        Args:
+            logs: the train loop's results.
+        """
         self.append("train", logs)
 
     def on_eval_end(self, logs) -> None:
+        """Appends an `eval` line.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         self.append("eval", logs)
 
     def on_trial_close(self, unused_logs) -> None:
+        """Closes the file.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         if self._file is not None:
             self._file.close()
             self._file = None
 
     def append(self, kind: str, logs: Any) -> None:
+        """Appends one JSON line: `kind`, the step, the time and the scalars of `logs`.
+
+        Args:
+            kind: `train` or `eval`.
+            logs: the results to record.
+        """
         record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         if is_object_store(self.path):
             self._append_in_store(json.dumps(record) + "\n")

@@ -1,7 +1,7 @@
 """Checkpoint saving on aligned steps, and restores that refuse a different model.
 
 Which checkpoint a restore picks when the model dir is damaged (the corruption
-policy) is `ctl.core.model_dir.ModelDir.restore_newest`'s decision.
+policy) is `ctl.model_dir.ModelDir.restore_newest`'s decision.
 
 `tf.train.CheckpointManager` counts its interval from the first save (steps
 100, 600, 1100 for an interval of 500) and restores whatever matches, silently
@@ -14,8 +14,8 @@ is written.
 In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
 temporary directory and renames each, a copy and a delete there, every
 request tens of milliseconds, all on the training thread. So there the
-manager saves to a local staging directory (`ctl.core.staging`) and hands the
-upload to `ctl.core.background` (its checkpoints lane, beside the summaries'):
+manager saves to a local staging directory (`ctl.model_dir.staging`) and hands the
+upload to `ctl.model_dir.background` (its checkpoints lane, beside the summaries'):
 the data files, then the index, then the `checkpoint` state file naming it
 (after the summaries and metrics written before the save), then the deletion
 of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
@@ -30,10 +30,11 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from ctl.core import console, staging
-from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
-from ctl.core.errors import UserError, first_line
-from ctl.core.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
+from ctl.utils import console
+from ctl.model_dir import staging
+from ctl.model_dir.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
+from ctl.utils.errors import UserError, first_line
+from ctl.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
                                 is_object_store)
 
 
@@ -41,7 +42,13 @@ UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under wa
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
-    """Whether a multiple of `interval` lies in `(last_step, step]`."""
+    """Whether a multiple of `interval` lies in `(last_step, step]`.
+
+    Args:
+        interval: the interval in steps; None never crosses.
+        last_step: the step of the last action (None: none yet, so only `step` counts).
+        step: the current step.
+    """
     if interval is None:
         return True
     last = 0 if last_step is None else last_step
@@ -55,20 +62,27 @@ class CheckpointManager:
     at the first save: TensorFlow's reads the `checkpoint` state file when it
     is built and fails on a damaged one, and a restore must write nothing (a
     run refused later leaves the model dir as it was). When the restore had to
-    skip something (`ctl.core.model_dir.ModelDir.restore_newest`), the state
+    skip something (`ctl.model_dir.ModelDir.restore_newest`), the state
     file is rewritten to name the restored checkpoint just before that first
     save. The interface is the subset of `tf.train.CheckpointManager`'s that
     orbit's Controller and ctl use.
+
+    Args:
+        checkpoint: the `tf.train.Checkpoint` saved and restored.
+        directory: where it saves: the model dir (a multi-worker non-chief's: a scratch directory).
+        step_counter: the global step variable, the number of each checkpoint.
+        checkpoint_interval: steps between saves, aligned to multiples of it; None saves at every call.
+        init_fn: called when a restore finds no checkpoint (the model starts fresh).
+        restore_directory: where restores read from (default: `directory`; a non-chief restores the chief's).
+        max_to_keep: checkpoints kept; None keeps all.
+        **kwargs: other arguments of `tf.train.CheckpointManager`.
     """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: ModelDir, *, step_counter,
                  checkpoint_interval: Optional[int] = None, init_fn=None,
                  restore_directory: Optional[ModelDir] = None, max_to_keep: Optional[int] = 5,
                  **kwargs):
-        """`directory`: where it saves, the model dir (a multi-worker non-chief's: a scratch
-        directory); `restore_directory` (default: `directory`) is where restores read from
-        (a non-chief restores the chief's). Other keyword arguments go to
-        `tf.train.CheckpointManager`."""
+        """Builds nothing yet: the `tf.train.CheckpointManager` is made at the first save."""
         self.checkpoint = checkpoint
         self.directory = directory.path  # A path, as `tf.train.CheckpointManager.directory`.
         self._step = step_counter
@@ -116,10 +130,26 @@ class CheckpointManager:
         return self._manager.checkpoints if self._manager is not None else []
 
     def due(self, step: int) -> bool:
-        """Whether `save()` at `step` would write a checkpoint (no TensorFlow op)."""
+        """Whether `save()` at `step` would write a checkpoint (no TensorFlow op).
+
+        Args:
+            step: the global step.
+        """
         return step != self._saved_step and interval_crossed(self._interval, self._saved_step, step)
 
     def save(self, checkpoint_number=None, check_interval=True, options=None):
+        """Saves a checkpoint at the current step if one is due (in an object store: staged locally, uploaded in the
+        background).
+
+        Args:
+            checkpoint_number: not read: the number is always the current step (kept for
+                `tf.train.CheckpointManager`'s interface).
+            check_interval: False saves even between intervals (a final or preemption checkpoint).
+            options: `tf.train.CheckpointOptions` (`enable_async`: written on a background thread).
+
+        Returns:
+            The saved checkpoint's path, or None when nothing was saved.
+        """
         step = int(self._step.numpy())
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
@@ -148,7 +178,11 @@ class CheckpointManager:
 
     def sync(self, uploaded: bool = True) -> None:
         """Waits for an asynchronous save to finish, and in an object store (`uploaded`) for
-        its upload."""
+        its upload.
+
+        Args:
+            uploaded: also wait for the upload to the object store.
+        """
         if self._manager is not None:
             self._manager.sync()
         if self._staging is not None and uploaded:
@@ -265,6 +299,12 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
     Raises `UserError` when the checkpoint of `directory` holds a different model (ending in
     `fix`, by default: a new model dir or the config that wrote it), and its
     subclass `UnreadableCheckpointError` when the files are gone or damaged.
+
+    Args:
+        checkpoint: the `tf.train.Checkpoint` restored into.
+        path: the checkpoint's prefix.
+        directory: the model dir it comes from (named in the errors).
+        fix: the fix an error ends with (default: a new model dir, or the config that wrote it).
     """
     status = None
     try:
@@ -301,6 +341,16 @@ def restore_model(model, model_dir: str):
     `ctl.Trainer.ema_decay`, not the moving average). A damaged newest
     checkpoint is skipped as a resume skips it; a model of another shape, or
     a dir without checkpoints, is a `UserError`. Reads only.
+
+    Args:
+        model: the model, built as the run's task built it.
+        model_dir: the run's model dir (a path, local or `gs://`).
+
+    Returns:
+        `model`, with the trained weights.
+
+    Raises:
+        UserError: no checkpoint in `model_dir`, or a model of another shape.
     """
     checkpoint = tf.train.Checkpoint(model=model)
     fix = "build `model` as the run's task built it (the same function and settings)"

@@ -9,7 +9,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
 
@@ -20,6 +20,9 @@ def default_serving_signatures(model) -> Dict[str, Callable]:
     The signature takes the model's inputs as named tensors (the keys of a dict
     input, else the Input names) and returns `{"outputs": model(inputs,
     training=False)}` (or the model's own dict of outputs).
+
+    Args:
+        model: a Keras model with Keras inputs (built from `Input`s, or called once).
     """
     try:
         structure = model.input  # The nested inputs of a functional model.

@@ -40,20 +40,30 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config, console, model_dir as files, staging
-from ctl.core.background import uploads
+from ctl.config import gin_config as config
+from ctl import model_dir as files
+from ctl.model_dir import staging
+from ctl.utils import console
+from ctl.model_dir.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError, first_line
-from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
+from ctl.utils.errors import UserError, first_line
+from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
+from ctl.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
 
+SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In the eval dir: what the sidecar did with each checkpoint.
+
 class Stopped(Exception):
-    """The sidecar stopped on a signal, between two evaluations."""
+    """The sidecar stopped on a signal, between two evaluations.
+
+    Args:
+        signum: the signal that stopped the sidecar.
+        evaluations: evaluations done before it, or None.
+    """
 
     def __init__(self, signum: int, evaluations: Optional[int] = None):
         self.signum = signum
@@ -74,6 +84,11 @@ def wait_for_config(directory: ModelDir, timeout: Optional[float],
 
     Raises `UserError` when `directory` is not a directory or after `timeout`
     seconds (None: no limit) without the file, and `Stopped` on SIGTERM or SIGINT.
+
+    Args:
+        directory: the trainer's model dir.
+        timeout: seconds to wait (None: no limit).
+        poll_interval: seconds between looks.
     """
     with SignalWatcher(train=False) as signals:
         return _wait_for_config(directory, timeout, poll_interval, signals)
@@ -169,7 +184,11 @@ class CheckpointEvaluator:
         return step
 
     def write_summaries(self, results: Dict[str, Any]) -> None:
-        """Summaries at the restored global step; one subdirectory per named eval set."""
+        """Summaries at the restored global step; one subdirectory per named eval set.
+
+        Args:
+            results: the evaluation's results, nested by eval set with named sets.
+        """
         if self._summaries is None:
             self._summaries = SummaryManager(self.eval_dir, self.trainer.global_step)
         self._summaries.write_summaries(results)
@@ -239,6 +258,13 @@ def evaluate_continuously(
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
     could not be read, and `Stopped` on SIGTERM or SIGINT (between evaluations).
+
+    Args:
+        directory: the trainer's model dir.
+        strategy: the strategy to evaluate under (None: the current one).
+        experiment: the run's `ctl.Experiment` (its task, trainer class, schedule and hooks).
+        settings: the sidecar's settings (None: the gin-configured `ctl.ContinuousEval`).
+        clock: the time source of the idle timeout (a test may pass its own).
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
     strategy = strategy or tf.distribute.get_strategy()
@@ -249,7 +275,7 @@ def evaluate_continuously(
     console.info(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
-        settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
+        settings.max_evaluations, len(progress.outcomes), directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE))
     evaluator = CheckpointEvaluator(experiment, strategy, directory)
     role, hooks = _evaluator_role(experiment, evaluator, directory)
     try:
@@ -348,7 +374,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
 def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
                     directory: ModelDir) -> Tuple[EvaluatorRole, List[Any]]:
     """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
-    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`),
+    the evaluated checkpoint, run only if this process owns them (`ctl.model_dir.evaluator_role`),
     and those hooks.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
@@ -403,15 +429,24 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
 
     A progress record that cannot be read is ignored (one WARNING): the
     metrics file still says which checkpoints were evaluated.
+
+    Args:
+        directory: the model dir.
     """
-    progress = sidecar.Progress.from_record(files.read_json(directory.sidecar_progress_file))
+    progress = sidecar.Progress.from_record(files.read_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE)))
     for record in directory.sidecar_evaluations():
         progress.record(int(record["number"]), sidecar.EVALUATED)
     return progress
 
 
 def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
-    files.write_json(directory.sidecar_progress_file, progress.to_record())
+    """Writes the progress record, atomically.
+
+    Args:
+        directory: the model dir.
+        progress: what the sidecar has handled.
+    """
+    files.write_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE), progress.to_record())
 
 
 

@@ -25,7 +25,7 @@ fails when a release breaks one.
   the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
   PostgreSQL: a transaction-scoped advisory lock, through `RDBStorage.engine`
   (MySQL: `GET_LOCK`); the journal file and SQLite: a `flock` on a file beside
-  it (`ctl.core.claims.FileLock`). A worker killed while it holds one releases
+  it (`ctl.model_dir.file_lock.FileLock`). A worker killed while it holds one releases
   it (its connection or its file closes).
 """
 
@@ -117,7 +117,7 @@ def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
                 finally:
                     connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
         return
-    from ctl.core.claims import FileLock
+    from ctl.model_dir.file_lock import FileLock
 
     lock = FileLock(lock_file, "sweep takeover")
     while not lock.try_acquire():

@@ -31,11 +31,18 @@ import optuna
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep.sweep_file import SweepFile
 
+SWEEP_PRUNED_FILE = "sweep_pruned.json"  # In a trial's model dir: why it was pruned.
+
 if TYPE_CHECKING:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
+    """The Optuna pruner the sweep file's `[pruner]` table names (asha, median or none).
+
+    Args:
+        options: the table, checked (`name` and its options).
+    """
     name = options["name"]
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
@@ -51,9 +58,9 @@ def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str,
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
     which value."""
-    from ctl.core.model_dir import write_json
+    from ctl.model_dir import write_json
 
-    write_json(model_dir.sweep_pruned_file, {
+    write_json(model_dir.file(SWEEP_PRUNED_FILE), {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
         "value": value, "time": time.time(),
         "why": f"{objective} = {value:.6g} at step {step} was not good enough for the "
@@ -61,9 +68,9 @@ def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str,
 
 
 def read_pruned(model_dir: "ModelDir") -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import read_json
+    from ctl.model_dir import read_json
 
-    return read_json(model_dir.sweep_pruned_file)
+    return read_json(model_dir.file(SWEEP_PRUNED_FILE))
 
 
 class PruneAtEvaluations:
@@ -77,6 +84,11 @@ class PruneAtEvaluations:
     (the run's NaN policy decides, and its worker records the trial failed). A run
     started again on a trial that was pruned (its worker died before it recorded the
     end) stops at once, at a checkpoint.
+
+    Args:
+        sweep: the parsed sweep file.
+        open_storage: returns the study's storage (called at the first evaluation).
+        number: the trial's number.
     """
 
     def __init__(self, sweep: SweepFile, open_storage: Callable[[], optuna.storages.BaseStorage],
@@ -88,13 +100,23 @@ class PruneAtEvaluations:
         self.reported: Set[int] = set()
 
     def bind(self, run) -> None:
+        """Keeps the run; a trial already pruned (its record is in the model dir) is stopped at once.
+
+        Args:
+            run: the trial run's `ctl.hooks.Run`.
+        """
         self.run = run
         pruned = read_pruned(run.directory)
         if run.chief and isinstance(pruned, dict):
             run.stop.request(f"the trial was pruned at step {pruned.get('step')} "
-                             f"({run.directory.sweep_pruned_file})")
+                             f"({run.directory.file(SWEEP_PRUNED_FILE)})")
 
     def on_eval_end(self, logs) -> None:
+        """Reports the objective at this step to the trial, and stops the run if the pruner says so.
+
+        Args:
+            logs: the evaluation's results (the objective among them).
+        """
         value, step = self._objective(logs), self.run.step
         if not self.run.chief or math.isnan(value):
             return
@@ -122,7 +144,7 @@ class PruneAtEvaluations:
 
     def _objective(self, logs) -> float:
         from ctl.comforts.eval_results import flat_logs
-        from ctl.core.errors import UserError
+        from ctl.utils.errors import UserError
 
         flat = flat_logs(logs)
         if self.sweep.objective not in flat:

@@ -19,7 +19,7 @@ claimed.) What this takes from below Optuna's public API is in
 `ctl.sweep.optuna_internals`.
 
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
-slot: a `ctl.core.claims.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
+slot: a `ctl.model_dir.file_lock.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
 while the worker lives), its model dir and a heartbeat (a time, renewed every
 `heartbeat` seconds). A worker that starts in a slot resumes the RUNNING trials
 of its slot (its predecessor died: kill -9, a reboot). Before it starts a new
@@ -31,7 +31,7 @@ finds it fresh. One worker takes each stale trial over.
 
 Why not ctl's other cross-process records. The slot is a `FileLock`: a worker
 holds it for its life and the kernel drops it when the worker dies, as a
-trainer's lock. The heartbeat is not a `ctl.core.claims.Lease`: a lease is a
+trainer's lock. The heartbeat is not a `ctl.model_dir.lease.Lease`: a lease is a
 file beside a model dir, and a trial's owner must be found where every machine
 of the sweep looks, the study (the database); its grace is the user's
 (`--grace_seconds`); and a takeover is decided under the storage's lock, not by
@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import optuna
 from optuna.trial import TrialState
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep import sweep_dir as layout
 from ctl.sweep.sweep_file import SweepFile
 
 if TYPE_CHECKING:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
 # Trial system attributes.
 OWNER = "ctl_owner"
@@ -283,12 +283,12 @@ class Slot:
 
     index: int
     key: str  # host:sweep_dir:index, the owner a trial records.
-    lock: Any  # ctl.core.claims.FileLock
+    lock: Any  # ctl.model_dir.file_lock.FileLock
 
 
 def take_slot(sweep_dir: str) -> Slot:
     """The lowest free worker slot of `sweep_dir` (held until the process ends)."""
-    from ctl.core.claims import FileLock
+    from ctl.model_dir.file_lock import FileLock
 
     index = 0
     while True:
