@@ -5,12 +5,14 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import ctl
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
 from ctl.model_dir import ModelDir
 from tests.sidecar_tasks import TwoEvalSetsTask
+from tests.tasks import RegressionTask, regression_data
 
 
 def experiment(**kwargs):
@@ -89,3 +91,25 @@ def test_smoke_mode_compares_every_named_set():
     for name in ("near", "far"):
         with pytest.raises(ctl.UserError, match=rf"failed at restore: .*{name}/loss"):
             smoke.run_smoke(experiment=changing(shift=name))
+
+
+class StaticBatchEvalTask(RegressionTask):
+    """Its eval set batched with drop_remainder: every batch has the static size 8."""
+
+    def build_inputs(self, training, input_context=None):
+        if training:
+            return super().build_inputs(training, input_context)
+        features, targets = regression_data(self.eval_examples, seed=1)
+        return tf.data.Dataset.from_tensor_slices((features, targets)).batch(8, drop_remainder=True)
+
+
+def test_the_eval_loss_of_a_static_batch_size_is_the_mean_over_the_eval_set(tmp_path):
+    # The step after the last batch finds the set ended; with a static batch size the
+    # example count is a constant, and was once added for that step too (a loss half the
+    # true one over one batch).
+    task = StaticBatchEvalTask(learning_rate=0.0, eval_examples=16)  # Weights stay zero.
+    results = ctl.run_experiment("train_and_eval", str(tmp_path), experiment=ctl.Experiment(
+        task=task, schedule=ctl.Schedule(train_steps=2, steps_per_loop=1, eval_interval=2)))
+    _, targets = regression_data(16, seed=1)
+    assert results["examples"] == 16
+    assert results["loss"] == pytest.approx(float(np.mean(np.square(targets))), rel=1e-6)

@@ -23,11 +23,22 @@ intervals) is ctl's (`ctl.Schedule`), so a run has one source for each
 setting. `trainer_settings()` maps the experiment's trainer config onto
 `ctl.Schedule`'s names for whoever wants to bind them the same.
 
+Mistakes in the experiment's config are the user's to fix and end as one
+`UserError` naming the experiment, the setting and the fix, before any step:
+an override Model Garden refuses, a config its `validate()` refuses, an
+optimizer or learning-rate schedule its optimizer factory cannot build (the
+base templates set none; BERT's schedules need their step counts), and an
+`input_path` (a file, a glob such as a sharded `train-*-of-00016`, a comma
+list, a list, a dict of sources; local or `gs://`) that matches no file,
+checked when the inputs are built (`tf.io.gfile.glob`).
+
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
-from typing import Any, Dict, Mapping, Sequence, Union
+import inspect
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
@@ -70,9 +81,111 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
             raise UserError(f"ctl.ModelGardenTask: cannot apply {source!r} to experiment "
                             f"{experiment!r} ({first_line(error, 200)}); "
                             "check the key names.") from error
-    params.validate()
+        except tf.errors.OpError as error:  # Neither `a.b=v` pairs nor a YAML file it can read.
+            raise UserError(f"ctl.ModelGardenTask: cannot apply {source!r} to experiment "
+                            f"{experiment!r}: Model Garden read it as a YAML file "
+                            f"({first_line(error, 200)}); write `a.b=v` pairs whose values hold "
+                            "no comma, or give a dict or a YAML file that exists.") from error
+    try:
+        params.validate()
+    except (KeyError, ValueError) as error:
+        raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r} is refused by Model "
+                        f"Garden's config check ({first_line(error, 200)}); fix it in "
+                        "ctl.ModelGardenTask.params_override or config_files.") from error
     params.lock()
     return params
+
+
+def check_optimizer(experiment: str, params) -> None:
+    """Raises `UserError` unless Model Garden's optimizer factory builds the experiment's
+    optimizer and learning-rate schedule (`trainer.optimizer_config`), as its trainer would.
+
+    Args:
+      experiment: the experiment's `exp_factory` name, for the message.
+      params: its `ExperimentConfig`.
+    """
+    from official.modeling import optimization
+
+    config = params.trainer.optimizer_config
+    if not (hasattr(config, "optimizer") and hasattr(config, "learning_rate")):
+        return  # Not the factory's config: the task builds its own (the ranking task's).
+    where = "trainer.optimizer_config"
+    if config.optimizer.type is None:
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r} sets no optimizer "
+            f"({where}.optimizer.type is unset); add one to ctl.ModelGardenTask.params_override, "
+            f"e.g. '{where}.optimizer.type=sgd,{where}.learning_rate.type=constant', or run a "
+            "complete experiment built on it.")
+    if config.learning_rate.type is None:
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r} sets no learning rate "
+            f"({where}.learning_rate.type is unset); add one to "
+            f"ctl.ModelGardenTask.params_override, e.g. '{where}.learning_rate.type=constant'.")
+    try:
+        optimization.OptimizerFactory(config).build_learning_rate()
+    except (TypeError, ValueError) as error:
+        unset = [f"{where}.{part}.{getattr(config, part).type}.{name}"
+                 for part in ("learning_rate", "warmup") if getattr(config, part).type
+                 for name, value in getattr(config, part).get().as_dict().items() if value is None]
+        problem = f"{', '.join(unset)} unset" if unset else first_line(error, 200)
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r}: Model Garden cannot build its "
+            f"learning rate ({problem}); set it in ctl.ModelGardenTask.params_override "
+            "(step counts such as decay_steps and warmup_steps from ctl.Schedule.train_steps)."
+        ) from error
+
+
+def check_input_path(experiment: str, data, where: str) -> None:
+    """Raises `UserError` if `data.input_path` names a file or pattern that matches nothing.
+
+    Args:
+      experiment: the experiment's name, for the message.
+      data: a Model Garden `DataConfig` (`task.train_data`, `task.validation_data`).
+      where: its name in the experiment, e.g. "task.train_data".
+    """
+    path = getattr(data, "input_path", None)
+    if not path or getattr(data, "tfds_name", None):
+        return  # Model Garden's own rules for the other sources (TFDS, synthetic data).
+    sources = path.as_dict() if hasattr(path, "as_dict") else {"": path}
+    for key, value in sources.items():
+        name = f"{where}.input_path{'.' + key if key else ''}"
+        for pattern in _patterns(value):
+            try:
+                found = tf.io.gfile.glob(pattern)
+            except tf.errors.OpError as error:
+                raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r}: {name} "
+                                f"{pattern!r} cannot be read ({first_line(error)}); check the "
+                                "path and its permissions.") from error
+            if not found:
+                raise UserError(
+                    f"ctl.ModelGardenTask: experiment {experiment!r}: {name}={pattern!r} matches "
+                    f"no file; point it at the experiment's TFRecord files in "
+                    f"ctl.ModelGardenTask.params_override (a path, a glob such as "
+                    "'train-*-of-00016', or several separated by commas).")
+
+
+def _patterns(value) -> List[str]:
+    """The patterns of an `input_path` as Model Garden reads it: a string of comma-separated
+    patterns, or a list of such strings."""
+    values = [value] if isinstance(value, str) else list(value or [])
+    return [part.strip() for each in values for part in str(each).split(",") if part.strip()]
+
+
+def garden_task(params, logging_dir: Optional[str] = None):
+    """The Model Garden task of an experiment config, as its own trainer builds it.
+
+    Args:
+      params: the experiment's config (`experiment_config`).
+      logging_dir: where the task may write files (Model Garden's trainer gives its model dir).
+    """
+    from official.core import task_factory
+
+    if type(params.task).__module__ == "official.recommendation.ranking.configs.config":
+        # The ranking task is not in task_factory: its train.py builds it with the trainer config.
+        from official.recommendation.ranking import task as ranking
+
+        return ranking.RankingTask(params.task, trainer_config=params.trainer, logging_dir=logging_dir)
+    return task_factory.get_task(params.task, logging_dir=logging_dir)
 
 
 @gin.configurable(module="ctl")
@@ -88,11 +201,16 @@ class ModelGardenTask(Task):
     """
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
-                 params_override: Union[Override, Sequence[Override]] = ()):
-        from official.core import task_factory
-
+                 params_override: Union[Override, Sequence[Override]] = (),
+                 logging_dir: Optional[str] = None):
+        self.experiment = experiment
         self.params = experiment_config(experiment, config_files, params_override)
-        self.garden_task = task_factory.get_task(self.params.task)
+        check_optimizer(experiment, self.params)
+        # Some tasks write files there as Model Garden's trainer runs them (the WMT
+        # Transformer its eval records, SQuAD its predictions): a temporary dir by default.
+        self.garden_task = garden_task(self.params, logging_dir or tempfile.mkdtemp(
+            prefix="ctl-model-garden-"))
+        self._model = None
 
     def trainer_settings(self) -> Dict[str, Any]:
         """The experiment's trainer config under `ctl.Schedule`'s names."""
@@ -106,15 +224,26 @@ class ModelGardenTask(Task):
     # What Model Garden's trainer would build, in the same way.
 
     def build_model(self):
-        return self.garden_task.build_model()
+        model = self.garden_task.build_model()
+        if not model.variables:  # Built on its first call (the ranking model): on one train batch.
+            model(self.features(next(iter(self.build_inputs(training=True)))), training=False)
+        self._model = model
+        return model
 
     def build_optimizer(self):
-        return self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
-                                                 self.params.runtime)
+        optimizer = self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
+                                                      self.params.runtime)
+        # The ranking task compiles its model with its optimizers and returns None here.
+        return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
-        return self.garden_task.build_inputs(data, input_context=input_context)
+        check_input_path(self.experiment, data, where)
+        # As orbit's make_distributed_dataset: the context only to a task that takes it.
+        if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
+            return self.garden_task.build_inputs(data, input_context=input_context)
+        return self.garden_task.build_inputs(data)
 
     def build_losses(self, labels, outputs, aux_losses=None):
         """The Model Garden task's `build_losses`.
@@ -127,12 +256,14 @@ class ModelGardenTask(Task):
         return self.garden_task.build_losses(labels, outputs, aux_losses=aux_losses)
 
     def build_metrics(self, training: bool = True):
-        """The Model Garden task's `build_metrics`.
+        """The Model Garden task's `build_metrics`, then the model's own (as Model Garden's trainer).
 
         Args:
             training: True for the train metrics, False for the eval metrics.
         """
-        return list(self.garden_task.build_metrics(training=training))
+        # As Model Garden's trainer: the task's metrics, then the model's own (a compiled model's).
+        return list(self.garden_task.build_metrics(training=training)) + list(
+            getattr(self._model, "metrics", None) or [])
 
     def features(self, inputs):
         """Model Garden's convention: a 2-tuple is `(features, labels)`, else the element
@@ -149,7 +280,17 @@ class ModelGardenTask(Task):
         Args:
             model: the built model.
         """
-        self.garden_task.initialize(model)
+        try:
+            self.garden_task.initialize(model)
+        except (ValueError, tf.errors.OpError) as error:
+            path = getattr(self.params.task, "init_checkpoint", None)
+            if not path:
+                raise
+            raise UserError(
+                f"ctl.ModelGardenTask: experiment {self.experiment!r}: task.init_checkpoint="
+                f"{path!r} cannot be read ({first_line(error, 200)}); point it at a checkpoint "
+                "you can read, or set task.init_checkpoint='' in "
+                "ctl.ModelGardenTask.params_override to start from scratch.") from error
 
     # Its steps: ctl reads the loss under Model Garden's name for it.
 
@@ -188,15 +329,18 @@ class ModelGardenTask(Task):
         return type(self.garden_task).aggregate_logs is not base_task.Task.aggregate_logs
 
     def aggregate_logs(self, state, step_logs):
-        """The Model Garden task's `aggregate_logs`, each entry as per-replica tensors.
+        """The Model Garden task's `aggregate_logs`, each entry as per-replica tensors (a nested entry leaf by leaf).
 
         Args:
             state: the state so far; None at the first step of each evaluation.
             step_logs: each extra entry of `validation_step` mapped to a list of NumPy arrays, one per replica, of
                 every worker.
         """
-        # Model Garden's tasks take each entry as per-replica tensors.
-        tensors = {name: [tf.constant(v) for v in values] for name, values in step_logs.items()}
+        # Model Garden's trainer hands each leaf of an entry over as a tuple of per-replica
+        # tensors (`strategy.experimental_local_results`); ctl gives a nest per replica.
+        tensors = {name: tf.nest.map_structure(lambda *leaf: tuple(map(tf.constant, leaf)),
+                                               *values)
+                   for name, values in step_logs.items()}
         return self.garden_task.aggregate_logs(state, tensors)
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step: int) -> Dict[str, Any]:

@@ -49,7 +49,8 @@ class Evaluation(orbit.AbstractEvaluator):
         self._use_tf_while_loop = use_tf_while_loop
         self.aggregations = aggregations  # Host aggregation of eval outputs.
         self._aggregates = bool(aggregations)
-        self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
+        self._scalar_logs = set()  # (name, leaf index) of extra eval logs of rank 0, found tracing.
+        self._log_structures: Dict[str, Any] = {}  # name -> the nest of each extra eval log.
         self._last_eval = loops.LastResults()  # For eval_end.
         self._graph_eval_loop: Optional[Any] = None  # Built on first use.
         self._host_eval_parts: Optional[Any] = None
@@ -176,6 +177,13 @@ class Evaluation(orbit.AbstractEvaluator):
             iterator: the distributed eval iterator.
         """
         def step_fn(inputs):
+            # Every op of the step waits for the inputs: the step after the last batch ends
+            # at the end of the eval set, before an update that reads no input (a static
+            # batch size's example count, a metric of constants) could run.
+            with tf.control_dependencies(tf.nest.flatten(inputs)):
+                return replica_step(inputs)
+
+        def replica_step(inputs):
             logs = dict(
                 self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
             )
@@ -187,16 +195,23 @@ class Evaluation(orbit.AbstractEvaluator):
             self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
-            return {name: self._with_size(name, value) for name, value in logs.items()}
+            # Each entry may be a nested structure (Model Garden's detection tasks log a
+            # `(groundtruths, outputs)` pair of dicts): its leaves are gathered one by one.
+            sized = {}
+            for name, value in logs.items():
+                self._log_structures[name] = tf.nest.map_structure(lambda _: None, value)
+                sized[name] = [self._with_size((name, index), leaf)
+                               for index, leaf in enumerate(tf.nest.flatten(value))]
+            return sized
 
         outputs = self.strategy.run(step_fn, args=(self.next_eval_inputs(iterator),))
         # Concatenated over all replicas of all workers, with each replica's size.
         return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)
 
-    def _with_size(self, name, value):
+    def _with_size(self, leaf, value):
         value = tf.convert_to_tensor(value)
         if value.shape.rank == 0:
-            self._scalar_logs.add(name)
+            self._scalar_logs.add(leaf)
             value = value[tf.newaxis]
         return value, tf.shape(value)[:1]
 
@@ -210,11 +225,16 @@ class Evaluation(orbit.AbstractEvaluator):
         if state is None:  # The task aggregates nothing.
             return None
         step_logs = {}
-        for name, (values, sizes) in step_outputs.items():
-            per_replica = np.split(values.numpy(), np.cumsum(sizes.numpy())[:-1])
-            if name in self._scalar_logs:
-                per_replica = [value[0] for value in per_replica]
-            step_logs[name] = per_replica
+        for name, leaves in step_outputs.items():
+            per_leaf = []  # [leaf][replica]
+            for index, (values, sizes) in enumerate(leaves):
+                per_replica = np.split(values.numpy(), np.cumsum(sizes.numpy())[:-1])
+                if (name, index) in self._scalar_logs:
+                    per_replica = [value[0] for value in per_replica]
+                per_leaf.append(per_replica)
+            structure = self._log_structures[name]
+            step_logs[name] = [tf.nest.pack_sequence_as(structure, list(replica))
+                               for replica in zip(*per_leaf)]
         return [each.update(s, step_logs) for each, s in zip(self.aggregations, state)]
 
     def eval_end(self, aggregated_logs=None) -> Logs:

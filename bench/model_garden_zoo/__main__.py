@@ -1,0 +1,221 @@
+"""`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
+
+    python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
+
+Lists Model Garden's registry at run time, and for each experiment (or those
+named) trains its tiny variant K steps with ctl and with Model Garden's
+`train_lib` from one initial checkpoint (bench/model_garden_zoo/compare.py),
+each experiment in a process of its own. Prints one JSON line per experiment:
+`{"experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval",
+"ctl_s_per_step", "train_lib_s_per_step", "reason"}`, and writes all rows,
+with the details (losses, eval metrics, weights), the commit and the host's
+load, to the results file that `python -m bench.model_garden_zoo.page` turns
+into the docs page.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
+KEYS = ["experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
+        "train_lib_s_per_step", "reason"]
+TIMEOUT_S = 900  # One experiment, both trainers; a row that takes longer says so.
+
+
+def _registered() -> Dict[str, str]:
+    """experiment -> family, listed in a child process (the parent imports no TensorFlow)."""
+    code = ("import json; from bench.model_garden_zoo import registry; failed = registry.import_all(); "
+            "print('ZOO-LIST ' + json.dumps({'families': {n: registry.family(n) "
+            "for n in registry.experiments()}, 'failed': failed}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=_env(legacy_keras=False), check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("ZOO-LIST "):
+            return json.loads(line[len("ZOO-LIST "):])
+    raise SystemExit(f"listing Model Garden's registry failed: {out.stderr.strip().splitlines()[-1:]}")
+
+
+def _env(legacy_keras: bool) -> Dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    if legacy_keras:  # tensorflow_recommenders (the ranking task) refuses Keras 3 as tf.keras.
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+# TensorFlow's op determinism rewrites a parallel map with random ops
+# (`make_deterministic_parallel_map_and_batch`) into a graph that some of Model
+# Garden's detection parsers cannot run; such a row is run again without it.
+DETERMINISM_REWRITE = "make_deterministic"
+DETERMINISM_NOTE = ("op determinism off: TensorFlow's make_deterministic_parallel_map_and_batch "
+                    "rewrite of the input pipeline fails to run (InvalidArgumentError in MakeIterator)")
+
+
+def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str) -> Dict[str, Any]:
+    """One experiment's row (see `_run_row`); without op determinism where TensorFlow's rewrite fails."""
+    row = _run_row(experiment, family, steps, workdir, log_dir, determinism=True)
+    log = os.path.join(log_dir, experiment.replace("/", "_") + ".log")
+    with open(log) as f:
+        rewrite_failed = not row["trains"] and DETERMINISM_REWRITE in f.read()
+    if rewrite_failed:
+        row = _run_row(experiment, family, steps, workdir, log_dir, determinism=False)
+        row["determinism_note"] = DETERMINISM_NOTE
+    return row
+
+
+def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str,
+             determinism: bool) -> Dict[str, Any]:
+    """One experiment's row, from its own process (a crash or a hang is its row's reason)."""
+    log = os.path.join(log_dir, experiment.replace("/", "_") + ("" if determinism else "-nodet") + ".log")
+    command = [sys.executable, "-m", "bench.model_garden_zoo.compare", experiment,
+               f"--steps={steps}", f"--workdir={workdir}"] + ([] if determinism else ["--no_determinism"])
+    start = time.perf_counter()
+    commit = _commit()
+    with open(log, "w") as out:
+        try:
+            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                           env=_env(legacy_keras=family == "ranking"), check=False)
+        except subprocess.TimeoutExpired:
+            pass
+    row = None
+    with open(log) as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        if line.startswith("ZOO-ROW "):
+            row = json.loads(line[len("ZOO-ROW "):])
+    if row is None:
+        elapsed = time.perf_counter() - start
+        last = [line for line in lines if line.strip()][-1:] or ["no output"]
+        reason = (f"no result within {TIMEOUT_S} s" if elapsed >= TIMEOUT_S
+                  else f"the process ended without a result: {last[0][:300]}")
+        row = {key: None for key in KEYS}
+        row.update(experiment=experiment, trains=False, same_loss=False, same_eval=False, reason=reason)
+    row["family"] = family
+    row["commit"] = commit
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def _write_data(names: List[str], workdir: str) -> None:
+    code = ("import sys; from bench.model_garden_zoo import registry, data; registry.import_all(); "
+            "[data.data_overrides(n, sys.argv[2]) for n in sys.argv[1].split(',')]")
+    subprocess.run([sys.executable, "-c", code, ",".join(names), os.path.join(workdir, "data")],
+                   cwd=ROOT, env=_env(legacy_keras=False), check=True, capture_output=True)
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True, check=False)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "ctl", "bench"],
+                           cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    return out.stdout.strip() + ("+changes" if dirty else "")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps each way (K)")
+    parser.add_argument("--results", default=RESULTS, help="the results file (JSON)")
+    parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
+    parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (each in its process)")
+    parser.add_argument("--collect", default="", help="write the results file from the rows a run "
+                        "in this workdir has finished so far (the others say they were not run)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
+              file=sys.stderr)
+        return 2
+    listing = _registered()
+    families = listing["families"]
+    if args.collect:
+        return collect(args.collect, families, listing["failed"], args.steps, args.results)
+    names = [n for n in args.experiments.split(",") if n] or list(families)
+    unknown = [n for n in names if n not in families]
+    if unknown:
+        print(f"--experiments: {unknown} not registered with Model Garden's exp_factory here; "
+              f"registered: {sorted(families)}", file=sys.stderr)
+        return 2
+    workdir = args.workdir or tempfile.mkdtemp(prefix="model_garden_zoo-")
+    log_dir = os.path.join(workdir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    rows: List[Dict[str, Any]] = []
+    loads = [os.getloadavg()[0]]
+    start = time.time()
+    _write_data(names, workdir)  # Once, before rows that share files run at once.
+
+    def one(name):
+        row = run_row(name, families[name], args.steps, workdir, log_dir)
+        loads.append(os.getloadavg()[0])
+        print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, names))
+    write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
+                  partial=bool(args.experiments))
+    print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
+    return 0
+
+
+def _logged_row(log: str):
+    if not os.path.exists(log):
+        return None
+    with open(log) as f:
+        rows = [json.loads(line[len("ZOO-ROW "):]) for line in f if line.startswith("ZOO-ROW ")]
+    return rows[-1] if rows else None
+
+
+def collect(workdir: str, families: Dict[str, str], failed, steps: int, path: str) -> int:
+    """The results file from the rows a (stopped or running) run in `workdir` has finished."""
+    log_dir = os.path.join(workdir, "logs")
+    rows, finished = [], []
+    for name in families:
+        base = os.path.join(log_dir, name.replace("/", "_"))
+        row = _logged_row(base + "-nodet.log") or _logged_row(base + ".log")
+        if row is None:
+            row = {key: None for key in KEYS}
+            row.update(experiment=name, reason="not measured: the zoo run was stopped before this row")
+        else:
+            finished.append(os.path.getmtime(base + ".log"))
+            if os.path.exists(base + "-nodet.log"):
+                row["determinism_note"] = DETERMINISM_NOTE
+        row["family"] = families[name]
+        rows.append(row)
+    start = os.path.getctime(log_dir)
+    write_results(path, list(families), rows, families, failed, steps, start,
+                  [os.getloadavg()[0]], partial=False)
+    print(f"results: {path} ({len(finished)} of {len(rows)} rows measured)", file=sys.stderr)
+    return 0
+
+
+def write_results(path, names, rows, families, failed, steps, start, loads, partial) -> None:
+    """The results file: every row, the commit, the time and the host's load."""
+    results = {"commit": _commit(), "steps": steps, "started": time.strftime(
+        "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
+        "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
+                                              "mean": round(sum(loads) / len(loads), 1)},
+        "registered": len(families), "imports_failed": failed, "rows": rows}
+    if partial and os.path.exists(path):  # A run of some experiments updates their rows only.
+        with open(path) as f:
+            previous = json.load(f)
+        kept = [r for r in previous.get("rows", []) if r["experiment"] not in set(names)]
+        order = {name: k for k, name in enumerate(families)}
+        results["rows"] = sorted(kept + rows, key=lambda r: order.get(r["experiment"], len(order)))
+        results["updated"] = {row["experiment"]: row.get("commit") for row in rows}
+        for key in ("commit", "started", "minutes", "load_1min"):
+            results[key] = previous.get(key, results[key])
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""One experiment, trained K steps by ctl and by Model Garden's own `train_lib`, numbers compared.
+
+Both start from one initial checkpoint: the experiment's model and optimizer,
+built once from a fixed seed and saved as step 0 in each model dir (Model
+Garden's layout: `global_step`, `model`, `optimizer`), which each trainer
+restores as the run it continues. Both read the same generated files, with the
+same shuffle seed, under `tf.config.experimental.enable_op_determinism()` and
+the same global seed set before each run; both train in loops of one step (a
+loss summary per step) and evaluate the whole eval set once at step K.
+
+`python -m bench.model_garden_zoo.compare NAME --steps=K --workdir=DIR` runs
+one experiment and prints its row as one JSON line (the zoo runs each row in
+a process of its own).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+LOSS_TOLERANCE = 1e-5  # Relative: "same loss" below it; bit-identical is reported apart.
+EVAL_TOLERANCE = 1e-5
+EVAL_STEPS = 2  # Batches per evaluation (fewer where the eval set ends first).
+
+
+def _scalars(summary_dir: str) -> Dict[str, Dict[int, float]]:
+    import tensorflow as tf
+
+    values: Dict[str, Dict[int, float]] = {}
+    for path in sorted(tf.io.gfile.glob(os.path.join(summary_dir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.HasField("tensor") and value.metadata.plugin_data.plugin_name == "scalars":
+                    number = tf.make_ndarray(value.tensor)
+                elif value.HasField("simple_value"):
+                    number = value.simple_value
+                else:
+                    continue
+                values.setdefault(value.tag, {})[event.step] = float(number)
+    return values
+
+
+def _seconds_per_step(rates: Dict[int, float]) -> Optional[float]:
+    """The median of 1/steps-per-second over the loops after the first (which traces)."""
+    import numpy as np
+
+    later = [rate for step, rate in sorted(rates.items())[1:] if rate > 0]
+    return float(np.median([1.0 / rate for rate in later])) if later else None
+
+
+def _number(value) -> Optional[float]:
+    import numpy as np
+
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return float(array) if array.shape == () else None
+
+
+def _relative(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def params_for(experiment: str, steps: int, data_dir: str):
+    """The tiny variant's overrides, with its data, trained `steps` in loops of one step."""
+    from bench.model_garden_zoo import data, variants
+
+    schedule = {"trainer": {"train_steps": steps, "steps_per_loop": 1, "summary_interval": 1,
+                            "checkpoint_interval": steps, "validation_interval": steps,
+                            "validation_steps": EVAL_STEPS, "max_to_keep": 2}}
+    return variants.overrides(experiment, steps) + data.data_overrides(experiment, data_dir) + [schedule]
+
+
+def _seeded(garden_task):
+    """Builds the model from seed 0, whoever asks (the initial checkpoint's weights are what count)."""
+    import tf_keras
+
+    build = garden_task.build_model
+
+    def build_model(*args, **kwargs):
+        tf_keras.utils.set_random_seed(0)
+        return build(*args, **kwargs)
+
+    garden_task.build_model = build_model
+    return garden_task
+
+
+def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) -> None:
+    """Step 0 of a run, as Model Garden's trainer lays it out, in each of `model_dirs`."""
+    import tensorflow as tf
+
+    import ctl
+
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    _seeded(task.garden_task)
+    model = task.build_model()  # Built (a model built on first call: on one batch).
+    checkpoint = tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64), model=model,
+                                     optimizer=task.build_optimizer())
+    for directory in model_dirs:
+        tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
+
+
+def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
+    import tensorflow as tf
+    import tf_keras
+    from official.core import train_lib
+
+    from ctl.adapters import model_garden
+
+    tf_keras.utils.set_random_seed(1)
+    task = _seeded(model_garden.garden_task(params, logging_dir=model_dir))
+    model, _ = train_lib.run_experiment(
+        distribution_strategy=tf.distribute.get_strategy(), task=task, mode="train_and_eval",
+        params=params, model_dir=model_dir, trainer=_ranking_trainer(params, task))
+    found = _scalars(os.path.join(model_dir, "validation"))
+    step = params.trainer.train_steps
+    return {tag: values[step] for tag, values in found.items() if step in values}, _weights(model)
+
+
+def _ranking_trainer(params, task):
+    """The ranking experiments' own trainer, as their train.py builds it (others: None, train_lib's)."""
+    if type(task).__name__ != "RankingTask":
+        return None
+    import tensorflow as tf
+    from official.core import train_utils
+    from official.recommendation.ranking.train import RankingTrainer
+
+    model = task.build_model()
+
+    def dataset(data):
+        return tf.distribute.get_strategy().distribute_datasets_from_function(
+            lambda context: task.build_inputs(data, context))
+
+    return RankingTrainer(config=params, task=task, model=model, optimizer=model.optimizer,
+                          train=True, evaluate=True, train_dataset=dataset(params.task.train_data),
+                          validation_dataset=dataset(params.task.validation_data),
+                          checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, ""))
+
+
+def _weights(model) -> List[Any]:
+    return [w.numpy() for w in model.weights]
+
+
+def run_ctl(experiment: str, overrides, steps: int, model_dir: str) -> Dict[str, Any]:
+    import tf_keras
+
+    import ctl
+
+    class Weights(ctl.hooks.Hook):
+        trained: List[Any] = []
+
+        def on_trial_close(self, unused_logs):
+            self.trained = _weights(self.run.model)
+
+    tf_keras.utils.set_random_seed(1)
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides, logging_dir=model_dir)
+    _seeded(task.garden_task)
+    schedule = ctl.Schedule(train_steps=steps, steps_per_loop=1, eval_interval=steps,
+                            checkpoint_interval=steps, eval_steps=EVAL_STEPS)
+    weights = Weights()
+    results = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
+        task=task, schedule=schedule, hooks=[weights]))
+    return dict(results or {}), weights.trained
+
+
+def _train_losses(model_dir: str, tags) -> Dict[int, float]:
+    found = _scalars(os.path.join(model_dir, "train"))
+    for tag in tags:
+        if tag in found:
+            return found[tag]
+    return {}
+
+
+def _rates(model_dir: str) -> Dict[int, float]:
+    found = _scalars(os.path.join(model_dir, "train"))
+    return found.get("steps_per_second", found.get("steps/sec", {}))
+
+
+def compare(experiment: str, steps: int, workdir: str, determinism: bool = True) -> Dict[str, Any]:
+    """Trains `experiment`'s tiny variant both ways from one checkpoint; returns its row.
+
+    Args:
+      experiment: a registered experiment's name.
+      steps: training steps each way (K).
+      workdir: for the data (kept between experiments) and this experiment's two model dirs.
+      determinism: whether to call `tf.config.experimental.enable_op_determinism()`.
+    """
+    import tensorflow as tf
+
+    from ctl.adapters import model_garden
+
+    row: Dict[str, Any] = {"experiment": experiment, "trains": False, "same_loss": False,
+                           "max_rel_loss_diff": None, "same_eval": False, "ctl_s_per_step": None,
+                           "train_lib_s_per_step": None, "reason": ""}
+    if determinism:
+        tf.config.experimental.enable_op_determinism()
+    row["op_determinism"] = determinism
+    name = experiment.replace("/", "_")
+    dirs = {"train_lib": os.path.join(workdir, "runs", name, "train_lib"),
+            "ctl": os.path.join(workdir, "runs", name, "ctl")}
+    for directory in dirs.values():  # A fresh start (a row may be run again).
+        shutil.rmtree(directory, ignore_errors=True)
+    stage = "building the config"
+    try:
+        overrides = params_for(experiment, steps, os.path.join(workdir, "data"))
+        params = model_garden.experiment_config(experiment, params_override=overrides)
+        stage = "writing the initial checkpoint"
+        write_initial_checkpoint(experiment, overrides, list(dirs.values()))
+        stage = "train_lib"
+        start = time.perf_counter()
+        garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])
+        row["train_lib_s"] = round(time.perf_counter() - start, 1)
+        stage = "ctl"
+        start = time.perf_counter()
+        ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"])
+        row["ctl_s"] = round(time.perf_counter() - start, 1)
+    except Exception as error:  # The row says why, in a line a user can check.
+        row["reason"] = f"{stage}: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        traceback.print_exc()
+        return row
+    ctl_losses = _train_losses(dirs["ctl"], ["loss"])
+    garden_losses = _train_losses(dirs["train_lib"], ["training_loss", "loss"])
+    row["trains"] = sorted(ctl_losses) == list(range(1, steps + 1))
+    shared = sorted(set(ctl_losses) & set(garden_losses))
+    if row["trains"] and len(shared) == steps:
+        diffs = [_relative(ctl_losses[s], garden_losses[s]) for s in shared]
+        row["max_rel_loss_diff"] = max(diffs)
+        row["same_loss"] = row["max_rel_loss_diff"] <= LOSS_TOLERANCE
+        row["bit_identical_loss"] = row["max_rel_loss_diff"] == 0.0
+    else:
+        row["reason"] = (f"loss summaries at steps ctl {sorted(ctl_losses)}, "
+                         f"train_lib {sorted(garden_losses)}")
+    row["same_weights"] = len(ctl_weights) == len(garden_weights) > 0 and all(
+        a.shape == b.shape and (a == b).all() for a, b in zip(ctl_weights, garden_weights))
+    row["losses"] = {"ctl": [ctl_losses.get(s) for s in range(1, steps + 1)],
+                     "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
+    evals = {}
+    for key, value in garden_eval.items():
+        if key == "steps_per_second":  # A rate, not a result.
+            continue
+        theirs = _number(value)
+        ours = _number(ctl_eval.get("loss" if key == "validation_loss" else key))
+        if theirs is not None:
+            evals[key] = [ours, theirs]
+    row["eval"] = evals
+    diffs = [_relative(a, b) for a, b in evals.values() if a is not None]
+    missing = [key for key, (a, _) in evals.items() if a is None]
+    row["same_eval"] = bool(evals) and not missing and max(diffs) <= EVAL_TOLERANCE
+    row["bit_identical_eval"] = bool(evals) and not missing and max(diffs) == 0.0
+    differing = {key: pair for key, pair in evals.items()
+                 if pair[0] is not None and _relative(*pair) > EVAL_TOLERANCE}
+    if differing:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + "eval differs: " + ", ".join(
+            f"{key} {a:.6g} (ctl) vs {b:.6g} (train_lib)" for key, (a, b) in differing.items())
+    if row["trains"] and not row["same_loss"]:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
+            f"training losses differ (max relative difference {row['max_rel_loss_diff']:.2e})"
+    if missing:
+        row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
+            f"eval metrics missing from ctl's results: {missing}"
+    row["ctl_s_per_step"] = _seconds_per_step(_rates(dirs["ctl"]))
+    row["train_lib_s_per_step"] = _seconds_per_step(_rates(dirs["train_lib"]))
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--no_determinism", action="store_true",
+                        help="without tf.config.experimental.enable_op_determinism()")
+    args = parser.parse_args(argv)
+    from bench.model_garden_zoo import registry
+
+    failed = registry.import_all()
+    row = compare(args.experiment, args.steps, args.workdir, determinism=not args.no_determinism)
+    if not row["trains"] and failed and not row["reason"].startswith("train"):
+        row["reason"] += f" (imports that failed: {failed})"
+    print("ZOO-ROW " + json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`python -m bench.model_garden_zoo` on a representative few of Model Garden's registered
+experiments: each trains on ctl with Model Garden's own numbers (train_lib from the same start,
+files and seeds: the same losses, eval metrics and weights, bit for bit). The whole registry's
+table is docs/how-to/model-garden-zoo.md, generated from the committed results file."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.model_garden_zoo import page
+from tests.support.env import ROOT, ctl_env
+
+# One per family that fits the suite's budget (a detection, segmentation or video row takes
+# minutes of tracing; their rows are in the committed table).
+REPRESENTATIVES = ["image_classification", "bert/sentence_prediction", "dlrm_criteo"]
+KEYS = {"experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
+        "train_lib_s_per_step", "reason"}
+
+
+def zoo(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "bench.model_garden_zoo", *args], cwd=ROOT,
+                          env=ctl_env({"TF_CPP_MIN_LOG_LEVEL": "2"}), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_representative_experiments_train_with_model_gardens_numbers(tmp_path):
+    results = tmp_path / "zoo.json"
+    out = zoo(f"--experiments={','.join(REPRESENTATIVES)}", "--steps=3", "--jobs=1",
+              f"--results={results}", f"--workdir={tmp_path / 'work'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [line["experiment"] for line in lines] == REPRESENTATIVES
+    assert all(set(line) == KEYS for line in lines)
+    for row in json.loads(results.read_text())["rows"]:
+        assert row["trains"], row["reason"]
+        assert row["bit_identical_loss"] and row["max_rel_loss_diff"] == 0.0, row["losses"]
+        assert row["same_eval"] and row["eval"], row["eval"]
+        assert row["same_weights"], row["experiment"]
+        assert len(row["losses"]["ctl"]) == 3
+
+
+def test_an_experiment_not_in_the_registry_is_one_line_and_exit_2(tmp_path):
+    out = zoo("--experiments=image_classification,no_such/experiment", f"--results={tmp_path / 'r.json'}",
+              timeout=300)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.startswith("--experiments")]
+    assert len(lines) == 1 and "'no_such/experiment'" in lines[0], out.stderr[-2000:]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_docs_page_is_the_committed_results_rendered():
+    with open(page.DOCS_RESULTS) as f:
+        results = json.load(f)
+    with open(page.PAGE) as f:
+        assert f.read() == page.render(results), "run `python -m bench.model_garden_zoo.page`"
+    assert {row["experiment"] for row in results["rows"]} and results["registered"] == len(results["rows"])
