@@ -1,6 +1,6 @@
 """Figure 12: a hyperparameter sweep on digits, ctl.sweep against KerasTuner and a plain Optuna loop.
 
-    PYTHONPATH=. .venv/bin/python -m bench.sweep [--out FILE.jsonl]
+    PYTHONPATH=. .venv/bin/python -m bench.sweep [--out FILE.jsonl] [--systems A,B,...]
 
 One line per system, on one model and one data split (experiments/digits.py's
 MLP and experiments/digits_data.py's held-out fifth):
@@ -121,7 +121,10 @@ def ctl_sweep(system="ctl_sweep", trials=TRIALS, timeout=None, fork=True):
                 overheads.append((trial.datetime_complete - trial.datetime_start).total_seconds() - train_s)
         overheads.sort()
         ended = [t for t in trials if t.state.is_finished()]
-        return {"system": system, "trials": len(ended), "trials_not_started": len(trials) - len(ended),
+        with open(SWEEP_FILE, "rb") as f:
+            value = tomllib.load(f).get("value", "best")
+        return {"system": system, "trial_value": value, "trials": len(ended),
+                "trials_not_started": len(trials) - len(ended),
                 "timeout_s": timeout, "fork_trials": fork, "wall_s": round(wall, 2),
                 "best_accuracy": max(v for _, v in events), "events": events,
                 "trial_overhead_s": round(overheads[len(overheads) // 2], 2) if overheads else None}
@@ -214,24 +217,39 @@ def optuna_fit():
             "best_accuracy": study.best_value, "events": events}
 
 
+SYSTEMS = {
+    "ctl_sweep_process_per_trial": lambda: ctl_sweep("ctl_sweep_process_per_trial", fork=False),
+    "ctl_sweep": ctl_sweep,
+    "keras_tuner_hyperband": lambda: keras_tuner("hyperband"),
+    "ctl_sweep_hyperband_wall": None,  # Hyperband's wall time as its timeout: in `main`.
+    "keras_tuner_random": lambda: keras_tuner("random"),
+    "optuna_fit": optuna_fit,
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=float, default=0.9861)
     parser.add_argument("--out", default=None, help="Also append the lines to this file.")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="Which lines, in this order (ctl_sweep_hyperband_wall needs "
+                        "keras_tuner_hyperband before it); the goal's three: ctl_sweep,"
+                        "keras_tuner_hyperband,ctl_sweep_hyperband_wall.")
     args = parser.parse_args()
-    lines = [ctl_sweep("ctl_sweep_process_per_trial", fork=False), ctl_sweep()]
-    lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
-    lines.append(keras_tuner("hyperband"))
-    lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
-    # Hyperband's wall time as ctl's budget: no trial starts after it (`timeout`), with trials
-    # enough to fill it (or end sooner).
-    equal = ctl_sweep("ctl_sweep_hyperband_wall", trials=EQUAL_WALL_TRIALS,
-                      timeout=lines[-1]["wall_s"])
-    lines += [equal, keras_tuner("random"), optuna_fit()]
+    lines = []
+    for system in args.systems.split(","):
+        if system == "ctl_sweep_hyperband_wall":
+            # Hyperband's wall time as ctl's budget: no trial starts after it (`timeout`), with
+            # trials enough to fill it (or end sooner).
+            wall = next(line["wall_s"] for line in lines if line["system"] == "keras_tuner_hyperband")
+            lines.append(ctl_sweep(system, trials=EQUAL_WALL_TRIALS, timeout=wall))
+        else:
+            lines.append(SYSTEMS[system]())
+        lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
+        lines[-1]["ended_utc"] = time.strftime("%H:%M:%S", time.gmtime())
     for line in lines:
         line["seconds_to_target"] = reached(line["events"], args.target)
         line["target"] = args.target
-        line.setdefault("load_average", round(os.getloadavg()[0], 2))
     for ctl in lines:
         if ctl["system"].startswith("ctl_"):
             for other in lines:

@@ -120,7 +120,9 @@ def run_experiment(
 
 
 def _with_hooks(experiment: Experiment, hooks: Sequence[Any]) -> Experiment:
-    """`experiment` with `hooks` after its own."""
+    """`experiment` with `hooks` after its own, but for one equal to one of its own (e.g. the
+    same `ctl.hooks.BestCheckpoint`: a sweep's trial keeps the best checkpoint by its objective)."""
+    hooks = [hook for hook in hooks if not any(hook == own for own in experiment.hooks)]
     if not hooks:
         return experiment
     return dataclasses.replace(experiment, hooks=(*experiment.hooks, *hooks))

@@ -132,6 +132,14 @@ class BestCheckpoint(Hook):
         self.metric = metric
         self.higher_is_better = higher_is_better
 
+    def __eq__(self, other) -> bool:
+        """Two keep the same checkpoint (`ctl.run`'s extra hooks skip one the experiment has)."""
+        return (type(other) is type(self) and other.metric == self.metric
+                and other.higher_is_better == self.higher_is_better)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.metric, self.higher_is_better))
+
     def bind(self, run: Run) -> None:
         """Reads the best value so far from `<model_dir>/best/best.json` (or starts without one).
 

@@ -6,6 +6,7 @@
     timeout = 900                 # optional: no trial starts once the study is this many seconds old
     sampler = "tpe"               # tpe (default), random, grid
     seed = 0                      # the sampler's seed: repeatable suggestions
+    value = "best"                # a trial's value: its best evaluation (default), or "last"
     pruner = "asha"               # asha (default), median, none; or a table, e.g.
                                   # pruner = { name = "median", startup_trials = 2, warmup_steps = 0 }
     [space]                       # keys are gin bindings, as on --gin_bindings
@@ -33,7 +34,9 @@ from ctl.utils.errors import UserError
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("asha", "median", "none")
 DIRECTIONS = ("maximize", "minimize")
-KEYS = ("objective", "direction", "trials", "timeout", "sampler", "seed", "pruner", "study", "space")
+VALUES = ("best", "last")  # A trial's value: its best evaluation by the objective, or its last.
+KEYS = ("objective", "direction", "value", "trials", "timeout", "sampler", "seed", "pruner", "study",
+        "space")
 # A distribution: its kind and the Optuna suggestion it is.
 DISTRIBUTIONS = ("log_uniform", "uniform", "int_uniform", "int_log_uniform", "choice")
 PRUNER_OPTIONS = {
@@ -107,6 +110,11 @@ class SweepFile:
     study: str
     space: Tuple[Parameter, ...]
     timeout: Optional[float] = None  # Seconds from the study's creation after which no trial starts.
+    value: str = "best"  # One of VALUES.
+
+    @property
+    def maximize(self) -> bool:
+        return self.direction == "maximize"
 
     def bindings(self, params: Dict[str, Any]) -> List[str]:
         """The gin bindings of a trial's sampled `params` (keyed by binding), in the file's order.
@@ -152,6 +160,7 @@ def load(path: str) -> SweepFile:
         raise _fail(path, 'needs objective = "METRIC", an eval metric of the trials (e.g. '
                     '"accuracy").')
     direction = _choice(path, data, "direction", DIRECTIONS, "maximize")
+    value = _choice(path, data, "value", VALUES, "best")
     trials = data.get("trials")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise _fail(path, f"trials = {trials!r}: the budget must be a positive integer (e.g. "
@@ -184,7 +193,7 @@ def load(path: str) -> SweepFile:
             raise _fail(path, f"trials = {trials} is more than the grid's {size} points; set "
                         f"trials = {size} or fewer.")
     return SweepFile(path, objective, direction, trials, sampler, seed, pruner, study, parameters,
-                     None if timeout is None else float(timeout))
+                     None if timeout is None else float(timeout), value)
 
 
 def _stem(path: str) -> str:
@@ -285,8 +294,31 @@ def check_against_config(sweep: SweepFile, gin_files: Sequence[str], gin_binding
         raise UserError(f"--sweep_file={sweep.path}: [space] {culprit!r}: {message}") from None
     try:
         _check_objective(sweep)
+        _check_best_checkpoint(sweep)
     finally:
         gin.clear_config()
+
+
+def _check_best_checkpoint(sweep: SweepFile) -> None:
+    """With `value = "best"` each trial keeps its best checkpoint by the objective in `best/`:
+    raises `UserError` if the experiment's hooks keep one there by another metric."""
+    from ctl.experiment import Experiment
+    from ctl.hooks import BestCheckpoint
+
+    if sweep.value != "best":
+        return
+    try:
+        hooks = Experiment().hooks
+    except Exception:  # noqa: BLE001 - an experiment that cannot be built here: its trial will say why.
+        return
+    for hook in hooks:
+        if isinstance(hook, BestCheckpoint) and hook != BestCheckpoint(sweep.objective,
+                                                                       sweep.maximize):
+            raise _fail(sweep.path, f'value = "best" keeps each trial\'s best checkpoint by '
+                        f"{sweep.objective!r} ({sweep.direction}) in best/, where the experiment's "
+                        f"ctl.hooks.BestCheckpoint keeps one by {hook.metric!r} "
+                        f"(higher_is_better={hook.higher_is_better}); set value = \"last\", or "
+                        "bind its metric to the objective.")
 
 
 def _check_objective(sweep: SweepFile) -> None:

@@ -4,8 +4,11 @@
         --mode=train_and_eval --model_dir=M --gin_file=... --gin_bindings=...
 
 ctl.run's flags and path (`ctl.run.main`: its checks, its one-line messages,
-its exit statuses, every guarantee of a run), with one hook after the
-experiment's own: `ctl.sweep.pruning.PruneAtEvaluations`, which reports the
+its exit statuses, every guarantee of a run), with hooks after the
+experiment's own: with the sweep file's `value = "best"`, `ctl.hooks.BestCheckpoint`
+by the objective (the checkpoint of the trial's value, in `<model_dir>/best/`;
+not added twice if the experiment has the same), then
+`ctl.sweep.pruning.PruneAtEvaluations`, which reports the
 objective to trial N of the sweep's study at each evaluation and stops the run
 there when the pruner says so (exit 0, `sweep_pruned.json` in the model dir).
 The study is the one `python -m ctl.sweep` uses: the journal file in `--sweep_dir`,
@@ -47,9 +50,13 @@ def main(argv):
         sweep = sweep_file.load(FLAGS.sweep_file)
     except UserError as error:
         exit_with_error("ctl.sweep.trial", str(error))
-    hook = pruning.PruneAtEvaluations(
-        sweep, lambda: study.open_storage(FLAGS.sweep_dir, FLAGS.storage), FLAGS.trial)
-    ctl_run.main(argv, hooks=[hook])
+    hooks = [pruning.PruneAtEvaluations(
+        sweep, lambda: study.open_storage(FLAGS.sweep_dir, FLAGS.storage), FLAGS.trial)]
+    if sweep.value == "best":  # The checkpoint of the evaluation that is the trial's value.
+        from ctl.hooks import BestCheckpoint
+
+        hooks.insert(0, BestCheckpoint(sweep.objective, higher_is_better=sweep.maximize))
+    ctl_run.main(argv, hooks=hooks)
 
 
 if __name__ == "__main__":
