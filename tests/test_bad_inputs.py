@@ -15,23 +15,19 @@ whose flags would clash with `ctl.run`'s.
 """
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import fcntl
-import io
 import json
 import os
 import shutil
 from typing import Callable, Dict, List, Optional
 
-from absl import app
-from absl import flags as absl_flags
-from absl import logging as absl_logging
-import gin
 import pytest
 
-from ctl.core.model_dir import ModelDir, read_json
+from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
+from tests.support.in_process import run_ctl_in_process
 from tests.support.processes import ctl_command
 from tests.support.processes import run as run_command
 from tests.support.reading import ctl_stderr_lines, snapshot
@@ -80,7 +76,7 @@ def cluster(task_type, index=0):
 
 def hold_trainer_lock(model_dir, tmp):
     """Takes `trainer.lock` as a live trainer would (released when the test ends)."""
-    path = ModelDir(model_dir).trainer_lock_file
+    path = ModelDir(model_dir).file(TRAINER_LOCK_FILE)
     handle = open(path, "a+")
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     handle.seek(0)
@@ -333,29 +329,7 @@ def state(path: str):
 def run_in_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):
     """`python -m ctl.run ARGS` as `main` in this process: (exit status, stdout, stderr)."""
     assert tool == "ctl.run"
-    from ctl import run as run_module
-    absl_flags.FLAGS.unparse_flags()
-    handler = absl_logging.get_absl_handler().python_handler
-    stream = handler.stream
-    out, err = io.StringIO(), io.StringIO()
-    saved_env = {name: os.environ.get(name) for name in (env or {})}
-    os.environ.update(env or {})
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            app.run(run_module.main, argv=["ctl.run", *args], flags_parser=run_module.parse_flags)
-    except SystemExit as exit_:
-        code = 0 if exit_.code is None else exit_.code
-    finally:
-        handler.stream = stream
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        absl_flags.FLAGS.unparse_flags()
-        gin.clear_config()
-    return code, out.getvalue(), err.getvalue()
+    return run_ctl_in_process(args, env)
 
 
 def run_process(tool: str, args: List[str], env: Optional[Dict[str, str]]):

@@ -10,7 +10,7 @@ import tensorflow as tf
 import ctl
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.sidecar_tasks import TwoEvalSetsTask
 from tests.tasks import RegressionTask, regression_data
 

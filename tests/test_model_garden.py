@@ -2,7 +2,9 @@
 Model Garden's own `train_lib` in the same model dir, in both directions. (Both shipped Model Garden
 configs also run through the CLI in tests/test_comforts.py's smoke test of every config.)"""
 
+import json
 import os
+import re
 
 import gin
 import numpy as np
@@ -12,7 +14,9 @@ import tensorflow as tf
 import ctl
 from ctl.adapters import model_garden
 from tests.support.env import ROOT
-from tests.support.reading import scalars
+from tests.support.in_process import run_ctl_in_process
+from tests.support.reading import ctl_stderr_lines, scalars
+from tests.support.strategies import mirrored
 
 CONFIG = os.path.join(ROOT, "configs", "model_garden_image_classification.gin")
 STEPS = 4
@@ -110,3 +114,201 @@ def test_an_unknown_experiment_or_override_is_a_user_error():
     with pytest.raises(ctl.UserError, match="cannot apply 'task.modle.num_classes=3'"):
         model_garden.experiment_config("image_classification",
                                        params_override="task.modle.num_classes=3")
+
+
+# A Model Garden experiment's mistakes through `python -m ctl.run`: one line naming the experiment,
+# the setting and the fix, exit status 2, before any step (the model dir not created).
+SMALL_CLASSIFIER = ("task.model.input_size=[32, 32, 3],task.model.backbone.resnet.model_id=10,"
+                    "task.model.backbone.resnet.depth_multiplier=0.25,"
+                    "task.train_data.global_batch_size=4,task.validation_data.global_batch_size=4,"
+                    "trainer.optimizer_config.optimizer.type=sgd,"
+                    "trainer.optimizer_config.learning_rate.type=constant")
+
+
+def experiment_gin(tmp_path, experiment, *overrides):
+    path = tmp_path / "experiment.gin"
+    path.write_text("import official.vision.registry_imports\n"
+                    "import official.nlp.configs.experiment_configs\n"
+                    "ctl.Experiment.task = @ctl.ModelGardenTask()\n"
+                    f"ctl.ModelGardenTask.experiment = {experiment!r}\n"
+                    f"ctl.ModelGardenTask.params_override = {list(overrides)!r}\n"
+                    "ctl.Schedule.train_steps = 2\nctl.Schedule.steps_per_loop = 1\n")
+    return str(path)
+
+
+def shards(directory, split, count=2):
+    """Files named as TFRecord shards (what they hold is not read: a reader would fail on it,
+    never wait); the glob that matches them."""
+    tf.io.gfile.makedirs(directory)
+    for k in range(count):
+        with tf.io.gfile.GFile(f"{directory}/{split}-{k:05d}-of-{count:05d}.tfrecord", "w") as f:
+            f.write("not a record")
+    return f"{directory}/{split}-*-of-{count:05d}.tfrecord"
+
+
+MISTAKES = {  # name -> (experiment, overrides(tmp_path), mode, what the one line says)
+    "a base template without an optimizer": (
+        "retinanet", lambda tmp: [], "train",
+        "experiment 'retinanet' sets no optimizer (trainer.optimizer_config.optimizer.type is "
+        "unset); add one to ctl.ModelGardenTask.params_override"),
+    "a learning-rate schedule without its step counts": (
+        "bert/sentence_prediction", lambda tmp: [], "train",
+        "experiment 'bert/sentence_prediction': Model Garden cannot build its learning rate "
+        "(trainer.optimizer_config.learning_rate.polynomial.decay_steps, "
+        "trainer.optimizer_config.warmup.polynomial.warmup_steps unset)"),
+    "a train input_path that matches nothing": (
+        "image_classification",
+        lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={tmp}/no/train-*-of-00002"],
+        "train", "experiment 'image_classification': task.train_data.input_path="
+        f"'{{tmp}}/no/train-*-of-00002' matches no file; point it at the experiment's TFRecord"),
+    "one of a comma list of input files missing, in eval": (
+        "image_classification",
+        lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={shards(tmp, 'train')}", {
+            "task": {"validation_data": {"input_path": f"{shards(tmp, 'eval')},{tmp}/eval-extra"}}}],
+        "train_and_eval", "task.validation_data.input_path='{tmp}/eval-extra' matches no file"),
+    "a comma in an override string": (
+        "image_classification", lambda tmp: [f"task.train_data.input_path={tmp}/a,{tmp}/b"], "train",
+        "Model Garden read it as a YAML file"),
+    "a config Model Garden's validate() refuses": (
+        "image_classification",
+        lambda tmp: [SMALL_CLASSIFIER, {"task": {"train_data": {"is_training": None}}}], "train",
+        "experiment 'image_classification' is refused by Model Garden's config check "
+        "('Found inconsistency between key `task.train_data.is_training"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_a_model_garden_experiments_mistake_ends_in_one_line(name, tmp_path):
+    experiment, overrides, mode, message = MISTAKES[name]
+    model_dir = tmp_path / "run"
+    code, _, stderr = run_ctl_in_process([
+        f"--mode={mode}", f"--model_dir={model_dir}",
+        f"--gin_file={experiment_gin(tmp_path, experiment, *overrides(str(tmp_path)))}"])
+    lines = ctl_stderr_lines(stderr)
+    assert code == 2 and "Traceback" not in stderr and len(lines) == 1, stderr[-2000:]
+    assert lines[0].startswith("ctl.run: error: ctl.ModelGardenTask: "), lines
+    assert message.format(tmp=tmp_path) in lines[0], lines[0]
+    assert not model_dir.exists()
+
+
+def test_input_paths_are_checked_as_model_garden_reads_them_locally_and_in_a_bucket(
+        tmp_path, gcs_dir):
+    from official.core import input_reader  # Model Garden's own matching, for comparison.
+
+    import official.vision.registry_imports  # noqa: F401
+
+    for root in (str(tmp_path), gcs_dir):
+        sharded, other = shards(f"{root}/data", "train"), shards(f"{root}/data", "eval", 1)
+        params = model_garden.experiment_config("image_classification", params_override={
+            "task": {"train_data": {"input_path": f"{sharded}, {other}"},
+                     "validation_data": {"input_path": [sharded, other.replace("*", "00000")]}}})
+        for split in ("train_data", "validation_data"):
+            data = getattr(params.task, split)
+            model_garden.check_input_path("image_classification", data, f"task.{split}")
+            assert input_reader.match_files(data.input_path)
+        for missing in (f"{root}/data/train-*-of-00003", f"{root}/nothing/train.tfrecord"):
+            params = model_garden.experiment_config("image_classification", params_override={
+                "task": {"train_data": {"input_path": [sharded, missing]}}})
+            with pytest.raises(ctl.UserError, match=re.escape(
+                    f"task.train_data.input_path='{missing}' matches no file")):
+                model_garden.check_input_path("image_classification", params.task.train_data,
+                                              "task.train_data")
+
+
+# RetinaNet with its COCO evaluation: the task's validation logs carry a nested `(groundtruths,
+# outputs)` pair of dicts per replica for its aggregate_logs.
+RETINANET = "retinanet_resnetfpn_coco"
+
+
+def coco_annotations(pattern, path):
+    """A COCO annotation file of the boxes in the tf.Examples of `pattern`: the experiment's
+    `annotation_file`, as a real COCO run has one."""
+    images, annotations, categories = [], [], set()
+    for record in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)):
+        feature = tf.train.Example.FromString(record.numpy()).features.feature
+        image = int(feature["image/source_id"].bytes_list.value[0])
+        height, width = (feature[f"image/{k}"].int64_list.value[0] for k in ("height", "width"))
+        images.append({"id": image, "height": height, "width": width})
+        corners = zip(*(feature[f"image/object/bbox/{k}"].float_list.value
+                        for k in ("xmin", "ymin", "xmax", "ymax")))
+        for (x0, y0, x1, y1), label, area in zip(
+                corners, feature["image/object/class/label"].int64_list.value,
+                feature["image/object/area"].float_list.value):
+            categories.add(label)
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": image, "category_id": label, "iscrowd": 0,
+                "bbox": [x0 * width, y0 * height, (x1 - x0) * width, (y1 - y0) * height],
+                "area": area})
+    with open(path, "w") as f:
+        json.dump({"images": images, "annotations": annotations,
+                   "categories": [{"id": c} for c in sorted(categories)]}, f)
+    return path
+
+
+def retinanet_overrides(data_dir, steps=2):
+    """The zoo's tiny RetinaNet (ResNet-18 at depth 0.25, FPN, 128x128) on its generated
+    tf.Examples (8 in the eval set), COCO metrics on against an annotation file of them."""
+    from bench.model_garden_zoo import data, variants
+
+    overrides = variants.overrides(RETINANET, steps) + data.data_overrides(RETINANET, str(data_dir))
+    evals = overrides[-1]["task"]["validation_data"]["input_path"]
+    annotations = coco_annotations(evals, str(data_dir / "eval.json"))
+    return overrides + [{"task": {"init_checkpoint": "", "use_coco_metrics": True,
+                                  "annotation_file": annotations}}]
+
+
+class RecordingTask(ctl.ModelGardenTask):
+    """RetinaNet's task, recording what its aggregate_logs is handed at each eval step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = []
+
+    def aggregate_logs(self, state, step_logs):
+        self.steps.append(step_logs)
+        return super().aggregate_logs(state, step_logs)
+
+
+def evaluated(step_logs):
+    """Per image (its source id): the scores of its detections, from every replica."""
+    found = {}
+    for logs in step_logs:
+        for groundtruths, outputs in logs[model_garden_coco_name()]:
+            for source, scores in zip(groundtruths["source_id"], outputs["detection_scores"]):
+                assert int(source) not in found, f"image {int(source)} aggregated twice"
+                found[int(source)] = scores
+    return found
+
+
+def model_garden_coco_name():
+    from official.vision.evaluation import coco_evaluator
+
+    return coco_evaluator.COCOEvaluator(annotation_file=None, include_mask=False).name
+
+
+@pytest.mark.slow
+def test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirrored(tmp_path):
+    import official.vision.registry_imports  # noqa: F401
+
+    overrides = retinanet_overrides(tmp_path)
+    model_dir = str(tmp_path / "run")
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, checkpoint_interval=2)
+    task = RecordingTask(experiment=RETINANET, params_override=overrides)
+    default = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
+        task=task, schedule=schedule))
+    task_mirrored = RecordingTask(experiment=RETINANET, params_override=overrides)
+    mirrored_results = ctl.run_experiment("eval", model_dir, strategy=mirrored(),
+                                          experiment=ctl.Experiment(task=task_mirrored,
+                                                                    schedule=schedule))
+    # COCO's metrics, computed by the task's reduce_aggregated_logs, in both.
+    for results in (default, mirrored_results):
+        assert {"AP", "AP50", "ARmax100"} <= set(results), sorted(results)
+    # Every one of the 8 eval images reached the aggregation once, with its detections, whether
+    # one replica or two evaluated it; under MirroredStrategy a step's log holds both replicas'.
+    one, two = evaluated(task.steps), evaluated(task_mirrored.steps)
+    assert sorted(one) == sorted(two) == list(range(1, 9)), (sorted(one), sorted(two))
+    assert {len(logs[model_garden_coco_name()]) for logs in task_mirrored.steps} == {2}
+    for image, scores in one.items():
+        np.testing.assert_allclose(two[image], scores, rtol=1e-5, atol=1e-6)
+    for name in ("AP", "AP50", "ARmax100"):
+        assert mirrored_results[name] == pytest.approx(default[name]), name

@@ -23,18 +23,27 @@ intervals) is ctl's (`ctl.Schedule`), so a run has one source for each
 setting. `trainer_settings()` maps the experiment's trainer config onto
 `ctl.Schedule`'s names for whoever wants to bind them the same.
 
+Mistakes in the experiment's config are the user's to fix and end as one
+`UserError` naming the experiment, the setting and the fix, before any step:
+an override Model Garden refuses, a config its `validate()` refuses, an
+optimizer or learning-rate schedule its optimizer factory cannot build (the
+base templates set none; BERT's schedules need their step counts), and an
+`input_path` (a file, a glob such as a sharded `train-*-of-00016`, a comma
+list, a list, a dict of sources; local or `gs://`) that matches no file,
+checked when the inputs are built (`tf.io.gfile.glob`).
+
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
 import inspect
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.task import Task
 
 Override = Union[str, Mapping[str, Any]]
@@ -63,9 +72,94 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
             raise UserError(f"ctl.ModelGardenTask: cannot apply {source!r} to experiment "
                             f"{experiment!r} ({first_line(error, 200)}); "
                             "check the key names.") from error
-    params.validate()
+        except tf.errors.OpError as error:  # Neither `a.b=v` pairs nor a YAML file it can read.
+            raise UserError(f"ctl.ModelGardenTask: cannot apply {source!r} to experiment "
+                            f"{experiment!r}: Model Garden read it as a YAML file "
+                            f"({first_line(error, 200)}); write `a.b=v` pairs whose values hold "
+                            "no comma, or give a dict or a YAML file that exists.") from error
+    try:
+        params.validate()
+    except (KeyError, ValueError) as error:
+        raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r} is refused by Model "
+                        f"Garden's config check ({first_line(error, 200)}); fix it in "
+                        "ctl.ModelGardenTask.params_override or config_files.") from error
     params.lock()
     return params
+
+
+def check_optimizer(experiment: str, params) -> None:
+    """Raises `UserError` unless Model Garden's optimizer factory builds the experiment's
+    optimizer and learning-rate schedule (`trainer.optimizer_config`), as its trainer would.
+
+    Args:
+      experiment: the experiment's `exp_factory` name, for the message.
+      params: its `ExperimentConfig`.
+    """
+    from official.modeling import optimization
+
+    config = params.trainer.optimizer_config
+    if not (hasattr(config, "optimizer") and hasattr(config, "learning_rate")):
+        return  # Not the factory's config: the task builds its own (the ranking task's).
+    where = "trainer.optimizer_config"
+    if config.optimizer.type is None:
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r} sets no optimizer "
+            f"({where}.optimizer.type is unset); add one to ctl.ModelGardenTask.params_override, "
+            f"e.g. '{where}.optimizer.type=sgd,{where}.learning_rate.type=constant', or run a "
+            "complete experiment built on it.")
+    if config.learning_rate.type is None:
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r} sets no learning rate "
+            f"({where}.learning_rate.type is unset); add one to "
+            f"ctl.ModelGardenTask.params_override, e.g. '{where}.learning_rate.type=constant'.")
+    try:
+        optimization.OptimizerFactory(config).build_learning_rate()
+    except (TypeError, ValueError) as error:
+        unset = [f"{where}.{part}.{getattr(config, part).type}.{name}"
+                 for part in ("learning_rate", "warmup") if getattr(config, part).type
+                 for name, value in getattr(config, part).get().as_dict().items() if value is None]
+        problem = f"{', '.join(unset)} unset" if unset else first_line(error, 200)
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r}: Model Garden cannot build its "
+            f"learning rate ({problem}); set it in ctl.ModelGardenTask.params_override "
+            "(step counts such as decay_steps and warmup_steps from ctl.Schedule.train_steps)."
+        ) from error
+
+
+def check_input_path(experiment: str, data, where: str) -> None:
+    """Raises `UserError` if `data.input_path` names a file or pattern that matches nothing.
+
+    Args:
+      experiment: the experiment's name, for the message.
+      data: a Model Garden `DataConfig` (`task.train_data`, `task.validation_data`).
+      where: its name in the experiment, e.g. "task.train_data".
+    """
+    path = getattr(data, "input_path", None)
+    if not path or getattr(data, "tfds_name", None):
+        return  # Model Garden's own rules for the other sources (TFDS, synthetic data).
+    sources = path.as_dict() if hasattr(path, "as_dict") else {"": path}
+    for key, value in sources.items():
+        name = f"{where}.input_path{'.' + key if key else ''}"
+        for pattern in _patterns(value):
+            try:
+                found = tf.io.gfile.glob(pattern)
+            except tf.errors.OpError as error:
+                raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r}: {name} "
+                                f"{pattern!r} cannot be read ({first_line(error)}); check the "
+                                "path and its permissions.") from error
+            if not found:
+                raise UserError(
+                    f"ctl.ModelGardenTask: experiment {experiment!r}: {name}={pattern!r} matches "
+                    f"no file; point it at the experiment's TFRecord files in "
+                    f"ctl.ModelGardenTask.params_override (a path, a glob such as "
+                    "'train-*-of-00016', or several separated by commas).")
+
+
+def _patterns(value) -> List[str]:
+    """The patterns of an `input_path` as Model Garden reads it: a string of comma-separated
+    patterns, or a list of such strings."""
+    values = [value] if isinstance(value, str) else list(value or [])
+    return [part.strip() for each in values for part in str(each).split(",") if part.strip()]
 
 
 def garden_task(params, logging_dir: Optional[str] = None):
@@ -92,7 +186,9 @@ class ModelGardenTask(Task):
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
                  params_override: Union[Override, Sequence[Override]] = (),
                  logging_dir: Optional[str] = None):
+        self.experiment = experiment
         self.params = experiment_config(experiment, config_files, params_override)
+        check_optimizer(experiment, self.params)
         # Some tasks write files there as Model Garden's trainer runs them (the WMT
         # Transformer its eval records, SQuAD its predictions): a temporary dir by default.
         self.garden_task = garden_task(self.params, logging_dir or tempfile.mkdtemp(
@@ -124,7 +220,9 @@ class ModelGardenTask(Task):
         return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
+        check_input_path(self.experiment, data, where)
         # As orbit's make_distributed_dataset: the context only to a task that takes it.
         if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
             return self.garden_task.build_inputs(data, input_context=input_context)
@@ -144,7 +242,17 @@ class ModelGardenTask(Task):
         return inputs[0] if isinstance(inputs, tuple) and len(inputs) == 2 else inputs
 
     def initialize(self, model) -> None:
-        self.garden_task.initialize(model)
+        try:
+            self.garden_task.initialize(model)
+        except (ValueError, tf.errors.OpError) as error:
+            path = getattr(self.params.task, "init_checkpoint", None)
+            if not path:
+                raise
+            raise UserError(
+                f"ctl.ModelGardenTask: experiment {self.experiment!r}: task.init_checkpoint="
+                f"{path!r} cannot be read ({first_line(error, 200)}); point it at a checkpoint "
+                "you can read, or set task.init_checkpoint='' in "
+                "ctl.ModelGardenTask.params_override to start from scratch.") from error
 
     # Its steps: ctl reads the loss under Model Garden's name for it.
 
@@ -168,8 +276,11 @@ class ModelGardenTask(Task):
         return type(self.garden_task).aggregate_logs is not base_task.Task.aggregate_logs
 
     def aggregate_logs(self, state, step_logs):
-        # Model Garden's tasks take each entry as per-replica tensors.
-        tensors = {name: [tf.constant(v) for v in values] for name, values in step_logs.items()}
+        # Model Garden's trainer hands each leaf of an entry over as a tuple of per-replica
+        # tensors (`strategy.experimental_local_results`); ctl gives a nest per replica.
+        tensors = {name: tf.nest.map_structure(lambda *leaf: tuple(map(tf.constant, leaf)),
+                                               *values)
+                   for name, values in step_logs.items()}
         return self.garden_task.aggregate_logs(state, tensors)
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step: int) -> Dict[str, Any]:

@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
-StepLogs = Mapping[str, Sequence[np.ndarray]]  # name -> one array per replica of every worker.
+# name -> one array (or nest of arrays, for a nested entry) per replica of every worker.
+StepLogs = Mapping[str, Sequence[Any]]
 
 
 class Aggregation(abc.ABC):

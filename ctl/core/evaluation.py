@@ -12,7 +12,8 @@ One evaluation (`evaluate`) of each eval set, from the start of the set:
         outputs = eval_step(iterator)
           inputs = next_eval_inputs(iterator)
           strategy.run(task.validation_step, inputs)
-          strategy.gather(extra logs)       # from every replica of every worker
+          strategy.gather(extra logs)       # from every replica of every worker, leaf by
+                                            # leaf of nested entries
         state = eval_reduce(state, outputs) # eager; only if the task aggregates
                                             # (ctl.core.aggregation)
       read eval loss and metrics
@@ -62,7 +63,8 @@ class Evaluation(orbit.AbstractEvaluator):
         self._use_tf_while_loop = use_tf_while_loop
         self.aggregations = aggregations  # Host aggregation of eval outputs.
         self._aggregates = bool(aggregations)
-        self._scalar_logs = set()  # Extra eval logs of rank 0, found while tracing.
+        self._scalar_logs = set()  # (name, leaf index) of extra eval logs of rank 0, found tracing.
+        self._log_structures: Dict[str, Any] = {}  # name -> the nest of each extra eval log.
         self._last_eval = loops.LastResults()  # For eval_end.
         self._graph_eval_loop: Optional[Any] = None  # Built on first use.
         self._host_eval_parts: Optional[Any] = None
@@ -183,16 +185,23 @@ class Evaluation(orbit.AbstractEvaluator):
             self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
-            return {name: self._with_size(name, value) for name, value in logs.items()}
+            # Each entry may be a nested structure (Model Garden's detection tasks log a
+            # `(groundtruths, outputs)` pair of dicts): its leaves are gathered one by one.
+            sized = {}
+            for name, value in logs.items():
+                self._log_structures[name] = tf.nest.map_structure(lambda _: None, value)
+                sized[name] = [self._with_size((name, index), leaf)
+                               for index, leaf in enumerate(tf.nest.flatten(value))]
+            return sized
 
         outputs = self.strategy.run(step_fn, args=(self.next_eval_inputs(iterator),))
         # Concatenated over all replicas of all workers, with each replica's size.
         return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)
 
-    def _with_size(self, name, value):
+    def _with_size(self, leaf, value):
         value = tf.convert_to_tensor(value)
         if value.shape.rank == 0:
-            self._scalar_logs.add(name)
+            self._scalar_logs.add(leaf)
             value = value[tf.newaxis]
         return value, tf.shape(value)[:1]
 
@@ -200,11 +209,16 @@ class Evaluation(orbit.AbstractEvaluator):
         if state is None:  # The task aggregates nothing.
             return None
         step_logs = {}
-        for name, (values, sizes) in step_outputs.items():
-            per_replica = np.split(values.numpy(), np.cumsum(sizes.numpy())[:-1])
-            if name in self._scalar_logs:
-                per_replica = [value[0] for value in per_replica]
-            step_logs[name] = per_replica
+        for name, leaves in step_outputs.items():
+            per_leaf = []  # [leaf][replica]
+            for index, (values, sizes) in enumerate(leaves):
+                per_replica = np.split(values.numpy(), np.cumsum(sizes.numpy())[:-1])
+                if (name, index) in self._scalar_logs:
+                    per_replica = [value[0] for value in per_replica]
+                per_leaf.append(per_replica)
+            structure = self._log_structures[name]
+            step_logs[name] = [tf.nest.pack_sequence_as(structure, list(replica))
+                               for replica in zip(*per_leaf)]
         return [each.update(s, step_logs) for each, s in zip(self.aggregations, state)]
 
     def eval_end(self, aggregated_logs=None) -> Logs:

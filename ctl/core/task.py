@@ -169,7 +169,9 @@ class Task:
 
         `state` starts as `None`; `step_logs` maps each extra entry returned by
         `validation_step` to a list with one NumPy array per replica, of every
-        worker: each worker aggregates the whole eval set.
+        worker: each worker aggregates the whole eval set. An entry that is a
+        nested structure (dicts, tuples, lists of tensors) comes as one such
+        structure of NumPy arrays per replica.
         Override this (and `reduce_aggregated_logs`; Model Garden's names) for
         results that Keras metrics cannot hold, such as predictions over the
         whole eval set; the Trainer drives it as one more host aggregation

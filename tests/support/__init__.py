@@ -5,6 +5,7 @@
 - `processes`: commands (`ctl_command`, `python_command`), one-shot runs (`run`, `run_ctl`), and `Process`,
   the one wrapper of a process started in the background (bounded waits, output read as it comes, killed
   with its whole session on the way out).
+- `in_process`: `python -m ctl.run` as `main` in the test's own process (`run_ctl_in_process`).
 - `reading`: what a run wrote and said (summaries, checkpoints, file hashes, exports, ctl's stderr lines).
 - `probe`: trainer processes of tests/faults.gin (ProbeTask) followed by their progress file, and the
   SIGKILL chaos run beside an uninterrupted one.
