@@ -198,6 +198,8 @@ class ModelGardenTask(Task):
         config_files: YAML files applied to the experiment's config, in order (as Model Garden's `--config_file`).
         params_override: overrides applied after the files (as `--params_override`): a string of `a.b=v` pairs
             separated by commas, a dict, or a list of either; strict (an unknown key is an error).
+        logging_dir: where the task may write files as Model Garden's trainer runs it (the WMT Transformer its
+            eval records, SQuAD its predictions; Model Garden passes its model dir); a temporary dir by default.
     """
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
@@ -237,6 +239,12 @@ class ModelGardenTask(Task):
         return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        """The Model Garden task's `build_inputs` on `task.train_data` or `task.validation_data`.
+
+        Args:
+            training: True for the train data, False for the validation data.
+            input_context: the `tf.distribute.InputContext`, for a task whose `build_inputs` takes one.
+        """
         where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
         check_input_path(self.experiment, data, where)
