@@ -4,7 +4,6 @@ files and seeds: the same losses, eval metrics and weights, bit for bit). The wh
 table is docs/how-to/model-garden-zoo.md, generated from the committed results file."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
 KEYS = ["experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
         "train_lib_s_per_step", "reason"]
-TIMEOUT_S = 900  # One experiment, both trainers; a row that takes longer says so.
+TIMEOUT_S = 2400  # One experiment, both trainers; a row that takes longer says so.
 
 
 def _registered() -> Dict[str, str]:
@@ -103,6 +103,17 @@ def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: st
     return row
 
 
+def _round_robin(names: List[str], families: Dict[str, str]) -> List[str]:
+    by_family: Dict[str, List[str]] = {}
+    for name in names:
+        by_family.setdefault(families[name], []).append(name)
+    queues = list(by_family.values())
+    ordered = []
+    while any(queues):
+        ordered += [queue.pop(0) for queue in queues if queue]
+    return ordered
+
+
 def _write_data(names: List[str], workdir: str) -> None:
     code = ("import sys; from bench.model_garden_zoo import registry, data; registry.import_all(); "
             "[data.data_overrides(n, sys.argv[2]) for n in sys.argv[1].split(',')]")
@@ -142,6 +153,7 @@ def main(argv=None) -> int:
         print(f"--experiments: {unknown} not registered with Model Garden's exp_factory here; "
               f"registered: {sorted(families)}", file=sys.stderr)
         return 2
+    names = _round_robin(names, families)  # Each family early: a stopped run still covers them all.
     workdir = args.workdir or tempfile.mkdtemp(prefix="model_garden_zoo-")
     log_dir = os.path.join(workdir, "logs")
     os.makedirs(log_dir, exist_ok=True)

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 
 LOSS_TOLERANCE = 1e-5  # Relative: "same loss" below it; bit-identical is reported apart.
 EVAL_TOLERANCE = 1e-5
-EVAL_STEPS = 2  # Batches per evaluation (fewer where the eval set ends first).
+EVAL_STEPS = 2  # Batches per evaluation of an eval set that never ends (Model Garden's mock).
 
 
 def _scalars(summary_dir: str) -> Dict[str, Dict[int, float]]:
@@ -68,14 +68,22 @@ def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
-def params_for(experiment: str, steps: int, data_dir: str):
+def params_for(experiment: str, steps: int, data_dir: str, eval_steps: int = -1):
     """The tiny variant's overrides, with its data, trained `steps` in loops of one step."""
     from bench.model_garden_zoo import data, variants
 
     schedule = {"trainer": {"train_steps": steps, "steps_per_loop": 1, "summary_interval": 1,
                             "checkpoint_interval": steps, "validation_interval": steps,
-                            "validation_steps": EVAL_STEPS, "max_to_keep": 2}}
+                            "validation_steps": eval_steps, "max_to_keep": 2}}
     return variants.overrides(experiment, steps) + data.data_overrides(experiment, data_dir) + [schedule]
+
+
+def eval_steps_of(task) -> int:
+    """-1 (the whole set) for an eval set that ends, else EVAL_STEPS."""
+    import tensorflow as tf
+
+    dataset = task.build_inputs(training=False)
+    return EVAL_STEPS if dataset.cardinality() == tf.data.INFINITE_CARDINALITY else -1
 
 
 def _seeded(garden_task):
@@ -92,8 +100,9 @@ def _seeded(garden_task):
     return garden_task
 
 
-def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) -> None:
-    """Step 0 of a run, as Model Garden's trainer lays it out, in each of `model_dirs`."""
+def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) -> int:
+    """Step 0 of a run, as Model Garden's trainer lays it out, in each of `model_dirs`; returns the
+    eval steps (`eval_steps_of`)."""
     import tensorflow as tf
 
     import ctl
@@ -105,6 +114,7 @@ def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) 
                                      optimizer=task.build_optimizer())
     for directory in model_dirs:
         tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
+    return eval_steps_of(task)
 
 
 def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
@@ -148,7 +158,7 @@ def _weights(model) -> List[Any]:
     return [w.numpy() for w in model.weights]
 
 
-def run_ctl(experiment: str, overrides, steps: int, model_dir: str) -> Dict[str, Any]:
+def run_ctl(experiment: str, overrides, steps: int, model_dir: str, eval_steps: int):
     import tf_keras
 
     import ctl
@@ -163,7 +173,8 @@ def run_ctl(experiment: str, overrides, steps: int, model_dir: str) -> Dict[str,
     task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides, logging_dir=model_dir)
     _seeded(task.garden_task)
     schedule = ctl.Schedule(train_steps=steps, steps_per_loop=1, eval_interval=steps,
-                            checkpoint_interval=steps, eval_steps=EVAL_STEPS)
+                            checkpoint_interval=steps,
+                            eval_steps=eval_steps if eval_steps > 0 else None)
     weights = Weights()
     results = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
         task=task, schedule=schedule, hooks=[weights]))
@@ -210,16 +221,17 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     stage = "building the config"
     try:
         overrides = params_for(experiment, steps, os.path.join(workdir, "data"))
-        params = model_garden.experiment_config(experiment, params_override=overrides)
         stage = "writing the initial checkpoint"
-        write_initial_checkpoint(experiment, overrides, list(dirs.values()))
+        eval_steps = write_initial_checkpoint(experiment, overrides, list(dirs.values()))
+        overrides = params_for(experiment, steps, os.path.join(workdir, "data"), eval_steps)
+        params = model_garden.experiment_config(experiment, params_override=overrides)
         stage = "train_lib"
         start = time.perf_counter()
         garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])
         row["train_lib_s"] = round(time.perf_counter() - start, 1)
         stage = "ctl"
         start = time.perf_counter()
-        ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"])
+        ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"], eval_steps)
         row["ctl_s"] = round(time.perf_counter() - start, 1)
     except Exception as error:  # The row says why, in a line a user can check.
         row["reason"] = f"{stage}: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"

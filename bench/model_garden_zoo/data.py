@@ -121,7 +121,7 @@ def _detection(directory: str, task) -> Dict[str, Any]:
             builder.add_instance_mask_matrices_feature(masks[..., None])
             builder.add_ints_feature("image/object/is_crowd", [0] * count)
             builder.add_floats_feature("image/object/area", [float(m.sum() / 255) for m in masks])
-            builder.add_bytes_feature("image/object/class/text", [b"c%d" % l for l in labels])
+            builder.add_bytes_feature("image/object/class/text", [b"c%d" % label for label in labels])
             yield builder.example.SerializeToString()
 
     return _splits(directory, "boxes", records)

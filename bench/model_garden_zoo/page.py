@@ -102,7 +102,8 @@ def render(results) -> str:
         "each run; `tf.config.experimental.enable_op_determinism()` unless the row says otherwise.",
         "- **Loss.** Both train in loops of one step: each step's training loss is in the run's "
         "summaries (`loss` for ctl, `training_loss` for `train_lib`).",
-        f"- **Eval.** One evaluation of {compare.EVAL_STEPS} batches at the last step: each metric "
+        "- **Eval.** One evaluation of the whole eval set at the last step (of "
+        f"{compare.EVAL_STEPS} batches where the set never ends): each metric "
         "`train_lib` reports (COCO AP, mIoU, accuracy, BLEU, AUC, ...) and the eval loss.",
         "- **Weights.** The trained model's weights compared bit for bit.",
         "- **Seconds per step.** The median over the loops after the first (which traces), from "

@@ -166,6 +166,8 @@ def _nlp(task) -> Dict[str, Any]:
         layers = {"num_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
         model = {"encoder": layers, "decoder": layers, "embedding_width": 16,
                  "decode_max_length": SEQ_LENGTH, "beam_size": 2}
+        # Its train batches are counted in tokens (batched by length), its eval batches in sentences.
+        train["global_batch_size"] = BATCH["nlp"] * SEQ_LENGTH
         evals["global_batch_size"] = BATCH["nlp"]
     return {"model": model, "train_data": train, "validation_data": evals}
 

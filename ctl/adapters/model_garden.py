@@ -198,6 +198,8 @@ class ModelGardenTask(Task):
         config_files: YAML files applied to the experiment's config, in order (as Model Garden's `--config_file`).
         params_override: overrides applied after the files (as `--params_override`): a string of `a.b=v` pairs
             separated by commas, a dict, or a list of either; strict (an unknown key is an error).
+        logging_dir: where the task may write files as Model Garden's trainer runs it (the WMT Transformer its
+            eval records, SQuAD its predictions; Model Garden passes its model dir); a temporary dir by default.
     """
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
