@@ -40,7 +40,7 @@ class MetricsLog(Hook):
     """Appends a JSON line per train loop and per evaluation to `<model_dir>/metrics.jsonl`.
 
     The file stays open between lines (opening it per line cost time after
-    every loop: docs/bench.md); each line is flushed as one write, so readers never see half a
+    every loop: bench/README.md); each line is flushed as one write, so readers never see half a
     record and a killed run loses none. In an object store, where an append
     uploads the whole file again, the lines are kept in memory and the file
     is uploaded whole from `ctl.model_dir.background` (one upload queued at a time,
@@ -72,7 +72,7 @@ class MetricsLog(Hook):
             return
         if self._file is None:
             # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran
-            # slower, though a line alone cost less (docs/bench.md).
+            # slower, though a line alone cost less (bench/README.md).
             self._file = tf.io.gfile.GFile(self.path, "a")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

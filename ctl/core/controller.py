@@ -21,7 +21,7 @@ a loop, and the stop request).
 What happens after each train loop (`_train_n_steps`) costs no eager
 TensorFlow op: orbit's spends host time there (global-step reads, two
 summary-writer flushes, a summary op, a pretty-printed output), a share of
-a short loop of a small model that figure 1 shows (docs/bench.md). ctl's takes the loop's results and the
+a short loop of a small model that figure 1 shows (bench/README.md). ctl's takes the loop's results and the
 global step from the value the loop's own `tf.function` call returns
 (`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
 every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:

@@ -319,7 +319,7 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
 
     The loop also returns `read_end()` (the global step and the guard's bad
     step it ended at): a separate reset or read right after a loop cost a
-    share of a short loop of a small model (figure 1, docs/bench.md).
+    share of a short loop of a small model (figure 1, bench/README.md).
     """
     loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(step_fn)
 

@@ -5,7 +5,7 @@ orbit's Controller writes the results of every train loop and evaluation
 runs `tf.summary.scalar` eagerly once per value and flushes the writer each
 time. Every eager TensorFlow call (an empty `tf.function` call, one
 `tf.summary.scalar`) costs host time, and orbit's way came to a share of a
-short loop of a small model that figure 1 shows (docs/bench.md).
+short loop of a small model that figure 1 shows (bench/README.md).
 
 ctl's `SummaryManager` keeps the interface of orbit's (`summary_writer`,
 `write_summaries`, `flush`) and what lands on disk (the same tags, steps,
@@ -17,7 +17,7 @@ writer's kept rows with one call of a `tf.function` of that writer
 (`tf.summary.write` in a `tf.while_loop`, then a flush; traced at its first
 flush): one call for many loops, where `tf.summary.scalar` costs a call per
 value. Keeping them pays: written eagerly after each loop instead, ctl's MLP
-trained slower (docs/bench.md; the CNN did not notice). The controller flushes before each
+trained slower (bench/README.md; the CNN did not notice). The controller flushes before each
 checkpoint, at the end of training, and otherwise every `FLUSH_SECONDS`, so
 a checkpoint's steps always have their summaries on disk. A value that is
 not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects

@@ -46,7 +46,7 @@ from ctl.core import precision
 from ctl.utils.errors import UserError
 
 # What a train step calls here has no Python control flow on tensors: autograph need
-# not convert it (converting these was a share of the digits job's time: bench figure 8, docs/bench.md).
+# not convert it (converting these was a share of the digits job's time: bench figure 8, bench/README.md).
 # The functions that lead to the task's own code stay converted (ctl.core.trainer).
 _plain = tf.autograph.experimental.do_not_convert
 

@@ -7,7 +7,8 @@
       operative_config.gin          the values actually used (the trainer, after its first loop)
       trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.model_dir.claims`)
       evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
-                                    evaluation; its holder runs the eval-side hooks (`ctl.model_dir.evaluator_role`)
+                                    evaluation; its holder runs the eval-side hooks
+                                    (`ctl.model_dir.evaluator_role`)
       ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.hooks.EarlyStopping`'s count

@@ -136,7 +136,7 @@ class CheckpointEvaluator:
         if not is_object_store(path):
             return self._restore_from(number, path, path)
         # In an object store each read of the restore is a request: one copy of the files
-        # to a local dir first (faster at an object store's latency: bench figure 9, docs/bench.md).
+        # to a local dir first (faster at an object store's latency: bench figure 9, bench/README.md).
         local = staging.directory("restore")
         try:
             try:

@@ -1,7 +1,7 @@
 """A warm launcher: one process per worker that has imported TensorFlow and ctl, and forks each trial.
 
 A trial in a process of its own pays TensorFlow's import (3.1 s of a digits
-trial's 5.9 s on the 2-core host, docs/bench.md, figure 12) before it trains.
+trial's 5.9 s on the 2-core host, bench/README.md, figure 12) before it trains.
 The launcher pays it once: started by its worker (`Launcher`), it imports
 TensorFlow and ctl's modules, and no more: no op runs, no device is listed,
 no eager context exists (no thread started since the imports: `serve`

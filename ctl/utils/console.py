@@ -113,7 +113,7 @@ class Pace:
 class TrainLines:
     """The train line of each loop: logged for the first and last loop of a training
     stretch and otherwise at most every `min_interval` seconds (formatting and
-    logging a line is a share of a short loop of a small model: docs/bench.md)."""
+    logging a line is a share of a short loop of a small model: bench/README.md)."""
 
     def __init__(self, clock=time.monotonic, min_interval: float = 0.1):
         self.pace = Pace()
