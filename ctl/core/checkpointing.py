@@ -333,7 +333,7 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
 def restore_model(model, model_dir: str):
     """Reads the trained weights of the newest checkpoint in `model_dir` into `model`; returns it.
 
-        model = ctl.restore_model(my_model(), "/tmp/run")   # then model.predict(...), model.save(...)
+        model = ctl.restore_model(my_model(), "/tmp/run")  # then model.predict(...)
 
     `model` is built as the run's task built it (the same function, e.g. the
     `model_fn` of `ctl.KerasModelTask`, or `MyTask().build_model()`), Keras 3
