@@ -73,12 +73,12 @@ class ClusterConfig:
 class Plan:
     """What this process runs.
 
-    Attributes:
-      action: "run" (`train_lib.run_experiment(mode, ...)`) or "serve"
-        (a `tf.distribute.Server` that parameter-server training drives).
-      mode: the mode to run (for "run").
-      strategy: the strategy name to create in this process.
-      cluster: the validated TF_CONFIG, or None for a single process.
+    Args:
+        action: "run" (`train_lib.run_experiment(mode, ...)`) or "serve"
+            (a `tf.distribute.Server` that parameter-server training drives).
+        mode: the mode to run (for "run"; None for "serve").
+        strategy: the strategy name to create in this process.
+        cluster: the validated TF_CONFIG, or None for a single process.
     """
 
     action: str
@@ -146,7 +146,16 @@ def read_tf_config(environ: Mapping[str, str] = os.environ) -> Optional[ClusterC
 
 
 def plan(mode: str, strategy: str, cluster: Optional[ClusterConfig]) -> Plan:
-    """Decides what this process runs for `--mode` and `--strategy` in `cluster`."""
+    """Decides what this process runs for `--mode` and `--strategy` in `cluster`.
+
+    Args:
+        mode: the run's `--mode`.
+        strategy: the run's `--strategy` name.
+        cluster: the validated TF_CONFIG (`read_tf_config`), or None for a single process.
+
+    Raises:
+        UserError: the strategy cannot run in this cluster (or without one), or the mode with it.
+    """
     if cluster is None:
         if strategy == "parameter_server":
             raise UserError(
@@ -199,6 +208,9 @@ def has_evaluator(environ: Optional[Mapping[str, str]] = None) -> bool:
 
     Reads only the cluster, so that a trainer whose TF_CONFIG names no task of
     its own still hands evaluation to the evaluator; malformed JSON is a `UserError`.
+
+    Args:
+        environ: the environment to read `TF_CONFIG` from (None: `os.environ`).
     """
     value, _ = _load(os.environ if environ is None else environ)
     cluster = value.get("cluster") or {}

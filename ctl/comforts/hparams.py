@@ -24,6 +24,11 @@ class HParamsSummary(Hook):
     """Writes the run's operative gin values as an HParams summary at the end of training."""
 
     def on_trial_close(self, unused_logs) -> None:
+        """Writes the operative gin values to an events file in the model dir.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         from tensorboard.plugins.hparams import api as hp  # Only when a run ends.
 
         values = config.operative_values()  # bool, int, float or str: what HParams takes.

@@ -39,11 +39,11 @@ SMOKE = "smoke"  # `python -m ctl.run --mode=smoke` (`ctl.smoke`), not a mode of
 class RunPlan:
     """What one process runs for `mode`.
 
-    Attributes:
-      mode: one of `MODES` (`train_and_eval` beside an evaluator task becomes `train`).
-      chief: this process writes the model dir (False: another worker of its cluster).
-      one_process: not a multi-worker cluster, whose workers must agree on every
-        evaluation (only then does in-line evaluation step aside for a sidecar).
+    Args:
+        mode: one of `MODES` (`train_and_eval` beside an evaluator task becomes `train`).
+        chief: this process writes the model dir (False: another worker of its cluster).
+        one_process: not a multi-worker cluster, whose workers must agree on every
+            evaluation (only then does in-line evaluation step aside for a sidecar).
     """
 
     mode: str

@@ -120,7 +120,13 @@ def _wait_for_config(directory: ModelDir, timeout: Optional[float], poll_interva
 
 
 class CheckpointEvaluator:
-    """Restores checkpoints into a Trainer's model and runs its evaluation (eager)."""
+    """Restores checkpoints into a Trainer's model and runs its evaluation (eager).
+
+    Args:
+        experiment: the experiment (its task, trainer class, hooks and schedule's `eval_steps`).
+        strategy: the distribution strategy the evaluating Trainer runs under.
+        directory: the trainer's model dir (its checkpoints; the evaluation's summaries and metrics).
+    """
 
     def __init__(self, experiment, strategy: tf.distribute.Strategy, directory: ModelDir):
         task = experiment.task
@@ -137,7 +143,15 @@ class CheckpointEvaluator:
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
-        """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
+        """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`.
+
+        Args:
+            number: the checkpoint's number (its step, when the checkpoint records none).
+            path: the checkpoint's prefix.
+
+        Returns:
+            `{"step": the restored step, "results": the evaluation's results as Python values}`.
+        """
         step = self._restore(number, path)
         results = self.trainer.evaluate(self.eval_steps)
         return {"step": step, "results": _to_python(results)}

@@ -27,7 +27,11 @@ def _order(trial, maximize: bool) -> Tuple[int, float, int]:
 
 
 def load(sweep_dir: str):
-    """(record, study, trials of the budget) of `sweep_dir`."""
+    """(record, study, trials of the budget) of `sweep_dir`.
+
+    Args:
+        sweep_dir: the sweep dir (its `sweep.json` names the study and its storage).
+    """
     try:
         import optuna
     except ImportError as error:
@@ -66,6 +70,14 @@ def _seconds(trial) -> Optional[float]:
 
 
 def table(sweep_dir: str) -> Tuple[str, list, dict]:
+    """The sweep's trials as a text table, best first, with failed trials' reasons below.
+
+    Args:
+        sweep_dir: the sweep dir.
+
+    Returns:
+        (the table's text, the trials of the budget, the sweep's record).
+    """
     record, loaded, trials = load(sweep_dir)
     maximize = record.get("direction", "maximize") == "maximize"
     objective = record.get("objective", "value")
@@ -96,7 +108,13 @@ def _short(value) -> str:
 
 
 def plot(trials: list, record: dict, path: str) -> None:
-    """Optimization history and each binding against the objective, as one PNG (written atomically)."""
+    """Optimization history and each binding against the objective, as one PNG (written atomically).
+
+    Args:
+        trials: the trials of the budget (`FrozenTrial`s).
+        record: the sweep's record (`sweep.json`: objective, direction).
+        path: the PNG to write.
+    """
     from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
@@ -142,7 +160,12 @@ def plot(trials: list, record: dict, path: str) -> None:
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
-    """(table, png path) of the sweep in `sweep_dir`."""
+    """(table, png path) of the sweep in `sweep_dir`.
+
+    Args:
+        sweep_dir: the sweep dir.
+        output: the PNG to write (None: `<sweep_dir>/report.png`).
+    """
     text, trials, record = table(sweep_dir)
     output = output or os.path.join(sweep_dir, "report.png")
     plot(trials, record, output)

@@ -99,6 +99,8 @@ class SweepFile:
         study: the study's name.
         space: the bindings the sweep samples.
         timeout: seconds from the study's creation after which no trial starts (None: no limit).
+        value: a trial's value, one of `VALUES`: its best evaluation by the objective (`best`), or
+            its last (`last`).
     """
     path: str
     objective: str
