@@ -156,6 +156,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 @pytest.mark.slow
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
+    from ctl.comforts.best import best_record
     from ctl.model_dir import ModelDir, read_json_lines
 
     for number in (0, 1):
@@ -172,7 +173,7 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
         # value = "best" (the default): its best evaluation, whose checkpoint the run kept.
         best = max(evals, key=lambda r: r["accuracy"])
         assert trial.value == best["accuracy"]
-        record = model_dir.best_record()
+        record = best_record(model_dir)
         assert (record["metric"], record["value"], record["step"]) == (
             "accuracy", best["accuracy"], best["step"])
         assert os.path.isfile(record["path"] + ".index")

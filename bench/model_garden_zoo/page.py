@@ -10,6 +10,7 @@ pins beyond size.
 import argparse
 import json
 import os
+import re
 import sys
 
 from bench.model_garden_zoo import compare, variants
@@ -86,6 +87,7 @@ def render(results) -> str:
     for row in rows:
         reason = (row.get("reason") or "") + (f" ({row['determinism_note']})"
                                               if row.get("determinism_note") else "")
+        reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "
             f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_seconds(row['ctl_s_per_step'])} "

@@ -58,8 +58,6 @@ flags.DEFINE_float("grace_seconds", 60.0, "A running trial whose heartbeat is th
 flags.DEFINE_bool("fork_trials", True, "Fork each trial from a process per worker that has imported "
                   "TensorFlow and ctl (Linux; elsewhere, and with false, a new process per trial).")
 flags.DEFINE_bool("as_worker", False, "Internal: run as one of --workers (the checks were done).")
-flags.mark_flag_as_required("sweep_file")
-flags.mark_flag_as_required("sweep_dir")
 
 
 def _fail(message: str) -> None:
@@ -74,6 +72,11 @@ def main(argv):
     """
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag.")
+    # Checked here, not by absl's validators: those would bind every program that imports this
+    # module (the docs' flag reference does), not only `python -m ctl.sweep`.
+    for name in ("sweep_file", "sweep_dir"):
+        if FLAGS[name].value is None:
+            _fail(f"--{name} is required: {FLAGS[name].help}")
     try:
         import optuna  # noqa: F401
     except ImportError:

@@ -31,8 +31,6 @@ flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): the objective, t
 flags.DEFINE_string("sweep_dir", None, "The sweep's directory (its journal file, without --storage).")
 flags.DEFINE_string("storage", None, "The study's database, as `python -m ctl.sweep --storage`.")
 flags.DEFINE_integer("trial", None, "The trial's number in the study.", lower_bound=0)
-for _name in ("sweep_file", "sweep_dir", "trial"):
-    flags.mark_flag_as_required(_name)
 
 
 def main(argv):
@@ -45,6 +43,9 @@ def main(argv):
 
     from ctl.sweep import pruning, study, sweep_file
 
+    for name in ("sweep_file", "sweep_dir", "trial"):  # Not absl's validators: see ctl.sweep.main.
+        if FLAGS[name].value is None:
+            exit_with_error("ctl.sweep.trial", f"--{name} is required: {FLAGS[name].help}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         sweep = sweep_file.load(FLAGS.sweep_file)
