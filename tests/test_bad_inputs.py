@@ -160,7 +160,7 @@ CASES = {
     "negative train_steps": Case(run("--gin_bindings=ctl.Schedule.train_steps=-5"), "train_steps",
                                  model_dir="new"),
     "steps_per_loop 0": Case(run("--gin_bindings=ctl.Schedule.steps_per_loop=0"),
-                             "steps_per_loop (0) must be a positive integer", model_dir="new"),
+                             "Schedule.steps_per_loop=0 is out of range", model_dir="new"),
     "checkpoint_interval 0": Case(run("--gin_bindings=ctl.Schedule.checkpoint_interval=0"),
                                   "checkpoint_interval", model_dir="new"),
     "async_checkpointing not a bool": Case(

@@ -13,16 +13,23 @@ the host, and hands each eval step to every `Aggregation` of the task:
     results = union of aggregation.results(state, global_step)
 
 so each worker computes the same results, whatever the number of replicas or
-workers. One route: a task's aggregations are `of_task(task)`, what
-`Task.build_reducers()` returns (`Reducer`s, which see one replica's batch at a
-time and combine per-replica states at the end, e.g. `ctl.cluster.reducers.AUC`;
-or any `Aggregation`). `Task.aggregate_logs` / `reduce_aggregated_logs` (Model
-Garden's names, kept so `ctl.ModelGardenTask` and ported tasks run unchanged)
-are a thin alias: one more aggregation, `TaskAggregation`, first in the list.
+workers. One route: the task's `aggregate_logs` / `reduce_aggregated_logs`
+(Model Garden's names: `ctl.ModelGardenTask` forwards its task's, ported tasks
+run unchanged), which the Trainer drives as an `Aggregation` (`of_task`).
+An `Aggregation` has the same two calls, `update(state, step_logs)` and
+`results(state, global_step)`, so a task folds ctl's reducers (`Reducer`:
+one replica's batch at a time, per-replica states combined at the end, e.g.
+`ctl.cluster.reducers.AUC`) into its state with them:
+
+    def aggregate_logs(self, state, step_logs):
+        return self.auc.update(state, step_logs)       # state starts as None
+
+    def reduce_aggregated_logs(self, state, global_step):
+        return self.auc.results(state, global_step)
 """
 
 import abc
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +37,8 @@ StepLogs = Mapping[str, Sequence[np.ndarray]]  # name -> one array per replica o
 
 
 class Aggregation(abc.ABC):
-    """Folds eval steps into a state on the host, then turns it into named results."""
+    """Folds eval steps into a state on the host, then turns it into named results
+    (the calls of `Task.aggregate_logs` and `Task.reduce_aggregated_logs`)."""
 
     def start(self) -> Any:
         """The state before the first step of an evaluation."""
@@ -38,7 +46,8 @@ class Aggregation(abc.ABC):
 
     @abc.abstractmethod
     def update(self, state: Any, step_logs: StepLogs) -> Any:
-        """Folds one eval step (every replica's batch) into `state`; returns the new state."""
+        """Folds one eval step (every replica's batch) into `state` (`start()`'s, or None
+        before the first step); returns the new state."""
 
     @abc.abstractmethod
     def results(self, state: Any, global_step: int) -> Dict[str, Any]:
@@ -75,7 +84,8 @@ class Reducer(Aggregation):
     def start(self) -> List[Any]:
         return []
 
-    def update(self, state: List[Any], step_logs: StepLogs) -> List[Any]:
+    def update(self, state: Optional[List[Any]], step_logs: StepLogs) -> List[Any]:
+        state = [] if state is None else state
         replicas = len(next(iter(step_logs.values()))) if step_logs else 0
         while len(state) < replicas:
             state.append(self.initial_state())
@@ -83,7 +93,7 @@ class Reducer(Aggregation):
             state[r] = self.accumulate(state[r], {name: values[r] for name, values in step_logs.items()})
         return state
 
-    def results(self, state: List[Any], global_step: int) -> Dict[str, Any]:
+    def results(self, state: Optional[List[Any]], global_step: int) -> Dict[str, Any]:
         del global_step
         return self.result(self.combine(state or [self.initial_state()]))
 
@@ -102,7 +112,6 @@ class TaskAggregation(Aggregation):
 
 
 def of_task(task) -> List[Aggregation]:
-    """Every aggregation of `task`: its own `aggregate_logs` (if overridden), then its reducers."""
-    own = [TaskAggregation(task)] if task.aggregates_logs() else []
-    return own + list(task.build_reducers())
+    """The aggregations the Trainer drives for `task`: its `aggregate_logs`, if overridden."""
+    return [TaskAggregation(task)] if task.aggregates_logs() else []
 

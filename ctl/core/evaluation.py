@@ -1,6 +1,6 @@
 """`Evaluation`: the Trainer's side of orbit's evaluator protocol (`evaluate(num_steps)`).
 
-ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`,
+ctl's `Trainer` inherits it; its override points (`eval_begin`, `next_eval_inputs`,
 `eval_step`, `eval_reduce`, `eval_end`) are overridden on a Trainer subclass.
 One evaluation (`evaluate`) of each eval set, from the start of the set:
 
@@ -44,7 +44,7 @@ from ctl.core.runner import EvaluationStopped, Logs
 
 
 class Evaluation(orbit.AbstractEvaluator):
-    """Evaluates what a Trainer built, every eval set in turn; the eval hooks a subclass overrides.
+    """Evaluates what a Trainer built, every eval set in turn; the override points a subclass overrides.
 
     The Trainer builds what is evaluated and sets it before the first
     evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or

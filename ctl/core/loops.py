@@ -2,10 +2,10 @@
 
 Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`);
 the Trainer (`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it
-its hooks. One training loop of `num_steps` steps (`Trainer.train`, as ctl's
-Controller calls it):
+its override points (the methods a Trainer subclass overrides). One training
+loop of `num_steps` steps (`Trainer.train`, as ctl's Controller calls it):
 
-    train_loop_begin()                      # eager hook; does nothing by default
+    train_loop_begin()                      # eager; does nothing by default
     loop(iterator, num_steps):              # one tf.function call (tf.while_loop): graph_train_loop
       reset loss and metrics
       ok = True
@@ -116,7 +116,7 @@ plain = tf.autograph.experimental.do_not_convert
 
 
 class LastResults:
-    """A loop's last results (`Logs`, or None until there are some), for the hook that returns them.
+    """A loop's last results (`Logs`, or None until there are some), for the method that returns them.
 
     A plain holder: a dict set on the trainer itself would be wrapped for tracking each time.
     """

@@ -7,12 +7,13 @@ orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
 Its pieces, one idea each:
 
 - this module: building (model, optimizer, metrics, datasets, checkpoint)
-  and the train step and train hooks;
+  and the train step and the train loop's override points (the methods a
+  subclass overrides; "hook" in ctl means a `ctl.hooks` object only);
 - `ctl.core.loops`: the loop functions, and the train loop as pseudo-code,
-  saying which hook runs eagerly and which inside `tf.function`; the
+  saying which method runs eagerly and which inside `tf.function`; the
   guarded train loop (`StepGuard`) that ends early on a stop or a NaN loss;
 - `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer
-  inherits), its hooks and its loop as pseudo-code;
+  inherits), its override points and its loop as pseudo-code;
 - `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`), and what an
   evaluation a stop ended raises (`EvaluationStopped`).
 
@@ -50,9 +51,11 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
     tools can read it, `rng`: the Keras 3 RNG states of the model, if any
     (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
-    Subclass and override a hook to change one part of the loop (the train
-    hooks here, the eval hooks of `ctl.core.evaluation.Evaluation`); point
-    gin's `ctl.Experiment.trainer_cls` at the subclass.
+    Subclass and override one of its override points to change one part of
+    the loop (the train loop's here, e.g. `next_train_inputs`, `train_loop_end`;
+    the evaluation's of `ctl.core.evaluation.Evaluation`); point gin's
+    `ctl.Experiment.trainer_cls` at the subclass. (Objects that watch a run
+    without changing the loop are hooks: `ctl.hooks`.)
 
     The train-step settings are explained in [The train step](../train_step.md).
 
