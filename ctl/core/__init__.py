@@ -7,8 +7,9 @@ the runner contract in `runner`; the step's gradient pipeline in `train_step`,
 drives train and eval loops with `checkpointing` and `summaries`. The model
 dir's files are `model_dir`'s (with `checkpoint_contents`, `claims`,
 `staging` and `background` for object stores), who evaluates it is
-`evaluator_role`'s, and what a mode runs is `run_plan`'s; the extension points the
-subsystems plug into are `hook_protocol` (hooks, train/eval actions), `stop`
+`evaluator_role`'s, and the modes are `run_plan`'s; the extension points the
+subsystems plug into are `hook_protocol` (hooks, train/eval actions, and
+`build_run`, every mode's Trainer with its hooks bound), `stop`
 (the stop request, signals, the second signal's exit), `runner` and
 `aggregation`. A configurable's declared argument checks are `arguments`'. Around them: gin at the edges (`config`,
 `gin_text`), `UserError` (`errors`), what a run prints (`console`), the

@@ -3,9 +3,9 @@
     python -m ctl.run --mode=train|eval|train_and_eval|continuous_eval   (MODES; or smoke)
 
 What one process runs for its mode and its place in a cluster is its
-`ctl.cluster.tf_config.RunPlan`, decided once at the entry; nothing below it
-compares mode strings. Pure Python: `ctl.run`'s flags read `MODES` before
-TensorFlow is imported.
+`RunPlan`, decided once at the entry (`ctl.run`) and passed down; nothing
+below it compares mode strings. Pure Python: `ctl.run`'s flags read `MODES`
+before TensorFlow is imported.
 """
 
 TRAIN = "train"
