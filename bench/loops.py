@@ -37,7 +37,7 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Checkpoints, Controller, Summaries
 from ctl.core.loops import end_off_path as _end_off_path
 from ctl.core.stop import SignalWatcher
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.cluster.tf_config import RunPlan
 from bench.workloads import BenchTask, dataset
 

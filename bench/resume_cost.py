@@ -30,10 +30,10 @@ import tensorflow as tf
 from bench import measure
 from bench.startup import time_to_line
 from ctl import train_lib
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.experiment import Experiment
 from ctl.core.stop import SignalWatcher
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.cluster.tf_config import RunPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Optional, Sequence, Type
 
 import gin
 
-from ctl.core.arguments import Range, check_arguments
-from ctl.core.errors import UserError
+from ctl.config.arguments import Range, check_arguments
+from ctl.utils.errors import UserError
 from ctl.core.task import Task
 from ctl.core.trainer import Trainer
 from ctl.faults.handler import FaultTolerance

@@ -11,7 +11,7 @@ into an extension point that core defines: hooks and train/eval actions
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly. The run's two objects are made
-once and passed down: the `ModelDir` (`ctl.core.model_dir`) and the `RunPlan`
+once and passed down: the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
 (`ctl.cluster.tf_config`: what this process does for its mode and cluster;
 `ctl.run` makes it from the flags and TF_CONFIG, a Python caller's comes from
 its mode and strategy). Every mode builds its Trainer and binds its hooks
@@ -31,15 +31,17 @@ from ctl.cluster.tf_config import RunPlan
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console, contract
-from ctl.core.background import uploads
+from ctl.config import gin_config as config
+from ctl.core import contract
+from ctl.utils import console
+from ctl.model_dir.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError, require_choice
-from ctl.core.evaluator_role import TRAINER, EvaluatorRole
+from ctl.utils.errors import UserError, require_choice
+from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, build_run
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import MODES
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import MODES
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -273,7 +275,7 @@ class _Evaluations:
     """Which in-line evaluations of `train_and_eval` run: none at a step already
     evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
     read once at start), and none while a live sidecar evaluator serves the model
-    dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
+    dir (`ctl.model_dir.evaluator_role`, given as `in_line` when the plan steps aside:
     one-process strategies, the workers of a cluster must agree on every
     evaluation). Evaluating, the chief holds the evaluator role until the
     evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""

@@ -12,7 +12,7 @@ import ctl
 from ctl import train_lib
 from ctl.core.stop import SignalWatcher
 from tests.support.reading import checkpoint_values
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.cluster.tf_config import RunPlan
 from tests.fault_tasks import ProbeTask
 

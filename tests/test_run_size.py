@@ -15,7 +15,7 @@ from ctl import train_lib
 from ctl.faults import run_size
 from ctl.core.stop import SignalWatcher
 from tests.support.strategies import mirrored
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.cluster.tf_config import RunPlan
 from tests.tasks import RegressionTask, regression_data
 

@@ -12,7 +12,7 @@ import ctl
 from ctl import train_lib
 from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from ctl.cluster.tf_config import RunPlan
 from tests.tasks import PredictionsTask, RegressionTask
 

@@ -14,8 +14,8 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.cluster.tf_config import STRATEGIES, ClusterConfig, RunPlan, has_evaluator
-from ctl.core.errors import UserError, first_line, require_choice
-from ctl.core.run_plan import MODES
+from ctl.config.run_plan import MODES
+from ctl.utils.errors import UserError, first_line, require_choice
 
 # More logical CPU devices than this only rehearse replica logic more slowly: with
 # --cpu_replicas=100000 TensorFlow spends minutes setting the devices up.

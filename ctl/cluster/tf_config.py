@@ -27,8 +27,8 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from ctl.core.errors import UserError, require_choice
-from ctl.core.run_plan import CONTINUOUS_EVAL, EVAL, MODES, SMOKE, TRAIN, TRAIN_AND_EVAL
+from ctl.config.run_plan import CONTINUOUS_EVAL, EVAL, MODES, SMOKE, TRAIN, TRAIN_AND_EVAL
+from ctl.utils.errors import UserError, require_choice
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # The strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.
@@ -152,7 +152,7 @@ class RunPlan:
 
     @property
     def eval_side(self) -> bool:
-        """Takes part in the evaluator role (`ctl.core.evaluator_role`): its eval-side hooks."""
+        """Takes part in the evaluator role (`ctl.model_dir.evaluator_role`): its eval-side hooks."""
         return self.evaluate and self.chief
 
     @property

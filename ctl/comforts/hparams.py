@@ -1,7 +1,7 @@
 """Hyperparameters in TensorBoard: each run's operative gin values as an HParams summary.
 
 When a training run ends normally, the chief writes the operative config
-(`ctl.core.config.operative_values`: every parameter gin bound or defaulted,
+(`ctl.config.gin_config.operative_values`: every parameter gin bound or defaulted,
 macros included) with `tensorboard.plugins.hparams.api.hparams` to an events
 file in `<model_dir>` itself, the run whose `train/` and `eval/` scalars hold
 the metrics. Point TensorBoard at a directory of model dirs and the HParams
@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.core.hook_protocol import Hook
 
 

@@ -16,7 +16,7 @@ import datetime
 import os
 from typing import Any, List, Optional, Tuple
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def _order(trial, maximize: bool) -> Tuple[int, float, int]:
@@ -48,7 +48,7 @@ def load(sweep_dir: str):
 
 
 def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
@@ -97,7 +97,7 @@ def _short(value) -> str:
 
 def plot(trials: list, record: dict, path: str) -> None:
     """Optimization history and each binding against the objective, as one PNG (written atomically)."""
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
 

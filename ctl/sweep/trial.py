@@ -13,7 +13,7 @@ or `--storage`. A worker starts this (`ctl.sweep.runner`); by hand, the same
 command resumes the trial.
 """
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -21,7 +21,7 @@ if __name__ == "__main__":  # First, so that it runs after every other exit hand
 from absl import app, flags  # noqa: E402
 
 from ctl import run as ctl_run  # noqa: E402 - ctl.run's flags, defined on import.
-from ctl.core.errors import UserError, exit_with_error  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): the objective, the study, the pruner.")

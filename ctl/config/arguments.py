@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 
 import gin
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
