@@ -375,6 +375,17 @@ def test_the_sidecars_hooks_see_the_run_in_line_hooks_see_and_each_checkpoint_lo
     assert as_bytes(eval_model) == as_bytes(sidecar.evals[-1][2])
 
 
+def test_metrics_jsonl_goes_on_after_a_line_a_kill_cut_short(tmp_path):
+    """metrics.jsonl and the sidecar's eval/metrics.jsonl share one writer (`JsonLines`): the first
+    line after a restart starts on a line of its own, so the cut line alone is lost."""
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write('{"kind": "train", "step": 10, "time": 1.0, "loss": 0.5}\n{"kind": "train", "st')
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=20))
+    from ctl.model_dir import read_json_lines
+    records = read_json_lines(str(tmp_path / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in records] == [("train", 10), ("train", 10), ("train", 20)]
+
+
 def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
     from ctl.comforts.eval_results import metric_value
     from ctl.comforts.progress import scalars

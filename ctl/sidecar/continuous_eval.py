@@ -56,7 +56,7 @@ from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.utils.errors import UserError, first_line
 from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, build_run, eval_callbacks
-from ctl.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
+from ctl.model_dir import JsonLines, ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
@@ -133,7 +133,8 @@ class CheckpointEvaluator:
         self.eval_steps = eval_steps or -1
         self.directory = directory
         self.eval_dir = directory.eval_dir
-        self.metrics_file = directory.sidecar_metrics_file
+        # Each evaluation's record, in the store before its progress record (`background=False`).
+        self.metrics = JsonLines(directory.sidecar_metrics_file, background=False)
         self._summaries: Optional[SummaryManager] = None
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
@@ -194,7 +195,8 @@ class CheckpointEvaluator:
         uploads().wait()  # In the store before the evaluation's record (object stores).
 
     def close(self) -> None:
-        """Removes the summaries' staging dir (object stores)."""
+        """Closes the metrics file; removes the summaries' staging dir (object stores)."""
+        self.metrics.close()
         if self._summaries is not None:
             self._summaries.close()
 
@@ -392,7 +394,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
         role(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
-    files.append_json_line(evaluator.metrics_file, record)
+    evaluator.metrics.append(record)  # At once, also in an object store (`JsonLines`).
     return sidecar.EVALUATED, output
 
 
