@@ -90,7 +90,7 @@ class RunPlan:
     The chief writes the model dir (config, summaries, the finished marker) and
     holds the trainer's lock; it alone owns an eval-side role.
 
-    Attributes:
+    Args:
       mode: one of `MODES`, or `smoke` (`ctl.smoke`); None for a task that only
         serves (`serve`). The evaluator task of a cluster runs `continuous_eval`.
       chief: this process writes the model dir (False: another worker of its cluster).
@@ -310,6 +310,9 @@ def has_evaluator(environ: Optional[Mapping[str, str]] = None) -> bool:
     its own still hands evaluation to the evaluator; malformed JSON is a `UserError`.
     A Python caller's plan reads it (`ctl.cluster.distribute.plan_for_strategy`);
     `plan` reads the validated cluster.
+
+    Args:
+        environ: the environment to read `TF_CONFIG` from (None: this process's).
     """
     value, _ = _load(os.environ if environ is None else environ)
     cluster = value.get("cluster") or {}

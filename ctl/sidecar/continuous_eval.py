@@ -149,7 +149,12 @@ class CheckpointEvaluator:
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
     def evaluate(self, number: int, path: str) -> Dict[str, Any]:
-        """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`."""
+        """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`.
+
+        Args:
+            number: the checkpoint's number (its step).
+            path: the checkpoint's prefix.
+        """
         step = self._restore(number, path)
         self.hooks.call("on_checkpoint_load", path)  # As a trainer's resume calls it.
         results = self.trainer.evaluate(self.eval_steps)
