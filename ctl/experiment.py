@@ -8,17 +8,22 @@ Everything here is plain data; `ctl.train_lib` acts on it.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence, Type
+from typing import Annotated, Any, Optional, Sequence, Type
 
 import gin
 
+from ctl.config.arguments import Range, check_arguments
 from ctl.utils.errors import UserError
 from ctl.core.task import Task
 from ctl.core.trainer import Trainer
 from ctl.faults.handler import FaultTolerance
 
 
+_POSITIVE = Range(at_least=1)
+
+
 @gin.configurable(module="ctl")
+@check_arguments  # Each setting's type and range, as a user's configurable declares them.
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """When to train, evaluate, checkpoint and summarize, in global steps.
@@ -45,31 +50,20 @@ class Schedule:
         before returning.
     """
 
-    train_steps: int = gin.REQUIRED
-    steps_per_loop: int = 100
-    eval_steps: Optional[int] = None
-    eval_interval: Optional[int] = 1000
-    checkpoint_interval: int = 1000
-    max_checkpoints: int = 5
-    summary_interval: Optional[int] = None
+    train_steps: Annotated[int, Range(at_least=0)] = gin.REQUIRED
+    steps_per_loop: Annotated[int, _POSITIVE] = 100
+    eval_steps: Annotated[Optional[int], _POSITIVE] = None
+    eval_interval: Annotated[Optional[int], _POSITIVE] = 1000
+    checkpoint_interval: Annotated[int, _POSITIVE] = 1000
+    max_checkpoints: Annotated[int, _POSITIVE] = 5
+    summary_interval: Annotated[Optional[int], _POSITIVE] = None
     async_checkpointing: bool = False
 
     def __post_init__(self):
-        _require_positive("train_steps", self.train_steps, allow_zero=True)
-        for name in ("steps_per_loop", "checkpoint_interval", "max_checkpoints"):
-            _require_positive(name, getattr(self, name))
-        for name in ("eval_steps", "eval_interval", "summary_interval"):
-            if getattr(self, name) is not None:
-                _require_positive(name, getattr(self, name))
         if self.summary_interval is not None and self.summary_interval % self.steps_per_loop:
             raise UserError(
                 f"ctl.Schedule.summary_interval ({self.summary_interval}) must be a multiple "
                 f"of ctl.Schedule.steps_per_loop ({self.steps_per_loop})."
-            )
-        if not isinstance(self.async_checkpointing, bool):
-            raise UserError(
-                f"ctl.Schedule.async_checkpointing ({self.async_checkpointing!r}) must be "
-                "True or False."
             )
 
 
@@ -111,12 +105,3 @@ class Experiment:
                 f"{self.trainer_cls!r}."
             )
 
-
-def _require_positive(name: str, value, allow_zero: bool = False):
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise UserError(
-            f"ctl.Schedule.{name} ({value!r}) must be {kind} integer; "
-            f"fix it with --gin_bindings='ctl.Schedule.{name} = ...'."
-        )

@@ -38,7 +38,7 @@ from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.utils import console  # noqa: E402
 from ctl.config import gin_text  # noqa: E402
 from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.config.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
+from ctl.config.run_plan import MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
@@ -138,17 +138,17 @@ def _run(hooks: Sequence[Any]) -> None:
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
     try:
-        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())
+        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())  # Once.
         if plan.mode != FLAGS.mode:
             console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
                             "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)
         gin_files = FLAGS.gin_file
-        if plan.mode == CONTINUOUS_EVAL and not gin_files:  # The trainer's config.
+        if plan.sidecar and not gin_files:  # The trainer's config.
             timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
                                                  ContinuousEval.timeout)
             ContinuousEval(timeout=timeout)  # Checks it.
             gin_files = [continuous_eval.wait_for_config(directory, timeout)]
-        if plan.action == "serve":
+        if plan.serve:
             config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             distribute.serve(plan.cluster)  # Until the cluster manager stops it.
             return
@@ -159,7 +159,7 @@ def _run(hooks: Sequence[Any]) -> None:
             smoke.run_smoke(strategy)
         else:
             with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan.mode, directory, strategy, hooks=hooks)
+                train_lib.run_experiment(plan, directory, strategy, hooks=hooks)
     except Preempted as preempted:
         _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:

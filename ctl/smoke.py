@@ -29,6 +29,7 @@ from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
 from ctl.core import checkpointing
+from ctl.core.hook_protocol import build_run
 from ctl.config import gin_config as config
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line
@@ -59,8 +60,9 @@ def run_smoke(strategy=None, experiment=None) -> float:
         try:
             results = train_lib.run_experiment("train_and_eval", directory, strategy, experiment)
             stage = "restore"
-            trainer = experiment.trainer_cls(experiment.task, strategy=strategy, train=False,
-                                             evaluate=True)
+            # A fresh trainer, built as every mode builds one; no hooks of its own.
+            trainer, _ = build_run(dataclasses.replace(experiment, hooks=()), strategy,
+                                   directory, train=False, evaluate=True)
             latest = tf.train.latest_checkpoint(directory.path)
             with strategy.scope():
                 # Optimizer slots a fresh optimizer makes lazily stay unread (restore allows it).

@@ -10,10 +10,12 @@ into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.checkpoint_contents`).
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
-parsed; tests and notebooks call it directly. It makes the run's two objects
-once, the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
-(`ctl.config.run_plan`: what this process does for its mode and cluster), and
-passes them down.
+parsed; tests and notebooks call it directly. The run's two objects are made
+once and passed down: the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
+(`ctl.cluster.tf_config`: what this process does for its mode and cluster;
+`ctl.run` makes it from the flags and TF_CONFIG, a Python caller's comes from
+its mode and strategy). Every mode builds its Trainer and binds its hooks
+with `ctl.core.hook_protocol.build_run`.
 """
 
 import contextlib
@@ -24,8 +26,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Un
 
 import tensorflow as tf
 
-from ctl.cluster import tf_config as cluster
-from ctl.cluster.distribute import is_chief
+from ctl.cluster.distribute import plan_for_strategy
+from ctl.cluster.tf_config import RunPlan
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
@@ -35,11 +37,11 @@ from ctl.utils import console
 from ctl.model_dir.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.utils.errors import UserError
+from ctl.utils.errors import UserError, require_choice
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
+from ctl.core.hook_protocol import Hooks, build_run
 from ctl.model_dir import ModelDir
-from ctl.config.run_plan import RunPlan
+from ctl.config.run_plan import MODES
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -53,7 +55,7 @@ from ctl.sidecar import continuous_eval
 
 
 def run_experiment(
-    mode: str,
+    mode: Union[str, RunPlan],
     model_dir: Union[str, ModelDir],
     strategy: Optional[tf.distribute.Strategy] = None,
     experiment: Optional[Experiment] = None,
@@ -61,9 +63,11 @@ def run_experiment(
 ) -> Dict[str, Any]:
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
-    `hooks` run after the experiment's own (`ctl.Experiment.hooks`, kept as
-    they are): for a program that runs a ctl run with a hook of its own
-    (`python -m ctl.sweep.trial`'s pruning hook; `ctl.run.main`'s `hooks`).
+    `mode` is one of `ctl.MODES`, or the plan `python -m ctl.run` made from its
+    flags and TF_CONFIG (`ctl.cluster.tf_config.RunPlan`). `hooks` run after the
+    experiment's own (`ctl.Experiment.hooks`, kept as they are): for a program
+    that runs a ctl run with a hook of its own (`python -m ctl.sweep.trial`'s
+    pruning hook; `ctl.run.main`'s `hooks`).
 
     Returns the last evaluation's results (for `train`, the last loop's).
     `continuous_eval` runs `ctl.sidecar.continuous_eval.evaluate_continuously`. When
@@ -89,14 +93,13 @@ def run_experiment(
     """
     directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
-    plan = RunPlan(mode, chief=is_chief(strategy), one_process=not isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy))
+    plan = mode if isinstance(mode, RunPlan) else plan_for_strategy(mode, strategy)
+    require_choice("mode", plan.mode, MODES)  # Not smoke (`ctl.smoke`), not a serving task.
     if plan.sidecar:
         experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment)
-    if plan.in_line_eval and cluster.has_evaluator():
+    if plan.leaves_eval_to_evaluator:
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
-        plan = plan.without_in_line_eval()
     if not plan.train and not directory.checkpoints():
         raise UserError(
             f"--model_dir={directory} holds no checkpoint to evaluate; train first "
@@ -186,12 +189,12 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     schedule = experiment.schedule
     if experiment.fault_tolerance.seed is not None:
         resume.seed_everything(experiment.fault_tolerance.seed)
-    trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=plan.train, evaluate=plan.evaluate,
-        stop=watcher if plan.train else None, guard_steps=experiment.fault_tolerance.guard_steps,
-        eval_callbacks=eval_callbacks(experiment.hooks),
-    )
-    hooks = _hooks(experiment, trainer, directory, strategy, plan)
+    # ctl's JSON metrics and (training) HParams summary, on the chief, before the experiment's.
+    builtin = ([MetricsLog()] + ([HParamsSummary()] if plan.hparams else [])) if plan.writes else []
+    trainer, hooks = build_run(
+        experiment, strategy, directory, train=plan.train, evaluate=plan.evaluate,
+        chief=plan.chief, stop=watcher if plan.train else None,
+        guard_steps=experiment.fault_tolerance.guard_steps, builtin=builtin)
     manager = CheckpointManager(
         trainer.checkpoint,
         checkpoint_dir or directory,
@@ -316,15 +319,6 @@ class _Evaluations:
 
     def skip(self, step: int) -> bool:
         return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
-
-
-def _hooks(experiment, trainer, directory, strategy, plan: RunPlan) -> Hooks:
-    """The experiment's hooks, after ctl's JSON metrics and (training) HParams summary, on the chief."""
-    run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,
-              checkpoint=trainer.eval_checkpoint, global_step=trainer.global_step,
-              task=experiment.task, strategy=strategy, chief=plan.chief)
-    builtin = ([MetricsLog()] + ([HParamsSummary()] if plan.hparams else [])) if plan.writes else []
-    return Hooks(experiment.hooks, run, builtin=builtin)
 
 
 class _OnceAfterFirstLoop:

@@ -12,9 +12,11 @@ from tests.tasks import RegressionTask
 class ScoredTask(RegressionTask):
     """RegressionTask that also scores "is the target positive?" on the eval set.
 
-    Its eval logs hold the exact AUC of the predictions (a reducer), and, through
-    aggregate_logs, how many examples and batches each evaluation saw.
+    Its eval logs hold, through aggregate_logs, the exact AUC of the predictions (a
+    reducer folded into its state) and how many examples each evaluation saw.
     """
+
+    auc = reducers.AUC("auc", scores="scores", labels="labels")
 
     def validation_step(self, inputs, model, metrics):
         logs = super().validation_step(inputs, model, metrics)
@@ -24,16 +26,15 @@ class ScoredTask(RegressionTask):
         logs["batch_size"] = tf.shape(features)[0]  # A scalar per replica.
         return logs
 
-    def build_reducers(self):
-        return [reducers.AUC("auc", scores="scores", labels="labels")]
-
     def aggregate_logs(self, state, step_logs):
-        state = state or {"examples": 0, "score_sum": 0.0}
+        state = state or {"examples": 0, "score_sum": 0.0, "auc": None}
         state["examples"] += int(sum(step_logs["batch_size"]))
         state["score_sum"] += float(sum(np.sum(s, dtype=np.float64) for s in step_logs["scores"]))
+        state["auc"] = self.auc.update(state["auc"], step_logs)
         return state
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step):
         return {"aggregated_examples": aggregated_logs["examples"],
-                "score_sum": aggregated_logs["score_sum"]}
+                "score_sum": aggregated_logs["score_sum"],
+                **self.auc.results(aggregated_logs["auc"], global_step)}
 

@@ -156,12 +156,12 @@ CASES = {
     "negative train_steps": Case(run("--gin_bindings=ctl.Schedule.train_steps=-5"), "train_steps",
                                  model_dir="new"),
     "steps_per_loop 0": Case(run("--gin_bindings=ctl.Schedule.steps_per_loop=0"),
-                             "steps_per_loop (0) must be a positive integer", model_dir="new"),
+                             "Schedule.steps_per_loop=0 is out of range", model_dir="new"),
     # --mode=smoke (no model dir: it rehearses in a temporary one).
     "smoke: steps_per_loop 0": Case(
         lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
                       "--gin_bindings=ctl.Schedule.steps_per_loop=0"],
-        "steps_per_loop (0) must be a positive integer", model_dir="new"),
+        "Schedule.steps_per_loop=0 is out of range", model_dir="new"),
     "smoke: unknown configurable": Case(
         lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
                       "--gin_bindings=ctl.Scheduel.train_steps=3"], "ctl.Scheduel", model_dir="new"),

@@ -34,7 +34,7 @@ def plan(spec, task_type, index=0, mode="train_and_eval", strategy="multi_worker
 def test_no_tf_config_is_a_single_process(value):
     environ = {} if value is None else {"TF_CONFIG": value}
     assert cluster.read_tf_config(environ) is None
-    assert cluster.plan("train", "mirrored", None) == cluster.Plan("run", "train", "mirrored", None)
+    assert cluster.plan("train", "mirrored", None) == cluster.RunPlan("train", strategy="mirrored")
 
 
 BAD_TF_CONFIGS = {
@@ -68,17 +68,24 @@ def test_bad_tf_config_is_a_clear_user_error(case):
 
 def test_multi_worker_roles():
     chief = plan(WORKERS, "worker", 0)
-    assert (chief.action, chief.mode, chief.strategy) == ("run", "train_and_eval", "multi_worker_mirrored")
+    assert (chief.serve, chief.mode, chief.strategy) == (False, "train_and_eval", "multi_worker_mirrored")
     assert chief.cluster.is_chief and not plan(WORKERS, "worker", 1).cluster.is_chief
+    assert chief.chief and not plan(WORKERS, "worker", 1).chief and not chief.one_process
     assert chief.cluster.training_cluster() == {"worker": WORKERS["worker"]}  # No evaluator.
+    # The evaluator task evaluates: the trainers train without in-line evaluation.
+    assert chief.train and not chief.evaluate and chief.leaves_eval_to_evaluator
     evaluator = plan(WORKERS, "evaluator")
-    assert (evaluator.action, evaluator.mode, evaluator.strategy) == ("run", "continuous_eval", "mirrored")
+    assert (evaluator.serve, evaluator.mode, evaluator.strategy) == (False, "continuous_eval", "mirrored")
+    assert evaluator.sidecar and not evaluator.train
+    alone = plan({"worker": WORKERS["worker"]}, "worker", 1)
+    assert alone.in_line_eval and alone.evaluate and not alone.chief
 
 
 def test_parameter_server_roles():
-    assert plan(PS, "chief", mode="train", strategy="parameter_server").action == "run"
-    assert plan(PS, "worker", 1, strategy="parameter_server").action == "serve"
-    assert plan(PS, "ps", strategy="parameter_server").action == "serve"
+    coordinator = plan(PS, "chief", mode="train", strategy="parameter_server")
+    assert coordinator.train and coordinator.chief and not coordinator.serve
+    assert plan(PS, "worker", 1, strategy="parameter_server").serve
+    assert plan(PS, "ps", strategy="parameter_server").serve
     with pytest.raises(UserError, match="trains with --mode=train; evaluation runs in the evaluator"):
         plan(PS, "chief", mode="train_and_eval", strategy="parameter_server")
     with pytest.raises(UserError, match="needs a chief, at least one worker and at least one ps"):
@@ -93,7 +100,7 @@ def test_strategy_and_cluster_must_agree():
     with pytest.raises(UserError, match="only --strategy=parameter_server uses"):
         plan(PS, "worker", strategy="multi_worker_mirrored")
     # A one-task TF_CONFIG (as some managers set) is fine with a local strategy.
-    assert plan({"worker": ["h:1"]}, "worker", strategy="mirrored").action == "run"
+    assert plan({"worker": ["h:1"]}, "worker", strategy="mirrored").train
 
 
 def test_local_cluster_layout_and_tf_configs():

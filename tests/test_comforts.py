@@ -322,6 +322,71 @@ def test_sidecar_runs_the_eval_side_hooks_on_each_checkpoint(tmp_path):
     assert (record["step"], record["value"]) == (40, pytest.approx(best["results"]["loss"]))
 
 
+class ModelWatcher(Hook):
+    """Records, at each checkpoint load and evaluation, the weights `run.model` and
+    `run.eval_model` hold."""
+
+    def __init__(self):
+        self.loads, self.evals = [], []
+
+    def _weights(self):
+        return ([w.numpy() for w in self.run.model.weights],
+                [w.numpy() for w in self.run.eval_model.weights])
+
+    def on_checkpoint_load(self, path):
+        self.loads.append((os.path.basename(path), *self._weights()))
+
+    def on_eval_end(self, logs):
+        self.evals.append((self.run.step, *self._weights()))
+
+
+def average_at(path):
+    """RegressionTask's model with the moving average (`ema/model`) of the checkpoint at `path`."""
+    model = RegressionTask().build_model()
+    tf.train.Checkpoint(ema=tf.train.Checkpoint(model=model)).read(path).expect_partial()
+    return model
+
+
+def as_bytes(values):
+    return sorted(np.asarray(v).tobytes() for v in values)
+
+
+def test_the_sidecars_hooks_see_the_run_in_line_hooks_see_and_each_checkpoint_load(tmp_path):
+    """One wiring: with a moving average, `run.model` is the trained model and `run.eval_model`
+    the average, in-line and on the sidecar, whose every checkpoint calls `on_checkpoint_load`."""
+    config.parse([], ["ctl.Trainer.ema_decay = 0.8"])
+    inline = ModelWatcher()
+    ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment([inline], 40))
+    sidecar = ModelWatcher()
+    from ctl.sidecar import continuous_eval
+    continuous_eval.evaluate_continuously(
+        ModelDir(str(tmp_path)), experiment=experiment([sidecar], 40),
+        settings=ctl.ContinuousEval(timeout=60))
+    assert [load[0] for load in sidecar.loads] == ["ckpt-20", "ckpt-40"]
+    assert [evaluation[0] for evaluation in sidecar.evals] == [20, 40]
+    for name, model, eval_model in sidecar.loads:
+        path = os.path.join(tmp_path, name)
+        assert as_bytes(model) == as_bytes(model_at(path).weights)
+        assert as_bytes(eval_model) == as_bytes(average_at(path).weights)
+        assert as_bytes(model) != as_bytes(eval_model)  # A real average.
+    # In-line, at step 40 (its last evaluation and checkpoint): the same two models.
+    step, model, eval_model = inline.evals[-1]
+    assert step == 40 and [e[0] for e in sidecar.evals][-1] == 40
+    assert as_bytes(model) == as_bytes(sidecar.evals[-1][1])
+    assert as_bytes(eval_model) == as_bytes(sidecar.evals[-1][2])
+
+
+def test_metrics_jsonl_goes_on_after_a_line_a_kill_cut_short(tmp_path):
+    """metrics.jsonl and the sidecar's eval/metrics.jsonl share one writer (`JsonLines`): the first
+    line after a restart starts on a line of its own, so the cut line alone is lost."""
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write('{"kind": "train", "step": 10, "time": 1.0, "loss": 0.5}\n{"kind": "train", "st')
+    ctl.run_experiment("train", str(tmp_path), experiment=experiment([], train_steps=20))
+    from ctl.model_dir import read_json_lines
+    records = read_json_lines(str(tmp_path / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in records] == [("train", 10), ("train", 10), ("train", 20)]
+
+
 def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
     from ctl.comforts.eval_results import metric_value
     from ctl.comforts.progress import scalars

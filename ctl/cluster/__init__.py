@@ -1,6 +1,6 @@
 """Beyond one machine: clusters, distribution strategies and cross-replica results.
 
-`tf_config` validates TF_CONFIG and plans what each role runs, `distribute`
+`tf_config` validates TF_CONFIG and plans what each process runs (`RunPlan`), `distribute`
 creates the `tf.distribute` strategy (mirrored, multi-worker, parameter
 servers, TPU) and serves non-training tasks, `peers` names a lost peer in one
 line, and `reducers` combine eval results that Keras metrics cannot hold over

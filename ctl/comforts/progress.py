@@ -5,21 +5,19 @@
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 `MetricsLog` is a hook (`ctl.hooks`) that ctl adds to every run on the
-chief; it runs eagerly on the host. What a run prints is `ctl.utils.console`'s.
+chief; it runs eagerly on the host. Both files are written by
+`ctl.model_dir.JsonLines`. What a run prints is `ctl.utils.console`'s.
 """
 
-import json
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import orbit
-import tensorflow as tf
 
 from ctl.comforts.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
-from ctl.model_dir.background import uploads
-from ctl.model_dir import is_object_store, read_text, write_atomically
+from ctl.model_dir import JsonLines
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -46,12 +44,8 @@ def scalars(logs) -> Dict[str, float]:
 class MetricsLog(Hook):
     """Appends a JSON line per train loop and per evaluation to `<model_dir>/metrics.jsonl`.
 
-    The file stays open between lines (opening it per line cost time after
-    every loop: bench/README.md); each line is flushed as one write, so readers never see half a
-    record and a killed run loses none. In an object store, where an append
-    uploads the whole file again, the lines are kept in memory and the file
-    is uploaded whole from `ctl.model_dir.background` (one upload queued at a time,
-    each with every line so far); a SIGKILL loses the lines not yet uploaded.
+    The lines are written by `ctl.model_dir.JsonLines`, in an object store off the
+    training thread (`background=True`: what it costs and what a SIGKILL loses is said there).
     """
 
     def bind(self, run: Run) -> None:
@@ -62,9 +56,7 @@ class MetricsLog(Hook):
         """
         super().bind(run)
         self.path = run.directory.metrics_file
-        self._file: Optional[Any] = None  # A GFile, opened on the first line.
-        self._lines: Optional[List[str]] = None  # Object stores: every line of the file.
-        self._queued = False
+        self._lines: Optional[JsonLines] = None  # Made on the first line.
 
     def on_train_loop_end(self, logs) -> None:
         """Appends a `train` line.
@@ -83,14 +75,13 @@ class MetricsLog(Hook):
         self.append("eval", logs)
 
     def on_trial_close(self, unused_logs) -> None:
-        """Closes the file.
+        """Closes the file; in an object store, waits for the lines' last upload.
 
         Args:
             unused_logs: the last evaluation's (or train loop's) results (not read).
         """
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._lines is not None:
+            self._lines.close()
 
     def append(self, kind: str, logs: Any) -> None:
         """Appends one JSON line: `kind`, the step, the time and the scalars of `logs`.
@@ -99,27 +90,6 @@ class MetricsLog(Hook):
             kind: `train` or `eval`.
             logs: the results to record.
         """
-        record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
-        if is_object_store(self.path):
-            self._append_in_store(json.dumps(record) + "\n")
-            return
-        if self._file is None:
-            # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran
-            # slower, though a line alone cost less (bench/README.md).
-            self._file = tf.io.gfile.GFile(self.path, "a")
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def _append_in_store(self, line: str) -> None:
         if self._lines is None:
-            text = read_text(self.path) or ""
-            self._lines = [text + ("\n" if text and not text.endswith("\n") else "")]
-        self._lines.append(line)
-        if not self._queued:
-            self._queued = True
-            uploads().submit(self._upload)
-
-    def _upload(self) -> None:
-        self._queued = False  # Lines appended from now on queue the next upload.
-        write_atomically(self.path, "".join(list(self._lines)))
-
+            self._lines = JsonLines(self.path, background=True)
+        self._lines.append({"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)})

@@ -18,6 +18,8 @@ import typing
 from collections import abc
 from typing import Any, Callable, Optional
 
+import gin
+
 from ctl.utils.errors import UserError
 
 
@@ -131,6 +133,9 @@ def check_arguments(target):
         bound.apply_defaults()
         for parameter, (kind, bounds) in rules.items():
             value = bound.arguments[parameter]
+            if value is gin.REQUIRED:
+                raise UserError(f"{name}.{parameter} has no value; bind it to "
+                                f"{_requirement(kind, bounds)}.")
             problem = _problem(value, kind, bounds)
             if problem is not None:
                 raise UserError(f"{name}.{parameter}={value!r} {problem}; bind it to "
@@ -211,4 +216,6 @@ def _article(noun: str) -> str:
 
 def _default(signature, parameter: str) -> str:
     default = signature.parameters[parameter].default
-    return "" if default is inspect.Parameter.empty else f" (default: {default!r})"
+    if default is inspect.Parameter.empty or default is gin.REQUIRED:
+        return ""
+    return f" (default: {default!r})"

@@ -13,16 +13,23 @@ the host, and hands each eval step to every `Aggregation` of the task:
     results = union of aggregation.results(state, global_step)
 
 so each worker computes the same results, whatever the number of replicas or
-workers. One route: a task's aggregations are `of_task(task)`, what
-`Task.build_reducers()` returns (`Reducer`s, which see one replica's batch at a
-time and combine per-replica states at the end, e.g. `ctl.cluster.reducers.AUC`;
-or any `Aggregation`). `Task.aggregate_logs` / `reduce_aggregated_logs` (Model
-Garden's names, kept so `ctl.ModelGardenTask` and ported tasks run unchanged)
-are a thin alias: one more aggregation, `TaskAggregation`, first in the list.
+workers. One route: the task's `aggregate_logs` / `reduce_aggregated_logs`
+(Model Garden's names: `ctl.ModelGardenTask` forwards its task's, ported tasks
+run unchanged), which the Trainer drives as an `Aggregation` (`of_task`).
+An `Aggregation` has the same two calls, `update(state, step_logs)` and
+`results(state, global_step)`, so a task folds ctl's reducers (`Reducer`:
+one replica's batch at a time, per-replica states combined at the end, e.g.
+`ctl.cluster.reducers.AUC`) into its state with them:
+
+    def aggregate_logs(self, state, step_logs):
+        return self.auc.update(state, step_logs)       # state starts as None
+
+    def reduce_aggregated_logs(self, state, global_step):
+        return self.auc.results(state, global_step)
 """
 
 import abc
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -31,7 +38,8 @@ StepLogs = Mapping[str, Sequence[Any]]
 
 
 class Aggregation(abc.ABC):
-    """Folds eval steps into a state on the host, then turns it into named results."""
+    """Folds eval steps into a state on the host, then turns it into named results
+    (the calls of `Task.aggregate_logs` and `Task.reduce_aggregated_logs`)."""
 
     def start(self) -> Any:
         """The state before the first step of an evaluation."""
@@ -42,7 +50,7 @@ class Aggregation(abc.ABC):
         """Folds one eval step (every replica's batch) into `state`; returns the new state.
 
         Args:
-            state: the state so far (None before the first step of an evaluation).
+            state: the state so far (`start()`'s, or None before the first step of an evaluation).
             step_logs: each extra entry of `validation_step` mapped to a list with one NumPy array per replica, of
                 every worker.
         """
@@ -106,14 +114,16 @@ class Reducer(Aggregation):
     def start(self) -> List[Any]:
         return []
 
-    def update(self, state: List[Any], step_logs: StepLogs) -> List[Any]:
+    def update(self, state: Optional[List[Any]], step_logs: StepLogs) -> List[Any]:
         """The `Aggregation` side of a reducer: `accumulate` for each replica's batch of the step.
 
         Args:
-            state: one state per replica seen so far (a list, grown as replicas appear).
+            state: one state per replica seen so far (a list, grown as replicas appear; None
+                before the first step).
             step_logs: each extra entry of `validation_step` mapped to a list with one NumPy array per replica, of
                 every worker.
         """
+        state = [] if state is None else state
         replicas = len(next(iter(step_logs.values()))) if step_logs else 0
         while len(state) < replicas:
             state.append(self.initial_state())
@@ -121,11 +131,11 @@ class Reducer(Aggregation):
             state[r] = self.accumulate(state[r], {name: values[r] for name, values in step_logs.items()})
         return state
 
-    def results(self, state: List[Any], global_step: int) -> Dict[str, Any]:
+    def results(self, state: Optional[List[Any]], global_step: int) -> Dict[str, Any]:
         """The `Aggregation` side of a reducer: `result(combine(states))`.
 
         Args:
-            state: one state per replica.
+            state: one state per replica (None or empty: no step ran).
             global_step: not read.
         """
         del global_step
@@ -163,14 +173,13 @@ class TaskAggregation(Aggregation):
 
 
 def of_task(task) -> List[Aggregation]:
-    """Every aggregation of `task`: its own `aggregate_logs` (if overridden), then its reducers.
+    """The aggregations the Trainer drives for `task`: its `aggregate_logs`, if overridden.
 
     Args:
         task: a `ctl.Task`.
 
     Returns:
-        The aggregations, in the order they run on each eval step.
+        A list with the task's `TaskAggregation`, or an empty list.
     """
-    own = [TaskAggregation(task)] if task.aggregates_logs() else []
-    return own + list(task.build_reducers())
+    return [TaskAggregation(task)] if task.aggregates_logs() else []
 

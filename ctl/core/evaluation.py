@@ -23,7 +23,7 @@ from ctl.core.runner import EvaluationStopped, Logs
 
 
 class Evaluation(orbit.AbstractEvaluator):
-    """Evaluates what a Trainer built, every eval set in turn; the eval hooks a subclass overrides.
+    """Evaluates what a Trainer built, every eval set in turn; the override points a subclass overrides.
 
     The Trainer builds what is evaluated and sets it before the first
     evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or

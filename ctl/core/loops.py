@@ -35,7 +35,7 @@ plain = tf.autograph.experimental.do_not_convert
 
 
 class LastResults:
-    """A loop's last results (`Logs`, or None until there are some), for the hook that returns them.
+    """A loop's last results (`Logs`, or None until there are some), for the method that returns them.
 
     A plain holder: a dict set on the trainer itself would be wrapped for tracking each time.
     """

@@ -28,7 +28,7 @@ class Task:
 
     Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
     Optional: `build_metrics`, `train_step`, `validation_step`,
-    `build_reducers`, `aggregate_logs`, `reduce_aggregated_logs`, `initialize`,
+    `aggregate_logs`, `reduce_aggregated_logs`, `initialize`,
     `eval_datasets`, `serving_signatures`.
 
     All `build_*` methods are called inside the distribution strategy's scope,
@@ -177,7 +177,7 @@ class Task:
         """One replica's eval step; runs inside `tf.function` and `strategy.run`.
 
         Returns a dict with `"loss"`; any other entries are handed, per replica,
-        to the task's host aggregations (`build_reducers`, `aggregate_logs`).
+        to the task's host aggregation (`aggregate_logs`).
 
         Args:
             inputs: one replica's batch, `(features, labels)`.
@@ -185,7 +185,7 @@ class Task:
             metrics: the task's `build_metrics(training=...)` for this loop, to update.
 
         Returns:
-            `{"loss": loss, ...}`; the other entries go to the host aggregations.
+            `{"loss": loss, ...}`; the other entries go to `aggregate_logs`.
         """
         features, labels = inputs
         outputs = float32_outputs(model(features, training=False))
@@ -193,16 +193,6 @@ class Task:
         for metric in metrics:
             metric.update_state(labels, outputs)
         return {"loss": loss}
-
-    def build_reducers(self) -> List[Any]:
-        """Returns `ctl.Reducer`s over the extra entries of `validation_step`.
-
-        Each sees every replica's batch (of every worker) and adds its results
-        to the eval logs, e.g. `[ctl.cluster.reducers.AUC(scores="scores", labels="labels")]`.
-        Any `ctl.core.aggregation.Aggregation` (a whole step at a time) is
-        accepted too.
-        """
-        return []
 
     def aggregate_logs(self, state: Any, step_logs: Mapping[str, List[Any]]) -> Any:
         """Folds one eval step's extra logs into `state` (eager, NumPy values).
@@ -214,8 +204,11 @@ class Task:
         structure of NumPy arrays per replica.
         Override this (and `reduce_aggregated_logs`; Model Garden's names) for
         results that Keras metrics cannot hold, such as predictions over the
-        whole eval set; the Trainer drives it as one more host aggregation
-        (`ctl.core.aggregation.TaskAggregation`), before the reducers.
+        whole eval set: the one route for host aggregation. A `ctl.Reducer`
+        (e.g. `ctl.cluster.reducers.AUC`) takes the same calls: return
+        `reducer.update(state, step_logs)` here and
+        `reducer.results(aggregated_logs, global_step)` from `reduce_aggregated_logs`
+        (`ctl.core.aggregation`).
 
         Args:
             state: the state so far; None at the first step of each evaluation.

@@ -243,8 +243,12 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         return self._eval_checkpoint
 
     def eval_restore_objects(self) -> Dict[str, Any]:
-        """What an evaluator restores from a training checkpoint: `model`, or `ema`."""
-        return {"ema": self.ema.state} if self.ema is not None else {"model": self.model}
+        """What an evaluator restores from a training checkpoint: `model` and, with
+        `ema_decay`, `ema` (the model it evaluates); not the optimizer."""
+        objects: Dict[str, Any] = {"model": self.model}
+        if self.ema is not None:
+            objects["ema"] = self.ema.state
+        return objects
 
     @property
     def batches_per_step(self) -> int:

@@ -14,7 +14,7 @@ process) and `background` (uploads off the training thread).
 
 from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored, UnreadableCheckpointError,
                                        checkpoint_files, checkpoint_index)
-from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, append_json_line, entries,
+from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, JsonLines, entries,
                                  is_object_store, is_published, is_temporary, publish_directory, publishing,
                                  read_bytes, read_json, read_json_lines, read_text, temporaries, write_atomically,
                                  write_json)
@@ -24,7 +24,7 @@ from ctl.model_dir.layout import (CONFIG_FILE, EVAL_DIR, EVALUATOR_FILE, FINISHE
 
 __all__ = [
     "CHECKPOINT_STATE_FILE", "CheckpointState", "Restored", "UnreadableCheckpointError", "checkpoint_files",
-    "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "append_json_line", "entries",
+    "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "JsonLines", "entries",
     "is_object_store", "is_published", "is_temporary", "publish_directory", "publishing", "read_bytes",
     "read_json", "read_json_lines", "read_text", "temporaries", "write_atomically", "write_json", "CONFIG_FILE",
     "EVAL_DIR", "EVALUATOR_FILE", "FINISHED_FILE", "METRICS_FILE", "OPERATIVE_CONFIG_FILE", "RECORD_FIELDS",

@@ -2,7 +2,7 @@
 on NFS or in an object store (`gs://`). Writes are atomic (on a file system a
 temporary name, then a rename; in an object store one upload): readers see the
 old file or the new one, never half. JSON-lines files are appended one whole
-line per write. Directories (exports, the best checkpoint) are written aside
+line per write (`JsonLines`, the one writer of both). Directories (exports, the best checkpoint) are written aside
 and published whole, their marker last (`publish_directory`). Reads are defensive: a record that cannot be read
 (0 bytes, garbage, not UTF-8) is reported in one WARNING and treated as absent;
 a JSON-lines file skips a line cut short by a kill.
@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from ctl.model_dir.background import uploads
 from ctl.utils import console
 from ctl.utils.errors import first_line
 
@@ -141,26 +142,89 @@ def write_json(path: str, value: Any) -> None:
     write_atomically(path, json.dumps(value))
 
 
-def append_json_line(path: str, record: Dict[str, Any]) -> None:
-    """Appends `record` as one line; mends a last line cut short by a kill.
+class JsonLines:
+    """Appends records to a JSON-lines file, one whole line per write: the one writer of the run's
+    `metrics.jsonl` (`ctl.comforts.progress.MetricsLog`, a line per train loop and evaluation) and
+    of the sidecar's `eval/metrics.jsonl` (a line per evaluation). `read_json_lines` reads them.
 
-    (In an object store an append uploads the whole object again: it suits
-    records written once per evaluation, not per step.)
+    On a file system the file stays open between records (opening it per line cost time after
+    every train loop: bench/README.md); each line is one flushed write, so readers never see half a
+    record and a killed process loses none. The first record mends a last line a kill cut short
+    (readers skip that line; the next one starts on a line of its own).
+
+    In an object store an append would upload the whole object again, so the lines are kept in
+    memory (read once, at the first record) and the object is written whole. When depends on
+    what the record is, the one place the two writers differ:
+
+    - `background=False` (the sidecar): before `append` returns. Its line is what makes an
+      evaluation done, and must be in the store before the progress record written after it.
+    - `background=True` (a train loop's lines): from `ctl.model_dir.background`, off the
+      training thread, one upload queued at a time with every line so far. A SIGKILL loses the
+      lines not yet uploaded.
 
     Args:
-        path: the JSON-lines file.
-        record: a JSON-serializable dict.
+        path: the file (created with its directory on the first record).
+        background: in an object store, upload off the caller's thread.
     """
+
+    def __init__(self, path: str, background: bool = False):
+        self.path = path
+        self.background = background
+        self._file: Optional[Any] = None  # A GFile, opened on the first record.
+        self._lines: Optional[List[str]] = None  # Object stores: every line of the file.
+        self._queued = False
+
+    def append(self, record: Dict[str, Any]) -> None:
+        """Appends `record` (a JSON object) as one line.
+
+        Args:
+            record: a JSON-serializable dict.
+        """
+        line = json.dumps(record) + "\n"
+        if is_object_store(self.path):
+            self._append_in_store(line)
+            return
+        if self._file is None:
+            # tf.io.gfile, for a local path too: with Python's own file, figure 1's MLP ran
+            # slower, though a line alone cost less (bench/README.md).
+            line = _mend(self.path) + line
+            self._file = tf.io.gfile.GFile(self.path, "a")
+        self._file.write(line)
+        self._file.flush()
+
+    def close(self) -> None:
+        """Closes the file (a later record opens it again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _append_in_store(self, line: str) -> None:
+        if self._lines is None:
+            text = read_text(self.path) or ""
+            self._lines = [text + ("\n" if text and not text.endswith("\n") else "")]
+        self._lines.append(line)
+        if not self.background:
+            write_atomically(self.path, "".join(self._lines))
+        elif not self._queued:
+            self._queued = True
+            uploads().submit(self._upload)
+
+    def _upload(self) -> None:
+        self._queued = False  # Lines appended from now on queue the next upload.
+        write_atomically(self.path, "".join(list(self._lines or ())))
+
+
+def _mend(path: str) -> str:
+    """What goes before the next line of `path`: a newline if a kill cut its last line short."""
     tf.io.gfile.makedirs(os.path.dirname(path))
-    prefix = ""
-    if tf.io.gfile.exists(path):
-        size = tf.io.gfile.stat(path).length
-        if size:
-            with tf.io.gfile.GFile(path, "rb") as f:
-                f.seek(size - 1)
-                prefix = "" if f.read(1) == b"\n" else "\n"
-    with tf.io.gfile.GFile(path, "a") as f:
-        f.write(prefix + json.dumps(record) + "\n")
+    if not tf.io.gfile.exists(path):
+        return ""
+    size = tf.io.gfile.stat(path).length
+    if not size:
+        return ""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        f.seek(size - 1)
+        return "" if f.read(1) == b"\n" else "\n"
 
 
 def read_json_lines(path: str) -> List[Dict[str, Any]]:

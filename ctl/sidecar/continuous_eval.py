@@ -9,7 +9,8 @@ The loop (eager, on the host; `ctl.sidecar.scheduler.Scheduler` makes each decis
       present = checkpoints in DIR (NAME-N.index)     # every poll_interval
       ready = those committed; seen earlier, now gone, unhandled -> `deleted`
       decision = scheduler.decide(ready, final checkpoint if finished, present)
-      EVALUATE: restore the model (validated), then for each eval set
+      EVALUATE: restore the model (validated), the hooks' on_checkpoint_load(path),
+                then for each eval set
                   trainer.evaluate(eval_steps)  -- the Trainer's own evaluation,
                                                    with the hooks' Keras callbacks
                 write summaries at the checkpoint's global step, one JSON line
@@ -27,15 +28,20 @@ A checkpoint is committed once the `checkpoint` state file names it, or its
 index file is `settle_seconds` old (tf_keras' `ModelCheckpoint` names only the
 newest). Three checkpoint layouts restore: ctl's and `tf.train.Checkpoint(
 model=..., optimizer=...)` (a `model` object at the root), and tf_keras'
-`save_weights` (the model is the root). Only the model is read; the
-optimizer's values stay unread.
+`save_weights` (the model is the root). Only the model (and, with
+`ctl.Trainer.ema_decay`, its moving average) is read; the optimizer's values
+stay unread.
+
+The Trainer and the hooks' `Run` are built as in-line
+(`ctl.core.hook_protocol.build_run`): `run.model` is the trained model,
+`run.eval_model` the evaluated one.
 """
 
 import logging as std_logging
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -49,8 +55,8 @@ from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
 from ctl.utils.errors import UserError, first_line
 from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
+from ctl.core.hook_protocol import Hooks, build_run, eval_callbacks
+from ctl.model_dir import JsonLines, ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
@@ -123,22 +129,22 @@ class CheckpointEvaluator:
     """Restores checkpoints into a Trainer's model and runs its evaluation (eager).
 
     Args:
-        experiment: the experiment (its task, trainer class, hooks and schedule's `eval_steps`).
-        strategy: the distribution strategy the evaluating Trainer runs under.
-        directory: the trainer's model dir (its checkpoints; the evaluation's summaries and metrics).
+      trainer: the sidecar's Trainer (`build_run`); its own evaluation runs every
+        eval set and the hooks' Keras callbacks, as in-line (`Trainer.evaluate`).
+      hooks: the experiment's hooks, bound to it: their `on_checkpoint_load` follows each restore.
+      eval_steps: `ctl.Schedule.eval_steps` (None: each eval set to its end).
+      directory: the model dir it evaluates.
     """
 
-    def __init__(self, experiment, strategy: tf.distribute.Strategy, directory: ModelDir):
-        task = experiment.task
-        # The trainer's own evaluation: every eval set, and the hooks' Keras callbacks
-        # (`ctl.hooks.KerasCallbacks`), as in-line (Trainer.evaluate).
-        self.trainer = experiment.trainer_cls(task, strategy=strategy, train=False, evaluate=True,
-                                              eval_callbacks=eval_callbacks(experiment.hooks))
+    def __init__(self, trainer, hooks: Hooks, eval_steps: Optional[int], directory: ModelDir):
+        self.trainer = trainer
+        self.hooks = hooks
         self.model = self.trainer.eval_model  # The moving average, with ctl.Trainer.ema_decay.
-        self.eval_steps = experiment.schedule.eval_steps or -1
+        self.eval_steps = eval_steps or -1
         self.directory = directory
         self.eval_dir = directory.eval_dir
-        self.metrics_file = directory.sidecar_metrics_file
+        # Each evaluation's record, in the store before its progress record (`background=False`).
+        self.metrics = JsonLines(directory.sidecar_metrics_file, background=False)
         self._summaries: Optional[SummaryManager] = None
         tf.get_logger().addFilter(_PartialRestoreNotice())
 
@@ -146,13 +152,11 @@ class CheckpointEvaluator:
         """Restores `path` and evaluates it; raises `UnreadableCheckpointError`/`UserError`.
 
         Args:
-            number: the checkpoint's number (its step, when the checkpoint records none).
+            number: the checkpoint's number (its step).
             path: the checkpoint's prefix.
-
-        Returns:
-            `{"step": the restored step, "results": the evaluation's results as Python values}`.
         """
         step = self._restore(number, path)
+        self.hooks.call("on_checkpoint_load", path)  # As a trainer's resume calls it.
         results = self.trainer.evaluate(self.eval_steps)
         return {"step": step, "results": _to_python(results)}
 
@@ -210,7 +214,8 @@ class CheckpointEvaluator:
         uploads().wait()  # In the store before the evaluation's record (object stores).
 
     def close(self) -> None:
-        """Removes the summaries' staging dir (object stores)."""
+        """Closes the metrics file; removes the summaries' staging dir (object stores)."""
+        self.metrics.close()
         if self._summaries is not None:
             self._summaries.close()
 
@@ -290,8 +295,13 @@ def evaluate_continuously(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
         settings.max_evaluations, len(progress.outcomes), directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE))
-    evaluator = CheckpointEvaluator(experiment, strategy, directory)
-    role, hooks = _evaluator_role(experiment, evaluator, directory)
+    trainer, hooks = build_run(experiment, strategy, directory, train=False, evaluate=True,
+                               sidecar=True)
+    evaluator = CheckpointEvaluator(trainer, hooks, experiment.schedule.eval_steps, directory)
+    # The eval-side hooks (exporters, best checkpoint) run only if this process owns them
+    # (`ctl.model_dir.evaluator_role`); run-end hooks such as `FinalExporter` stay with the
+    # trainer, so the two never race for a file.
+    role = EvaluatorRole(directory, SIDECAR, hooks.actions("on_eval_end"))
     try:
         # A trainer evaluating in-line steps aside while this sidecar holds the role.
         role.announce()
@@ -300,7 +310,7 @@ def evaluate_continuously(
                           experiment.schedule.train_steps, signals)
         # The evaluations' normal end, for the hooks that take part in each (Keras callbacks'
         # on_train_end); other run-end hooks (FinalExporter) stay with the trainer.
-        for hook in hooks:
+        for hook in hooks.hooks:
             if eval_callbacks([hook]):
                 hook.on_trial_close(last)
         return last
@@ -385,27 +395,6 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
             save_progress(directory, progress)
 
 
-def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
-                    directory: ModelDir) -> Tuple[EvaluatorRole, List[Any]]:
-    """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
-    the evaluated checkpoint, run only if this process owns them (`ctl.model_dir.evaluator_role`),
-    and those hooks.
-
-    Only the eval side runs here (exporters, best checkpoint): run-end hooks such
-    as `FinalExporter` stay with the trainer, so the two never race for a file.
-    """
-    hooks = [hook for hook in experiment.hooks if callable(getattr(hook, "on_eval_end", None))]
-    actions = []
-    if hooks:
-        trainer = evaluator.trainer
-        run = Run(directory=directory, model=trainer.eval_model, task=experiment.task,
-                  checkpoint=tf.train.Checkpoint(model=trainer.eval_model,
-                                                 global_step=trainer.global_step),
-                  global_step=trainer.global_step, strategy=trainer.strategy, chief=True)
-        actions = Hooks(hooks, run).actions("on_eval_end")
-    return EvaluatorRole(directory, SIDECAR, actions), hooks
-
-
 def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
                   role: Optional[EvaluatorRole] = None):
     name = os.path.basename(path)
@@ -431,7 +420,7 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
         role(output["results"])
     record = {"checkpoint": name, "number": number, **output,
               "started": started, "finished": time.time()}
-    files.append_json_line(evaluator.metrics_file, record)
+    evaluator.metrics.append(record)  # At once, also in an object store (`JsonLines`).
     return sidecar.EVALUATED, output
 
 
