@@ -43,7 +43,7 @@ def main(argv):
 
     from ctl.sweep import pruning, study, sweep_file
 
-    for name in ("sweep_file", "sweep_dir", "trial"):  # Not absl's validators: see ctl.sweep.main.
+    for name in ("sweep_file", "sweep_dir", "trial"):  # Not absl's validators: see ctl.sweep.__main__.main.
         if FLAGS[name].value is None:
             exit_with_error("ctl.sweep.trial", f"--{name} is required: {FLAGS[name].help}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
