@@ -17,6 +17,12 @@ queue, so a study never holds more than `trials` trials that ran, whatever the
 number of workers. (Two commands that create the same study at the same moment
 may both enqueue: the trials numbered `trials` and above are never claimed.)
 
+The sweep file. The study keeps what the sweep file that created it said (its
+`identity`: objective, direction, value, sampler, seed, pruner, space) as a user
+attribute; opened again with a file that says otherwise, it raises `UserError`
+naming the first difference, before a trial is added or claimed. Only `trials`
+and `timeout` may change on an existing study.
+
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
 slot held with `flock` on `<sweep_dir>/workers/<slot>.lock`), its model dir and
 a heartbeat (a time, renewed every `heartbeat` seconds). A worker that starts in
@@ -38,7 +44,7 @@ from optuna.trial import TrialState
 
 from ctl.core.errors import UserError, first_line
 from ctl.sweep import sweep_dir as layout
-from ctl.sweep.sweep_file import SweepFile
+from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
 
 # Trial system attributes.
 OWNER = "ctl_owner"
@@ -46,6 +52,7 @@ HEARTBEAT = "ctl_heartbeat"
 MODEL_DIR = "ctl_model_dir"
 FAIL_REASON = "ctl_fail_reason"
 STARTED = "ctl_started"  # The study's user attribute: when it was created (time.time()).
+SWEEP_FILE = "ctl_sweep_file"  # The study's user attribute: the sweep file's `identity`.
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -147,6 +154,11 @@ class Study:
             raise UserError(f"--sweep_file={sweep.path}: direction = {sweep.direction!r}, but "
                             f"the study {sweep.study!r} in this storage was created to {have}; "
                             "keep the direction, or name a new study (study = \"...\").")
+        kept = self.optuna.user_attrs.get(SWEEP_FILE)
+        if kept is not None:  # Before any trial of the budget is added or claimed.
+            check_same_study(kept, sweep, sweep.study)
+        else:  # A new study (or one made before ctl kept this): what may not change on it.
+            self.optuna.set_user_attr(SWEEP_FILE, identity(sweep))
         if created:
             self.optuna.set_user_attr("objective", sweep.objective)
             self.optuna.set_user_attr(STARTED, time.time())
