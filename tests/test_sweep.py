@@ -131,6 +131,7 @@ CHANGED = 'objective = "accuracy"\ntrials = {trials}\nsampler = "random"\nseed =
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # Two sweeps of tiny trials, and five commands that end at once.
 def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_extend_it(tmp_path):
     """A study made by a 1-trial file; then files that change its space, objective, direction or
     value: each one line, exit 2, no trial added or started (two workers: still one line); then

@@ -11,7 +11,8 @@ dir's files are `model_dir`'s (with `checkpoint_contents`, `claims`,
 subsystems plug into are `hook_protocol` (hooks, train/eval actions), `stop`
 (the stop request, signals, the second signal's exit), `runner` and
 `aggregation`. A configurable's declared argument checks are `arguments`'. Around them: gin at the edges (`config`,
-`gin_text`), `UserError` (`errors`), what a run prints (`console`), the
+`gin_text`), `UserError` (`errors`), what a run prints (`console`; TensorFlow's
+devices listed without the cuInit line on a host with no GPU: `devices`), the
 default serving signature (`serving`), the report's PNGs (`figures`) and a
 command's end (`process_end`).
 `Experiment` (`ctl.experiment`) and the composition root (`ctl.train_lib`)

@@ -81,6 +81,7 @@ def _sweep() -> int:
     sweep = sweep_file.load(FLAGS.sweep_file)
     sweep_dir = os.path.abspath(FLAGS.sweep_dir)
     if not FLAGS.as_worker:
+        study.check_existing(sweep_dir, FLAGS.storage, sweep)  # A changed file: at once.
         _check(sweep)
     storage = study.open_storage(sweep_dir, FLAGS.storage)
     try:

@@ -20,7 +20,8 @@ may both enqueue: the trials numbered `trials` and above are never claimed.)
 The sweep file. The study keeps what the sweep file that created it said (its
 `identity`: objective, direction, value, sampler, seed, pruner, space) as a user
 attribute; opened again with a file that says otherwise, it raises `UserError`
-naming the first difference, before a trial is added or claimed. Only `trials`
+naming the first difference, before a trial is added or claimed
+(`check_existing` does it first, before TensorFlow is imported). Only `trials`
 and `timeout` may change on an existing study.
 
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
@@ -101,6 +102,22 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
                             f"({first_line(error)}); check the server, the user and the database."
                             ) from error
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_existing(sweep_dir: str, storage: Optional[str], sweep: SweepFile) -> None:
+    """If the sweep's study exists (in the journal file of `sweep_dir`, or at `storage`), raises
+    `UserError` when `sweep` does not match what it kept (`check_same_study`); creates nothing
+    (no sweep dir, no study). Cheap: no TensorFlow, so a changed file is refused at once."""
+    if storage is None and not os.path.isfile(layout.journal_file(sweep_dir)):
+        return
+    opened = open_storage(sweep_dir, storage)
+    try:
+        existing = optuna.load_study(study_name=sweep.study, storage=opened)
+    except KeyError:  # No study of that name yet.
+        return
+    kept = existing.user_attrs.get(SWEEP_FILE)
+    if kept is not None:
+        check_same_study(kept, sweep, sweep.study)
 
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
