@@ -37,8 +37,8 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import Checkpoints, Controller, Summaries
 from ctl.core.loops import end_off_path as _end_off_path
 from ctl.core.stop import SignalWatcher
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9

@@ -30,11 +30,11 @@ import tensorflow as tf
 from bench import measure
 from bench.startup import time_to_line
 from ctl import train_lib
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.experiment import Experiment
 from ctl.core.stop import SignalWatcher
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINES = {"digits": "configs/digits.gin", "map1ms": "bench/configs/resume_map.gin"}

@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 from ctl.core.checkpointing import CheckpointManager  # noqa: E402
-from ctl.core.model_dir import ModelDir, is_object_store  # noqa: E402
+from ctl.model_dir import ModelDir, is_object_store  # noqa: E402
 from tests.tasks import RegressionTask  # noqa: E402
 
 GIN = os.path.join(ROOT, "tests", "regression.gin")

@@ -132,7 +132,7 @@ def ctl_sweep(system="ctl_sweep", trials=TRIALS, timeout=None, fork=True):
 
 def _train_seconds(model_dir):
     """The seconds a trial's train loops report (metrics.jsonl's train records: steps / steps_per_sec)."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     records = ModelDir(model_dir).metrics("train")
     total, last_step = 0.0, 0

@@ -19,9 +19,9 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.adapters.keras_model import KerasModelTask as KerasModelTask
     from ctl.adapters.model_garden import ModelGardenTask as ModelGardenTask
     from ctl.core.aggregation import Aggregation as Aggregation, Reducer as Reducer
-    from ctl.core.arguments import Check as Check, Range as Range, check_arguments as check_arguments
+    from ctl.config.arguments import Check as Check, Range as Range, check_arguments as check_arguments
     from ctl.core.checkpointing import restore_model as restore_model
-    from ctl.core.errors import UserError as UserError
+    from ctl.utils.errors import UserError as UserError
     from ctl.core.runner import TrainLoopEnd as TrainLoopEnd
     from ctl.core.schedules import register_schedules as register_schedules, with_warmup as with_warmup
     from ctl.core.task import Task as Task
@@ -29,17 +29,17 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.experiment import Experiment as Experiment, Schedule as Schedule
     from ctl.faults.handler import FaultTolerance as FaultTolerance
     from ctl.sidecar.scheduler import ContinuousEval as ContinuousEval
-    from ctl.core.run_plan import MODES as MODES
+    from ctl.config.run_plan import MODES as MODES
     from ctl.train_lib import run_experiment as run_experiment
 
 _MODULES = {  # module -> the public names it defines
     "ctl.adapters.keras_model": ["KerasModelTask"],
     "ctl.adapters.model_garden": ["ModelGardenTask"],
     "ctl.core.aggregation": ["Aggregation", "Reducer"],
-    "ctl.core.arguments": ["Check", "Range", "check_arguments"],
+    "ctl.config.arguments": ["Check", "Range", "check_arguments"],
     "ctl.core.checkpointing": ["restore_model"],
-    "ctl.core.errors": ["UserError"],
-    "ctl.core.run_plan": ["MODES"],
+    "ctl.utils.errors": ["UserError"],
+    "ctl.config.run_plan": ["MODES"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],
     "ctl.core.runner": ["TrainLoopEnd"],

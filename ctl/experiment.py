@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Type
 
 import gin
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.task import Task
 from ctl.core.trainer import Trainer
 from ctl.faults.handler import FaultTolerance

@@ -25,17 +25,18 @@ of each binding against the objective.
 import os
 from typing import Dict, List, Tuple
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
 from absl import app, flags, logging  # noqa: E402
 
-from ctl.core.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
+REPORT_FILE = "report.png"  # In the model dir (or beside the runs compared): the curves.
 Curve = List[Tuple[int, float, float]]  # (step, wall time, value)
 
 
@@ -85,7 +86,7 @@ def summarize(curves: Dict[str, Curve]) -> List[Tuple[str, float, float, int, in
 
 
 def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
-    """The summary of the run in `directory` (a `ctl.core.model_dir.ModelDir`)."""
+    """The summary of the run in `directory` (a `ctl.model_dir.ModelDir`)."""
     lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
     if everything:
@@ -115,7 +116,7 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 def plot_panels(panels, path: str) -> None:
     """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically
     (`path` may be in an object store)."""
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
 
@@ -140,13 +141,13 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
     import tensorflow as tf  # Not for a bad flag.
 
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     directory = ModelDir(model_dir)
     if not tf.io.gfile.isdir(model_dir):
         raise UserError(f"--model_dir={model_dir} is not a directory; point it at a ctl run's "
                         "directory.")
-    output = output or directory.report_file
+    output = output or directory.file(REPORT_FILE)
     _check_output(output)
     train = read_scalars(directory.train_dir)
     evals = read_scalars(directory.eval_dir)
@@ -163,8 +164,8 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
     """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
-    from ctl.core import config
-    from ctl.core.model_dir import REPORT_FILE, ModelDir, read_text
+    from ctl.config import gin_config as config
+    from ctl.model_dir import ModelDir, read_text
 
     runs = []
     for model_dir in model_dirs:
@@ -204,7 +205,7 @@ def _check_output(output: str) -> None:
     object store, where directories are implied, that it names no directory)."""
     import tensorflow as tf
 
-    from ctl.core.model_dir import is_object_store
+    from ctl.model_dir import is_object_store
 
     parent = os.path.dirname(output if "://" in output else os.path.abspath(output))
     missing = not is_object_store(output) and not tf.io.gfile.isdir(parent)
@@ -241,7 +242,7 @@ def main(argv):
     # Before TensorFlow's import, here, so that `import ctl.report` changes nothing.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     logging.set_verbosity(logging.WARNING)
-    from ctl.core import devices
+    from ctl.utils import devices
     from ctl.sweep import report as sweep_report
     from ctl.sweep import sweep_dir
 

@@ -5,7 +5,7 @@
 
 `--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
 
-The console (`ctl.core.console`): ctl's lines in one format on stdout, a live
+The console (`ctl.utils.console`): ctl's lines in one format on stdout, a live
 bar on a terminal; TensorFlow's, orbit's and absl's routine INFO lines only
 when `--verbosity` asks (`--verbosity=0` shows them; absl's flag).
 
@@ -23,9 +23,9 @@ two evaluations, with status 75. Signals, the second signal's exit and a late
 signal's are `ctl.core.stop`'s.
 
 TensorFlow is imported only once the flags and the gin text are checked
-(`ctl.core.gin_text`): `--help`, a flag mistake and a gin syntax error answer
+(`ctl.config.gin_text`): `--help`, a flag mistake and a gin syntax error answer
 at once. Gin mistakes that need the code (an unknown parameter, a module that
-does not import) are found after the import, by `ctl.core.config.parse`.
+does not import) are found after the import, by `ctl.config.gin_config.parse`.
 
 A program that runs a ctl run with a hook of its own, after the experiment's
 (`python -m ctl.sweep.trial`), imports this module (its flags) and calls
@@ -35,7 +35,7 @@ the same checks, messages and exit statuses.
 
 import os
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -53,9 +53,10 @@ from absl import app, flags, logging  # noqa: E402
 
 import ctl  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
-from ctl.core import console, gin_text  # noqa: E402
-from ctl.core.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.core.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
+from ctl.utils import console  # noqa: E402
+from ctl.config import gin_text  # noqa: E402
+from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
+from ctl.config.run_plan import CONTINUOUS_EVAL, MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
@@ -134,8 +135,8 @@ def _run(hooks: Sequence[Any]) -> None:
     """Everything after the checks: TensorFlow is imported here."""
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
-    from ctl.core import config
-    from ctl.core.model_dir import ModelDir
+    from ctl.config import gin_config as config
+    from ctl.model_dir import ModelDir
     from ctl.core.stop import EXIT_PREEMPTED
     from ctl.faults.preemption import Preempted
     from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
@@ -143,7 +144,7 @@ def _run(hooks: Sequence[Any]) -> None:
     from ctl.sidecar.scheduler import ContinuousEval
 
     _set_up_console()
-    from ctl.core import devices
+    from ctl.utils import devices
 
     devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.

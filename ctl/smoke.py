@@ -28,13 +28,16 @@ import tensorflow as tf
 from ctl import train_lib
 from ctl.comforts.exporting import export_saved_model
 from ctl.comforts.eval_results import flat_logs
-from ctl.core import checkpointing, config, console
-from ctl.core.errors import UserError, one_line
-from ctl.core.model_dir import ModelDir
+from ctl.core import checkpointing
+from ctl.config import gin_config as config
+from ctl.utils import console
+from ctl.utils.errors import UserError, one_line
+from ctl.model_dir import ModelDir
 from ctl.experiment import Experiment, Schedule
 
 SMOKE_STEPS = 2
 STAGES = ("train", "eval", "restore", "export")
+SMOKE_EXPORT_DIR = "smoke_export"  # In the smoke run's temporary model dir: its SavedModel.
 
 
 def run_smoke(strategy=None, experiment=None) -> float:
@@ -78,7 +81,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
 def _export_and_compare(task, trainer, directory: ModelDir) -> None:
     features = task.features(next(iter(task.build_inputs(training=False))))
     signatures = task.serving_signatures(trainer.eval_model)
-    path = export_saved_model(trainer.eval_model, signatures, directory.smoke_export_dir)
+    path = export_saved_model(trainer.eval_model, signatures, directory.file(SMOKE_EXPORT_DIR))
     loaded = tf.saved_model.load(path)
     for name, function in signatures.items():
         if name not in loaded.signatures:

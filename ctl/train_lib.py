@@ -11,8 +11,8 @@ into an extension point that core defines: hooks and train/eval actions
 
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly. It makes the run's two objects
-once, the `ModelDir` (`ctl.core.model_dir`) and the `RunPlan`
-(`ctl.core.run_plan`: what this process does for its mode and cluster), and
+once, the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
+(`ctl.config.run_plan`: what this process does for its mode and cluster), and
 passes them down.
 """
 
@@ -29,15 +29,17 @@ from ctl.cluster.distribute import is_chief
 from ctl.comforts import run_end
 from ctl.comforts.hparams import HParamsSummary
 from ctl.comforts.progress import MetricsLog
-from ctl.core import config, console, contract
-from ctl.core.background import uploads
+from ctl.config import gin_config as config
+from ctl.core import contract
+from ctl.utils import console
+from ctl.model_dir.background import uploads
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
-from ctl.core.errors import UserError
-from ctl.core.evaluator_role import TRAINER, EvaluatorRole
+from ctl.utils.errors import UserError
+from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -272,7 +274,7 @@ class _Evaluations:
     """Which in-line evaluations of `train_and_eval` run: none at a step already
     evaluated (in-line or by a sidecar: `metrics.jsonl`, `eval/metrics.jsonl`,
     read once at start), and none while a live sidecar evaluator serves the model
-    dir (`ctl.core.evaluator_role`, given as `in_line` when the plan steps aside:
+    dir (`ctl.model_dir.evaluator_role`, given as `in_line` when the plan steps aside:
     one-process strategies, the workers of a cluster must agree on every
     evaluation). Evaluating, the chief holds the evaluator role until the
     evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""

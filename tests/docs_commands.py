@@ -6,9 +6,9 @@ Each command (`{"where": ..., "args": [...]}`, the arguments after `python -m ct
 what `ctl.run` does before it trains, without training:
 
 - its flags, parsed by the flags `ctl/run.py` defines (absl, enum values and required flags
-  included), `--gin.NAME=VALUE` expanded by `ctl.core.gin_text` as the program does;
-- its gin files and bindings, checked as text (`ctl.core.gin_text.check`), then parsed by
-  `ctl.core.config.parse` after `ctl.import_api()`: the files' `import` lines run, and every
+  included), `--gin.NAME=VALUE` expanded by `ctl.config.gin_text` as the program does;
+- its gin files and bindings, checked as text (`ctl.config.gin_text.check`), then parsed by
+  `ctl.config.gin_config.parse` after `ctl.import_api()`: the files' `import` lines run, and every
   binding's configurable and parameter must be registered (`skip_unknown=False`). A gin file on a
   remote store (`gs://...`) is not read, and flags quoted in a sentence (`"fragment": true`) come
   without their gin files: then only the bindings' `ctl.` names and parameters are resolved.
@@ -31,8 +31,8 @@ def check(command: Dict) -> List[str]:
 
     import ctl
     import ctl.run  # noqa: F401 - defines the flags of `python -m ctl.run` in absl's FLAGS.
-    from ctl.core import config, gin_text
-    from ctl.core.errors import UserError
+    from ctl.config import gin_config as config, gin_text
+    from ctl.utils.errors import UserError
 
     where, args = command["where"], command["args"]
     flag_values = flags.FLAGS

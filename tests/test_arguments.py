@@ -1,4 +1,4 @@
-"""`ctl.check_arguments`: the checks declared on a configurable's arguments (ctl.core.arguments).
+"""`ctl.check_arguments`: the checks declared on a configurable's arguments (ctl.config.arguments).
 
 Through gin, as a run meets them: a value that fails is a `UserError` naming the
 binding, the value and what to bind (with the default), and the body never runs;

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from tests.tasks import RegressionTask
 
 

@@ -1,4 +1,4 @@
-"""Uploads to an object store off the training thread (ctl.core.background), and checkpoints
+"""Uploads to an object store off the training thread (ctl.model_dir.background), and checkpoints
 staged locally and uploaded (ctl.core.checkpointing) on a real GCS API."""
 
 import os
@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from ctl.core import checkpointing
-from ctl.core.background import Uploads, uploads
+from ctl.model_dir.background import Uploads, uploads
 from ctl.core.checkpointing import CheckpointManager
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.tasks import RegressionTask
 
 

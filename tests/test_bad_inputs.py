@@ -30,7 +30,8 @@ from absl import logging as absl_logging
 import gin
 import pytest
 
-from ctl.core.model_dir import ModelDir, read_json
+from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.processes import ctl_command
 from tests.support.processes import run as run_command
@@ -80,7 +81,7 @@ def cluster(task_type, index=0):
 
 def hold_trainer_lock(model_dir, tmp):
     """Takes `trainer.lock` as a live trainer would (released when the test ends)."""
-    path = ModelDir(model_dir).trainer_lock_file
+    path = ModelDir(model_dir).file(TRAINER_LOCK_FILE)
     handle = open(path, "a+")
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     handle.seek(0)

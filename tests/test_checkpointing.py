@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core.checkpointing import CheckpointManager, interval_crossed
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 
 
 @pytest.mark.parametrize("last, step, expected", [

@@ -17,17 +17,17 @@ import time
 import pytest
 import tensorflow as tf
 
-from ctl.core import claims
+from ctl.model_dir import claims, lease as leases
 from tests.support.processes import Process, python_command, run
-from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_directory, read_bytes
+from ctl.model_dir.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
+from ctl.model_dir import PUBLISHED_MARKER, ModelDir, is_published, publish_directory, read_bytes
 
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(claims, "RENEW_SECONDS", 0.2)
-    monkeypatch.setattr(claims, "STALE_SECONDS", 1.5)
-    monkeypatch.setattr(claims, "SETTLE_SECONDS", 0.1)
+    monkeypatch.setattr(leases, "RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(leases, "STALE_SECONDS", 1.5)
+    monkeypatch.setattr(leases, "SETTLE_SECONDS", 0.1)
 
 
 def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
@@ -38,9 +38,9 @@ def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
         assert not second.try_acquire()
         assert second.holder_role() == "trainer" and f"pid {os.getpid()}" in second.holder()
         renewed = json.loads(open(path).read())["renewed"]
-        time.sleep(3 * claims.RENEW_SECONDS)
+        time.sleep(3 * leases.RENEW_SECONDS)
         assert json.loads(open(path).read())["renewed"] > renewed  # Its holder renews it.
-        time.sleep(claims.STALE_SECONDS)
+        time.sleep(leases.STALE_SECONDS)
         assert not second.try_acquire()  # Renewed: never stale while its holder lives.
     finally:
         first.release()
@@ -51,7 +51,7 @@ def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
 
 def _hold_and_die(path, signal_name):
     """A process that takes the lease and is then killed (or leaves it behind unrenewed)."""
-    code = (f"import os, signal, time; from ctl.core import claims; "
+    code = (f"import os, signal, time; from ctl.model_dir import claims, lease as leases; "
             f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
             f"print('held', flush=True); os.kill(os.getpid(), signal.{signal_name})")
     process = run(python_command(code), timeout=120)
@@ -65,7 +65,7 @@ def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path
     lease = claims.Lease(path, "trainer", wait=True)
     started = time.monotonic()
     assert lease.try_acquire()
-    assert time.monotonic() - started < claims.STALE_SECONDS  # No wait for staleness.
+    assert time.monotonic() - started < leases.STALE_SECONDS  # No wait for staleness.
     lease.release()
 
 
@@ -79,7 +79,7 @@ def _a_process_that_said(line, code):
 
 def _renewing(path, record, stop):
     """Renews `record` at `path` every `RENEW_SECONDS` until `stop` is set: a live holder."""
-    while not stop.wait(claims.RENEW_SECONDS):
+    while not stop.wait(leases.RENEW_SECONDS):
         with open(path + ".tmp", "w") as f:
             f.write(json.dumps({**record, "renewed": time.time()}))
         os.replace(path + ".tmp", path)
@@ -123,7 +123,7 @@ def test_another_host_s_lease_is_refused_while_fresh_and_taken_once_stale(tmp_pa
     lease = claims.Lease(path, "sidecar evaluator")
     assert not lease.try_acquire()
     assert "pid 4242 on host elsewhere" in lease.holder()
-    _foreign(path, time.time() - 2 * claims.STALE_SECONDS)
+    _foreign(path, time.time() - 2 * leases.STALE_SECONDS)
     assert lease.try_acquire()
     assert json.loads(open(path).read())["token"] == lease.token
     lease.release()
@@ -137,22 +137,22 @@ def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_tha
     assert lease.try_acquire()
     lease.release()
 
-    code = ("import time; from ctl.core import claims; claims.RENEW_SECONDS = 0.2; "
-            "claims.SETTLE_SECONDS = 0.1; "
+    code = ("import time; from ctl.model_dir import claims, lease as leases; leases.RENEW_SECONDS = 0.2; "
+            "leases.SETTLE_SECONDS = 0.1; "
             f"lease = claims.Lease({path!r}, 'trainer'); assert lease.try_acquire(); "
             "print('held', flush=True); time.sleep(60)")
     with _a_process_that_said("held", code) as holder:
         waiting = claims.Lease(path, "trainer", wait=True)
         started = time.monotonic()
         assert not waiting.try_acquire()  # A live holder renews.
-        assert time.monotonic() - started < claims.STALE_SECONDS
+        assert time.monotonic() - started < leases.STALE_SECONDS
         assert f"pid {holder.pid}" in waiting.holder()
 
 
 def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick, monkeypatch):
     """The read-back after `SETTLE_SECONDS`: another taker's record written while this one
     settles (both found none) wins; this one backs off and names it."""
-    monkeypatch.setattr(claims, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
+    monkeypatch.setattr(leases, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
     path = str(tmp_path / "trainer.lock")
     lease = claims.Lease(path, "trainer")
     taken = []
@@ -175,7 +175,7 @@ def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick
     assert lease.try_acquire()
     try:
         _foreign(path, time.time())  # Taken while this holder was frozen.
-        time.sleep(3 * claims.RENEW_SECONDS)
+        time.sleep(3 * leases.RENEW_SECONDS)
         assert lease.lost
         assert json.loads(open(path).read())["token"] == "theirs"
     finally:
@@ -242,8 +242,8 @@ def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     in_line({"step": 30})
     assert ran[-1] == {"step": 30}
 
-    code = ("import time; from ctl.core.evaluator_role import SIDECAR, EvaluatorRole; "
-            "from ctl.core.model_dir import ModelDir; "
+    code = ("import time; from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole; "
+            "from ctl.model_dir import ModelDir; "
             f"EvaluatorRole(ModelDir({directory.path!r}), SIDECAR).announce(); "
             "print('announced', flush=True); time.sleep(120)")
     with _a_process_that_said("announced", code) as process:
@@ -288,7 +288,7 @@ def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tm
     temp, final = str(tmp_path / ".tmp-7"), f"{gcs_dir}/export/7"
     _saved_model_like(temp)
     gcs.inject_faults([{"status": 503, "methods": ["POST", "PUT"], "path_contains": "saved_model.pb"}])
-    code = ("from ctl.core.model_dir import publish_directory\n"
+    code = ("from ctl.model_dir import publish_directory\n"
             f"try:\n    publish_directory({temp!r}, {final!r}, last=['saved_model.pb'])\n"
             "except Exception as error:\n    print(type(error).__name__)")
     publisher = run(python_command(code), env=FEW_RETRIES)
@@ -308,11 +308,11 @@ def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tm
 # In the processes below: TensorFlow retries a 5xx answer twice, not 10 times up to 32 s apart.
 FEW_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
                "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000"}
-QUICK = "claims.RENEW_SECONDS = 0.5; claims.STALE_SECONDS = 20.0; claims.SETTLE_SECONDS = 0.2; "
+QUICK = "leases.RENEW_SECONDS = 0.5; leases.STALE_SECONDS = 20.0; leases.SETTLE_SECONDS = 0.2; "
 
 
 def _in_a_process(code, **kwargs):
-    return Process(python_command("from ctl.core import claims; " + QUICK + code), env=FEW_RETRIES,
+    return Process(python_command("from ctl.model_dir import claims, lease as leases; " + QUICK + code), env=FEW_RETRIES,
                    **kwargs)
 
 
@@ -338,7 +338,7 @@ def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir)
                 f"lease = claims.Lease({path!r}, 'sidecar evaluator', wait={wait})\n"
                 "try:\n    print(lease.try_acquire(), lease.holder())\n"
                 "except Exception as error:\n    from ctl.faults import storage\n"
-                "    from ctl.core.model_dir import ModelDir\n"
+                "    from ctl.model_dir import ModelDir\n"
                 # What `ctl.run` makes of it: a storage fault (exit 74), or a bug (a traceback).
                 f"    print(type(error).__name__, storage.storage_fault_within(error, ModelDir({gcs_dir + '/run'!r}))"
                 " is not None, error)")
@@ -368,7 +368,7 @@ def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir,
     lease = claims.Lease(path, "released-while-renewing")  # Its renewer's thread is named so.
     assert lease.try_acquire()
     gcs.inject_faults([{"delay_ms": 2000, "methods": ["POST"], "path_contains": "evaluator.lock"}])
-    time.sleep(5 * claims.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
+    time.sleep(5 * leases.RENEW_SECONDS)  # A renewal is uploading, held by the bucket.
     lease.release()
     for renewer in [t for t in threading.enumerate()
                     if t.name == "ctl-lease-released-while-renewing"]:

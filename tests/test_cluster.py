@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from ctl import launch
 from ctl.cluster import peers, tf_config as cluster
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.stop import EXIT_PREEMPTED
 from tests.support.env import TEST_GIN
 from tests.support.processes import run_ctl

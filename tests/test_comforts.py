@@ -16,12 +16,12 @@ import tensorflow as tf
 import ctl
 from ctl.comforts.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
-from ctl.core import config
+from ctl.config import gin_config as config
 from tests.support.env import ROOT
 from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.comfort_tasks import EncoderTask
 from tests.tasks import RegressionTask, regression_data
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from ctl.core import console
+from ctl.utils import console
 from tests.support.env import ctl_env, ROOT, TEST_GIN
 from tests.support.processes import Process, ctl_command
 from tests.support.reading import ctl_stderr_lines

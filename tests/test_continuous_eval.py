@@ -16,7 +16,9 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json
+from ctl.model_dir import EVAL_DIR
+from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
+from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.processes import Process, run_ctl
@@ -29,7 +31,7 @@ WAIT_S = 240  # Bound on every wait; the 2-core host is shared.
 
 
 def progress(model_dir):
-    with open(ModelDir(model_dir).sidecar_progress_file) as f:
+    with open(ModelDir(model_dir).file(EVAL_DIR, SIDECAR_PROGRESS_FILE)) as f:
         return {int(k): v for k, v in json.load(f)["checkpoints"].items()}
 
 
@@ -132,7 +134,7 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # In the window: one metrics line, and no progress recorded for it.
     [first] = evaluated_numbers(model_dir)
-    assert not os.path.exists(ModelDir(model_dir).sidecar_progress_file) or first not in progress(model_dir)
+    assert not os.path.exists(ModelDir(model_dir).file(EVAL_DIR, SIDECAR_PROGRESS_FILE)) or first not in progress(model_dir)
 
     restarted = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
@@ -151,7 +153,7 @@ def test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar(
     evaluation steps aside (one line), the sidecar evaluates every checkpoint and owns the
     best checkpoint and the exports; the trainer keeps its run-end hooks (FinalExporter).
     On a local disk (flock) and in a bucket (a real GCS API: leases, no lock)."""
-    from ctl.core import config
+    from ctl.config import gin_config as config
     root = request.getfixturevalue("gcs_dir") if storage == "gs" else str(tmp_path)
     model_dir = f"{root}/run"
     gfile = tf.io.gfile

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import config
-from ctl.core.model_dir import ModelDir, read_json, write_atomically
+from ctl.config import gin_config as config
+from ctl.model_dir import ModelDir, read_json, write_atomically
 from ctl.sidecar import continuous_eval
 from ctl.sidecar.scheduler import ContinuousEval
 from tests.support.env import TEST_GIN

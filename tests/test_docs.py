@@ -8,7 +8,7 @@ How a code block is checked follows its fence's language:
   unknown name or parameter fails), once the page's other blocks ran (its modules are written);
 - `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
   ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
-  defines, its gin files and bindings through `ctl.core.gin_text` and `ctl.core.config.parse` after the
+  defines, its gin files and bindings through `ctl.config.gin_text` and `ctl.config.gin_config.parse` after the
   files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
   a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
   against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
@@ -36,6 +36,7 @@ The built site is read back: no list rendered as a paragraph, no empty or cut ta
 the hook protocol on the Python API page with its docstring.
 """
 
+import ast
 import concurrent.futures
 import functools
 import glob
@@ -368,7 +369,7 @@ CITED_PATH = re.compile(r"`((?:ctl|tests|bench|configs|experiments|tools|docs|\.
 
 
 def test_every_cited_path_exists():
-    """A file or directory of the repository named in the docs (`ctl/core/claims.py`, `configs/`,
+    """A file or directory of the repository named in the docs (`ctl/model_dir/claims.py`, `configs/`,
     `bench/results/*.json`) is there: a renamed module leaves no sentence pointing at nothing."""
     missing = []
     for page in PAGES + ["BUILD.md"]:
@@ -503,13 +504,38 @@ def test_every_exit_status_in_the_code_is_explained():
     assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
 
 
+def _model_dir_names_owned_above() -> set:
+    """The `*_FILE`/`*_DIR` constants a module above `ctl.model_dir` defines and joins into a model
+    dir (`ModelDir.file(NAME)` in that module): the names of the files each layer writes."""
+    found = set()
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "ctl")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                tree = ast.parse(f.read())
+            constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                         for t in n.targets if isinstance(t, ast.Name)
+                         and re.fullmatch(r"[A-Z_]+_(FILE|DIR)", t.id)
+                         and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+            joined = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "file"
+                      for a in n.args if isinstance(a, ast.Name)}
+            found |= {constants[c] for c in joined & set(constants)}
+    return found
+
+
 def test_every_file_of_the_model_dir_is_in_the_reference():
-    """A file `ctl.core.model_dir` names needs its row (who writes it, who reads it)."""
-    from ctl.core import model_dir
+    """A file `ctl.model_dir` names, or a layer above joins into a model dir, needs its row
+    (who writes it, who reads it)."""
+    from ctl import model_dir
 
     names = {value for name, value in vars(model_dir).items()
              if re.fullmatch(r"[A-Z_]+_(FILE|DIR)", name) and isinstance(value, str)}
-    assert names, "no *_FILE or *_DIR constant in ctl.core.model_dir"
+    assert names, "no *_FILE or *_DIR constant in ctl.model_dir"
+    above = _model_dir_names_owned_above()
+    assert {"trainer.lock", "early_stopping.json", "report.png"} <= above, above
+    names |= above
     rows = _hand_written("reference/model-dir.md")
     missing = sorted(n for n in names if f"`{n}" not in rows and f"/{n}" not in rows)
     assert not missing, f"docs/reference/model-dir.md has no row for: {missing}"

@@ -9,7 +9,7 @@ import pytest
 import ctl
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.sidecar_tasks import TwoEvalSetsTask
 
 

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import config
-from ctl.core.model_dir import ModelDir
+from ctl.config import gin_config as config
+from ctl.model_dir import ModelDir
 from ctl.faults.handler import FaultTolerance
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget

@@ -66,12 +66,12 @@ def test_a_record_another_process_rewrites_reads_whole(gcs_dir):
     that many bytes: a record another process rewrote reads cut to the old length.
     `model_dir.read_bytes` (every record read of ctl's, the claims' too) reads one whole
     version each time."""
-    from ctl.core.model_dir import read_bytes, write_atomically
+    from ctl.model_dir import read_bytes, write_atomically
 
     path = f"{gcs_dir}/record.json"
     versions = {b'{"n": 1}\n'} | {b'{"pad": "' + b"x" * n + b'"}\n' for n in range(40)}
     write_atomically(path, b'{"n": 1}\n')
-    rewrite = ("import time; from ctl.core.model_dir import write_atomically\n"
+    rewrite = ("import time; from ctl.model_dir import write_atomically\n"
                "for n in range(100000):\n"
                f"    write_atomically({path!r}, b'{{\"n\": 1}}\\n' if n % 2 else "
                "b'{\"pad\": \"' + b'x' * (n % 40) + b'\"}\\n')\n"

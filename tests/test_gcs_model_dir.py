@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl.core.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
+from ctl.comforts.early_stopping import EARLY_STOPPING_FILE
+from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir import EVAL_DIR
+from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
+from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
 from tests.support.env import ROOT
 from tests.support.processes import Process, run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
@@ -69,7 +73,7 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     assert sidecar.returncode == 0, sidecar.stderr[-3000:]
     records = read_json_lines(directory.sidecar_metrics_file)
     assert [r["number"] for r in records] == [40]
-    assert read_json(directory.sidecar_progress_file)
+    assert read_json(directory.file(EVAL_DIR, SIDECAR_PROGRESS_FILE))
 
     evaluated = run_ctl("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                         timeout=WAIT_S)
@@ -111,7 +115,7 @@ def test_a_second_trainer_on_the_same_bucket_dir_is_refused(gcs_dir):
         first.proc.send_signal(signal.SIGTERM)
         stopped = first.finish(timeout=WAIT_S)
     assert stopped.returncode == 75, stopped.stderr[-3000:]
-    assert not tf.io.gfile.exists(ModelDir(model_dir).trainer_lock_file)  # Released.
+    assert not tf.io.gfile.exists(ModelDir(model_dir).file(TRAINER_LOCK_FILE))  # Released.
 
 
 def test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint(gcs_dir):
@@ -119,7 +123,7 @@ def test_a_trainer_whose_bucket_lease_is_taken_stops_before_its_next_checkpoint(
     the staleness window): at its next loop end it stops, saves nothing more, says so in one
     line and exits 2; the other's record stays."""
     model_dir = f"{gcs_dir}/run"
-    lock_file = ModelDir(model_dir).trainer_lock_file
+    lock_file = ModelDir(model_dir).file(TRAINER_LOCK_FILE)
     with Process.ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
                     "--gin_bindings=ctl.Schedule.train_steps=1000000",
                     "--gin_bindings=ctl.Schedule.max_checkpoints=100",
@@ -213,7 +217,7 @@ def test_warm_start_early_stopping_hparams_and_a_profile_in_the_bucket(gcs_dir):
 
     # Early stopping: stopped after two evaluations without improvement, its record in the bucket.
     assert "early stopping: examples has not improved" in run.stdout
-    assert read_json(directory.early_stopping_file) == {
+    assert read_json(directory.file(EARLY_STOPPING_FILE)) == {
         "metric": "examples", "best": 10.0, "evaluations_without_improvement": 2, "step": 30}
 
     # HParams: the operative values, read from the bucket with TensorBoard's own reader.
@@ -244,8 +248,8 @@ def test_in_line_evaluation_in_a_bucket_reads_the_sidecar_announcement_ahead_off
     # so a sidecar's coming and going is seen one evaluation later.
     import threading
 
-    from ctl.core.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir.evaluator_role import SIDECAR, TRAINER, EvaluatorRole
+    from ctl.model_dir import ModelDir
     readers = []
     read = EvaluatorRole.live_sidecar
 

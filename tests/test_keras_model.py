@@ -86,7 +86,7 @@ ctl.Schedule.checkpoint_interval = 16
 
 
 def test_plain_functions_by_path_train_and_the_model_comes_back(tmp_path):
-    from ctl.core import config
+    from ctl.config import gin_config as config
     from tests import contract_tasks
 
     config.parse([], [line for line in PLAIN.strip().splitlines()])
@@ -125,7 +125,7 @@ def test_restoring_into_another_model_or_from_no_run_is_named(tmp_path):
      r"'package.module.function' string"),
 ])
 def test_a_model_fn_gin_cannot_find_names_the_fix(binding, message):
-    from ctl.core import config
+    from ctl.config import gin_config as config
     from ctl.experiment import Experiment
 
     bindings = [line for line in PLAIN.strip().splitlines() if "model_fn" not in line]

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.core import config
-from ctl.core.model_dir import FINISHED_FILE
+from ctl.config import gin_config as config
+from ctl.model_dir import FINISHED_FILE
 from tests.support.env import ROOT
 from tests.support.processes import Process
 from tests.support.reading import scalars

@@ -18,7 +18,7 @@ from tests.support.probe import MIRRORED, Trainer, read_steps, run_to_end, strai
 from tests.support.processes import python_command, run
 from tests.support.reading import (assert_bit_equal, checkpoint_values, ctl_stderr_lines, latest_step, scalars,
                                    snapshot)
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 
 pytestmark = pytest.mark.slow
 

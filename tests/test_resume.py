@@ -12,8 +12,8 @@ import ctl
 from ctl import train_lib
 from ctl.core.stop import SignalWatcher
 from tests.support.reading import checkpoint_values
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 from tests.fault_tasks import ProbeTask
 
 

@@ -83,7 +83,7 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
             f"--gin_bindings=CarelessHook.path='{careless}'"]
     first = run_ctl(*args)
     assert first.returncode == 0, first.stderr
-    # The process ends without the interpreter's teardown (ctl.core.process_end), after
+    # The process ends without the interpreter's teardown (ctl.utils.process_end), after
     # the exit handlers and with the files a hook left open flushed.
     assert open(careless).read() == "written, never closed\n"
     assert open(careless + ".atexit").read() == "ran\n"
@@ -118,7 +118,7 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
 
 def test_a_hooks_last_write_to_a_bucket_survives_the_fast_exit(gcs_dir, tmp_path):
     """A hook leaves a `tf.io.gfile.GFile` on gs:// open at the run's end: the fast exit
-    (ctl.core.process_end) closes it, so its write reaches the bucket (the GCS emulator)."""
+    (ctl.utils.process_end) closes it, so its write reaches the bucket (the GCS emulator)."""
     careless = f"{gcs_dir}/careless.txt"
     run = run_ctl("--mode=train", f"--model_dir={tmp_path / 'run'}", f"--gin_file={TEST_GIN}",
                   "--gin_bindings=import tests.lifecycle_tasks",

@@ -15,8 +15,8 @@ from ctl import train_lib
 from ctl.faults import run_size
 from ctl.core.stop import SignalWatcher
 from tests.support.strategies import mirrored
-from ctl.core.model_dir import ModelDir
-from ctl.core.run_plan import RunPlan
+from ctl.model_dir import ModelDir
+from ctl.config.run_plan import RunPlan
 from tests.tasks import RegressionTask, regression_data
 
 EXAMPLES = 64  # 8 global batches of 8 per epoch.

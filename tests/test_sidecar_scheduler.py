@@ -3,7 +3,7 @@
 import pytest
 
 from ctl.cluster.tf_config import has_evaluator
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.sidecar.scheduler import (DELETED, EVALUATE, EVALUATED, FAILED, FINISHED, MAX_EVALUATIONS,
                          SKIPPED, TIMEOUT, WAIT, ContinuousEval, Progress, Scheduler)
 

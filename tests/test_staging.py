@@ -1,4 +1,4 @@
-"""Local staging of a model dir in an object store (ctl.core.staging): one root per process,
+"""Local staging of a model dir in an object store (ctl.model_dir.staging): one root per process,
 removed when the process ends, and after a SIGKILL by the next process; a live process's root
 is never touched. Real processes, `$TMPDIR` pointed at the test's own directory."""
 
@@ -7,12 +7,12 @@ import signal
 
 import pytest
 
-from ctl.core import staging
+from ctl.model_dir import staging
 from tests.support.processes import Process, python_command
 from tests.support.probe import read_steps, run_to_end, Trainer
 
 # A process that makes its staging root, says where, and waits for a line on stdin.
-HOLDER = ("import sys; from ctl.core import staging; print(staging.directory('probe'), flush=True); "
+HOLDER = ("import sys; from ctl.model_dir import staging; print(staging.directory('probe'), flush=True); "
           "sys.stdin.readline()")
 
 

@@ -19,7 +19,7 @@ from ctl.faults.storage import EXIT_STORAGE_FAULT, StorageFault, storage_fault_w
 from tests.support.env import ROOT
 from tests.support.processes import run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 
 FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 BALLAST = "--gin_bindings=ProbeTask.ballast_kb=600"

@@ -100,7 +100,7 @@ def sweep(tmp_path_factory):
      "value = 'max'; expected one of: best, last."),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
     from ctl.sweep import sweep_file
 
     with pytest.raises(UserError) as raised:
@@ -205,7 +205,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 @pytest.mark.slow
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     for number in (0, 1):
         trial = sweep["trials"][number]
@@ -231,7 +231,7 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
 def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     """The trial's own run asks the pruner at its evaluation of step 20 and stops right there: its
     last train loop ends at 20, its final checkpoint is 20, it exits 0 and says why."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import pruning
 
     trial = sweep["trials"][2]
@@ -255,7 +255,7 @@ def test_a_pruned_trial_run_again_stops_at_once(sweep):
     """As after a worker killed between its trial's prune and the study's update: the trial's
     command again (what the next worker runs) trains no step, stops at its pruned checkpoint and
     exits 0, and the worker would read the same pruning record."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import runner, sweep_file
 
     spec, trial = sweep_file.load(sweep["file"]), sweep["trials"][2]
@@ -372,7 +372,7 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     slot's orphan). kill -9 of that worker mid-trial, then a worker in another slot (the first slot
     held, as by a worker that never returns): it takes the trial over after the grace period. One
     trial, same number, same values, resumed from its checkpoints each time, never restarted."""
-    from ctl.core.model_dir import ModelDir, read_json_lines
+    from ctl.model_dir import ModelDir, read_json_lines
 
     sweep_file = write(tmp_path / "one.toml", 'objective = "accuracy"\ntrials = 1\nsampler = "random"\n'
                        'seed = 0\npruner = "none"\n[space]\n'
@@ -409,7 +409,9 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
             step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
-            with open(model_dir.trainer_lock_file) as f:
+            from ctl.faults.lock import TRAINER_LOCK_FILE
+
+            with open(model_dir.file(TRAINER_LOCK_FILE)) as f:
                 trial_pid = json.load(f)["pid"]  # The trial's ctl.run: forked by the worker's launcher.
             assert trial_pid != second.pid
             second.kill()  # kill -9: its trial's ctl.run dies with it (PR_SET_PDEATHSIG).
@@ -458,7 +460,7 @@ def test_no_trial_starts_after_the_timeout_and_the_sweep_ends(tmp_path):
 def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path):
     """Two trials forked by one worker's launcher (TensorFlow imported once, each child parsing its
     own flags and gin) end with the same evaluations as the same trials each in a new process."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     sweep_file = write(tmp_path / "two.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
                        'seed = 3\npruner = "none"\n[space]\n'
@@ -489,7 +491,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     0.01) completes, then trial 1 (1e-6) is pruned at its first evaluation."""
     from tensorboard.backend.event_processing import plugin_event_multiplexer
 
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep import pruning, report
 
     sweep_file = write(tmp_path / "bucket.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
@@ -531,7 +533,7 @@ def test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir(tmp_pat
     ("FILE", "is a file"),
 ])
 def test_a_bad_trials_dir_is_one_line(tmp_path, gcs, trials_dir, expected):
-    from ctl.core.errors import UserError
+    from ctl.utils.errors import UserError
     from ctl.sweep import sweep_dir
 
     if trials_dir == "FILE":

@@ -16,7 +16,7 @@ from ctl.core.trainer import Trainer
 from ctl.core.stop import SignalWatcher
 from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 from tests.sidecar_tasks import SlowRegressionTask
 from tests.tasks import FLAVORS, RegressionTask, regression_data
 from tests.support.reading import assert_bit_equal

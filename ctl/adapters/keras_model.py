@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Union
 import gin
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.task import Task, shard_for_pipeline
 
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, Mapping, Sequence, Union
 import gin
 import tensorflow as tf
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.task import Task
 
 Override = Union[str, Mapping[str, Any]]

@@ -14,7 +14,7 @@ from typing import Optional
 import tensorflow as tf
 
 from ctl.cluster.tf_config import STRATEGIES, ClusterConfig
-from ctl.core.errors import UserError, first_line, require_choice
+from ctl.utils.errors import UserError, first_line, require_choice
 
 # More logical CPU devices than this only rehearse replica logic more slowly: with
 # --cpu_replicas=100000 TensorFlow spends minutes setting the devices up.

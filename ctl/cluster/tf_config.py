@@ -26,8 +26,8 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from ctl.core.errors import UserError
-from ctl.core.run_plan import CONTINUOUS_EVAL, TRAIN
+from ctl.utils.errors import UserError
+from ctl.config.run_plan import CONTINUOUS_EVAL, TRAIN
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # The strategies (`ctl.cluster.distribute`): here, without TensorFlow, for the flags.

@@ -12,7 +12,7 @@ the evaluated state (`run.checkpoint`: model, optimizer, global step) to
      "path": ".../best/ckpt-1500"}
 
 Both writes are whole, in that order: the checkpoint is written aside and
-published (`ctl.core.model_dir.publishing`: a rename on a file system; in
+published (`ctl.model_dir.publishing`: a rename on a file system; in
 an object store its `.index` copied last, then a marker), then the record,
 atomically; so a crash leaves the previous record valid. The best checkpoint lives outside the
 files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention
@@ -28,9 +28,9 @@ import gin
 import tensorflow as tf
 
 from ctl.comforts.eval_results import improved, metric_value
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import read_json, write_json
+from ctl.model_dir import read_json, write_json
 
 
 class BestMetric:

@@ -9,9 +9,11 @@ read as `ctl.comforts.eval_results` reads it ("set/name" for a named eval set).
 import gin
 
 from ctl.comforts.eval_results import improved, metric_value
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import read_json, write_json
+from ctl.model_dir import read_json, write_json
+
+EARLY_STOPPING_FILE = "early_stopping.json"  # In the model dir: the count, kept across restarts.
 
 
 @gin.configurable(module="ctl.hooks")
@@ -33,7 +35,7 @@ class EarlyStopping(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.path = run.directory.early_stopping_file
+        self.path = run.directory.file(EARLY_STOPPING_FILE)
         state = self._read()
         if state["evaluations_without_improvement"] >= self.patience:  # Stopped before a restart.
             run.stop.request(f"early stopping (recorded in {self.path})")

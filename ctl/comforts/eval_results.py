@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 import orbit
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def flat_logs(logs, prefix: str = "") -> Dict[str, Any]:

@@ -9,7 +9,7 @@ hook (`ctl.hooks`) acting on evaluation results or checkpoint saves:
     ctl.hooks.BestExporter.higher_is_better = True
 
 Exports go to `<model_dir>/export/<name>/<global step>/`. Each is written to a
-temporary directory next to it and published whole (`ctl.core.model_dir.
+temporary directory next to it and published whole (`ctl.model_dir.
 publishing`: renamed into place on a file system; in an object store
 copied with `saved_model.pb` and then the marker `ctl_published.json` last), so
 a reader sees a whole SavedModel or none, and a restart replaces a half one
@@ -26,10 +26,10 @@ import gin
 import tensorflow as tf
 
 from ctl.comforts.best import BestMetric
-from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.utils import console
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.model_dir import is_published, publishing, temporaries
+from ctl.model_dir import is_published, publishing, temporaries
 from ctl.core.serving import default_serving_signatures
 
 

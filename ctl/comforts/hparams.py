@@ -1,7 +1,7 @@
 """Hyperparameters in TensorBoard: each run's operative gin values as an HParams summary.
 
 When a training run ends normally, the chief writes the operative config
-(`ctl.core.config.operative_values`: every parameter gin bound or defaulted,
+(`ctl.config.gin_config.operative_values`: every parameter gin bound or defaulted,
 macros included) with `tensorboard.plugins.hparams.api.hparams` to an events
 file in `<model_dir>` itself, the run whose `train/` and `eval/` scalars hold
 the metrics. Point TensorBoard at a directory of model dirs and the HParams
@@ -13,23 +13,26 @@ As the table shows them (`tensorboard_values`): a parameter bound to a macro
 shows the macro's value (`Schedule.train_steps: 2000`, not `%TRAIN_STEPS`); an
 integer shows as one (TensorBoard keeps numbers as floats and prints `2000.00`:
 integers are written as their text); and two columns say how the run ended:
-`state` (`complete`; `pruned`, a sweep's trial stopped by its pruner, whose
-`sweep_pruned.json` is in the model dir; `stopped`, another stop a hook asked
-for, e.g. early stopping; `failed`, written by `ctl.sweep.trial` for a trial
-whose run failed) and `step`, its last global step.
+`state` (`complete`; `stopped`, a stop a hook asked for, e.g. early stopping;
+for a sweep's trial, `pruned` when its pruner stopped it (`END_STATE`, set by
+`ctl.sweep.trial`), and `failed`, written by `ctl.sweep.trial` when its run
+failed) and `step`, its last global step.
 
 ctl adds this hook to every run, on the chief.
 """
 
 import os
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
-from ctl.core import config
+from ctl.config import gin_config as config
 from ctl.core.hook_protocol import Hook
 
 STATE, STEP = "state", "step"  # The columns that say how the run ended.
+# Names a run's end state other than complete or stopped (None: not this run), set by the
+# program the run is part of: `ctl.sweep.trial` says "pruned" when its pruner stopped it.
+END_STATE: Optional[Callable[[Any], Optional[str]]] = None
 
 
 def tensorboard_values(values: Dict[str, Any]) -> Dict[str, Any]:
@@ -60,12 +63,7 @@ class HParamsSummary(Hook):
     """Writes the run's operative gin values as an HParams summary at the end of training."""
 
     def on_trial_close(self, unused_logs) -> None:
-        from ctl.core.model_dir import read_json
-
-        if read_json(self.run.directory.sweep_pruned_file) is not None:
-            state = "pruned"
-        elif self.run.stop.should_stop:
-            state = "stopped"
-        else:
-            state = "complete"
+        state = END_STATE(self.run) if END_STATE is not None else None
+        if state is None:
+            state = "stopped" if self.run.stop.should_stop else "complete"
         write_summary(self.run.directory.path, config.operative_values(), state, self.run.step)

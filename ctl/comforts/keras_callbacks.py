@@ -15,7 +15,7 @@ The same calls wherever the evaluation runs, in-line (`train_and_eval`,
 
 The test calls come from the Trainer's evaluation itself (`eval_callbacks`: its
 host loop, one call per batch); `on_epoch_end` is an eval-side hook action, run
-by the process that owns the eval-side hooks (`ctl.core.evaluator_role`). On a
+by the process that owns the eval-side hooks (`ctl.model_dir.evaluator_role`). On a
 sidecar, `model` is the restored model, the epoch's logs hold only the `val_`
 entries (it trains nothing), and the run's end is the sidecar's (the trainer's
 final checkpoint evaluated, or `max_evaluations`). `epoch` counts this
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Sequence
 import gin
 
 from ctl.comforts.progress import scalars
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 
 

@@ -24,9 +24,11 @@ from typing import Optional
 import gin
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError
+from ctl.utils import console
+from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
+
+PROFILE_DIR = "plugins/profile"  # In the train dir: TensorBoard's run, the profiler's layout.
 
 
 @gin.configurable(module="ctl.hooks")
@@ -45,7 +47,7 @@ class Profile(Hook):
 
     def bind(self, run: Run) -> None:
         super().bind(run)
-        self.logdir = run.directory.train_dir  # The profiler adds `ModelDir.profile_dir`'s part.
+        self.logdir = run.directory.train_dir  # The profiler adds `PROFILE_DIR`.
 
     def on_train_loop_end(self, unused_logs) -> None:
         if self._done or not self.run.chief:

@@ -5,7 +5,7 @@
 
 (The sidecar evaluator keeps its own records in `<model_dir>/eval/metrics.jsonl`.)
 `MetricsLog` is a hook (`ctl.hooks`) that ctl adds to every run on the
-chief; it runs eagerly on the host. What a run prints is `ctl.core.console`'s.
+chief; it runs eagerly on the host. What a run prints is `ctl.utils.console`'s.
 """
 
 import json
@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from ctl.comforts.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
-from ctl.core.background import uploads
-from ctl.core.model_dir import is_object_store, read_text, write_atomically
+from ctl.model_dir.background import uploads
+from ctl.model_dir import is_object_store, read_text, write_atomically
 
 
 def scalars(logs) -> Dict[str, float]:
@@ -43,7 +43,7 @@ class MetricsLog(Hook):
     every loop: docs/bench.md); each line is flushed as one write, so readers never see half a
     record and a killed run loses none. In an object store, where an append
     uploads the whole file again, the lines are kept in memory and the file
-    is uploaded whole from `ctl.core.background` (one upload queued at a time,
+    is uploaded whole from `ctl.model_dir.background` (one upload queued at a time,
     each with every line so far); a SIGKILL loses the lines not yet uploaded.
     """
 

@@ -11,7 +11,7 @@ A run started again once it is complete (`completed_run`: the trainer marked
 it finished at or past `train_steps`, its final checkpoint is there and, with
 in-line evaluation, an evaluation of that step is on record) writes
 nothing: it says so in the same lines and returns the recorded results.
-Everything here reads the model dir through `ctl.core.model_dir` and runs
+Everything here reads the model dir through `ctl.model_dir` and runs
 eagerly on the host.
 """
 
@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.model_dir import ModelDir, read_json, results_of
+from ctl.utils import console
+from ctl.model_dir import ModelDir, read_json, results_of
 
 KIND = "done"
 

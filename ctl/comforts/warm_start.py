@@ -21,9 +21,9 @@ from typing import Dict, Optional, Sequence
 import gin
 import tensorflow as tf
 
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.checkpoint_contents import SavedGraph, variable_paths
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.core.hook_protocol import Hook
 
 

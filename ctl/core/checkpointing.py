@@ -1,7 +1,7 @@
 """Checkpoint saving on aligned steps, and restores that refuse a different model.
 
 Which checkpoint a restore picks when the model dir is damaged (the corruption
-policy) is `ctl.core.model_dir.ModelDir.restore_newest`'s decision.
+policy) is `ctl.model_dir.ModelDir.restore_newest`'s decision.
 
 `tf.train.CheckpointManager` counts its interval from the first save (steps
 100, 600, 1100 for an interval of 500) and restores whatever matches, silently
@@ -14,8 +14,8 @@ is written.
 In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
 temporary directory and renames each, a copy and a delete there, every
 request tens of milliseconds, all on the training thread. So there the
-manager saves to a local staging directory (`ctl.core.staging`) and hands the
-upload to `ctl.core.background` (its checkpoints lane, beside the summaries'):
+manager saves to a local staging directory (`ctl.model_dir.staging`) and hands the
+upload to `ctl.model_dir.background` (its checkpoints lane, beside the summaries'):
 the data files, then the index, then the `checkpoint` state file naming it
 (after the summaries and metrics written before the save), then the deletion
 of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
@@ -30,10 +30,11 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from ctl.core import console, staging
-from ctl.core.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
-from ctl.core.errors import UserError, first_line
-from ctl.core.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
+from ctl.utils import console
+from ctl.model_dir import staging
+from ctl.model_dir.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
+from ctl.utils.errors import UserError, first_line
+from ctl.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
                                 is_object_store)
 
 
@@ -55,7 +56,7 @@ class CheckpointManager:
     at the first save: TensorFlow's reads the `checkpoint` state file when it
     is built and fails on a damaged one, and a restore must write nothing (a
     run refused later leaves the model dir as it was). When the restore had to
-    skip something (`ctl.core.model_dir.ModelDir.restore_newest`), the state
+    skip something (`ctl.model_dir.ModelDir.restore_newest`), the state
     file is rewritten to name the restored checkpoint just before that first
     save. The interface is the subset of `tf.train.CheckpointManager`'s that
     orbit's Controller and ctl use.

@@ -31,8 +31,8 @@ from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError, one_line, user_error_within
+from ctl.utils import console
+from ctl.utils.errors import UserError, one_line, user_error_within
 from ctl.core.task import Task, loss_and_ignored_aux
 
 _INFINITE = int(tf.data.INFINITE_CARDINALITY)

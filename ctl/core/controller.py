@@ -7,7 +7,7 @@ this one: tests/test_orbit_controller_tests.py) and subclasses nothing of orbit'
 loop it would otherwise override method by method (BUILD.md, "orbit"). It
 keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
 `save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
-through `ctl.core.console` (one format, rate and ETA from steady-state loops),
+through `ctl.utils.console` (one format, rate and ETA from steady-state loops),
 and it adds a stop request and checkpoint hooks: `train` also checks
 `stop.should_stop` after every train loop, and `train_and_evaluate` after every
 evaluation, so a stop request ends training at the next boundary, with a final
@@ -58,7 +58,7 @@ from typing import Callable, Optional, Sequence, Union
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core import console
+from ctl.utils import console
 from ctl.core.checkpointing import CheckpointManager
 from ctl.core.stop import StopRequest
 from ctl.core.summaries import SummaryManager

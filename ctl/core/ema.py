@@ -21,7 +21,7 @@ only their variables are read and assigned.
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def validate(decay) -> None:

@@ -37,11 +37,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 # The stop request is defined with every other stop (signals, the second signal's exit);
 # it belongs to the hook protocol, and `ctl.hooks` exports it from here.
 from ctl.core.stop import StopRequest
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import ModelDir
 
 HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_eval_end",
                 "on_checkpoint_end", "on_trial_close")
@@ -51,7 +51,7 @@ HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_
 class Run:
     """What a hook may read and use: the run's directory, model and step.
 
-    `directory` is the run's `ctl.core.model_dir.ModelDir` (the names of its
+    `directory` is the run's `ctl.model_dir.ModelDir` (the names of its
     files); `model_dir` its path.
 
     `model` is the model being trained; `eval_model` the one evaluation uses

@@ -25,7 +25,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from ctl.core.errors import require_choice
+from ctl.utils.errors import require_choice
 
 POLICIES = ("mixed_float16", "mixed_bfloat16")
 

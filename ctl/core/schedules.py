@@ -23,7 +23,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def register_schedules(keras_module) -> None:

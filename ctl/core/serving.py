@@ -9,7 +9,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
 

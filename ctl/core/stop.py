@@ -32,7 +32,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from ctl.core import console
+from ctl.utils import console
 
 EXIT_PREEMPTED = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

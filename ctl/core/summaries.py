@@ -31,9 +31,9 @@ with one call whose flush covers the steps' summaries too. An evaluation's
 flush.
 
 In an object store (`gs://`), where a flush of an event file uploads the whole
-file again, the writers write to a local directory (`ctl.core.staging`,
+file again, the writers write to a local directory (`ctl.model_dir.staging`,
 removed by `close()`) and each flush hands an upload of the files that grew to
-`ctl.core.background` (`mirror`): the loop never waits for the store, and the
+`ctl.model_dir.background` (`mirror`): the loop never waits for the store, and the
 uploads land in the order of the flushes, before the checkpoint that follows
 them.
 
@@ -49,9 +49,9 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from ctl.core import staging
-from ctl.core.background import upload, uploads
-from ctl.core.model_dir import eval_set_dir, is_object_store, uploaded_path
+from ctl.model_dir import staging
+from ctl.model_dir.background import upload, uploads
+from ctl.model_dir import eval_set_dir, is_object_store, uploaded_path
 
 
 class SummaryManager:

@@ -43,7 +43,7 @@ import keras
 import tensorflow as tf
 
 from ctl.core import precision
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 # What a train step calls here has no Python control flow on tensors: autograph need
 # not convert it (converting these was a share of the digits job's time: bench figure 8, docs/bench.md).

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from ctl.core import aggregation, checkpoint_contents, contract, loops, precision, xla
 from ctl.core.ema import MovingAverage
-from ctl.core.errors import UserError, user_error_within
+from ctl.utils.errors import UserError, user_error_within
 from ctl.core.evaluation import Evaluation
 from ctl.core.loops import plain
 from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd

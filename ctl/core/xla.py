@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 _UNSUPPORTED = re.compile(
     r"Detected unsupported operations when trying to compile graph .*? on (\S+?): (.*?)"

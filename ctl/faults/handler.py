@@ -35,9 +35,10 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import checkpointing, console
+from ctl.core import checkpointing
+from ctl.utils import console
 from ctl.core.runner import TrainLoopEnd
-from ctl.core.errors import UserError, require_choice
+from ctl.utils.errors import UserError, require_choice
 from ctl.faults import resume
 from ctl.faults.lock import ModelDirLock
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget

@@ -11,18 +11,20 @@ trainer can name the holder:
 
 In an object store (`gs://`, `s3://`), which has no lock, the same file is a
 lease that the trainer renews every few seconds and deletes when it ends
-(`ctl.core.claims.Lease`: what it catches and what it cannot). A trainer that
+(`ctl.model_dir.lease.Lease`: what it catches and what it cannot). A trainer that
 finds another host's fresh lease watches it until it is renewed (refused) or
 goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
-`ctl.core.claims.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
+`ctl.model_dir.lease.STALE_SECONDS`. A trainer whose lease another took meanwhile (it
 was frozen or cut off longer than that) stops at the end of its next train loop,
 before that loop's checkpoint, with one line and exit 2
 (`ModelDirLock.stop_if_taken`, `ModelDirTaken`).
 """
 
-from ctl.core.claims import claim_for
-from ctl.core.errors import UserError
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir.claims import claim_for
+from ctl.utils.errors import UserError
+from ctl.model_dir import ModelDir
+
+TRAINER_LOCK_FILE = "trainer.lock"  # In the model dir: one trainer at a time.
 
 
 class ModelDirTaken(UserError):
@@ -40,7 +42,7 @@ class ModelDirLock:
 
     def __init__(self, directory: ModelDir):
         self.model_dir = directory.path
-        self._claim = claim_for(directory.trainer_lock_file, "trainer", wait=True)
+        self._claim = claim_for(directory.file(TRAINER_LOCK_FILE), "trainer", wait=True)
         self.path = self._claim.path
 
     def stop_if_taken(self, step: int) -> None:

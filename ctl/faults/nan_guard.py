@@ -13,7 +13,7 @@ to recover from the last checkpoint, and keeps count of recoveries.
 
 from typing import Optional
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 NAN_POLICIES = ("stop", "recover")
 

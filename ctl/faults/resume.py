@@ -45,8 +45,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import console, contract
-from ctl.core.errors import first_line
+from ctl.utils import console
+from ctl.core import contract
+from ctl.utils.errors import first_line
 from ctl.faults import run_size
 
 

@@ -23,7 +23,7 @@ What counts as a storage fault:
   (resource exhausted, permission denied, unavailable, aborted after retries,
   data loss, failed precondition, unknown, internal, deadline exceeded) whose
   message names a path in the model dir, or in the local staging root of a model
-  dir in an object store (`ctl.core.staging`: a full local disk there is a
+  dir in an object store (`ctl.model_dir.staging`: a full local disk there is a
   storage fault too). An out-of-memory error names no path: it keeps its
   traceback, as every bug does.
 """
@@ -36,8 +36,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from ctl.core import staging
-from ctl.core.model_dir import ModelDir
+from ctl.model_dir import staging
+from ctl.model_dir import ModelDir
 
 EXIT_STORAGE_FAULT = 74
 

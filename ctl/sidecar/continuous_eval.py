@@ -40,17 +40,22 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ctl.core import config, console, model_dir as files, staging
-from ctl.core.background import uploads
+from ctl.config import gin_config as config
+from ctl import model_dir as files
+from ctl.model_dir import staging
+from ctl.utils import console
+from ctl.model_dir.background import uploads
 from ctl.core.checkpoint_contents import MODEL, SavedGraph, saved_step
 from ctl.core.checkpointing import UnreadableCheckpointError, restore
-from ctl.core.errors import UserError, first_line
-from ctl.core.evaluator_role import SIDECAR, EvaluatorRole
+from ctl.utils.errors import UserError, first_line
+from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.hook_protocol import Hooks, Run, eval_callbacks
-from ctl.core.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
+from ctl.model_dir import ModelDir, checkpoint_files, checkpoint_index, is_object_store
 from ctl.core.stop import SignalWatcher
 from ctl.core.summaries import SummaryManager
 from ctl.sidecar import scheduler as sidecar
+
+SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In the eval dir: what the sidecar did with each checkpoint.
 
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations."""
@@ -249,7 +254,7 @@ def evaluate_continuously(
     console.info(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
-        settings.max_evaluations, len(progress.outcomes), directory.sidecar_progress_file)
+        settings.max_evaluations, len(progress.outcomes), directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE))
     evaluator = CheckpointEvaluator(experiment, strategy, directory)
     role, hooks = _evaluator_role(experiment, evaluator, directory)
     try:
@@ -348,7 +353,7 @@ def _record_vanished(seen: Dict[int, str], present: Dict[int, str],
 def _evaluator_role(experiment, evaluator: CheckpointEvaluator,
                     directory: ModelDir) -> Tuple[EvaluatorRole, List[Any]]:
     """The sidecar's role, with the `on_eval_end` actions of the experiment's hooks bound to
-    the evaluated checkpoint, run only if this process owns them (`ctl.core.evaluator_role`),
+    the evaluated checkpoint, run only if this process owns them (`ctl.model_dir.evaluator_role`),
     and those hooks.
 
     Only the eval side runs here (exporters, best checkpoint): run-end hooks such
@@ -404,14 +409,14 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
     A progress record that cannot be read is ignored (one WARNING): the
     metrics file still says which checkpoints were evaluated.
     """
-    progress = sidecar.Progress.from_record(files.read_json(directory.sidecar_progress_file))
+    progress = sidecar.Progress.from_record(files.read_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE)))
     for record in directory.sidecar_evaluations():
         progress.record(int(record["number"]), sidecar.EVALUATED)
     return progress
 
 
 def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
-    files.write_json(directory.sidecar_progress_file, progress.to_record())
+    files.write_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE), progress.to_record())
 
 
 

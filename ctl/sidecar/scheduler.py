@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import gin
 
-from ctl.core.errors import UserError, require_choice
+from ctl.utils.errors import UserError, require_choice
 
 POLICIES = ("all", "latest")
 

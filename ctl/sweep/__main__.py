@@ -15,7 +15,7 @@ add workers. With `--trials_dir`, the trials' model dirs are
 checkpoint and exits 75. Without Optuna installed: one line naming the extra.
 """
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -27,7 +27,7 @@ import sys  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from ctl.core.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
@@ -106,7 +106,8 @@ def _check(sweep) -> None:
     """The gin text, then the space against the config, then --trials_dir (TensorFlow is
     imported here)."""
     import ctl
-    from ctl.core import devices, gin_text
+    from ctl.config import gin_text
+    from ctl.utils import devices
     from ctl.sweep import sweep_dir, sweep_file
 
     devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.

@@ -19,7 +19,7 @@ parsed, no gin file is read. For each trial it forks a child, which
 - runs `python -m ctl.run ...` as `__main__` (`runpy`) with the trial's argv:
   absl parses its flags anew, gin parses its files, TensorFlow starts its
   runtime, all in the child; it exits like that command, with its status,
-  after its exit handlers (`ctl.core.process_end`, registered first in the
+  after its exit handlers (`ctl.utils.process_end`, registered first in the
   launcher, so that the handlers of the modules imported here run before it).
 
 The launcher reports each child's pid, then its exit status (as `Popen`'s
@@ -37,7 +37,7 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 FORKS = sys.platform.startswith("linux")  # Elsewhere, no `PR_SET_PDEATHSIG`: a process per trial.
 

@@ -30,6 +30,8 @@ import optuna
 
 from ctl.sweep.sweep_file import SweepFile
 
+SWEEP_PRUNED_FILE = "sweep_pruned.json"  # In a trial's model dir: why it was pruned.
+
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
     name = options["name"]
@@ -47,9 +49,9 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
     which value."""
-    from ctl.core.model_dir import ModelDir, write_json
+    from ctl.model_dir import ModelDir, write_json
 
-    write_json(ModelDir(model_dir).sweep_pruned_file, {
+    write_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE), {
         "pruner": pruner["name"], "options": pruner, "step": step, "objective": objective,
         "value": value, "time": time.time(),
         "why": f"{objective} = {value:.6g} at step {step} was not good enough for the "
@@ -57,9 +59,9 @@ def record_pruned(model_dir: str, pruner: Dict[str, Any], objective: str, step: 
 
 
 def read_pruned(model_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import ModelDir, read_json
+    from ctl.model_dir import ModelDir, read_json
 
-    return read_json(ModelDir(model_dir).sweep_pruned_file)
+    return read_json(ModelDir(model_dir).file(SWEEP_PRUNED_FILE))
 
 
 class PruneAtEvaluations:
@@ -88,7 +90,7 @@ class PruneAtEvaluations:
         pruned = read_pruned(run.model_dir)
         if run.chief and isinstance(pruned, dict):
             run.stop.request(f"the trial was pruned at step {pruned.get('step')} "
-                             f"({run.directory.sweep_pruned_file})")
+                             f"({run.directory.file(SWEEP_PRUNED_FILE)})")
 
     def on_eval_end(self, logs) -> None:
         value, step = self._objective(logs), self.run.step
@@ -119,7 +121,7 @@ class PruneAtEvaluations:
 
     def _objective(self, logs) -> float:
         from ctl.comforts.eval_results import flat_logs
-        from ctl.core.errors import UserError
+        from ctl.utils.errors import UserError
 
         flat = flat_logs(logs)
         if self.sweep.objective not in flat:

@@ -19,7 +19,7 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 def _order(trial, maximize: bool) -> Tuple[int, float, int]:
@@ -51,7 +51,7 @@ def load(sweep_dir: str):
 
 
 def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
     from ctl.sweep.study import MODEL_DIR
     from ctl.sweep.sweep_dir import trial_dir
 
@@ -122,7 +122,7 @@ def plot(trials: list, record: dict, path: str,
     points per state)."""
     from matplotlib.ticker import MaxNLocator
 
-    from ctl.core.figures import pyplot, write_png
+    from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
     objective = record.get("objective", "value")

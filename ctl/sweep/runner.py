@@ -11,7 +11,7 @@ holds). While it runs, the worker renews the trial's heartbeat and passes its
 own SIGTERM on. The child's output goes to `<sweep_dir>/trials/<number>/sweep_trial.log`
 (its model dir, unless `--trials_dir` put that elsewhere). Everything read from
 the model dir (the evaluations, `sweep_pruned.json`) is read through
-`ctl.core.model_dir` (`tf.io.gfile`): it may be on a bucket.
+`ctl.model_dir` (`tf.io.gfile`): it may be on a bucket.
 
 How it ends, from the child's exit status and its model dir:
   0 or 75, with sweep_pruned.json  pruned: the value it was pruned on
@@ -92,7 +92,7 @@ def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number
 
 def eval_records(model_dir: str) -> List[Dict[str, Any]]:
     """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     return ModelDir(model_dir).metrics("eval")
 

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional
 import optuna
 from optuna.trial import TrialState
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 from ctl.sweep import sweep_dir as layout
 from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
 

@@ -4,7 +4,7 @@
       sweep.json              where the study is: its name, storage (no password), objective, budget,
                               the trials' dir
       study.journal           the study (Optuna's journal file), unless --storage names a database
-      trials/<number>/        each trial's model dir (`ctl.core.model_dir`), plus
+      trials/<number>/        each trial's model dir (`ctl.model_dir`), plus
         sweep_trial.log         the trial's run's output (always here, on this machine)
         sweep_pruned.json       why it was pruned (`ctl.sweep.pruning`)
       workers/<slot>.lock     held (flock) by the worker in that slot
@@ -19,7 +19,7 @@ and the rest stays in the sweep dir.
 import os
 from typing import Any, Dict, Optional
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 
 RECORD_FILE = "sweep.json"
 JOURNAL_FILE = "study.journal"
@@ -44,7 +44,7 @@ def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> 
 def reachable(model_dir: str) -> bool:
     """Whether a trial's model dir, recorded by another machine's worker, is there from here (a
     bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow)."""
-    from ctl.core.model_dir import ModelDir
+    from ctl.model_dir import ModelDir
 
     return ModelDir(model_dir).exists()
 
@@ -87,12 +87,12 @@ def slot_lock_file(sweep_dir: str, index: int) -> str:
 
 
 def write_record(sweep_dir: str, record: Dict[str, Any]) -> None:
-    from ctl.core.model_dir import write_json
+    from ctl.model_dir import write_json
 
     write_json(os.path.join(sweep_dir, RECORD_FILE), record)
 
 
 def read_record(sweep_dir: str) -> Optional[Dict[str, Any]]:
-    from ctl.core.model_dir import read_json
+    from ctl.model_dir import read_json
 
     return read_json(os.path.join(sweep_dir, RECORD_FILE))

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tomllib
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("asha", "median", "none")
@@ -287,7 +287,7 @@ def check_against_config(sweep: SweepFile, gin_files: Sequence[str], gin_binding
     import gin
 
     import ctl
-    from ctl.core import config
+    from ctl.config import gin_config as config
 
     ctl.import_api()
     sampled = [p.binding_text(p.example()) for p in sweep.space]

@@ -18,7 +18,7 @@ or `--storage`. A worker starts this (`ctl.sweep.runner`); by hand, the same
 command resumes the trial.
 """
 
-from ctl.core import process_end
+from ctl.utils import process_end
 
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
@@ -26,7 +26,7 @@ if __name__ == "__main__":  # First, so that it runs after every other exit hand
 from absl import app, flags  # noqa: E402
 
 from ctl import run as ctl_run  # noqa: E402 - ctl.run's flags, defined on import.
-from ctl.core.errors import UserError, exit_with_error  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): the objective, the study, the pruner.")
@@ -53,6 +53,9 @@ def main(argv):
         from ctl.hooks import BestCheckpoint
 
         hooks.insert(0, BestCheckpoint(sweep.objective, higher_is_better=sweep.maximize))
+    from ctl.comforts import hparams
+
+    hparams.END_STATE = lambda run: "pruned" if pruning.read_pruned(run.model_dir) else None
     try:
         ctl_run.main(argv, hooks=hooks)
     except SystemExit as end:
@@ -76,8 +79,8 @@ def _failed_summary() -> None:
     import gin
 
     from ctl.comforts import hparams
-    from ctl.core import config
-    from ctl.core.model_dir import ModelDir
+    from ctl.config import gin_config as config
+    from ctl.model_dir import ModelDir
 
     try:
         values = config.operative_values(gin.config_str())

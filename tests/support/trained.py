@@ -13,7 +13,7 @@ def trained_dir(tmp_path_factory):
     marker), trained in this process at the first call for those steps. Shared: read it, or
     copy it to change it. Call it before the test parses a config of its own."""
     import ctl
-    from ctl.core import config
+    from ctl.config import gin_config as config
 
     made = {}
 

@@ -6,7 +6,7 @@ model dir would both evaluate every checkpoint and both write `eval/`
 evaluations there (the best checkpoint, exports, early stopping, a user
 hook's files) belong to exactly one of them. `EvaluatorRole` is each
 process's side of that decision, in one claim of the model dir
-(`ctl.core.claims`: an `flock` on a file system, a lease in an object store)
+(`ctl.model_dir.claims`: an `flock` on a file system, a lease in an object store)
 whose record names the evaluator:
 
     <model_dir>/evaluator.lock   {"role": "sidecar evaluator" | "trainer", "pid", "host", "since", ...}
@@ -50,9 +50,10 @@ age compares the holder's clock with the reader's. Eager, on the host.
 import threading
 from typing import Any, Callable, Iterable, Optional
 
-from ctl.core import console
-from ctl.core.claims import Claim, claim_for
-from ctl.core.model_dir import ModelDir, is_object_store
+from ctl.model_dir.claims import Claim, claim_for
+from ctl.model_dir.files import is_object_store
+from ctl.model_dir.layout import ModelDir
+from ctl.utils import console
 
 TRAINER = "trainer"
 SIDECAR = "sidecar evaluator"

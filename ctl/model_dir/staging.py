@@ -2,7 +2,7 @@
 
 With its model dir in an object store (`gs://`), a run writes its checkpoints
 (`ctl.core.checkpointing`) and summaries (`ctl.core.summaries`) to a local
-directory and uploads them (`ctl.core.background`), and the sidecar copies a
+directory and uploads them (`ctl.model_dir.background`), and the sidecar copies a
 checkpoint's files to one before it restores them. Each such directory is made
 here, under the process's staging root, `<tmp>/ctl-stage-<pid>-<random>/`
 (`tempfile.gettempdir()`: `$TMPDIR`, else /tmp):
@@ -15,7 +15,7 @@ The root is made at the first `directory()` and removed when the process exits.
 A process that is killed (SIGKILL, the out-of-memory killer) removes nothing:
 the next process to make its root removes the roots of processes that are gone
 first. A root's process is alive while it holds the claim on the root's
-`.owner` (a `ctl.core.claims.FileLock`: an `flock` the kernel drops when the
+`.owner` (a `ctl.model_dir.file_lock.FileLock`: an `flock` the kernel drops when the
 process ends however it ends), taken before the root gets its name: a live
 process's root is never touched (a reused pid, or another pid namespace
 sharing the directory, changes nothing).
@@ -28,7 +28,7 @@ import tempfile
 import threading
 from typing import Optional
 
-from ctl.core.claims import FileLock
+from ctl.model_dir.file_lock import FileLock
 
 PREFIX = "ctl-stage-"  # Not "ctl-staging-": roots of older ctl (a flock on the directory) stay theirs.
 OWNER_FILE = ".owner"  # In a root: its process's claim.

@@ -2,7 +2,7 @@
 
 Flags name the files and bindings; everything the experiment does is read from
 gin. `parse` turns every gin mistake into a one-line `UserError` (what the text
-alone shows, `ctl.core.gin_text` finds first, before TensorFlow is imported).
+alone shows, `ctl.config.gin_text` finds first, before TensorFlow is imported).
 """
 
 import ast
@@ -18,10 +18,10 @@ import gin
 import tensorflow as tf
 
 from ctl import compat
-from ctl.core.errors import UserError, first_line
-from ctl.core.gin_text import check_gin_file
-from ctl.core.background import uploads
-from ctl.core.model_dir import ModelDir, is_object_store, write_atomically
+from ctl.utils.errors import UserError, first_line
+from ctl.config.gin_text import check_gin_file
+from ctl.model_dir.background import uploads
+from ctl.model_dir import ModelDir, is_object_store, write_atomically
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
 # too, so a --gin_file or the trainer's config.gin may be in an object store.

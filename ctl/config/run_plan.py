@@ -21,7 +21,7 @@ Pure Python: `ctl.run`'s flags read `MODES` before TensorFlow is imported.
 
 import dataclasses
 
-from ctl.core.errors import require_choice
+from ctl.utils.errors import require_choice
 
 TRAIN = "train"
 EVAL = "eval"
@@ -92,7 +92,7 @@ class RunPlan:
 
     @property
     def eval_side(self) -> bool:
-        """Takes part in the evaluator role (`ctl.core.evaluator_role`): its eval-side hooks."""
+        """Takes part in the evaluator role (`ctl.model_dir.evaluator_role`): its eval-side hooks."""
         return self.evaluate and self.chief
 
     @property

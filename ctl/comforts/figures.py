@@ -5,8 +5,8 @@ matplotlib is the `report` extra: without it, one `UserError` names the install.
 
 import io
 
-from ctl.core.errors import UserError
-from ctl.core.model_dir import write_atomically
+from ctl.utils.errors import UserError
+from ctl.model_dir import write_atomically
 
 
 def pyplot():

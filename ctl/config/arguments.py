@@ -39,7 +39,7 @@ import typing
 from collections import abc
 from typing import Any, Callable, Optional
 
-from ctl.core.errors import UserError
+from ctl.utils.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

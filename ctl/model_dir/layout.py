@@ -5,9 +5,9 @@
       ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
       config.gin                    the parsed config (the trainer, at start)
       operative_config.gin          the values actually used (the trainer, after its first loop)
-      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.core.claims`)
+      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.model_dir.claims`)
       evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
-                                    evaluation; its holder runs the eval-side hooks (`ctl.core.evaluator_role`)
+                                    evaluation; its holder runs the eval-side hooks (`ctl.model_dir.evaluator_role`)
       ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
       metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
       early_stopping.json           `ctl.hooks.EarlyStopping`'s count
@@ -24,273 +24,43 @@
       report.png                    `python -m ctl.report`'s curves
       smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
 
-`ModelDir` names each of them: no other module joins a file name into a model
-dir. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
+`ModelDir` names the files core and the model dir's records use; a file that a
+layer above writes has its name there (`TRAINER_LOCK_FILE` in `ctl.faults.lock`,
+`EARLY_STOPPING_FILE`, `PROFILE_DIR`, `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`,
+`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), joined
+through `ModelDir.file`: no module joins a file name into a model dir by hand.
+It also reads the run's records (`metrics`, `sidecar_evaluations`, and
 `evaluations_on_record`, the one answer to "which steps were evaluated, with
 what results").
-
-Every read and write goes through `tf.io.gfile`, so a model dir may be local,
-on NFS or in an object store (`gs://`). Writes are atomic (on a file system a
-temporary name, then a rename; in an object store one upload): readers see the
-old file or the new one, never half. JSON-lines files are appended one whole
-line per write. Directories (exports, the best checkpoint) are written aside
-and published whole, their marker last (`publish_directory`). Reads are defensive: a record that cannot be read
-(0 bytes, garbage, not UTF-8) is reported in one WARNING and treated as absent;
-a JSON-lines file skips a line cut short by a kill.
-
-The corruption policy for checkpoints (train, eval and the sidecar alike;
-docs/faults.md, "Damaged model dir"): `restore_newest` restores the checkpoint
-the state file names; if that file is unreadable, names a checkpoint that is
-gone, or names one that does not restore, it scans the `*.index` files and
-restores the newest checkpoint that does, with one WARNING naming what was
-skipped and why. It never starts from step 0 while a checkpoint is there: if
-none restores, the run stops with an error naming them.
 """
 
 import contextlib
-import dataclasses
-import fnmatch
 import json
 import os
-import re
-import socket
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
-from ctl.core import console
-from ctl.core.errors import UserError, first_line
+from ctl.model_dir.checkpoints import (CHECKPOINT_INDEX, CHECKPOINT_STATE_FILE, CheckpointState, Restored,
+                                       UnreadableCheckpointError, checkpoint_index, parse_checkpoint_state)
+from ctl.model_dir.files import (entries, is_temporary, publishing, read_json, read_json_lines, read_text,
+                                 write_atomically)
+from ctl.utils import console
+from ctl.utils.errors import UserError, first_line
 
-CHECKPOINT_STATE_FILE = "checkpoint"
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
-TRAINER_LOCK_FILE = "trainer.lock"
 EVALUATOR_FILE = "evaluator.lock"
 FINISHED_FILE = "ctl_run_finished.json"
 METRICS_FILE = "metrics.jsonl"
-EARLY_STOPPING_FILE = "early_stopping.json"
 TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 SIDECAR_METRICS_FILE = "metrics.jsonl"  # In EVAL_DIR.
-SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In EVAL_DIR.
 BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 EXPORT_DIR = "export"
-PROFILE_DIR = "plugins/profile"  # In TRAIN_DIR: TensorBoard's run, the profiler's layout.
-REPORT_FILE = "report.png"
-SMOKE_EXPORT_DIR = "smoke_export"
-SWEEP_PRUNED_FILE = "sweep_pruned.json"  # A sweep's trial: why it was pruned.
-TEMP_PREFIX = ".tmp-"  # A directory being written (`publishing`): `.tmp-<name>-<pid>`.
 RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields; the rest are metrics.
-
-OBJECT_STORE_SCHEMES = ("gs", "s3")
-PUBLISHED_MARKER = "ctl_published.json"  # In a published directory: written last.
-
-_INDEX = re.compile(r"^(.+)-(\d+)\.index$")
-
-
-# Reading and writing one file.
-
-
-def is_object_store(path: str) -> bool:
-    """Whether `path` lives in an object store (`gs://`, `s3://`): whole objects, no append,
-    no atomic rename of a directory, no `flock`."""
-    return path.split("://", 1)[0] in OBJECT_STORE_SCHEMES if "://" in path else False
-
-
-def write_atomically(path: str, text: Union[str, bytes]) -> None:
-    """Writes `text` (or bytes) to `path` so that readers see the old or the new file, never half.
-
-    On a file system: a temporary name, then a rename. In an object store an
-    upload is already all or nothing (a rename there is a copy and a delete).
-    """
-    mode = "wb" if isinstance(text, bytes) else "w"
-    if is_object_store(path):
-        with tf.io.gfile.GFile(path, mode) as f:
-            f.write(text)
-        return
-    temp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(temp, mode) as f:
-        f.write(text)
-    tf.io.gfile.rename(temp, path, overwrite=True)
-
-
-WHOLE_READ_ATTEMPTS = 5
-_READ_CHUNK = 16 << 20
-
-
-def read_bytes(path: str) -> bytes:
-    """The bytes of the file at `path`, all of one version of it.
-
-    An object store replaces an object whole, but `tf.io.gfile`'s `read()` asks for
-    as many bytes as its cached size says (TensorFlow caches a `gs://` object's size
-    for seconds): after another process rewrote it, that is the new version cut to
-    the old length. Asking for a fixed, larger count instead reads what is there, a
-    record in one request. "File contents are inconsistent" (the cached size was
-    longer) is read again. Raises `tf.errors.NotFoundError` if there is no such file.
-    """
-    for attempt in range(WHOLE_READ_ATTEMPTS):
-        try:
-            chunks = []
-            with tf.io.gfile.GFile(path, "rb") as f:
-                while True:
-                    chunks.append(f.read(_READ_CHUNK))
-                    if len(chunks[-1]) < _READ_CHUNK:
-                        return b"".join(chunks)
-        except tf.errors.InternalError:
-            if attempt == WHOLE_READ_ATTEMPTS - 1:
-                raise
-            time.sleep(0.1 * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
-def read_text(path: str) -> Optional[str]:
-    """The text at `path`; None if there is no such file. Raises `ValueError`
-    (with what is wrong) when it cannot be read as UTF-8 text."""
-    if not tf.io.gfile.exists(path):
-        return None
-    try:
-        data = read_bytes(path)
-    except tf.errors.NotFoundError:
-        return None  # Deleted between the two calls.
-    except tf.errors.OpError as error:
-        raise ValueError(f"cannot read it: {first_line(error)}") from error
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"not UTF-8 text ({error.reason} at byte {error.start})") from error
-
-
-def read_json(path: str, default: Any = None) -> Any:
-    """The JSON value at `path`; `default` when there is none or it cannot be read
-    (then with one WARNING: the record is treated as absent)."""
-    try:
-        text = read_text(path)
-        if text is None:
-            return default
-        if not text.strip():
-            raise ValueError("the file is empty")
-        return json.loads(text)
-    except ValueError as error:  # json.JSONDecodeError is one.
-        console.warning("files", "ignoring %s: %s", path, error)
-        return default
-
-
-def write_json(path: str, value: Any) -> None:
-    """Stores `value` at `path` atomically (creating the directory)."""
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    write_atomically(path, json.dumps(value))
-
-
-def append_json_line(path: str, record: Dict[str, Any]) -> None:
-    """Appends `record` as one line; mends a last line cut short by a kill.
-
-    (In an object store an append uploads the whole object again: it suits
-    records written once per evaluation, not per step.)
-    """
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    prefix = ""
-    if tf.io.gfile.exists(path):
-        size = tf.io.gfile.stat(path).length
-        if size:
-            with tf.io.gfile.GFile(path, "rb") as f:
-                f.seek(size - 1)
-                prefix = "" if f.read(1) == b"\n" else "\n"
-    with tf.io.gfile.GFile(path, "a") as f:
-        f.write(prefix + json.dumps(record) + "\n")
-
-
-def read_json_lines(path: str) -> List[Dict[str, Any]]:
-    """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
-    if not tf.io.gfile.exists(path):
-        return []
-    data = read_bytes(path)
-    records = []
-    for line in data.splitlines():
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except ValueError:  # Cut short by a kill, or damaged.
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-# Directories written elsewhere and published whole.
-
-
-def publish_directory(temp: str, final: str, last: Sequence[str] = ()) -> None:
-    """Puts the finished directory `temp` at `final` so that readers see all of it or nothing.
-
-    Readers trust `final` once `is_published(final)`: its marker
-    (`PUBLISHED_MARKER`) is written last. On a file system the marker is written
-    into `temp`, which is then renamed into place (atomic). In an object store,
-    where renaming a directory copies each object, the objects are copied one
-    by one, those whose names match a pattern of `last` (what other readers
-    look for, e.g. `saved_model.pb` or `*.index`) after all others, then the
-    marker, and `temp` is deleted. A half `final` that an interrupted publish
-    left (no marker) is replaced.
-    """
-    if tf.io.gfile.exists(final):
-        tf.io.gfile.rmtree(final)
-    marker = {"published": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
-    if not is_object_store(final):
-        write_atomically(os.path.join(temp, PUBLISHED_MARKER), json.dumps(marker) + "\n")
-        tf.io.gfile.rename(temp, final)
-        return
-    files = []
-    for directory, _, names in tf.io.gfile.walk(temp):
-        files += [os.path.join(directory, name) for name in names]
-    files.sort(key=lambda path: any(fnmatch.fnmatch(os.path.basename(path), pattern)
-                                    for pattern in last))  # Stable: the `last` ones at the end.
-    for path in files:
-        target = os.path.join(final, os.path.relpath(path, temp))
-        tf.io.gfile.makedirs(os.path.dirname(target))
-        tf.io.gfile.copy(path, target, overwrite=True)
-    write_atomically(os.path.join(final, PUBLISHED_MARKER), json.dumps(marker) + "\n")
-    tf.io.gfile.rmtree(temp)
-
-
-@contextlib.contextmanager
-def publishing(final: str, last: Sequence[str] = ()) -> Iterator[str]:
-    """The temporary directory to write `final` into, published whole when the block ends.
-
-        with publishing(export_dir, last=["saved_model.pb"]) as temp:
-            tf.saved_model.save(module, temp)
-
-    The temporary is `.tmp-<name>-<pid>` beside `final` (a leftover of this
-    name is removed first); an error in the block leaves it for the owner's
-    cleanup (`is_temporary`) and `final` untouched.
-    """
-    parent = os.path.dirname(final)
-    tf.io.gfile.makedirs(parent)
-    temp = os.path.join(parent, f"{TEMP_PREFIX}{os.path.basename(final)}-{os.getpid()}")
-    if tf.io.gfile.exists(temp):
-        tf.io.gfile.rmtree(temp)
-    yield temp
-    publish_directory(temp, final, last)
-
-
-def is_temporary(name: str) -> bool:
-    """Whether `name` (in a directory of published ones) is a `publishing` temporary."""
-    return name.startswith(TEMP_PREFIX)
-
-
-def _entries(directory: str) -> List[Tuple[str, str]]:
-    """`(name, path)` of each entry of `directory`, in listing order."""
-    names = [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
-    return [(name, os.path.join(directory, name)) for name in names]
-
-
-def temporaries(directory: str) -> List[str]:
-    """The `publishing` temporaries in `directory` (a writer killed meanwhile left them)."""
-    return [path for name, path in _entries(directory) if is_temporary(name)]
-
-
-def is_published(path: str) -> bool:
-    """Whether the directory `path` was published whole (`publish_directory`)."""
-    return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))
 
 
 def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
@@ -309,47 +79,8 @@ def eval_set_dir(summary_dir: str, eval_set: str) -> str:
 
 def uploaded_path(local: str, staged_dir: str, summary_dir: str) -> str:
     """Where the summary file `local`, under `staged_dir` (a local staging copy of
-    `summary_dir`: `ctl.core.staging`), is uploaded: the same place under `summary_dir`."""
+    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`."""
     return os.path.join(summary_dir, os.path.relpath(local, staged_dir))
-
-
-# Checkpoints.
-
-
-def checkpoint_index(prefix: str) -> str:
-    """The index file of the checkpoint `prefix` (`ckpt-N.index`): there once it is whole."""
-    return prefix + ".index"
-
-
-def checkpoint_files(prefix: str) -> List[str]:
-    """The files of the checkpoint `prefix` (`ckpt-N.index`, `ckpt-N.data-*`), as listed."""
-    return tf.io.gfile.glob(prefix + ".*")
-
-
-class UnreadableCheckpointError(UserError):
-    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
-
-    def __init__(self, message: str, deleted: bool):
-        super().__init__(message)
-        self.deleted = deleted
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointState:
-    """What the `checkpoint` state file says, read defensively."""
-
-    latest: Optional[str] = None  # The path it names as the latest.
-    all: Sequence[str] = ()  # Every path it names.
-    problem: Optional[str] = None  # Why it cannot be used, if it cannot.
-
-
-@dataclasses.dataclass(frozen=True)
-class Restored:
-    """What `restore_newest` restored, and what the state file should say from now on."""
-
-    path: Optional[str]  # None: the model dir holds no checkpoint; nothing restored.
-    state_is_stale: bool = False  # The state file does not name `path` as the latest.
-    keep: Sequence[str] = ()  # Checkpoints up to `path` to name in a rewritten state file.
 
 
 class ModelDir:
@@ -415,12 +146,8 @@ class ModelDir:
         return self.file(OPERATIVE_CONFIG_FILE)
 
     @property
-    def trainer_lock_file(self) -> str:
-        return self.file(TRAINER_LOCK_FILE)
-
-    @property
     def evaluator_file(self) -> str:
-        """The evaluator role's one record (`ctl.core.evaluator_role`)."""
+        """The evaluator role's one record (`ctl.model_dir.evaluator_role`)."""
         return self.file(EVALUATOR_FILE)
 
     @property
@@ -430,10 +157,6 @@ class ModelDir:
     @property
     def metrics_file(self) -> str:
         return self.file(METRICS_FILE)
-
-    @property
-    def early_stopping_file(self) -> str:
-        return self.file(EARLY_STOPPING_FILE)
 
     @property
     def train_dir(self) -> str:
@@ -446,10 +169,6 @@ class ModelDir:
     @property
     def sidecar_metrics_file(self) -> str:
         return self.file(EVAL_DIR, SIDECAR_METRICS_FILE)
-
-    @property
-    def sidecar_progress_file(self) -> str:
-        return self.file(EVAL_DIR, SIDECAR_PROGRESS_FILE)
 
     @property
     def best_dir(self) -> str:
@@ -475,7 +194,7 @@ class ModelDir:
         """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
         (`ckpt-N/`) and temporaries a kill left, in listing order."""
         keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
-        return [path for name, path in _entries(self.best_dir)
+        return [path for name, path in entries(self.best_dir)
                 if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
 
     @property
@@ -495,24 +214,6 @@ class ModelDir:
     def export_best_record_files(self) -> List[str]:
         """Every exporter's best record (`export/*/best.json`), sorted."""
         return sorted(tf.io.gfile.glob(self.export_best_record_file("*")))
-
-    @property
-    def profile_dir(self) -> str:
-        """The train run's profile traces (the profiler is given `train_dir` and adds this)."""
-        return self.file(TRAIN_DIR, PROFILE_DIR)
-
-    @property
-    def report_file(self) -> str:
-        return self.file(REPORT_FILE)
-
-    @property
-    def smoke_export_dir(self) -> str:
-        return self.file(SMOKE_EXPORT_DIR)
-
-    @property
-    def sweep_pruned_file(self) -> str:
-        """Why a sweep pruned the trial this dir holds (`ctl.sweep.pruning`)."""
-        return self.file(SWEEP_PRUNED_FILE)
 
     # The run's records.
 
@@ -568,7 +269,7 @@ class ModelDir:
         finished_for = data.get("train_steps")
         if train_steps is not None and isinstance(finished_for, int) and finished_for < train_steps:
             return None
-        match = _INDEX.match(f"{data.get('final_checkpoint')}.index")
+        match = CHECKPOINT_INDEX.match(f"{data.get('final_checkpoint')}.index")
         if match:
             return int(match.group(2))
         step = data.get("final_step")
@@ -589,7 +290,7 @@ class ModelDir:
             return {}
         found = {}
         for name in sorted(names):
-            match = _INDEX.match(name)
+            match = CHECKPOINT_INDEX.match(name)
             if match and not match.group(1).endswith("_temp"):
                 found.setdefault(int(match.group(2)), self.checkpoint_path(match.group(0)[:-len(".index")]))
         return found
@@ -601,7 +302,7 @@ class ModelDir:
             text = read_text(path)
             if text is None:
                 return CheckpointState()
-            fields = _parse_checkpoint_state(text)
+            fields = parse_checkpoint_state(text)
         except ValueError as error:
             return CheckpointState(problem=f"{path} is unreadable ({first_line(error)})")
         latest = fields.get("model_checkpoint_path")
@@ -710,24 +411,3 @@ class ModelDir:
         if not quiet:
             console.info("ckpt", "rewrote %s: the latest checkpoint is %s",
                          self.file(CHECKPOINT_STATE_FILE), os.path.basename(restored.path))
-
-
-_STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'
-                         r'|^(all_model_checkpoint_timestamps|last_preserved_timestamp): [-+.\deE]+$')
-
-
-def _parse_checkpoint_state(text: str) -> Dict[str, List[str]]:
-    """The path fields of a `CheckpointState` text proto; `ValueError` on anything else."""
-    if not text.strip():
-        raise ValueError("the file is empty")
-    fields: Dict[str, List[str]] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        match = _STATE_LINE.match(line)
-        if not match:
-            raise ValueError(f"line {number} is not a checkpoint state field: {line[:40]!r}")
-        if match.group(1):
-            fields.setdefault(match.group(1), []).append(json.loads(match.group(2)))
-    return fields

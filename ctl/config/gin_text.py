@@ -4,7 +4,7 @@
 see in the text in a fraction of a second: this module imports neither
 TensorFlow nor the modules a gin file names. `check` finds a missing or
 unreadable file (also one named by an `include`), a syntax error, and a
-`ctl.NAME` that is not one of ctl's public names; `ctl.core.config.parse`
+`ctl.NAME` that is not one of ctl's public names; `ctl.config.gin_config.parse`
 then parses the config for real (imports, parameters, values).
 
 Gin files are the user's (not the model dir's): a local path is read with
@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from gin import config_parser
 
-from ctl.core.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line
 
 GIN_FLAG_PREFIX = "--gin."
 _INCLUDE = re.compile(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$")

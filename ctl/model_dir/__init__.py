@@ -1,0 +1,33 @@
+"""The model dir, and the records processes keep in it to agree with each other.
+
+`layout` names every file of a model dir (`ModelDir`, one per run) and reads the
+run's records; `files` writes and reads one file (atomically, whole, JSON lines) and
+publishes directories whole; `checkpoints` tells a checkpoint's files and reads the
+state file. Across processes: `claims` (one interface, `Claim`) is a `file_lock` on a
+file system and a `lease` in an object store, with the holder's record in `holders`;
+`evaluator_role` tells who evaluates. For object stores: `staging` (a local copy per
+process) and `background` (uploads off the training thread).
+
+`from ctl.model_dir import ModelDir` (and the functions of `layout`, `files` and
+`checkpoints`) is how the layers above use it.
+"""
+
+from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored, UnreadableCheckpointError,
+                                       checkpoint_files, checkpoint_index)
+from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, append_json_line,
+                                 is_object_store, is_published, is_temporary, publish_directory, publishing,
+                                 read_bytes, read_json, read_json_lines, read_text, temporaries, write_atomically,
+                                 write_json)
+from ctl.model_dir.layout import (BEST_DIR, BEST_RECORD_FILE, CONFIG_FILE, EVAL_DIR, EVALUATOR_FILE, EXPORT_DIR,
+                                  FINISHED_FILE, METRICS_FILE, OPERATIVE_CONFIG_FILE, RECORD_FIELDS,
+                                  SIDECAR_METRICS_FILE, TRAIN_DIR, ModelDir, eval_set_dir, results_of, uploaded_path)
+
+__all__ = [
+    "CHECKPOINT_STATE_FILE", "CheckpointState", "Restored", "UnreadableCheckpointError", "checkpoint_files",
+    "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "append_json_line",
+    "is_object_store", "is_published", "is_temporary", "publish_directory", "publishing", "read_bytes",
+    "read_json", "read_json_lines", "read_text", "temporaries", "write_atomically", "write_json", "BEST_DIR",
+    "BEST_RECORD_FILE", "CONFIG_FILE", "EVAL_DIR", "EVALUATOR_FILE", "EXPORT_DIR", "FINISHED_FILE",
+    "METRICS_FILE", "OPERATIVE_CONFIG_FILE", "RECORD_FIELDS", "SIDECAR_METRICS_FILE", "TRAIN_DIR", "ModelDir",
+    "eval_set_dir", "results_of", "uploaded_path",
+]

@@ -1,0 +1,226 @@
+"""Every read and write goes through `tf.io.gfile`, so a model dir may be local,
+on NFS or in an object store (`gs://`). Writes are atomic (on a file system a
+temporary name, then a rename; in an object store one upload): readers see the
+old file or the new one, never half. JSON-lines files are appended one whole
+line per write. Directories (exports, the best checkpoint) are written aside
+and published whole, their marker last (`publish_directory`). Reads are defensive: a record that cannot be read
+(0 bytes, garbage, not UTF-8) is reported in one WARNING and treated as absent;
+a JSON-lines file skips a line cut short by a kill.
+"""
+
+import contextlib
+import fnmatch
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from ctl.utils import console
+from ctl.utils.errors import first_line
+
+OBJECT_STORE_SCHEMES = ("gs", "s3")
+PUBLISHED_MARKER = "ctl_published.json"  # In a published directory: written last.
+TEMP_PREFIX = ".tmp-"  # A directory being written (`publishing`): `.tmp-<name>-<pid>`.
+
+
+def is_object_store(path: str) -> bool:
+    """Whether `path` lives in an object store (`gs://`, `s3://`): whole objects, no append,
+    no atomic rename of a directory, no `flock`."""
+    return path.split("://", 1)[0] in OBJECT_STORE_SCHEMES if "://" in path else False
+
+
+def write_atomically(path: str, text: Union[str, bytes]) -> None:
+    """Writes `text` (or bytes) to `path` so that readers see the old or the new file, never half.
+
+    On a file system: a temporary name, then a rename. In an object store an
+    upload is already all or nothing (a rename there is a copy and a delete).
+    """
+    mode = "wb" if isinstance(text, bytes) else "w"
+    if is_object_store(path):
+        with tf.io.gfile.GFile(path, mode) as f:
+            f.write(text)
+        return
+    temp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(temp, mode) as f:
+        f.write(text)
+    tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+WHOLE_READ_ATTEMPTS = 5
+_READ_CHUNK = 16 << 20
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file at `path`, all of one version of it.
+
+    An object store replaces an object whole, but `tf.io.gfile`'s `read()` asks for
+    as many bytes as its cached size says (TensorFlow caches a `gs://` object's size
+    for seconds): after another process rewrote it, that is the new version cut to
+    the old length. Asking for a fixed, larger count instead reads what is there, a
+    record in one request. "File contents are inconsistent" (the cached size was
+    longer) is read again. Raises `tf.errors.NotFoundError` if there is no such file.
+    """
+    for attempt in range(WHOLE_READ_ATTEMPTS):
+        try:
+            chunks = []
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while True:
+                    chunks.append(f.read(_READ_CHUNK))
+                    if len(chunks[-1]) < _READ_CHUNK:
+                        return b"".join(chunks)
+        except tf.errors.InternalError:
+            if attempt == WHOLE_READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def read_text(path: str) -> Optional[str]:
+    """The text at `path`; None if there is no such file. Raises `ValueError`
+    (with what is wrong) when it cannot be read as UTF-8 text."""
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        data = read_bytes(path)
+    except tf.errors.NotFoundError:
+        return None  # Deleted between the two calls.
+    except tf.errors.OpError as error:
+        raise ValueError(f"cannot read it: {first_line(error)}") from error
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 text ({error.reason} at byte {error.start})") from error
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON value at `path`; `default` when there is none or it cannot be read
+    (then with one WARNING: the record is treated as absent)."""
+    try:
+        text = read_text(path)
+        if text is None:
+            return default
+        if not text.strip():
+            raise ValueError("the file is empty")
+        return json.loads(text)
+    except ValueError as error:  # json.JSONDecodeError is one.
+        console.warning("files", "ignoring %s: %s", path, error)
+        return default
+
+
+def write_json(path: str, value: Any) -> None:
+    """Stores `value` at `path` atomically (creating the directory)."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    write_atomically(path, json.dumps(value))
+
+
+def append_json_line(path: str, record: Dict[str, Any]) -> None:
+    """Appends `record` as one line; mends a last line cut short by a kill.
+
+    (In an object store an append uploads the whole object again: it suits
+    records written once per evaluation, not per step.)
+    """
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    prefix = ""
+    if tf.io.gfile.exists(path):
+        size = tf.io.gfile.stat(path).length
+        if size:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                f.seek(size - 1)
+                prefix = "" if f.read(1) == b"\n" else "\n"
+    with tf.io.gfile.GFile(path, "a") as f:
+        f.write(prefix + json.dumps(record) + "\n")
+
+
+def read_json_lines(path: str) -> List[Dict[str, Any]]:
+    """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
+    if not tf.io.gfile.exists(path):
+        return []
+    data = read_bytes(path)
+    records = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError:  # Cut short by a kill, or damaged.
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# Directories written elsewhere and published whole.
+
+
+def publish_directory(temp: str, final: str, last: Sequence[str] = ()) -> None:
+    """Puts the finished directory `temp` at `final` so that readers see all of it or nothing.
+
+    Readers trust `final` once `is_published(final)`: its marker
+    (`PUBLISHED_MARKER`) is written last. On a file system the marker is written
+    into `temp`, which is then renamed into place (atomic). In an object store,
+    where renaming a directory copies each object, the objects are copied one
+    by one, those whose names match a pattern of `last` (what other readers
+    look for, e.g. `saved_model.pb` or `*.index`) after all others, then the
+    marker, and `temp` is deleted. A half `final` that an interrupted publish
+    left (no marker) is replaced.
+    """
+    if tf.io.gfile.exists(final):
+        tf.io.gfile.rmtree(final)
+    marker = {"published": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    if not is_object_store(final):
+        write_atomically(os.path.join(temp, PUBLISHED_MARKER), json.dumps(marker) + "\n")
+        tf.io.gfile.rename(temp, final)
+        return
+    files = []
+    for directory, _, names in tf.io.gfile.walk(temp):
+        files += [os.path.join(directory, name) for name in names]
+    files.sort(key=lambda path: any(fnmatch.fnmatch(os.path.basename(path), pattern)
+                                    for pattern in last))  # Stable: the `last` ones at the end.
+    for path in files:
+        target = os.path.join(final, os.path.relpath(path, temp))
+        tf.io.gfile.makedirs(os.path.dirname(target))
+        tf.io.gfile.copy(path, target, overwrite=True)
+    write_atomically(os.path.join(final, PUBLISHED_MARKER), json.dumps(marker) + "\n")
+    tf.io.gfile.rmtree(temp)
+
+
+@contextlib.contextmanager
+def publishing(final: str, last: Sequence[str] = ()) -> Iterator[str]:
+    """The temporary directory to write `final` into, published whole when the block ends.
+
+        with publishing(export_dir, last=["saved_model.pb"]) as temp:
+            tf.saved_model.save(module, temp)
+
+    The temporary is `.tmp-<name>-<pid>` beside `final` (a leftover of this
+    name is removed first); an error in the block leaves it for the owner's
+    cleanup (`is_temporary`) and `final` untouched.
+    """
+    parent = os.path.dirname(final)
+    tf.io.gfile.makedirs(parent)
+    temp = os.path.join(parent, f"{TEMP_PREFIX}{os.path.basename(final)}-{os.getpid()}")
+    if tf.io.gfile.exists(temp):
+        tf.io.gfile.rmtree(temp)
+    yield temp
+    publish_directory(temp, final, last)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` (in a directory of published ones) is a `publishing` temporary."""
+    return name.startswith(TEMP_PREFIX)
+
+
+def entries(directory: str) -> List[Tuple[str, str]]:
+    """`(name, path)` of each entry of `directory`, in listing order."""
+    names = [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
+    return [(name, os.path.join(directory, name)) for name in names]
+
+
+def temporaries(directory: str) -> List[str]:
+    """The `publishing` temporaries in `directory` (a writer killed meanwhile left them)."""
+    return [path for name, path in entries(directory) if is_temporary(name)]
+
+
+def is_published(path: str) -> bool:
+    """Whether the directory `path` was published whole (`publish_directory`)."""
+    return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))
