@@ -114,7 +114,9 @@ def test_two_machines_split_the_budget_without_overlap(machines):
 
     storage = optuna.storages.RDBStorage(machines["storage"].replace("postgresql://",
                                                                      "postgresql+psycopg://"))
-    trials = optuna.load_study(study_name="two_machines", storage=storage).get_trials()
+    study = optuna.load_study(study_name="two_machines", storage=storage)
+    assert study.metric_names == ["accuracy"]  # optuna-dashboard's label of the objective.
+    trials = study.get_trials()
     assert sorted(t.number for t in trials) == [0, 1, 2]
     assert all(t.state.name in ("COMPLETE", "PRUNED", "FAIL") for t in trials)
     ran = [set(os.listdir(os.path.join(d, "trials"))) for d in machines["dirs"]]
@@ -125,6 +127,37 @@ def test_two_machines_split_the_budget_without_overlap(machines):
         if trial.state.name != "FAIL":
             assert 20 in trial.intermediate_values, (trial.number, trial.intermediate_values)
     assert all("3/3 ended" in out for out, _ in machines["outputs"])
+
+
+def test_the_takeover_lock_is_held_by_one_connection_at_a_time(postgres, tmp_path):
+    """ctl.sweep.optuna_internals.exclusive on PostgreSQL: an advisory lock through RDBStorage's
+    engine; a second storage (another machine's connection) waits until the first lets go."""
+    import threading
+
+    import optuna
+
+    from ctl.sweep import optuna_internals
+
+    url = postgres.replace("postgresql://", "postgresql+psycopg://")
+    storages = [optuna.storages.RDBStorage(url) for _ in range(2)]
+    assert storages[0].engine.dialect.name == "postgresql"
+    unused = str(tmp_path / "takeover.lock")  # A file lock would be this; none is made.
+    inside, events = threading.Event(), []
+
+    def second():
+        inside.wait()
+        with optuna_internals.exclusive(storages[1], "two_machines", unused):
+            events.append("second in")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with optuna_internals.exclusive(storages[0], "two_machines", unused):
+        inside.set()
+        time.sleep(1)  # The second waits, however long this takes.
+        events.append("first out")
+    thread.join(timeout=60)
+    assert events == ["first out", "second in"]
+    assert not os.path.exists(unused)
 
 
 def test_the_report_of_a_sweep_dir_sorts_the_trials_and_draws_them(machines):

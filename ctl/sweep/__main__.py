@@ -11,8 +11,15 @@ created (`ctl.sweep.study`) and `--workers` processes take its trials
 (`ctl.sweep.worker`). Run the same command again to resume a sweep (after a
 crash, a kill -9, a reboot); on another machine, with the same `--storage`, to
 add workers. With `--trials_dir`, the trials' model dirs are
-`<trials_dir>/<number>/` (a bucket: every machine reaches them). SIGTERM or SIGINT stops the running trials at a
-checkpoint and exits 75. Without Optuna installed: one line naming the extra.
+`<trials_dir>/<number>/` (a bucket: every machine reaches them).
+
+Ctrl-C at a terminal (SIGINT to the foreground process group), SIGTERM to the
+group or to this process alone: each process below this one is a session of
+its own (the workers, the trials), so the signal reaches this process only; it
+passes it on once, each worker passes one SIGTERM to its trial, which saves a
+checkpoint and stays RUNNING in the study; the command ends with one line and
+status 75, and the same command resumes every stopped trial. Without Optuna
+installed: one line naming the extra.
 """
 
 from ctl.utils import process_end
@@ -28,6 +35,8 @@ import sys  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+
+EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow.
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
@@ -66,9 +75,13 @@ def main(argv):
         _fail("ctl.sweep runs on Optuna, which is not installed: pip install 'ctl[sweep]'.")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
-        sys.exit(_sweep())
+        status = _sweep()
     except UserError as error:
         _fail(str(error))
+    if status == EXIT_PREEMPTED and not FLAGS.as_worker:
+        print("ctl.sweep: stopped: each running trial saved a checkpoint and stays in the study; "
+              "run the same command again to resume them.", file=sys.stderr)
+    sys.exit(status)
 
 
 def _sweep() -> int:
@@ -85,7 +98,8 @@ def _sweep() -> int:
         _check(sweep)
     storage = study.open_storage(sweep_dir, FLAGS.storage)
     try:
-        opened = study.Study(storage, sweep, pruning.make_pruner(sweep.pruner))
+        opened = study.Study(storage, sweep, pruning.make_pruner(sweep.pruner),
+                             sweep_dir=sweep_dir)
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - the database's errors, whatever the driver.
@@ -153,13 +167,14 @@ def _end(opened, sweep, sweep_dir: str) -> int:
 
 
 def _supervise(workers: int) -> int:
-    """Starts `workers` worker processes (this command with --as_worker), passes SIGTERM and
-    SIGINT on to them, and exits 75 if one was stopped, else with the worst status."""
+    """Starts `workers` worker processes (this command with --as_worker), each a session of
+    its own, passes SIGTERM and SIGINT on to them, and exits 75 if one was stopped, else with
+    the worst status."""
     from ctl.sweep.launcher import die_with_parent
-    from ctl.sweep.runner import EXIT_PREEMPTED
 
     argv = [sys.executable, "-m", "ctl.sweep", *sys.argv[1:], "--as_worker", "--workers=1"]
-    children = [subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    children = [subprocess.Popen(argv, start_new_session=True,
+                                 preexec_fn=lambda: die_with_parent(signal.SIGTERM))
                 for _ in range(workers)]
 
     def forward(signum, unused_frame):

@@ -11,8 +11,12 @@ parsed, no gin file is read. For each trial it forks a child, which
 - is a process of its own, killed with the launcher (`PR_SET_PDEATHSIG`),
   which is killed with its worker: kill -9 of a worker ends its trial, as it
   did when the worker started the trial itself;
-- has the default SIGTERM and SIGINT (the launcher ignores them: a signal
-  reaches a trial through its worker, or a terminal's to the whole group);
+- is a session of its own (`setsid`), so that a terminal's Ctrl-C (SIGINT to
+  the foreground process group) or a SIGTERM to the sweep's group reaches only
+  its worker, which passes one SIGTERM on: a trial that got the signal from
+  both would take the worker's as a second signal and exit at once, without a
+  checkpoint (`ctl.core.stop`); it has the default SIGTERM and SIGINT (the
+  launcher ignores them);
 - writes its stdout and stderr to the trial's log, reads nothing;
 - reseeds the global random generators the fork would share (NumPy's;
   Python's `random` reseeds itself in a forked child);
@@ -90,7 +94,7 @@ class Launcher:
         if not self.fork:
             with open(log_path, "a") as log:
                 return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                        preexec_fn=die_with_parent)
+                                        preexec_fn=die_with_parent, start_new_session=True)
         if self._process is None or self._process.poll() is not None:
             self._buffer = b""
             self._process = subprocess.Popen(
@@ -172,6 +176,7 @@ def _run_child(request: dict, launcher_pid: int) -> None:
         die_with_parent()
         if os.getppid() != launcher_pid:
             os._exit(1)  # The launcher died between the fork and the line above.
+        os.setsid()  # A terminal's Ctrl-C reaches its worker only, which stops it once.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

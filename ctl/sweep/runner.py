@@ -19,7 +19,7 @@ How it ends, from the child's exit status and its model dir:
                                    file's `value = "best"`, whose checkpoint the run keeps in
                                    `best/`) or of its last one (`value = "last"`), from
                                    `metrics.jsonl` (`ctl.comforts.progress`'s records)
-  75 after the worker's SIGTERM    interrupted: the trial stays RUNNING, to resume
+  not 0 after the worker's SIGTERM interrupted: the trial stays RUNNING, to resume
   75 otherwise                     preempted on its own: run again (it resumes)
   anything else                    failed, with the child's one line (`ctl.run: error: ...`)
 
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence
 
 import optuna
 
@@ -46,6 +46,9 @@ from ctl.sweep.launcher import Launcher
 from ctl.sweep.study import Study, make_sampler
 from ctl.sweep.sweep_dir import trial_log_file
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.model_dir import ModelDir
 
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow's side.
 POLL_S = 0.1  # How soon the worker's SIGTERM reaches the trial.
@@ -71,11 +74,11 @@ def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
     return params
 
 
-def command(model_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
+def command(model_dir: "ModelDir", gin_files: Sequence[str], gin_bindings: Sequence[str],
             search_paths: Sequence[str], trial: Sequence[str]) -> List[str]:
     """The child's command line; `trial` are its `ctl.sweep.trial` flags (`trial_flags`)."""
     argv = [sys.executable, "-m", "ctl.sweep.trial", *trial, "--mode=train_and_eval",
-            f"--model_dir={model_dir}"]
+            f"--model_dir={model_dir.path}"]
     argv += [f"--gin_file={path}" for path in gin_files]
     argv += [f"--gin_bindings={binding}" for binding in gin_bindings]
     if search_paths:
@@ -88,13 +91,6 @@ def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number
     flags = [f"--sweep_file={os.path.abspath(sweep.path)}", f"--sweep_dir={sweep_dir}",
              f"--trial={number}"]
     return flags + ([f"--storage={storage}"] if storage else [])
-
-
-def eval_records(model_dir: str) -> List[Dict[str, Any]]:
-    """The trial's evaluations, oldest first (`metrics.jsonl`, written by `ctl.comforts.progress`)."""
-    from ctl.model_dir import ModelDir
-
-    return ModelDir(model_dir).metrics("eval")
 
 
 def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
@@ -115,14 +111,13 @@ def last_line(log_path: str) -> str:
     return (ours or raised or lines or ["no output"])[-1][:400]
 
 
-def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: Sequence[str],
+def run(study: Study, number: int, sweep: SweepFile, model_dir: "ModelDir", gin_files: Sequence[str],
         gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
         heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str],
         launcher: Optional[Launcher] = None) -> Outcome:
     """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
     study.optuna.sampler = make_sampler(sweep, number)
-    trial = optuna.Trial(study.optuna, study.trial_id(number))
-    params = suggest(trial, sweep)
+    params = suggest(study.optuna_trial(number), sweep)
     bindings = sweep.bindings(params)
     log_path = trial_log_file(sweep_dir, number)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -148,17 +143,19 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: str, gin_files: 
     pruned = pruning.read_pruned(model_dir)
     if isinstance(pruned, dict) and status in (0, EXIT_PREEMPTED):
         return Outcome("pruned", pruned.get("value"), f"pruned at step {pruned.get('step')}")
-    if stopped and status == EXIT_PREEMPTED:
+    if stopped and status != 0:
+        # Whatever its status: a trial stopped before its run watched signals (-15), or that
+        # failed while it stopped, stays RUNNING, and the same command resumes it.
         return Outcome("interrupted")
     if status == EXIT_PREEMPTED:
         return Outcome("again", message=last_line(log_path))
     if status != 0:
         return Outcome("failed", message=f"exit status {status}: {last_line(log_path)}")
-    values = [objective_value(r, sweep.objective) for r in eval_records(model_dir)]
+    values = [objective_value(r, sweep.objective) for r in model_dir.metrics("eval")]
     values = [v for v in values if v is not None]
     if not values:
         return Outcome("failed", message=f"no evaluation recorded objective {sweep.objective!r} "
-                       f"in {model_dir}/metrics.jsonl")
+                       f"in {model_dir.metrics_file}")
     if math.isnan(values[-1]):
         return Outcome("failed", message=f"{sweep.objective} is NaN at the last evaluation")
     return Outcome("complete", trial_value(values, sweep))

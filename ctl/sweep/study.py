@@ -10,12 +10,13 @@ password), for `python -m ctl.report`.
 
 The budget is exact. The process that creates the study enqueues exactly
 `trials` WAITING trials (numbers 0 .. trials-1); a worker claims one by moving
-it from WAITING to RUNNING, which the storage does for one caller only
-(`set_trial_state_values` returns False to the others: a row lock in
-PostgreSQL, the journal's lock file). No trial is ever created beyond the
-queue, so a study never holds more than `trials` trials that ran, whatever the
-number of workers. (Two commands that create the same study at the same moment
-may both enqueue: the trials numbered `trials` and above are never claimed.)
+it from WAITING to RUNNING, which the storage does for one caller only (a row
+lock in PostgreSQL, the journal's lock file). No trial is ever created beyond
+the queue, so a study never holds more than `trials` trials that ran, whatever
+the number of workers. (Two commands that create the same study at the same
+moment may both enqueue: the trials numbered `trials` and above are never
+claimed.) What this takes from below Optuna's public API is in
+`ctl.sweep.optuna_internals`.
 
 The sweep file. The study keeps what the sweep file that created it said (its
 `identity`: objective, direction, value, sampler, seed, pruner, space) as a user
@@ -25,27 +26,49 @@ naming the first difference, before a trial is added or claimed
 and `timeout` may change on an existing study.
 
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
-slot held with `flock` on `<sweep_dir>/workers/<slot>.lock`), its model dir and
-a heartbeat (a time, renewed every `heartbeat` seconds). A worker that starts in
-a slot resumes the RUNNING trials of its slot (its predecessor died: kill -9,
-a reboot). A worker takes over another's RUNNING trial once its heartbeat is
-`grace` seconds old: it writes itself as the owner, waits, and reads the
-owner again (a second claimer in that window wins, the first one leaves it).
+slot: a `ctl.model_dir.file_lock.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
+while the worker lives), its model dir and a heartbeat (a time, renewed every
+`heartbeat` seconds). A worker that starts in a slot resumes the RUNNING trials
+of its slot (its predecessor died: kill -9, a reboot). Before it starts a new
+trial, a worker takes over another's RUNNING trial whose heartbeat is `grace`
+seconds old: under a lock of the study's storage
+(`ctl.sweep.optuna_internals.exclusive`) it reads the trial again and, still
+stale, writes itself as the owner with a fresh heartbeat; a second worker then
+finds it fresh. One worker takes each stale trial over.
+
+Why not ctl's other cross-process records. The slot is a `FileLock`: a worker
+holds it for its life and the kernel drops it when the worker dies, as a
+trainer's lock. The heartbeat is not a `ctl.model_dir.lease.Lease`: a lease is a
+file beside a model dir, and a trial's owner must be found where every machine
+of the sweep looks, the study (the database); its grace is the user's
+(`--grace_seconds`); and a takeover is decided under the storage's lock, not by
+a lease's write-then-read-back (two workers whose writes land within the
+settling time could both believe they own the trial). Nor is it Optuna's
+heartbeat (`RDBStorage(heartbeat_interval=, grace_period=)`, PostgreSQL only,
+with `RetryFailedTrialCallback`): Optuna ends a stale trial FAIL and retries
+its values as a new trial, with a new number beyond the budget and a new
+model dir, where a sweep's trial resumes from its own checkpoints under its
+number. The heartbeat is the worker's clock: machines' clocks must agree to
+well within `grace` (cloud VMs keep theirs within a second).
 """
 
-import fcntl
+import dataclasses
 import os
 import socket
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import optuna
 from optuna.trial import TrialState
 
 from ctl.utils.errors import UserError, first_line
+from ctl.sweep import optuna_internals as internals
 from ctl.sweep import sweep_dir as layout
 from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
+
+if TYPE_CHECKING:
+    from ctl.model_dir import ModelDir
 
 # Trial system attributes.
 OWNER = "ctl_owner"
@@ -145,16 +168,20 @@ class Study:
     """An Optuna study of a sweep, with its storage and its budget."""
 
     def __init__(self, storage: optuna.storages.BaseStorage, sweep: SweepFile,
-                 pruner: optuna.pruners.BasePruner, wait_s: float = 30.0):
+                 pruner: optuna.pruners.BasePruner, wait_s: float = 30.0,
+                 sweep_dir: Optional[str] = None):
         """Loads the study, creating it (with its queue of `sweep.trials` trials) if it is new.
 
         A study found with fewer trials than the budget (the budget was raised, or
         its creator died while it enqueued) is topped up once its creator had
-        `wait_s` seconds to enqueue.
+        `wait_s` seconds to enqueue. `sweep_dir`: where the lock of a journal file's
+        takeovers is (`<sweep_dir>/workers/takeover.lock`).
         """
         self.storage = storage
         self.budget = sweep.trials
         self.timeout = sweep.timeout
+        self.name = sweep.study
+        self.lock_file = layout.takeover_lock_file(sweep_dir or ".")
         sampler = make_sampler(sweep)
         try:
             self.optuna = optuna.create_study(storage=storage, study_name=sweep.study,
@@ -183,9 +210,10 @@ class Study:
             deadline = time.monotonic() + wait_s
             while len(self.all_trials()) < self.budget and time.monotonic() < deadline:
                 time.sleep(0.5)
+        if self.optuna.metric_names != [sweep.objective]:  # optuna-dashboard's label.
+            self.optuna.set_metric_names([sweep.objective])
         for _ in range(self.budget - len(self.all_trials())):
-            # Not `enqueue_trial`, whose trials the grid sampler takes as fixed by hand.
-            storage.create_new_trial(self.study_id, optuna.trial.create_trial(state=TrialState.WAITING))
+            internals.add_waiting(storage, self.study_id)
 
     def all_trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
         return self.optuna.get_trials(deepcopy=False, states=states)
@@ -194,11 +222,13 @@ class Study:
         """The trials of the budget's queue (numbers below the budget)."""
         return [t for t in self.all_trials(states) if t.number < self.budget]
 
-    def trial_id(self, number: int) -> int:
-        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
-
     def trial(self, number: int) -> optuna.trial.FrozenTrial:
-        return self.storage.get_trial(self.trial_id(number))
+        """Trial `number` as the storage has it now."""
+        return internals.frozen(self.storage, self.study_id, number)
+
+    def optuna_trial(self, number: int) -> optuna.Trial:
+        """The `optuna.Trial` of RUNNING trial `number`, to ask its values of."""
+        return internals.trial_of(self.optuna, self.storage, self.study_id, number)
 
     def timed_out(self) -> bool:
         """True once the sweep file's `timeout` passed since the study was created: no trial starts."""
@@ -215,24 +245,21 @@ class Study:
         once the sweep's timeout passed)."""
         if self.timed_out():
             return None
-        for trial in sorted(self.trials((TrialState.WAITING,)), key=lambda t: t.number):
-            try:
-                if self.storage.set_trial_state_values(self.trial_id(trial.number),
-                                                       state=TrialState.RUNNING):
-                    return trial.number
-            except optuna.exceptions.UpdateFinishedTrialError:
-                continue
-        return None
+        waiting = sorted(t.number for t in self.trials((TrialState.WAITING,)))
+        return internals.pop_waiting(self.storage, self.study_id, iter(waiting))
 
     def set_attr(self, number: int, key: str, value: Any) -> None:
-        self.storage.set_trial_system_attr(self.trial_id(number), key, value)
+        internals.set_system_attr(self.storage, self.study_id, number, key, value)
+
+    def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        internals.set_user_attr(self.storage, self.study_id, number, key, value)
 
     def beat(self, number: int) -> None:
         self.set_attr(number, HEARTBEAT, time.time())
 
-    def own(self, number: int, slot: "Slot", model_dir: str) -> None:
+    def own(self, number: int, slot: "Slot", model_dir: "ModelDir") -> None:
         self.set_attr(number, OWNER, slot.key)
-        self.set_attr(number, MODEL_DIR, model_dir)
+        self.set_attr(number, MODEL_DIR, model_dir.path)
         self.beat(number)
 
     def orphans(self, slot: "Slot") -> List[optuna.trial.FrozenTrial]:
@@ -240,19 +267,27 @@ class Study:
         return [t for t in self.trials((TrialState.RUNNING,))
                 if t.system_attrs.get(OWNER) == slot.key]
 
-    def take_over_stale(self, slot: "Slot", grace: float,
-                        settle: float) -> Optional[optuna.trial.FrozenTrial]:
-        """Takes over a RUNNING trial whose heartbeat is `grace` seconds old; the trial, or None."""
-        for trial in self.trials((TrialState.RUNNING,)):
-            if heartbeat_age(trial) < grace:
-                continue
-            self.set_attr(trial.number, OWNER, slot.key)
-            self.beat(trial.number)
-            time.sleep(settle)
-            again = self.trial(trial.number)
-            if again.state == TrialState.RUNNING and again.system_attrs.get(OWNER) == slot.key:
-                return again
+    def take_over_stale(self, slot: "Slot",
+                        grace: float) -> Optional[Tuple[optuna.trial.FrozenTrial, float]]:
+        """Takes over the lowest-numbered RUNNING trial of another worker whose heartbeat is
+        `grace` seconds old, under the storage's lock: the trial (read under the lock,
+        before this worker's heartbeat) and its heartbeat's age in seconds, or None."""
+        stale = [t.number for t in self.trials((TrialState.RUNNING,))
+                 if t.system_attrs.get(OWNER) != slot.key and heartbeat_age(t) >= grace]
+        if not stale:
+            return None
+        with internals.exclusive(self.storage, self.name, self.lock_file):
+            for number in sorted(stale):
+                again = self.trial(number)  # Another worker may have taken it meanwhile.
+                age = heartbeat_age(again)
+                if again.state == TrialState.RUNNING and age >= grace:
+                    self.set_attr(number, OWNER, slot.key)
+                    self.beat(number)
+                    return again, age
         return None
+
+    def owner(self, number: int) -> Optional[str]:
+        return self.trial(number).system_attrs.get(OWNER)
 
     def counts(self) -> Dict[str, int]:
         """Trials of the budget by state name (complete, pruned, fail, running, waiting)."""
@@ -272,32 +307,24 @@ def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
     return (max if direction == "maximize" else min)(done, key=lambda t: t.value)
 
 
+@dataclasses.dataclass(frozen=True)
 class Slot:
-    """A worker slot of this machine's sweep dir, held (flock) while the worker lives."""
+    """A worker slot of this machine's sweep dir, held while its worker lives."""
 
-    def __init__(self, sweep_dir: str, index: int):
-        self.index = index
-        self.key = f"{socket.gethostname()}:{os.path.abspath(sweep_dir)}:{index}"
-        path = layout.slot_lock_file(sweep_dir, index)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._file = open(path, "a+")
-
-    def try_acquire(self) -> bool:
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            self._file.close()
-            return False
+    index: int
+    key: str  # host:sweep_dir:index, the owner a trial records.
+    lock: Any  # ctl.model_dir.file_lock.FileLock
 
 
 def take_slot(sweep_dir: str) -> Slot:
     """The lowest free worker slot of `sweep_dir` (held until the process ends)."""
+    from ctl.model_dir.file_lock import FileLock
+
     index = 0
     while True:
-        slot = Slot(sweep_dir, index)
-        if slot.try_acquire():
-            return slot
+        lock = FileLock(layout.slot_lock_file(sweep_dir, index), f"sweep worker {index}")
+        if lock.try_acquire():
+            return Slot(index, f"{socket.gethostname()}:{os.path.abspath(sweep_dir)}:{index}", lock)
         index += 1
 
 

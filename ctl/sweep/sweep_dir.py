@@ -8,6 +8,7 @@
         sweep_trial.log         the trial's run's output (always here, on this machine)
         sweep_pruned.json       why it was pruned (`ctl.sweep.pruning`)
       workers/<slot>.lock     held (flock) by the worker in that slot
+      workers/takeover.lock   held (flock) while a worker takes a stale trial over
       report.png              `python -m ctl.report`'s figure
 
 With `--trials_dir=gs://BUCKET/PATH` (or another directory), the trials' model
@@ -26,6 +27,7 @@ JOURNAL_FILE = "study.journal"
 TRIALS_DIR = "trials"
 LOG_FILE = "sweep_trial.log"
 WORKERS_DIR = "workers"
+TAKEOVER_LOCK = "takeover.lock"
 
 
 def is_sweep_dir(path: str) -> bool:
@@ -39,14 +41,6 @@ def journal_file(sweep_dir: str) -> str:
 def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> str:
     """Trial `number`'s model dir: in `trials_dir` if given, else in the sweep dir's `trials/`."""
     return os.path.join(trials_dir or os.path.join(sweep_dir, TRIALS_DIR), str(number))
-
-
-def reachable(model_dir: str) -> bool:
-    """Whether a trial's model dir, recorded by another machine's worker, is there from here (a
-    bucket, a shared file system), through `tf.io.gfile` (imports TensorFlow)."""
-    from ctl.model_dir import ModelDir
-
-    return ModelDir(model_dir).exists()
 
 
 def trial_log_file(sweep_dir: str, number: int) -> str:
@@ -84,6 +78,11 @@ def check_trials_dir(trials_dir: str) -> None:
 
 def slot_lock_file(sweep_dir: str, index: int) -> str:
     return os.path.join(sweep_dir, WORKERS_DIR, f"{index}.lock")
+
+
+def takeover_lock_file(sweep_dir: str) -> str:
+    """Held while a worker takes a stale trial over (a journal file's study)."""
+    return os.path.join(sweep_dir, WORKERS_DIR, TAKEOVER_LOCK)
 
 
 def write_record(sweep_dir: str, record: Dict[str, Any]) -> None:

@@ -55,7 +55,7 @@ def main(argv):
         hooks.insert(0, BestCheckpoint(sweep.objective, higher_is_better=sweep.maximize))
     from ctl.comforts import hparams
 
-    hparams.END_STATE = lambda run: "pruned" if pruning.read_pruned(run.model_dir) else None
+    hparams.END_STATE = lambda run: "pruned" if pruning.read_pruned(run.directory) else None
     try:
         ctl_run.main(argv, hooks=hooks)
     except SystemExit as end:

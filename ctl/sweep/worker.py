@@ -2,29 +2,37 @@
 
 In order, it runs: the RUNNING trials of its own slot (its predecessor died
 running them: they resume from their checkpoints, same number, same values),
-the next WAITING trial of the budget, and a RUNNING trial of another worker
-whose heartbeat is older than the grace period. With none of them but trials
+a RUNNING trial of another worker whose heartbeat is older than the grace
+period (its machine died: taken over before any new trial starts, by one
+worker, `Study.take_over_stale`), and the next WAITING trial of the budget.
+A trial it ran but no longer owns when it ends (another worker took it over
+meanwhile: this one was frozen longer than the grace) is left to that worker,
+not told. With none of them but trials
 still running elsewhere it waits (one may need taking over); it ends when every
 trial of the budget ended, or none runs once the sweep file's `timeout` passed
 (no trial starts after it; the study's `Study.timed_out`).
 
-SIGTERM (or SIGINT) is passed to the running trial, which saves a checkpoint
-and exits 75; the trial stays RUNNING in the study (to resume) and the worker
-exits 75.
+SIGTERM (or SIGINT) is passed to the running trial once (a session of its
+own: no terminal's signal reaches it directly), which saves a checkpoint and
+exits 75; the trial stays RUNNING in the study (to resume) and the worker exits
+75.
 """
 
 import signal
 import threading
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
 from ctl.sweep.launcher import FORKS, Launcher
-from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Slot, Study
-from ctl.sweep.sweep_dir import reachable, trial_dir
+from ctl.sweep.study import FAIL_REASON, MODEL_DIR, OWNER, Slot, Study
+from ctl.sweep.sweep_dir import trial_dir
 from ctl.sweep.sweep_file import SweepFile
+
+if TYPE_CHECKING:
+    from ctl.model_dir import ModelDir
 
 EXIT_PREEMPTED = runner.EXIT_PREEMPTED
 IDLE_POLL_S = 2.0
@@ -52,7 +60,9 @@ class Worker:
 
     def install_signals(self) -> None:
         def on_signal(signum, unused_frame):
-            self.say(f"received {signal.Signals(signum).name}: stopping the trial at a checkpoint")
+            if not self.stop.is_set():
+                self.say(f"received {signal.Signals(signum).name}: stopping the trial at a "
+                         "checkpoint")
             self.stop.set()
 
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -87,23 +97,25 @@ class Worker:
             number = orphans[0].number
             self.say(f"trial {number}: resuming it (its worker in this slot ended before it did)")
             return number
+        taken = self.study.take_over_stale(self.slot, self.grace_s)
+        if taken is not None:
+            stale, age = taken
+            self.say(f"trial {stale.number}: taking it over (its heartbeat is {age:.0f} s old, "
+                     f"grace {self.grace_s:g} s; owner {stale.system_attrs.get(OWNER)})")
+            recorded = self._model_dir(stale)
+            # Reachable from here (a bucket, a shared file system), or a new one in this sweep dir.
+            model_dir = recorded if recorded and recorded.exists() else self._trial_dir(
+                stale.number)
+            self.study.own(stale.number, self.slot, model_dir)
+            return stale.number
         number = self.study.claim_next()
         if number is not None:
             self.study.own(number, self.slot, self._trial_dir(number))
             return number
-        stale = self.study.take_over_stale(self.slot, self.grace_s, min(2.0, self.heartbeat_s))
-        if stale is not None:
-            self.say(f"trial {stale.number}: taking it over (no heartbeat for {self.grace_s:g} s)")
-            recorded = stale.system_attrs.get(MODEL_DIR)
-            model_dir = recorded if recorded and reachable(recorded) else self._trial_dir(
-                stale.number)
-            self.study.own(stale.number, self.slot, model_dir)
-            return stale.number
         return None
 
     def _run(self, number: int) -> None:
-        frozen = self.study.trial(number)
-        model_dir = frozen.system_attrs.get(MODEL_DIR) or self._trial_dir(number)
+        model_dir = self._model_dir(self.study.trial(number)) or self._trial_dir(number)
         started = time.time()
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
@@ -116,10 +128,14 @@ class Worker:
         if outcome.state == "interrupted":
             self.say(f"trial {number}: stopped at a checkpoint; the same command resumes it")
             return
-        trial_id = self.study.trial_id(number)
+        owner = self.study.owner(number)
+        if owner != self.slot.key:
+            self.say(f"trial {number}: {owner} took it over while it ran; leaving it to that "
+                     f"worker ({outcome.state} here: {outcome.message or 'no message'})")
+            return
         if outcome.state == "failed":
             self.study.set_attr(number, FAIL_REASON, outcome.message)
-            self.study.storage.set_trial_user_attr(trial_id, "fail_reason", outcome.message)
+            self.study.set_user_attr(number, "fail_reason", outcome.message)
             self._tell(number, None, TrialState.FAIL)
         elif outcome.state == "pruned":
             self._tell(number, None, TrialState.PRUNED)
@@ -131,8 +147,18 @@ class Worker:
                  f"{': ' + outcome.message if outcome.message else ''}")
         self.say(progress.line(self.study, self.sweep.objective))
 
-    def _trial_dir(self, number: int) -> str:
-        return trial_dir(self.sweep_dir, number, self.trials_dir)
+    def _trial_dir(self, number: int) -> "ModelDir":
+        from ctl.model_dir import ModelDir
+
+        return ModelDir(trial_dir(self.sweep_dir, number, self.trials_dir))
+
+    @staticmethod
+    def _model_dir(trial) -> Optional["ModelDir"]:
+        """The model dir the study records for `trial` (None: none yet)."""
+        from ctl.model_dir import ModelDir
+
+        recorded = trial.system_attrs.get(MODEL_DIR)
+        return ModelDir(recorded) if recorded else None
 
     def _tell(self, number: int, value, state) -> None:
         try:

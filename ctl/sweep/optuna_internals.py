@@ -1,0 +1,116 @@
+"""Everything ctl.sweep needs from Optuna below its public API, in this module alone.
+
+Optuna is pinned below its next major version (`optuna>=5,<6`, the `sweep`
+extra); tests/test_sweep_optuna_internals.py checks each assumption below and
+fails when a release breaks one.
+
+- The exact budget. `Study.ask()` takes the next WAITING trial, or creates a
+  new trial when none waits: a study would then grow past its budget. ctl
+  enqueues the budget's trials itself (`add_waiting`: `create_new_trial` at the
+  storage, not `Study.enqueue_trial`, whose trials the grid sampler takes as
+  fixed by hand) and takes one with `pop_waiting`, which does what Optuna's
+  private `Study._pop_waiting_trial_id` does (WAITING to RUNNING through
+  `set_trial_state_values`, which the storage grants to one caller only),
+  restricted to the budget's numbers and never creating a trial.
+- A trial that resumes (its worker died, or it is taken over) is RUNNING with
+  the values it was given: `trial_of` builds `optuna.Trial(study, trial_id)`
+  for it, whose `suggest_*` return those values; `ask()` has no way back to a
+  RUNNING trial.
+- Reads and writes of one trial by its number (`trial_id`, `frozen`,
+  `set_system_attr`, `set_user_attr`): `BaseStorage` methods, which Optuna's
+  documentation reserves for its own use.
+- `exclusive`: a lock of the study's storage, so that of two workers that find
+  the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
+  PostgreSQL: a transaction-scoped advisory lock, through `RDBStorage.engine`
+  (MySQL: `GET_LOCK`); the journal file and SQLite: a `flock` on a file beside
+  it (`ctl.model_dir.file_lock.FileLock`). A worker killed while it holds one releases
+  it (its connection or its file closes).
+"""
+
+import contextlib
+import time
+import zlib
+from typing import Any, Iterator, Optional
+
+import optuna
+from optuna.trial import TrialState
+
+SUPPORTED_MAJOR = 5  # pyproject.toml: optuna>=5,<6.
+
+
+def trial_id(storage: optuna.storages.BaseStorage, study_id: int, number: int) -> int:
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
+def frozen(storage: optuna.storages.BaseStorage, study_id: int,
+           number: int) -> optuna.trial.FrozenTrial:
+    """Trial `number` as the storage has it now."""
+    return storage.get_trial(trial_id(storage, study_id, number))
+
+
+def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
+                    value: Any) -> None:
+    storage.set_trial_system_attr(trial_id(storage, study_id, number), key, value)
+
+
+def set_user_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
+                  value: Any) -> None:
+    storage.set_trial_user_attr(trial_id(storage, study_id, number), key, value)
+
+
+def add_waiting(storage: optuna.storages.BaseStorage, study_id: int) -> None:
+    """One more WAITING trial at the end of the queue, with no values fixed."""
+    storage.create_new_trial(study_id, optuna.trial.create_trial(state=TrialState.WAITING))
+
+
+def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
+                numbers: Iterator[int]) -> Optional[int]:
+    """Moves the first of `numbers` (WAITING trials) that this caller wins to RUNNING; its
+    number, or None. Of several callers, one wins each trial (`Study._pop_waiting_trial_id`)."""
+    for number in numbers:
+        try:
+            if storage.set_trial_state_values(trial_id(storage, study_id, number),
+                                              state=TrialState.RUNNING):
+                return number
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    return None
+
+
+def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int,
+             number: int) -> optuna.Trial:
+    """The `optuna.Trial` of RUNNING trial `number`: samples what it lacks, returns what it has."""
+    return optuna.Trial(study, trial_id(storage, study_id, number))
+
+
+@contextlib.contextmanager
+def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
+              lock_file: str) -> Iterator[None]:
+    """Held by one process at a time among those on `storage`'s study `study_name`.
+    `lock_file`: where the journal file's (and SQLite's) lock is, beside the study."""
+    engine = getattr(storage, "engine", None)
+    dialect = engine.dialect.name if engine is not None else None
+    if dialect in ("postgresql", "mysql"):
+        from sqlalchemy import text
+
+        key = zlib.crc32(f"ctl.sweep:{study_name}".encode())
+        with engine.begin() as connection:
+            if dialect == "postgresql":  # Released at the transaction's end, or its connection's.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+                yield
+            else:
+                connection.execute(text("SELECT GET_LOCK(:key, -1)"), {"key": str(key)})
+                try:
+                    yield
+                finally:
+                    connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
+        return
+    from ctl.model_dir.file_lock import FileLock
+
+    lock = FileLock(lock_file, "sweep takeover")
+    while not lock.try_acquire():
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        lock.release()
