@@ -99,12 +99,19 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def space_of(loaded, trials) -> Dict[str, Tuple[str, list]]:
+def space_of(loaded, trials, record: Optional[dict] = None) -> Dict[str, Tuple[str, list]]:
     """{binding: (kind, values)} of the sweep file that created the study (`ctl.sweep.study`
-    keeps it); for a study made before ctl kept it, guessed from the values sampled."""
+    keeps it); for a study made before ctl kept it, the sweep file `sweep.json` names, else
+    guessed from the values sampled."""
+    from ctl.sweep import sweep_file
     from ctl.sweep.study import SWEEP_FILE
 
     kept = loaded.user_attrs.get(SWEEP_FILE) or {}
+    if not kept and (record or {}).get("sweep_file"):
+        try:
+            kept = sweep_file.identity(sweep_file.load(record["sweep_file"]))
+        except UserError:
+            pass  # Gone or changed since: guessed below.
     space = {binding: (kind, list(values)) for binding, kind, values in kept.get("space", [])}
     for name in sorted({name for t in trials for name in t.params} - set(space)):
         values = sorted({t.params[name] for t in trials if name in t.params}, key=repr)
@@ -194,5 +201,5 @@ def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
     """(table, png path) of the sweep in `sweep_dir`."""
     text, trials, record, loaded = table(sweep_dir)
     output = output or os.path.join(sweep_dir, "report.png")
-    plot(trials, record, output, space_of(loaded, trials))
+    plot(trials, record, output, space_of(loaded, trials, record))
     return text, output
