@@ -144,9 +144,6 @@ def _run(hooks: Sequence[Any]) -> None:
     from ctl.sidecar.scheduler import ContinuousEval
 
     _set_up_console()
-    from ctl.utils import devices
-
-    devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
     try:
