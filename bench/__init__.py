@@ -1,4 +1,4 @@
-"""ctl's benchmark suite: `python -m bench.run` (see docs/bench.md)."""
+"""ctl's benchmark suite: `python -m bench.run` (see bench/README.md)."""
 
 import os
 

@@ -16,12 +16,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
-from official.core import base_task, config_definitions as cfg, train_lib  # noqa: E402
-from official.modeling.optimization.configs import optimization_config as optimization  # noqa: E402
+import tensorflow as tf
+import tf_keras
+from official.core import base_task, config_definitions as cfg, train_lib
+from official.modeling.optimization.configs import optimization_config as optimization
 
-from experiments.digits_data import load_split  # noqa: E402 (imports no ctl)
+from experiments.digits_data import load_split  # Imports no ctl
 
 
 class DigitsTask(base_task.Task):

@@ -39,6 +39,9 @@ def share_keras_cpu_twins(variables: Iterable) -> int:
 
     Variables that are not Keras 3 TensorFlow-backend variables (tf_keras, plain
     `tf.Variable`) are left alone: TensorFlow handles them.
+
+    Args:
+        variables: the checkpoint's variables (any kind: only Keras 3 ones are changed).
     """
     count = 0
     for variable in variables:
@@ -69,6 +72,9 @@ def checkpoint_object_graph(reader):
     """The `TrackableObjectGraph` proto of the checkpoint `reader` reads (`tf.train.load_checkpoint`).
 
     Raises `ValueError` for a name-based (TF1) checkpoint, which has none.
+
+    Args:
+        reader: a `tf.train.load_checkpoint` reader.
     """
     from tensorflow.core.protobuf import trackable_object_graph_pb2  # The checkpoint format.
 

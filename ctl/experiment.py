@@ -23,7 +23,7 @@ from ctl.faults.handler import FaultTolerance
 class Schedule:
     """When to train, evaluate, checkpoint and summarize, in global steps.
 
-    Attributes:
+    Args:
       train_steps: the global step training ends at.
       steps_per_loop: steps per call of the train loop (one log line each).
       eval_steps: batches per evaluation; `None` evaluates the whole eval set.
@@ -78,11 +78,19 @@ class Schedule:
 class Experiment:
     """A task, its trainer class, the schedule, the fault tolerance and hooks (`ctl.hooks`).
 
-    `trainer_cls` is the `ctl.Trainer` subclass that runs the task (default
-    `ctl.Trainer`): to change *how* one part of the loop runs (a train or eval
-    hook of the Trainer, e.g. `next_train_inputs`), subclass it, register the
-    subclass with gin and bind `ctl.Experiment.trainer_cls = @MyTrainer`. The
-    trainer and a sidecar evaluator build the same class.
+    Args:
+      task: the `ctl.Task` to train and evaluate (required), e.g.
+        `ctl.Experiment.task = @DigitsTask()`.
+      schedule: when to train, evaluate, checkpoint and summarize (`ctl.Schedule`).
+      trainer_cls: the `ctl.Trainer` subclass that runs the task (default
+        `ctl.Trainer`): to change *how* one part of the loop runs (an override point
+        of the Trainer's train or eval loop, e.g. `next_train_inputs`), subclass it, register the
+        subclass with gin and bind `ctl.Experiment.trainer_cls = @MyTrainer`. The
+        trainer and a sidecar evaluator build the same class.
+      fault_tolerance: what to do on a NaN loss and how often to check for a stop
+        request (`ctl.FaultTolerance`).
+      hooks: the hooks the run binds, in order (`ctl.hooks.*` or your own
+        `ctl.hooks.Hook` subclasses), e.g. `[@ctl.hooks.BestCheckpoint()]`.
     """
 
     task: Task = gin.REQUIRED

@@ -46,7 +46,11 @@ _KILLED = (signal.SIGKILL, signal.SIGTERM)
 
 
 def free_ports(count: int) -> List[int]:
-    """`count` distinct ports that are free on 127.0.0.1 right now."""
+    """`count` distinct ports that are free on 127.0.0.1 right now.
+
+    Args:
+        count: how many ports.
+    """
     sockets = []
     try:
         for _ in range(count):
@@ -60,7 +64,13 @@ def free_ports(count: int) -> List[int]:
 
 
 def local_cluster(workers: int, ps: int = 0, evaluator: bool = False) -> Dict[str, List[str]]:
-    """A cluster spec on 127.0.0.1; with `ps`, a chief coordinates the workers."""
+    """A cluster spec on 127.0.0.1; with `ps`, a chief coordinates the workers.
+
+    Args:
+        workers: worker tasks.
+        ps: parameter-server tasks (0: none; any adds a chief).
+        evaluator: add an evaluator task.
+    """
     if workers < 1 or ps < 0:
         raise ValueError(f"--workers ({workers}) must be >= 1 and --ps ({ps}) >= 0.")
     counts = {"chief": 1 if ps else 0, "worker": workers, "ps": ps, "evaluator": int(evaluator)}
@@ -69,7 +79,11 @@ def local_cluster(workers: int, ps: int = 0, evaluator: bool = False) -> Dict[st
 
 
 def tf_configs(cluster: Dict[str, List[str]]) -> Dict[str, str]:
-    """Maps a task name ("worker 1") to its TF_CONFIG."""
+    """Maps a task name ("worker 1") to its TF_CONFIG.
+
+    Args:
+        cluster: the cluster spec (`local_cluster`).
+    """
     return {
         _name(job, index, len(tasks)): json.dumps(
             {"cluster": cluster, "task": {"type": job, "index": index}})
@@ -94,7 +108,17 @@ class Cluster:
     def __init__(self, run_args: Sequence[str], workers: int, ps: int = 0,
                  evaluator: bool = False, out=None, command: Sequence[str] = (),
                  restarts: int = 0):
-        """Starts `command + run_args` (default `python -m ctl.run`) once per task."""
+        """Starts `command + run_args` (default `python -m ctl.run`) once per task.
+
+        Args:
+            run_args: the `ctl.run` flags every task gets.
+            workers: worker tasks.
+            ps: parameter-server tasks (any adds a chief).
+            evaluator: add an evaluator task.
+            out: where the tasks' prefixed lines go (default: stdout).
+            command: the program each task runs (default: `python -m ctl.run`).
+            restarts: restarts of lost tasks allowed in all (0: none).
+        """
         self._out = out or sys.stdout
         self._lock = threading.Lock()
         self._command = [*(command or (sys.executable, "-m", "ctl.run")), *run_args]
@@ -141,6 +165,9 @@ class Cluster:
         coordinator reschedules its steps and it rejoins); the chief or a ps,
         every training task (the variables live on the ps, the coordinator
         builds them). An evaluator: itself.
+
+        Args:
+            name: the lost task, e.g. "worker 1".
         """
         job = name.split(" ")[0]
         if job == "evaluator":
@@ -150,7 +177,11 @@ class Cluster:
         return [n for n in self.processes if n.split(" ")[0] != "evaluator"]
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        """Waits for the finishing tasks (restarting lost ones); stops everything; returns the exit status."""
+        """Waits for the finishing tasks (restarting lost ones); stops everything; returns the exit status.
+
+        Args:
+            timeout: seconds before every task is stopped (exit status 124); None: no limit.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         status = 0
         try:
@@ -229,6 +260,9 @@ def restartable(status: int) -> bool:
 
     Killed: by SIGKILL (`kill -9`, the OOM killer) or SIGTERM (a second one
     ends ctl.run at once), as Popen reports it (-N) or a shell does (128 + N).
+
+    Args:
+        status: the exit status (negative: killed by that signal, as Popen reports it).
     """
     return status in RESTARTABLE or -status in _KILLED or status - 128 in _KILLED
 
@@ -245,6 +279,14 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str]) -> int:
+    """`python -m ctl.launch`: starts the local cluster and waits for it.
+
+    Args:
+        argv: the arguments after the program name: ctl.launch's own, then `--` and the ctl.run flags.
+
+    Returns:
+        The exit status (the cluster's, or 124 after `--timeout_s`).
+    """
     parser = _ArgumentParser(
         prog="python -m ctl.launch",
         usage="python -m ctl.launch --workers=N [--ps=M] [--evaluator] -- <ctl.run flags>",

@@ -30,9 +30,9 @@ from ctl.utils import process_end
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
-from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser
 
 FLAGS = flags.FLAGS
 SKIPPED_TAGS = ("steps_per_second",)
@@ -41,7 +41,11 @@ Curve = List[Tuple[int, float, float]]  # (step, wall time, value)
 
 
 def read_scalars(summary_dir: str) -> Dict[str, Curve]:
-    """Maps tag -> [(step, wall_time, value)] for every scalar under `summary_dir`."""
+    """Maps tag -> [(step, wall_time, value)] for every scalar under `summary_dir`.
+
+    Args:
+        summary_dir: a directory of TensorBoard event files (its subdirectories too).
+    """
     import tensorflow as tf
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -69,12 +73,21 @@ def read_scalars(summary_dir: str) -> Dict[str, Curve]:
 
 
 def lower_is_better(tag: str) -> bool:
+    """Whether a smaller value of `tag` is better (a loss, an error).
+
+    Args:
+        tag: a scalar's tag.
+    """
     name = tag.lower()
     return any(word in name for word in ("loss", "error", "mae", "mse", "perplexity"))
 
 
 def summarize(curves: Dict[str, Curve]) -> List[Tuple[str, float, float, int, int]]:
-    """(tag, last, best, best step, points) for each tag, sorted by tag."""
+    """(tag, last, best, best step, points) for each tag, sorted by tag.
+
+    Args:
+        curves: tag -> [(step, wall_time, value)].
+    """
     rows = []
     for tag, points in sorted(curves.items()):
         if tag in SKIPPED_TAGS or not points:
@@ -86,7 +99,13 @@ def summarize(curves: Dict[str, Curve]) -> List[Tuple[str, float, float, int, in
 
 
 def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
-    """The summary of the run in `directory` (a `ctl.model_dir.ModelDir`)."""
+    """The summary of the run in `directory` (a `ctl.model_dir.ModelDir`).
+
+    Args:
+        directory: the run's model dir.
+        train: the train curves by tag.
+        evals: the eval curves by tag.
+    """
     lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
     if everything:
@@ -106,7 +125,13 @@ def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
 
 
 def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
-    """One panel per metric, train and eval curves together."""
+    """One panel per metric, train and eval curves together.
+
+    Args:
+        train: the train curves by tag.
+        evals: the eval curves by tag.
+        path: where the PNG goes.
+    """
     tags = sorted((set(train) | set(evals)) - set(SKIPPED_TAGS))
     plot_panels([(tag, [(kind, curves[tag], style) for kind, curves, style in
                         (("train", train, "-"), ("eval", evals, "o-")) if tag in curves])
@@ -115,7 +140,12 @@ def plot(train: Dict[str, Curve], evals: Dict[str, Curve], path: str) -> None:
 
 def plot_panels(panels, path: str) -> None:
     """Writes `[(title, [(label, curve, style), ...]), ...]` as a grid of panels (Agg), atomically
-    (`path` may be in an object store)."""
+    (`path` may be in an object store).
+
+    Args:
+        panels: `[(title, [(label, curve, style), ...]), ...]`.
+        path: where the PNG goes (local or in an object store).
+    """
     from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
@@ -138,7 +168,12 @@ def plot_panels(panels, path: str) -> None:
 
 
 def report(model_dir: str, output: str = None) -> Tuple[str, str]:
-    """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries."""
+    """Returns (table, png path) for `model_dir`; raises `UserError` if it has no summaries.
+
+    Args:
+        model_dir: the run's model dir.
+        output: where the PNG goes (default: `report.png` in the model dir).
+    """
     import tensorflow as tf  # Not for a bad flag.
 
     from ctl.model_dir import ModelDir
@@ -163,7 +198,12 @@ def report(model_dir: str, output: str = None) -> Tuple[str, str]:
 
 
 def compare(model_dirs: List[str], output: str = None) -> Tuple[str, str]:
-    """Returns (table, png path) for several runs; raises `UserError` if one has no summaries."""
+    """Returns (table, png path) for several runs; raises `UserError` if one has no summaries.
+
+    Args:
+        model_dirs: the runs' model dirs.
+        output: where the PNG goes (default: `report.png` in the runs' common parent directory).
+    """
     from ctl.config import gin_config as config
     from ctl.model_dir import ModelDir, read_text
 
@@ -224,7 +264,12 @@ def _common_parent(paths: List[str]) -> str:
 
 
 def plot_runs(runs, path: str) -> None:
-    """One panel per eval metric and one for the train loss, every run's curve overlaid."""
+    """One panel per eval metric and one for the train loss, every run's curve overlaid.
+
+    Args:
+        runs: `[(name, {"train": curves, "eval": curves})]`, one per run.
+        path: where the PNG goes.
+    """
     panels = [("eval", tag) for tag in sorted({t for _, c in runs for t in c["eval"]})
               if tag not in SKIPPED_TAGS] + [("train", "loss")]
     plot_panels([(f"{kind}/{tag}", [(name, curves[kind].get(tag, []),
@@ -233,6 +278,11 @@ def plot_runs(runs, path: str) -> None:
 
 
 def main(argv):
+    """`python -m ctl.report`: prints the table and writes the PNG.
+
+    Args:
+        argv: absl's arguments: the program name, and a model dir given without `--model_dir`.
+    """
     model_dirs = FLAGS.model_dir or argv[1:2]
     if len(argv) > 1 and (FLAGS.model_dir or len(argv) > 2):
         _fail(f"unexpected arguments {argv[1 + (not FLAGS.model_dir):]}")

@@ -3,34 +3,16 @@
     python -m ctl.run --mode=train_and_eval --model_dir=/tmp/digits \
         --gin_file=configs/digits.gin --gin.ctl.Schedule.train_steps=500
 
-`--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`.
+`--gin.NAME=VALUE` is short for `--gin_bindings='NAME=VALUE'`. The same command runs on every
+task of a cluster (the role comes from TF_CONFIG, `ctl.cluster.tf_config`). TensorFlow is
+imported only once the flags and the gin text are checked (`ctl.config.gin_text`), so `--help`, a
+flag mistake and a gin syntax error answer at once. A user's mistake ends in one line on stderr
+and exit status 2; the other exit statuses (75 preempted, 69 a lost peer, 74 a storage fault)
+are in docs/reference/exit-statuses.md. ctl's lines go through `ctl.utils.console`;
+TensorFlow's, orbit's and absl's INFO lines show with `--verbosity=0`.
 
-The console (`ctl.utils.console`): ctl's lines in one format on stdout, a live
-bar on a terminal; TensorFlow's, orbit's and absl's routine INFO lines only
-when `--verbosity` asks (`--verbosity=0` shows them; absl's flag).
-
-The same command runs on every task of a cluster; the role comes from
-TF_CONFIG (see `ctl.cluster.tf_config`). A user mistake ends in one line on stderr and
-exit status 2. SIGTERM or SIGINT saves a checkpoint at the next step boundary
-and exits with status 75 (`ctl.core.stop.EXIT_PREEMPTED`): run the same
-command again to resume. In a multi-worker cluster, a worker that loses a peer
-exits with status 69 (`ctl.cluster.peers.EXIT_PEER_LOST`) and one line naming it.
-A full disk, a refused write or an object store's errors end in one line naming the
-path and the cause and exit status 74 (`ctl.faults.storage.EXIT_STORAGE_FAULT`): fix
-the storage and run the same command again.
-A sidecar (`continuous_eval`) stops the same way on SIGTERM or SIGINT, between
-two evaluations, with status 75. Signals, the second signal's exit and a late
-signal's are `ctl.core.stop`'s.
-
-TensorFlow is imported only once the flags and the gin text are checked
-(`ctl.config.gin_text`): `--help`, a flag mistake and a gin syntax error answer
-at once. Gin mistakes that need the code (an unknown parameter, a module that
-does not import) are found after the import, by `ctl.config.gin_config.parse`.
-
-A program that runs a ctl run with a hook of its own, after the experiment's
-(`python -m ctl.sweep.trial`), imports this module (its flags) and calls
-`app.run(lambda argv: main(argv, hooks=[...]), flags_parser=parse_flags)`:
-the same checks, messages and exit statuses.
+A program that runs a ctl run with a hook of its own (`python -m ctl.sweep.trial`) calls
+`app.run(lambda argv: main(argv, hooks=[...]), flags_parser=parse_flags)`.
 """
 
 import os
@@ -82,7 +64,11 @@ def _exit(status: int, message: str) -> None:
 
 
 def parse_flags(argv):
-    """ctl.run's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2."""
+    """ctl.run's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2.
+
+    Args:
+        argv: the command line, the program name first.
+    """
     try:
         return FLAGS(gin_text.expand_gin_flags(argv))
     except flags.Error as error:
@@ -117,7 +103,12 @@ def _say_strategy(name: str, strategy) -> None:
 
 
 def main(argv, hooks: Sequence[Any] = ()):
-    """`python -m ctl.run`; `hooks` run after the experiment's (`ctl.train_lib.run_experiment`)."""
+    """`python -m ctl.run`; `hooks` run after the experiment's (`ctl.train_lib.run_experiment`).
+
+    Args:
+        argv: absl's remaining arguments (the program name alone: anything else is an error).
+        hooks: hooks run after the experiment's own.
+    """
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag or a gin binding.")
     if not FLAGS.model_dir and FLAGS.mode != SMOKE:
@@ -178,7 +169,7 @@ def _run(hooks: Sequence[Any]) -> None:
     except UserError as error:
         # Gin appends "In call to configurable ..." lines; the first line is ctl's.
         _fail(first_line(error, None))
-    except Exception as error:  # noqa: BLE001 - only a storage fault is handled here.
+    except Exception as error:  # Only a storage fault is handled here.
         fault = storage_fault_within(error, directory)
         if fault is None:
             raise  # A bug keeps its traceback.

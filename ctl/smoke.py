@@ -41,7 +41,12 @@ SMOKE_EXPORT_DIR = "smoke_export"  # In the smoke run's temporary model dir: its
 
 
 def run_smoke(strategy=None, experiment=None) -> float:
-    """Runs the smoke test; returns its duration in seconds or raises `UserError`."""
+    """Runs the smoke test; returns its duration in seconds or raises `UserError`.
+
+    Args:
+        strategy: the strategy to run under (None: the current one).
+        experiment: the experiment (None: the gin-configured `ctl.Experiment`).
+    """
     start = time.monotonic()
     strategy = strategy or tf.distribute.get_strategy()
     experiment = experiment or config.call_configured(Experiment)
@@ -68,7 +73,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
             _export_and_compare(experiment.task, trainer, directory)
         except UserError as error:
             raise UserError(f"smoke test failed at {stage}: {error}") from error
-        except Exception as error:  # noqa: BLE001 - any failure is the answer here.
+        except Exception as error:  # Any failure is the answer here.
             console.info("smoke", "failed at %s:\n%s", stage, traceback.format_exc())
             raise UserError(f"smoke test failed at {stage}: {type(error).__name__}: "
                             f"{one_line(error)} (traceback on stdout)") from error

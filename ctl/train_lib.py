@@ -72,6 +72,20 @@ def run_experiment(
     `train_and_eval` marks the run finished in `model_dir` and says where
     its results are (`ctl.comforts.run_end`); a run already complete writes
     nothing and returns its recorded results.
+
+    Args:
+        mode: what to run, one of `ctl.MODES`: `train`, `eval`, `train_and_eval` or `continuous_eval`.
+        model_dir: the run's model dir: a path (local or `gs://`) or a `ModelDir`.
+        strategy: the strategy to run under (None: the current one).
+        experiment: the experiment (None: the gin-configured `ctl.Experiment`).
+        hooks: hooks run after the experiment's own.
+
+    Returns:
+        The last evaluation's results (for `train`, the last loop's).
+
+    Raises:
+        UserError: a mistake of the user's: nothing to evaluate, a model dir that cannot be written, a checkpoint of
+            another model.
     """
     directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
@@ -133,7 +147,15 @@ def _checkpoint_directory(directory: ModelDir, chief: bool):
 
 
 class Built(NamedTuple):
-    """What `build_controller` returns."""
+    """What `build_controller` returns.
+
+    Args:
+        trainer: the run's Trainer.
+        controller: the Controller that drives it.
+        faults: the fault handler; None unless training.
+        hooks: the bound hooks.
+        eval_side: the evaluator role's claim, released when the run ends (None: not held).
+    """
 
     trainer: Trainer
     controller: Controller
@@ -151,6 +173,15 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     Restores the latest checkpoint in `directory` (or initializes); writes
     nothing. Training needs a `watcher`. `bench/` drives the returned
     controller directly, so that it measures ctl's real loop.
+
+    Args:
+        plan: what this process runs (`RunPlan`).
+        directory: the run's model dir.
+        strategy: the strategy to build under.
+        experiment: the experiment.
+        checkpoint_dir: where checkpoints are saved (a multi-worker non-chief's scratch dir; None: `directory`).
+        watcher: the run's signal watcher (needed to train).
+        lock: the trainer's claim on the model dir, or None.
     """
     schedule = experiment.schedule
     if experiment.fault_tolerance.seed is not None:

@@ -8,12 +8,12 @@ import uuid
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import gin  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import gin
+import pytest
+import tensorflow as tf
 
-from tests.support.strategies import mirrored, split_the_cpu  # noqa: E402
-from tests.support.trained import trained_dir  # noqa: E402, F401  (a fixture for every module)
+from tests.support.strategies import mirrored, split_the_cpu
+from tests.support.trained import trained_dir  # noqa: F401 - a fixture for every module
 
 split_the_cpu()
 

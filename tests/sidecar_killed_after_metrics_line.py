@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # As ctl.run sets it, before TensorFlow.
 
-from ctl.sidecar import continuous_eval  # noqa: E402
+from ctl.sidecar import continuous_eval
 
 
 def _killed(*unused_args):

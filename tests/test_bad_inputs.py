@@ -162,6 +162,14 @@ CASES = {
                                  model_dir="new"),
     "steps_per_loop 0": Case(run("--gin_bindings=ctl.Schedule.steps_per_loop=0"),
                              "steps_per_loop (0) must be a positive integer", model_dir="new"),
+    # --mode=smoke (no model dir: it rehearses in a temporary one).
+    "smoke: steps_per_loop 0": Case(
+        lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
+                      "--gin_bindings=ctl.Schedule.steps_per_loop=0"],
+        "steps_per_loop (0) must be a positive integer", model_dir="new"),
+    "smoke: unknown configurable": Case(
+        lambda d, t: ["--mode=smoke", f"--gin_file={TEST_GIN}",
+                      "--gin_bindings=ctl.Scheduel.train_steps=3"], "ctl.Scheduel", model_dir="new"),
     "checkpoint_interval 0": Case(run("--gin_bindings=ctl.Schedule.checkpoint_interval=0"),
                                   "checkpoint_interval", model_dir="new"),
     "async_checkpointing not a bool": Case(

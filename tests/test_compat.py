@@ -83,7 +83,7 @@ def test_object_graph_maps_paths_to_keys(tmp_path):
     reader = tf.train.load_checkpoint(path)
     try:
         graph = SavedGraph(reader)
-    except Exception as error:  # noqa: BLE001 (any failure here is the message below)
+    except Exception as error:  # Any failure here is the message below
         pytest.fail(f"{TF}: ctl.compat.checkpoint_object_graph cannot read a checkpoint's "
                     f"object graph ({error!r}).")
     assert sorted(graph.root_children()) == ["global_step", "model", "optimizer"], TF

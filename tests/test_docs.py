@@ -12,7 +12,7 @@ How a code block is checked follows its fence's language:
   files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
   a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
   against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
-  kubectl) are not run; no line is longer than `SHELL_LINE_LIMIT`;
+  kubectl) are not run;
 - `yaml`: parsed, and a command list with `-m ctl.run` in it (a container's) checked as above;
 - `json`: each line parsed;
 - `text` (or no language): output shown to the reader, not run.
@@ -323,15 +323,16 @@ def test_every_snippet_runs(page, tmp_path, monkeypatch):
         parse_gin(gin_files, page)
 
 
-SHELL_LINE_LIMIT = 90  # About what a code block shows at 1280 px without scrolling sideways.
+CODE_LINE_LIMIT = 84  # What a code block shows at 1280 px without scrolling sideways.
 
 
-def test_shell_lines_fit_the_page():
-    """A command of ~110 characters scrolls sideways: wrap it with `\\` (checked in every sh block)."""
+def test_code_blocks_fit_the_page():
+    """A code block wider than the page's column scrolls sideways: wrap a command with `\\`, put a
+    comment on the line above its code, cut a long output line (every block of every language)."""
     long = [f"{block.where()}: {len(line)} characters: {line[:60]}..."
-            for page in PAGES for block in blocks(page) if block.lang in ("sh", "bash")
-            for line in block.text.splitlines() if len(line) > SHELL_LINE_LIMIT]
-    assert not long, "shell lines to wrap:\n" + "\n".join(long)
+            for page in PAGES for block in blocks(page)
+            for line in block.text.splitlines() if len(line) > CODE_LINE_LIMIT]
+    assert not long, "code lines to wrap:\n" + "\n".join(long)
 
 
 def test_the_markers_are_understood():
@@ -389,14 +390,21 @@ def nav_pages(nav) -> List[str]:
     return pages
 
 
-@pytest.mark.slow
-def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
-    import yaml
-
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for the tests that read it (`mkdocs build --strict`)."""
+    site = tmp_path_factory.mktemp("site")
     done = run_command(ctl_command("build", "--strict", "-q", "-d", str(site), module="mkdocs"),
                        timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+    return site
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(site):
+    import yaml
+
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
         config = yaml.load(f, Loader=yaml.BaseLoader)
     in_nav = set(nav_pages(config["nav"]))
@@ -421,6 +429,24 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(tmp_path):
     with open(site / "reference" / "api.html") as f:
         missing = reference_gaps(f.read())
     assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
+
+
+# What a reader types in the site's search box, and the page it must list first.
+SEARCHES = {"gs://": "how-to/gcs.html", "sweep": "how-to/tune-hyperparameters.html",
+            "preemption": "how-to/preemptible-jobs.html"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_the_site_search_lists_the_page_for_a_topic_first(site):
+    """The built search index, ranked as mkdocs-material's search worker ranks it in a browser
+    (tests/support/site_search.py): the how-to for a topic comes first, not a page that mentions it."""
+    from tests.support.site_search import SiteSearch
+
+    search = SiteSearch(str(site / "search" / "search_index.json"))
+    wrong = {query: search.pages(query)[:3] for query, page in SEARCHES.items()
+             if search.pages(query)[:1] != [page]}
+    assert not wrong, f"searches whose first page is not the topic's (query: first pages): {wrong}"
 
 
 def _documented(html: str, heading: str) -> bool:
@@ -502,6 +528,26 @@ def test_every_exit_status_in_the_code_is_explained():
     missing = [f"{name} = {value} ({module})" for value, name, module in constants
                if str(value) not in explained]
     assert not missing, f"docs/reference/exit-statuses.md does not explain: {missing}"
+
+
+def test_the_api_page_starts_with_an_overview_of_every_public_name():
+    """The Python API page opens with what a run is made of (Task, Trainer, Experiment,
+    run_experiment, hooks) and where each other public name fits: a name added to `ctl` needs its
+    place there too (the alphabetical reference below it is generated)."""
+    import ctl
+
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  os.path.join(ROOT, "tools", "docs_reference.py"))
+    docs_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_reference)
+    page = docs_reference.api_page()
+    overview = page.split("## Every name, A to Z")[0]
+    assert "## Overview" in overview and "::: " not in overview, overview[:300]
+    table = overview.split("The rest, by use:")[0]
+    for name in ("Task", "Trainer", "Experiment", "run_experiment", "hooks"):
+        assert f"[`ctl.{name}`](#" in table, f"the overview's table lacks ctl.{name}"
+    missing = [name for name in ctl.__all__ if f"[`ctl.{name}`](#" not in overview]
+    assert not missing, f"public names the API page's overview does not place: {missing}"
 
 
 def _model_dir_names_owned_above() -> set:

@@ -101,12 +101,12 @@ def sweep(tmp_path_factory):
      "value = 'max'; expected one of: best, last."),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
-    from ctl.utils.errors import UserError
-    from ctl.sweep import sweep_file
-
-    with pytest.raises(UserError) as raised:
-        sweep_file.load(write(tmp_path / "bad.toml", text))
-    assert expected in str(raised.value) and "\n" not in str(raised.value)
+    """Through `python -m ctl.sweep`: one line on stderr, exit 2, no sweep dir."""
+    done = run_sweep(write(tmp_path / "bad.toml", text), str(tmp_path / "sweep"), timeout=120)
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("ctl.sweep: error: ") and expected in lines[0], lines[0]
+    assert not os.path.exists(tmp_path / "sweep")
 
 
 @pytest.mark.slow
@@ -183,7 +183,7 @@ def test_without_optuna_one_line_names_the_extra(tmp_path):
                           env=ctl_env({"PYTHONPATH": os.pathsep.join([str(blocker), ROOT])}))
     assert done.returncode == 2
     assert done.stderr.strip() == ("ctl.sweep: error: ctl.sweep runs on Optuna, which is not "
-                                   "installed: pip install 'ctl[sweep]'.")
+                                   "installed: pip install -e '.[sweep]' in ctl's checkout.")
 
 
 # The shared sweep.
@@ -459,8 +459,10 @@ def test_no_trial_starts_after_the_timeout_and_the_sweep_ends(tmp_path):
 @pytest.mark.slow
 def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path):
     """Two trials forked by one worker's launcher (TensorFlow imported once, each child parsing its
-    own flags and gin) end with the same evaluations as the same trials each in a new process."""
+    own flags and gin) end with the same evaluations as the same trials each in a new process, and
+    each writes its own log: its own run's evaluation lines and end, in its trial dir."""
     from ctl.model_dir import ModelDir
+    from ctl.sweep.sweep_dir import LOG_FILE
 
     sweep_file = write(tmp_path / "two.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
                        'seed = 3\npruner = "none"\n[space]\n'
@@ -475,6 +477,13 @@ def test_forked_trials_end_as_the_same_trials_in_processes_of_their_own(tmp_path
         assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
         evaluations[fork] = [(t.params, [(r["step"], r["loss"]) for r in ModelDir(
             os.path.join(sweep_dir, "trials", str(t.number))).metrics("eval")]) for t in trials]
+        for trial, (_, evaluated) in zip(trials, evaluations[fork]):
+            trial_dir = os.path.join(sweep_dir, "trials", str(trial.number))
+            with open(os.path.join(trial_dir, LOG_FILE)) as f:
+                log = f.read()
+            steps = [int(s) for s in re.findall(r" eval \| step: +(\d+) \| loss", log)]
+            assert steps == [step for step, _ in evaluated], (fork, trial.number, log[-2000:])
+            assert f"done | in {trial_dir}:" in log, (fork, trial.number, log[-2000:])
     assert evaluations["true"][0][0] != evaluations["true"][1][0]
     assert evaluations["true"] == evaluations["false"]
 

@@ -186,10 +186,49 @@ def gin_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+API_OVERVIEW = """\
+## Overview
+
+A run is a task, a trainer, an experiment that names them, and one call that runs it; hooks add to it.
+
+| Name | What it is | What you do with it |
+|---|---|---|
+| [`ctl.Task`](#ctl.Task) | *what* to train: the model, optimizer, inputs, losses and metrics, and the steps \
+(`train_step`, `validation_step`: per replica, inside `tf.function`) | subclass it, `@gin.configurable` |
+| [`ctl.Trainer`](#ctl.Trainer) | *how* to train: the loops, distribution, checkpoints, and the train step's \
+settings (mixed precision, XLA, clipping, accumulation, a moving average) | set it in gin \
+(`ctl.Trainer.jit_compile = True`); subclass it only to change the loop |
+| [`ctl.Experiment`](#ctl.Experiment) | one run: the task, the trainer class, the \
+[`ctl.Schedule`](#ctl.Schedule) (steps, intervals) and the hooks | set it in gin \
+(`ctl.Experiment.task = @MyTask()`) |
+| [`ctl.run_experiment`](#ctl.run_experiment) | runs the experiment gin configured, in a mode \
+(`train`, `eval`, `train_and_eval`, `continuous_eval`, `smoke`) and a model dir | `python -m ctl.run` \
+calls it; call it to run ctl from a program of yours |
+| [`ctl.hooks`](#ctlhooks) | what a run does at its events: keep the best checkpoint, export SavedModels, \
+stop early, warm-start, profile, call Keras callbacks, or a `Hook` of yours | list them in \
+`ctl.Experiment.hooks` |
+
+The rest, by use:
+
+- a compiled Keras model or a Model Garden experiment as a task: [`ctl.KerasModelTask`](#ctl.KerasModelTask), \
+[`ctl.ModelGardenTask`](#ctl.ModelGardenTask);
+- settings, in gin: [`ctl.Schedule`](#ctl.Schedule), [`ctl.FaultTolerance`](#ctl.FaultTolerance) \
+(preemption, NaN, resume), [`ctl.ContinuousEval`](#ctl.ContinuousEval) (the sidecar evaluator);
+- a task's own arguments checked: [`ctl.check_arguments`](#ctl.check_arguments), [`ctl.Range`](#ctl.Range), \
+[`ctl.Check`](#ctl.Check);
+- learning rates: [`ctl.with_warmup`](#ctl.with_warmup), [`ctl.register_schedules`](#ctl.register_schedules);
+- metrics over a whole eval set: [`ctl.Reducer`](#ctl.Reducer), [`ctl.Aggregation`](#ctl.Aggregation);
+- the trained model back in Python: [`ctl.restore_model`](#ctl.restore_model);
+- errors and the loop's ends: [`ctl.UserError`](#ctl.UserError), [`ctl.TrainLoopEnd`](#ctl.TrainLoopEnd); \
+the modes: [`ctl.MODES`](#ctl.MODES).\
+"""
+
+
 def api_page() -> str:
     import ctl
 
-    lines = ["# Python API", "",
+    lines = ["# Python API", "", API_OVERVIEW, "",
+             "## Every name, A to Z", "",
              "Generated from the docstrings: every public name of `ctl` (`ctl.__all__`), then "
              "`ctl.hooks`. `import ctl` is cheap; the first use of a name imports the whole API.", ""]
     modules = []
@@ -198,12 +237,10 @@ def api_page() -> str:
         if inspect.ismodule(obj):
             modules.append((name, obj))
             continue
-        if inspect.isclass(obj) or inspect.isfunction(obj):
-            path = f"{obj.__module__}.{obj.__qualname__}"
-        else:  # A constant: documented where it is assigned (its docstring follows it).
-            path = f"{_assigning_module(ctl, name)}.{name}"
+        # Documented under its public name (`ctl.Task`, not the module that defines it): mkdocstrings
+        # follows ctl/__init__.py's re-exports, so the page's anchors are `ctl.NAME` too.
         # mkdocstrings' own heading (`ctl.NAME`, then the signature), at the page's second level.
-        lines += [f"::: {path}", "    options:",
+        lines += [f"::: ctl.{name}", "    options:",
                   "      heading_level: 2", "      show_root_heading: true",
                   "      show_root_full_path: false", f"      heading: ctl.{name}",
                   f"      toc_label: ctl.{name}"]
@@ -235,16 +272,6 @@ def _inherited_from_ctl(cls) -> List[str]:
                    for name, value in vars(base).items()
                    if not name.startswith("_") and name not in own and callable(value)
                    and inspect.getdoc(value)})
-
-
-def _assigning_module(package, name: str) -> str:
-    """The module of `package` whose source assigns `name` (e.g. `MODES`), of those imported."""
-    value = getattr(package, name)
-    for module_name, module in sorted(sys.modules.items()):
-        if (module_name.startswith(package.__name__ + ".") and getattr(module, name, None) is value
-                and _defining_module(module, name)):
-            return module_name
-    raise ValueError(f"no module of {package.__name__} assigns {name}")
 
 
 def exit_constants() -> List[Tuple[int, str, str]]:

@@ -1,34 +1,8 @@
 """`ctl.KerasModelTask`: a model you `compile()` and `fit()`, trained by ctl unchanged.
 
-    def my_model():                       # what you already have
-        model = keras.Sequential([...])
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
-        return model
-
-    ctl.Experiment.task = @ctl.KerasModelTask()
-    ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
-    ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
-    ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
-    ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
-
-Each function is a `'package.module.function'` string (imported when the
-task is built: the function needs no gin decorator), or `@my_model` for one
-decorated with `@gin.configurable` (or registered with
-`gin.external_configurable`) in a module the gin file imports. After the run,
-`ctl.restore_model(my_model(), model_dir)` gives the trained model back.
-
-The model's compiled loss (`Model.compute_loss`, with its regularization
-losses), compiled metrics (`Model.compute_metrics`) and optimizer train it,
-as `fit` would; the model may be Keras 3 or tf_keras. Data: a function
-returning fit's `(x, y)` arrays, or a `tf.data.Dataset` of single `(x, y)`
-examples (not batched: ctl shards per input pipeline and batches per replica).
-The train data is shuffled (`shuffle_buffer` examples, `seed`) and repeated;
-the eval data is read once per evaluation, its remainder batch kept.
-
-Both Keras flavours divide `compute_loss` by the replicas in sync under a
-distribution strategy (their losses are made for summed gradients); the
-step applies those gradients as they are and reports the per-replica mean.
+The model's compiled loss, metrics and optimizer train it as `fit` would, on data given as
+fit's `(x, y)` or a dataset of examples; `KerasModelTask`'s docstring shows the gin lines
+and each setting (docs/how-to/from-model-fit.md walks through a conversion).
 """
 
 import importlib
@@ -43,7 +17,47 @@ from ctl.core.task import Task, shard_for_pipeline
 
 @gin.configurable(module="ctl")
 class KerasModelTask(Task):
-    """Trains a compiled Keras model with its compiled loss, metrics and optimizer."""
+    """Trains a compiled Keras model with its compiled loss, metrics and optimizer.
+
+        def my_model():                       # what you already have
+            model = keras.Sequential([...])
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
+            return model
+
+        ctl.Experiment.task = @ctl.KerasModelTask()
+        ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
+        ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
+        ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
+        ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
+
+    Each function is a `'package.module.function'` string (imported when the task is built:
+    the function needs no gin decorator), or `@my_model` for one decorated with
+    `@gin.configurable` (or registered with `gin.external_configurable`) in a module the gin
+    file imports. After the run, `ctl.restore_model(my_model(), model_dir)` gives the trained
+    model back.
+
+    The model's compiled loss (`Model.compute_loss`, with its regularization losses), compiled
+    metrics (`Model.compute_metrics`) and optimizer train it, as `fit` would; the model may be
+    Keras 3 or tf_keras. The train data is shuffled and repeated; the eval data is read once per
+    evaluation, its remainder batch kept. Both Keras flavours divide `compute_loss` by the
+    replicas in sync under a distribution strategy (their losses are made for summed
+    gradients); the step applies those gradients as they are and reports the per-replica mean.
+
+    Args:
+        model_fn: a function returning the compiled Keras model (`model.compile(optimizer=..., loss=...,
+            metrics=...)`): a `'package.module.function'` string or a gin reference (`@my_model`).
+        train_data: a function returning the train data: fit's `(x, y)` arrays, or a `tf.data.Dataset` of single `(x,
+            y)` examples (not batched). A string or a gin reference, as `model_fn`.
+        eval_data: the same for the validation data (fit's `validation_data`); None: no evaluation is possible.
+        batch_size: fit's `batch_size`: the global batch, over all replicas (a positive integer).
+        shuffle_buffer: examples in the train data's shuffle buffer; 0 does not shuffle.
+        seed: the shuffle's seed (None: a different order each run).
+
+    Raises:
+        UserError: a function that cannot be imported or is not callable, or a batch size that is not a positive
+            integer.
+    """
 
     def __init__(self, model_fn: Union[str, Callable[[], Any]] = gin.REQUIRED,
                  train_data: Union[str, Callable[[], Any]] = gin.REQUIRED,
@@ -93,18 +107,39 @@ class KerasModelTask(Task):
     def build_metrics(self, training: bool = True):
         """The model's compiled metrics (shared by training and evaluation; ctl resets
         them before each loop and each evaluation). Its own loss tracker is left out:
-        ctl keeps the loss."""
+        ctl keeps the loss.
+
+        Args:
+            training: not read: training and evaluation share the compiled metrics.
+        """
         del training
         return [metric for metric in self.model.metrics if metric.name != "loss"]
 
     # The steps: Keras' own loss and metrics.
 
     def build_losses(self, labels, outputs, aux_losses=None):
-        """The compiled loss, per replica, with the model's regularization losses."""
+        """The compiled loss, per replica, with the model's regularization losses.
+
+        Args:
+            labels: the labels of one replica's batch (the second of each `(features, labels)` element).
+            outputs: the model's outputs on that batch (float32 under mixed precision).
+            aux_losses: not read: `compute_loss` adds `model.losses` itself.
+        """
         del aux_losses  # compute_loss adds model.losses itself.
         return self.model.compute_loss(None, labels, outputs) * _replicas()
 
     def train_step(self, inputs, model, optimizer, metrics):
+        """One replica's step as `fit`'s: the compiled loss, its gradients applied, the compiled metrics updated.
+
+        Args:
+            inputs: one replica's batch, `(x, y)`.
+            model: the compiled model.
+            optimizer: under a Trainer its `ctl.core.train_step.GradientPipeline`; else a Keras optimizer.
+            metrics: not read: the compiled metrics are updated through the model.
+
+        Returns:
+            `{"loss": loss}`, the per-replica loss.
+        """
         x, y = inputs
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
@@ -115,6 +150,16 @@ class KerasModelTask(Task):
         return {"loss": loss * _replicas()}
 
     def validation_step(self, inputs, model, metrics):
+        """One replica's eval step: the compiled loss and metrics.
+
+        Args:
+            inputs: one replica's batch, `(x, y)`.
+            model: the model evaluated.
+            metrics: not read: the compiled metrics are updated through the model.
+
+        Returns:
+            `{"loss": loss}`, the per-replica loss.
+        """
         x, y = inputs
         y_pred = model(x, training=False)
         loss = model.compute_loss(x, y, y_pred)
@@ -124,6 +169,17 @@ class KerasModelTask(Task):
     # The data: fit's (x, y), or a dataset of examples.
 
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
+        """This pipeline's share of the train data (shuffled, repeated, batches of the per-replica size) or of the eval
+        data (read once, its remainder batch kept).
+
+        Args:
+            training: True for the train dataset, False for an eval dataset.
+            input_context: this input pipeline's `tf.distribute.InputContext` (its id, the pipelines, the per-replica
+                batch size); None outside a strategy's distribution.
+
+        Raises:
+            UserError: an evaluation without `eval_data`.
+        """
         source, name = (self.train_data, "train_data") if training else (
             self.eval_data, "eval_data")
         if source is None:

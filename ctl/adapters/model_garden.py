@@ -40,7 +40,16 @@ Override = Union[str, Mapping[str, Any]]
 
 def experiment_config(experiment: str, config_files: Sequence[str] = (),
                       params_override: Union[Override, Sequence[Override]] = ()):
-    """The locked `ExperimentConfig` of a registered experiment, with overrides applied."""
+    """The locked `ExperimentConfig` of a registered experiment, with overrides applied.
+
+    Args:
+        experiment: the experiment's `exp_factory` name, e.g. `'resnet_imagenet'`.
+        config_files: YAML files applied in order.
+        params_override: `a.b=v` pairs in a string, a dict, or a list of either, applied after the files.
+
+    Raises:
+        UserError: an experiment that is not registered, or an override that names no key.
+    """
     from official.core import exp_factory
     from official.modeling import hyperparams
 
@@ -68,7 +77,15 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
 
 @gin.configurable(module="ctl")
 class ModelGardenTask(Task):
-    """Runs the task of a registered Model Garden experiment as a ctl task."""
+    """Runs the task of a registered Model Garden experiment as a ctl task.
+
+    Args:
+        experiment: the registered experiment's `exp_factory` name, e.g. `'resnet_imagenet'` (required); the gin file
+            imports the module that registers it.
+        config_files: YAML files applied to the experiment's config, in order (as Model Garden's `--config_file`).
+        params_override: overrides applied after the files (as `--params_override`): a string of `a.b=v` pairs
+            separated by commas, a dict, or a list of either; strict (an unknown key is an error).
+    """
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
                  params_override: Union[Override, Sequence[Override]] = ()):
@@ -100,27 +117,63 @@ class ModelGardenTask(Task):
         return self.garden_task.build_inputs(data, input_context=input_context)
 
     def build_losses(self, labels, outputs, aux_losses=None):
+        """The Model Garden task's `build_losses`.
+
+        Args:
+            labels: the labels of one replica's batch (the second of each `(features, labels)` element).
+            outputs: the model's outputs on that batch (float32 under mixed precision).
+            aux_losses: the model's own losses (`model.losses`), each a scalar; None or empty without any.
+        """
         return self.garden_task.build_losses(labels, outputs, aux_losses=aux_losses)
 
     def build_metrics(self, training: bool = True):
+        """The Model Garden task's `build_metrics`.
+
+        Args:
+            training: True for the train metrics, False for the eval metrics.
+        """
         return list(self.garden_task.build_metrics(training=training))
 
     def features(self, inputs):
         """Model Garden's convention: a 2-tuple is `(features, labels)`, else the element
-        (a dict) is both (`official.core.base_task.Task.train_step`)."""
+        (a dict) is both (`official.core.base_task.Task.train_step`).
+
+        Args:
+            inputs: one element (or batch) of a `build_inputs` dataset.
+        """
         return inputs[0] if isinstance(inputs, tuple) and len(inputs) == 2 else inputs
 
     def initialize(self, model) -> None:
+        """The Model Garden task's `initialize` (its `init_checkpoint`), on a fresh run.
+
+        Args:
+            model: the built model.
+        """
         self.garden_task.initialize(model)
 
     # Its steps: ctl reads the loss under Model Garden's name for it.
 
     def train_step(self, inputs, model, optimizer, metrics):
+        """The Model Garden task's `train_step`; its loss is read under the task's name for it.
+
+        Args:
+            inputs: one replica's batch, as the Model Garden task's dataset yields it.
+            model: the model (the task's `build_model()`, built under the strategy's scope).
+            optimizer: under a Trainer its `ctl.core.train_step.GradientPipeline`; else a Keras optimizer.
+            metrics: the task's `build_metrics(training=...)` for this loop, to update.
+        """
         logs = self.garden_task.train_step(inputs, model=model, optimizer=optimizer,
                                            metrics=metrics)
         return {"loss": logs[self.garden_task.loss]}
 
     def validation_step(self, inputs, model, metrics):
+        """The Model Garden task's `validation_step`: its loss, and the entries it aggregates if it does.
+
+        Args:
+            inputs: one replica's batch, as the Model Garden task's dataset yields it.
+            model: the model evaluated.
+            metrics: the task's `build_metrics(training=...)` for this loop, to update.
+        """
         logs = dict(self.garden_task.validation_step(inputs, model=model, metrics=metrics))
         logs["loss"] = logs.pop(self.garden_task.loss)
         if not self.aggregates_logs():
@@ -135,10 +188,23 @@ class ModelGardenTask(Task):
         return type(self.garden_task).aggregate_logs is not base_task.Task.aggregate_logs
 
     def aggregate_logs(self, state, step_logs):
+        """The Model Garden task's `aggregate_logs`, each entry as per-replica tensors.
+
+        Args:
+            state: the state so far; None at the first step of each evaluation.
+            step_logs: each extra entry of `validation_step` mapped to a list of NumPy arrays, one per replica, of
+                every worker.
+        """
         # Model Garden's tasks take each entry as per-replica tensors.
         tensors = {name: [tf.constant(v) for v in values] for name, values in step_logs.items()}
         return self.garden_task.aggregate_logs(state, tensors)
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step: int) -> Dict[str, Any]:
+        """The Model Garden task's `reduce_aggregated_logs` (`{}` when it returns None).
+
+        Args:
+            aggregated_logs: the state `aggregate_logs` returned after the last step.
+            global_step: the global step the evaluation ran at.
+        """
         return self.garden_task.reduce_aggregated_logs(aggregated_logs, global_step) or {}
 

@@ -23,7 +23,16 @@ MAX_CPU_REPLICAS = 64
 
 def create_strategy(name: str = "default", cpu_replicas: int = 0,
                     cluster: Optional[ClusterConfig] = None) -> tf.distribute.Strategy:
-    """Returns the strategy called `name` (one of `STRATEGIES`)."""
+    """Returns the strategy called `name` (one of `STRATEGIES`).
+
+    Args:
+        name: the strategy (`--strategy`), one of `STRATEGIES`.
+        cpu_replicas: split this machine's CPU into this many logical devices (0: do not; at most `MAX_CPU_REPLICAS`).
+        cluster: the validated TF_CONFIG for the cluster strategies, or None.
+
+    Raises:
+        UserError: an unknown name, or a `cpu_replicas` out of range.
+    """
     require_choice("strategy", name, STRATEGIES)
     if not 0 <= cpu_replicas <= MAX_CPU_REPLICAS:
         raise UserError(f"--cpu_replicas ({cpu_replicas}) must be between 0 and "
@@ -56,6 +65,9 @@ def serve(cluster: ClusterConfig) -> None:
 
     The coordinator (the chief) sends it variables and steps; a cluster
     manager, or `ctl.launch`, stops it when training is over.
+
+    Args:
+        cluster: the validated TF_CONFIG (`ctl.cluster.tf_config.read_tf_config`).
     """
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster.training_cluster()),
@@ -106,7 +118,11 @@ def _split_cpu(count: int) -> None:
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """Whether this process writes checkpoints, summaries and configs."""
+    """Whether this process writes checkpoints, summaries and configs.
+
+    Args:
+        strategy: the run's strategy.
+    """
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.task_type:
         return True

@@ -1,34 +1,16 @@
 """A lost peer: a worker of the cluster died or stopped answering in the middle of training.
 
-Under `MultiWorkerMirroredStrategy` every step is an all-reduce over all
-workers, so when one worker is killed (SIGKILL, OOM killer, a lost machine)
-the others cannot go on. TensorFlow's runtime notices and fails the collective
-op the survivors are in:
+TensorFlow notices a lost peer and fails the collective op the survivors are in (at once when
+its sockets close; after the coordination service's missed heartbeats, 10 s by default, for a
+machine that vanished). `reported_as_peer_loss` turns that error into `PeerLost`, naming the
+lost task(s): a task whose address refuses connections now or, when none does, one the error
+names (an error that names no other task keeps its traceback). `python -m ctl.run` then exits
+with `EXIT_PEER_LOST` (69): restart the cluster, which resumes from the last checkpoint.
 
-  * at once when the peer's process is gone and its sockets are closed
-    ("Socket closed" from `/job:worker/replica:0/task:1`);
-  * otherwise (a machine that vanished, a frozen process) when the
-    coordination service misses the peer's heartbeats, 10 s by default
-    ("The following tasks are unhealthy (stopped sending heartbeats)").
-
-The error reaches the survivor's main thread as a `tf.errors.OpError` from the
-train loop (or from a save or an evaluation). `reported_as_peer_loss` turns it
-into `PeerLost`, whose message names the lost task(s), and `python -m ctl.run`
-exits with `EXIT_PEER_LOST` (69, `EX_UNAVAILABLE` in `sysexits.h`): restart
-the cluster, which resumes from the last checkpoint.
-
-Under `ParameterServerStrategy` neither happens for a *frozen* ps (a stopped
-process, a machine that stopped answering without closing its connections):
-the coordinator's steps wait on it forever (measured: still waiting after 120 s
-with the ps SIGSTOPped; TensorFlow's coordination service does not fail them).
-`watched` therefore runs a `PsWatchdog` on the coordinator: a small op on each
-ps every `PROBE_INTERVAL_S`; a ps that has not answered for `ANSWER_TIMEOUT_S`
-is lost, and the coordinator exits 69 with the same one line.
-
-A task is named lost if its address refuses connections now or, when none
-does, if the error names it (`/job:worker/replica:0/task:1`). An error that
-names no other task, with every peer still listening, is not a peer loss and
-keeps its traceback.
+A *frozen* ps leaves a parameter-server coordinator waiting forever; `watched` runs a
+`PsWatchdog` there, which probes each ps every `PROBE_INTERVAL_S` and exits 69 for one silent
+for `ANSWER_TIMEOUT_S`. Why and what was measured: docs/explanation/architecture.md ("Faults
+on a cluster").
 """
 
 import contextlib
@@ -61,7 +43,12 @@ class PeerLost(Exception):
     """A task this one trains with is gone; the run cannot go on without it."""
 
     def __init__(self, lost: List[str], cause: str):
-        """`cause`: how the loss showed, e.g. "TensorFlow: <its message>"."""
+        """The message names the lost tasks and says how to resume.
+
+        Args:
+            lost: the lost tasks, as "worker 1 (host:port)".
+            cause: how the loss showed, e.g. "TensorFlow: <its message>".
+        """
         self.lost = lost
         super().__init__(
             f"lost {', '.join(lost)} ({cause}); this task stops too. Restart the "
@@ -83,6 +70,10 @@ def lost_tasks(cluster: ClusterConfig, message: str) -> List[str]:
     (`ClusterCoordinator` reschedules a lost worker's steps), so when a ps is
     lost the workers are not named: a cluster manager that restarts the whole
     job after the ps died may already have stopped them.
+
+    Args:
+        cluster: the validated TF_CONFIG (`ctl.cluster.tf_config.read_tf_config`).
+        message: TensorFlow's error message.
     """
     peers = [(job, index, address) for job, addresses in cluster.training_cluster().items()
              for index, address in enumerate(addresses)
@@ -114,7 +105,11 @@ def _cause(error: tf.errors.OpError) -> str:
 
 @contextlib.contextmanager
 def reported_as_peer_loss(cluster: Optional[ClusterConfig]) -> Iterator[None]:
-    """Turns a collective failure caused by a lost peer into `PeerLost` (multi-task clusters only)."""
+    """Turns a collective failure caused by a lost peer into `PeerLost` (multi-task clusters only).
+
+    Args:
+        cluster: the validated TF_CONFIG, or None (one process: nothing to turn).
+    """
     if cluster is None or cluster.trainers < 2:
         yield
         return
@@ -135,6 +130,9 @@ class PsWatchdog:
     has not answered for `ANSWER_TIMEOUT_S`. A probe
     that fails (a ps whose process is gone) does not count as an answer, but
     the main thread usually hears of that loss first (`reported_as_peer_loss`).
+
+    Args:
+        cluster: the validated TF_CONFIG of a parameter-server cluster (its ps tasks are watched).
     """
 
     def __init__(self, cluster: ClusterConfig):
@@ -157,7 +155,7 @@ class PsWatchdog:
             try:
                 _probe_ps(index)
                 self._answered[index] = time.monotonic()
-            except Exception:  # noqa: BLE001 - a ps that is gone: no answer; the checker decides.
+            except Exception:  # A ps that is gone: no answer; the checker decides.
                 pass
             self._stopped.wait(PROBE_INTERVAL_S)
 
@@ -189,7 +187,12 @@ def _exit_lost(message: str) -> None:
 
 @contextlib.contextmanager
 def watched(cluster: Optional[ClusterConfig], strategy_name: str) -> Iterator[None]:
-    """Runs a `PsWatchdog` while the coordinator of a parameter-server cluster trains; else nothing."""
+    """Runs a `PsWatchdog` while the coordinator of a parameter-server cluster trains; else nothing.
+
+    Args:
+        cluster: the validated TF_CONFIG, or None.
+        strategy_name: `--strategy`: only `parameter_server` is watched.
+    """
     if cluster is None or strategy_name != "parameter_server" or not cluster.is_chief \
             or not cluster.training_cluster().get("ps"):
         yield

@@ -15,6 +15,11 @@ class AUC(Reducer):
     Reads `logs[scores]` (higher means positive) and `logs[labels]` (0 or 1),
     one entry per example. Ties count one half (the Mann-Whitney statistic).
     Keras' `AUC` metric approximates with fixed thresholds; this one does not.
+
+    Args:
+        name: the result's name in the evaluation's results.
+        scores: the `validation_step` entry holding each example's score.
+        labels: the entry holding each example's label (0 or 1).
     """
 
     def __init__(self, name: str = "auc", scores: str = "scores", labels: str = "labels"):
@@ -26,17 +31,33 @@ class AUC(Reducer):
         return []
 
     def accumulate(self, state, logs):
+        """Keeps one replica's scores and labels.
+
+        Args:
+            state: the replica's state (a list of `(scores, labels)`).
+            logs: the replica's batch of `validation_step` entries.
+        """
         scores = np.asarray(logs[self._scores], np.float64).reshape(-1)
         labels = np.asarray(logs[self._labels]).reshape(-1)
         return state + [(scores, labels)]
 
     def combine(self, states):
+        """Concatenates every replica's scores and labels.
+
+        Args:
+            states: one state per replica.
+        """
         pairs = [pair for state in states for pair in state]
         if not pairs:
             return np.zeros(0), np.zeros(0)
         return (np.concatenate([s for s, _ in pairs]), np.concatenate([y for _, y in pairs]))
 
     def result(self, state):
+        """The exact AUC (NaN without both classes).
+
+        Args:
+            state: the combined `(scores, labels)`.
+        """
         scores, labels = state
         positive = labels > 0.5
         count_pos, count_neg = int(positive.sum()), int((~positive).sum())

@@ -41,7 +41,13 @@ _EXAMPLE = '{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
-    """A validated TF_CONFIG: the cluster's jobs and this process's task."""
+    """A validated TF_CONFIG: the cluster's jobs and this process's task.
+
+    Args:
+        cluster: the jobs, each a list of `host:port` addresses.
+        task_type: this process's job (`chief`, `worker`, `ps` or `evaluator`).
+        task_id: its index in that job.
+    """
 
     cluster: Mapping[str, List[str]]
     task_type: str
@@ -82,7 +88,14 @@ class Plan:
 
 
 def read_tf_config(environ: Mapping[str, str] = os.environ) -> Optional[ClusterConfig]:
-    """Parses and validates `TF_CONFIG`; None when it is unset or names no cluster."""
+    """Parses and validates `TF_CONFIG`; None when it is unset or names no cluster.
+
+    Args:
+        environ: the environment to read `TF_CONFIG` from.
+
+    Raises:
+        UserError: malformed JSON, or a cluster or task that cannot work.
+    """
     value, text = _load(environ)
     cluster, task = value.get("cluster") or {}, value.get("task") or {}
     if not cluster and not task:

@@ -39,6 +39,13 @@ class BestMetric:
     Like `orbit.actions.NewBestMetric`, but the record also holds the step and
     the path of what was saved, and the file is written only when there is a
     best to record (never at start, so a run that fails early leaves no trace).
+
+    Args:
+        metric: the evaluation result compared, by name (`"set/name"` for a named eval set, e.g. `"val/accuracy"`).
+        higher_is_better: True when a larger value is better (accuracy), False when smaller is (loss).
+        filename: the JSON record's path (read now; written at each new best).
+        write: whether this process writes the record (the chief); others only read it.
+        owner: the hook named in messages (e.g. `ctl.hooks.BestExporter`).
     """
 
     def __init__(self, metric: str, higher_is_better: bool, filename: str,
@@ -67,11 +74,28 @@ class BestMetric:
         return self.record.get("value")
 
     def test(self, logs) -> bool:
-        """Whether `logs` beat the best value so far (records nothing)."""
+        """Whether `logs` beat the best value so far (records nothing).
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+
+        Returns:
+            True when `metric` in `logs` improves on the best so far (or there is none).
+
+        Raises:
+            UserError: `logs` hold no `metric` (the message lists the metrics there are).
+        """
         return improved(metric_value(logs, self.metric, self.owner), self.value,
                         self.higher_is_better)
 
     def commit(self, logs, step: int, path: Optional[str] = None) -> None:
+        """Records `logs`' value of `metric` as the new best (written atomically when `write`).
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+            step: the global step of the evaluation.
+            path: what was saved for it (a checkpoint or an export), or None.
+        """
         self._record = {"metric": self.metric, "higher_is_better": self.higher_is_better,
                         "value": metric_value(logs, self.metric, self.owner),
                         "step": step, "path": path}
@@ -81,7 +105,12 @@ class BestMetric:
 
 @gin.configurable(module="ctl.hooks")
 class BestCheckpoint(Hook):
-    """Keeps the checkpoint of the best evaluation by `metric` in `<model_dir>/best`."""
+    """Keeps the checkpoint of the best evaluation by `metric` in `<model_dir>/best`.
+
+    Args:
+        metric: the evaluation result compared, by name (`"set/name"` for a named eval set, e.g. `"val/accuracy"`).
+        higher_is_better: True when a larger value is better (accuracy), False when smaller is (loss).
+    """
 
     def __init__(self, metric: str = "loss", higher_is_better: bool = False):
         self.metric = metric
@@ -96,12 +125,22 @@ class BestCheckpoint(Hook):
         return hash((type(self), self.metric, self.higher_is_better))
 
     def bind(self, run: Run) -> None:
+        """Reads the best value so far from `<model_dir>/best/best.json` (or starts without one).
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.directory = run.directory.best_dir
         self.best = BestMetric(self.metric, self.higher_is_better,
                                run.directory.best_record_file, write=run.chief)
 
     def on_eval_end(self, logs) -> None:
+        """On the chief, writes the evaluated state to `<model_dir>/best` if `logs` beat the best so far.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         if not self.best.test(logs) or not self.run.chief:
             return
         step = self.run.step

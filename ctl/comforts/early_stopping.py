@@ -22,6 +22,15 @@ class EarlyStopping(Hook):
 
     The count survives a restart: it is kept (atomically) in
     `<model_dir>/early_stopping.json`.
+
+    Args:
+        metric: the evaluation result compared, by name (`"set/name"` for a named eval set, e.g. `"val/accuracy"`).
+        higher_is_better: True when a larger value is better (accuracy), False when smaller is (loss).
+        patience: evaluations without an improvement before the stop (a positive integer).
+        min_delta: how much a value must beat the best by to count as an improvement.
+
+    Raises:
+        UserError: `patience` is not a positive integer.
     """
 
     def __init__(self, metric: str = "loss", higher_is_better: bool = False,
@@ -34,6 +43,11 @@ class EarlyStopping(Hook):
         self.min_delta = min_delta
 
     def bind(self, run: Run) -> None:
+        """Reads the count a previous process kept; requests the stop at once if it had stopped.
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.path = run.directory.file(EARLY_STOPPING_FILE)
         state = self._read()
@@ -47,6 +61,11 @@ class EarlyStopping(Hook):
         return state if isinstance(state, dict) and state.get("metric") == self.metric else initial
 
     def on_eval_end(self, logs) -> None:
+        """Counts an evaluation without improvement (once per step), and requests the stop at `patience`.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         value = metric_value(logs, self.metric, "ctl.hooks.EarlyStopping")
         state = self._read()
         if state["step"] == self.run.step:

@@ -34,7 +34,16 @@ from ctl.core.serving import default_serving_signatures
 
 
 def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) -> Optional[str]:
-    """Writes `model` with `signatures` to `export_dir`, published whole; None if it was."""
+    """Writes `model` with `signatures` to `export_dir`, published whole; None if it was.
+
+    Args:
+        model: the model to export (its variables are tracked by the SavedModel).
+        signatures: the serving signatures by name (`tf.function`s with an input signature).
+        export_dir: the export's directory; written to a temporary one beside it and published whole.
+
+    Returns:
+        `export_dir`, or None when a whole export is already there (nothing written).
+    """
     if is_published(export_dir):
         return None
     module = tf.Module()
@@ -45,7 +54,15 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
 
 
 class Exporter(Hook):
-    """Exports the bound model to `<model_dir>/export/<name>/<step>`, keeping `max_to_keep`."""
+    """Exports the bound model to `<model_dir>/export/<name>/<step>`, keeping `max_to_keep`.
+
+    Args:
+        name: the exporter's directory under `<model_dir>/export/`.
+        max_to_keep: exports kept in this exporter's directory, the newest (a positive integer).
+
+    Raises:
+        UserError: `max_to_keep` is not a positive integer.
+    """
 
     def __init__(self, name: str, max_to_keep: int = 5):
         if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
@@ -59,7 +76,14 @@ class Exporter(Hook):
         return self.run.directory.export_dir(self.name)
 
     def exported_steps(self, published: bool = True) -> List[int]:
-        """The steps exported (whole ones; all with `published=False`), oldest first."""
+        """The steps exported (whole ones; all with `published=False`), oldest first.
+
+        Args:
+            published: True: only whole exports; False: every step directory, a half one a kill left too.
+
+        Returns:
+            The global steps, oldest first.
+        """
         if not tf.io.gfile.isdir(self.directory):
             return []
         steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(self.directory)
@@ -87,6 +111,15 @@ class Exporter(Hook):
 
 
 def serving_signatures(task, model) -> Dict[str, Callable]:
+    """The signatures an export carries: the task's `serving_signatures(model)`, else the model's default.
+
+    Args:
+        task: the run's `ctl.Task`, or None.
+        model: the model exported.
+
+    Returns:
+        The signatures by name.
+    """
     if task is not None and hasattr(task, "serving_signatures"):
         return task.serving_signatures(model)
     return default_serving_signatures(model)
@@ -94,18 +127,35 @@ def serving_signatures(task, model) -> Dict[str, Callable]:
 
 @gin.configurable(module="ctl.hooks")
 class LatestExporter(Exporter):
-    """Exports after every evaluation."""
+    """Exports after every evaluation.
+
+    Args:
+        max_to_keep: exports kept in this exporter's directory, the newest (a positive integer).
+        name: the exporter's directory under `<model_dir>/export/`.
+    """
 
     def __init__(self, max_to_keep: int = 5, name: str = "latest"):
         super().__init__(name, max_to_keep)
 
     def on_eval_end(self, unused_logs) -> None:
+        """Exports the evaluated model at the current step.
+
+        Args:
+            unused_logs: the evaluation's results (not read).
+        """
         self.export()
 
 
 @gin.configurable(module="ctl.hooks")
 class BestExporter(Exporter):
-    """Exports when an evaluation beats the best `metric` so far (kept across restarts)."""
+    """Exports when an evaluation beats the best `metric` so far (kept across restarts).
+
+    Args:
+        metric: the evaluation result compared, by name (`"set/name"` for a named eval set, e.g. `"val/accuracy"`).
+        higher_is_better: True when a larger value is better (accuracy), False when smaller is (loss).
+        max_to_keep: exports kept in this exporter's directory, the newest (a positive integer).
+        name: the exporter's directory under `<model_dir>/export/`.
+    """
 
     def __init__(self, metric: str = "loss", higher_is_better: bool = False,
                  max_to_keep: int = 1, name: str = "best"):
@@ -114,12 +164,22 @@ class BestExporter(Exporter):
         self.higher_is_better = higher_is_better
 
     def bind(self, run: Run) -> None:
+        """Reads the best value so far from `<model_dir>/export/<name>/best.json` (or starts without one).
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.best = BestMetric(self.metric, self.higher_is_better,
                                self.run.directory.export_best_record_file(self.name),
                                write=run.chief, owner="ctl.hooks.BestExporter")
 
     def on_eval_end(self, logs) -> None:
+        """Exports the evaluated model if `logs` beat the best so far, and records the new best.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         if self.best.test(logs):
             path = self.export()
             self.best.commit(logs, step=self.run.step, path=path)
@@ -127,21 +187,41 @@ class BestExporter(Exporter):
 
 @gin.configurable(module="ctl.hooks")
 class CheckpointExporter(Exporter):
-    """Exports each checkpoint as it is saved (Determined's per-checkpoint SavedModels)."""
+    """Exports each checkpoint as it is saved (Determined's per-checkpoint SavedModels).
+
+    Args:
+        max_to_keep: exports kept in this exporter's directory, the newest (a positive integer).
+        name: the exporter's directory under `<model_dir>/export/`.
+    """
 
     def __init__(self, max_to_keep: int = 5, name: str = "checkpoint"):
         super().__init__(name, max_to_keep)
 
     def on_checkpoint_end(self, unused_path) -> None:
+        """Exports the model at the step of the checkpoint just saved.
+
+        Args:
+            unused_path: the checkpoint's prefix (not read).
+        """
         self.export()
 
 
 @gin.configurable(module="ctl.hooks")
 class FinalExporter(Exporter):
-    """Exports once, when the run ends."""
+    """Exports once, when the run ends.
+
+    Args:
+        max_to_keep: exports kept in this exporter's directory, the newest (a positive integer).
+        name: the exporter's directory under `<model_dir>/export/`.
+    """
 
     def __init__(self, max_to_keep: int = 1, name: str = "final"):
         super().__init__(name, max_to_keep)
 
     def on_trial_close(self, unused_logs) -> None:
+        """Exports the evaluated model at the last step.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         self.export()

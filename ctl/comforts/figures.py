@@ -15,7 +15,7 @@ def pyplot():
         import matplotlib
     except ImportError as error:
         raise UserError("ctl.report draws its curves with matplotlib, which is not installed: "
-                        "pip install 'ctl[report]' (or matplotlib).") from error
+                        "pip install -e '.[report]' in ctl's checkout (or pip install matplotlib).") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -23,7 +23,12 @@ def pyplot():
 
 
 def write_png(figure, path: str) -> None:
-    """Writes `figure` as a PNG to `path` (an object store's too), atomically, and closes it."""
+    """Writes `figure` as a PNG to `path` (an object store's too), atomically, and closes it.
+
+    Args:
+        figure: a matplotlib figure.
+        path: where the PNG goes, local or in an object store.
+    """
     plt = pyplot()
     figure.tight_layout()
     image = io.BytesIO()

@@ -33,7 +33,15 @@ PROFILE_DIR = "plugins/profile"  # In the train dir: TensorBoard's run, the prof
 
 @gin.configurable(module="ctl.hooks")
 class Profile(Hook):
-    """Profiles train steps `[start_step, start_step + num_steps)`, rounded out to whole loops."""
+    """Profiles train steps `[start_step, start_step + num_steps)`, rounded out to whole loops.
+
+    Args:
+        start_step: the first global step profiled (an integer >= 0).
+        num_steps: how many steps to profile (an integer >= 1).
+
+    Raises:
+        UserError: a value out of range.
+    """
 
     def __init__(self, start_step: int = 10, num_steps: int = 10):
         for name, value, low in (("start_step", start_step, 0), ("num_steps", num_steps, 1)):
@@ -46,10 +54,20 @@ class Profile(Hook):
         self._done = False
 
     def bind(self, run: Run) -> None:
+        """Sets the profile's log dir: the run's `train/` summaries.
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.logdir = run.directory.train_dir  # The profiler adds `PROFILE_DIR`.
 
     def on_train_loop_end(self, unused_logs) -> None:
+        """Starts the profiler once the step reaches `start_step`; stops it after `num_steps`.
+
+        Args:
+            unused_logs: the train loop's results (not read).
+        """
         if self._done or not self.run.chief:
             return
         step = self.run.step
@@ -65,6 +83,11 @@ class Profile(Hook):
             self._stop(step)
 
     def on_trial_close(self, unused_logs) -> None:
+        """Stops a profile still running when the run ends.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         if self._started_at is not None and not self._done:
             self._stop(self.run.step)
 

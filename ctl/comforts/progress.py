@@ -23,7 +23,14 @@ from ctl.model_dir import is_object_store, read_text, write_atomically
 
 
 def scalars(logs) -> Dict[str, float]:
-    """The scalar entries of `logs` as Python floats, named eval sets' as "set/name"."""
+    """The scalar entries of `logs` as Python floats, named eval sets' as "set/name".
+
+    Args:
+        logs: a hook's `logs`, possibly nested by eval set.
+
+    Returns:
+        `{name: float}` for every numeric scalar (non-scalars left out).
+    """
     values = {}
     for name, value in flat_logs(logs).items():
         if isinstance(value, (float, int, np.number)) and not isinstance(value, bool):
@@ -48,6 +55,11 @@ class MetricsLog(Hook):
     """
 
     def bind(self, run: Run) -> None:
+        """Sets the file, `<model_dir>/metrics.jsonl`; nothing is opened yet.
+
+        Args:
+            run: the run's `ctl.hooks.Run` (model dir, model, step, stop request), kept as `self.run`.
+        """
         super().bind(run)
         self.path = run.directory.metrics_file
         self._file: Optional[Any] = None  # A GFile, opened on the first line.
@@ -55,17 +67,38 @@ class MetricsLog(Hook):
         self._queued = False
 
     def on_train_loop_end(self, logs) -> None:
+        """Appends a `train` line.
+
+        Args:
+            logs: the train loop's results.
+        """
         self.append("train", logs)
 
     def on_eval_end(self, logs) -> None:
+        """Appends an `eval` line.
+
+        Args:
+            logs: the evaluation's results by metric name (named eval sets nested, `{set: {metric: value}}`).
+        """
         self.append("eval", logs)
 
     def on_trial_close(self, unused_logs) -> None:
+        """Closes the file.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         if self._file is not None:
             self._file.close()
             self._file = None
 
     def append(self, kind: str, logs: Any) -> None:
+        """Appends one JSON line: `kind`, the step, the time and the scalars of `logs`.
+
+        Args:
+            kind: `train` or `eval`.
+            logs: the results to record.
+        """
         record = {"kind": kind, "step": self.run.step, "time": time.time(), **scalars(logs)}
         if is_object_store(self.path):
             self._append_in_store(json.dumps(record) + "\n")

@@ -34,6 +34,11 @@ def completed_run(directory: ModelDir, train_steps: int,
     final checkpoint is there, and (if `evaluate`) an evaluation at that step is
     on record (`ModelDir.evaluations_on_record`). The results are that
     evaluation's (`{}` without `evaluate`). Reads only.
+
+    Args:
+        directory: the run's model dir.
+        train_steps: the step the run trains to (`ctl.Schedule.train_steps`).
+        evaluate: whether the mode evaluates (then an evaluation at the final step must be on record).
     """
     if not tf.io.gfile.exists(directory.finished_file):
         return None
@@ -46,7 +51,13 @@ def completed_run(directory: ModelDir, train_steps: int,
 
 
 def say_complete(directory: ModelDir, train_steps: int, results: Dict[str, Any]) -> None:
-    """Says that the run is already complete, nothing to do, and where its results are."""
+    """Says that the run is already complete, nothing to do, and where its results are.
+
+    Args:
+        directory: the run's model dir.
+        train_steps: the step the run was asked to train to.
+        results: the recorded final results (`completed_run`).
+    """
     step = directory.final_checkpoint_number()
     console.info(KIND, "the run is already complete (trained to step %d, ctl.Schedule.train_steps"
                  "=%d): nothing to do; a larger train_steps trains on", step, train_steps, step=step)
@@ -58,6 +69,12 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
     """The end of a run: the final (and best) metrics, where the files are, how to look.
 
     `results`: the final evaluation's; without one (`train`), the last train loop's.
+
+    Args:
+        directory: the run's model dir.
+        step: the final global step.
+        results: the final evaluation's results; without one (`train`), the last train loop's are read.
+        already: True for a run that was already complete (says less).
     """
     kind = "eval"
     if not results:

@@ -28,7 +28,18 @@ from ctl.core.hook_protocol import Hook
 
 
 def select(model, include: Sequence[str]):
-    """The variables of the layers or attributes named in `include` (all if empty)."""
+    """The variables of the layers or attributes named in `include` (all if empty).
+
+    Args:
+        model: the model to choose from.
+        include: layer names (`model.get_layer`) or dotted attribute paths; empty: the whole model.
+
+    Returns:
+        The chosen variables.
+
+    Raises:
+        UserError: a name is neither a layer nor an attribute of the model.
+    """
     if not include:
         return list(model.variables)
     chosen = []
@@ -59,7 +70,15 @@ def _find(model, name: str):
 
 @gin.configurable(module="ctl.hooks")
 class WarmStart(Hook):
-    """Loads `include` (default: the whole model) from `init_checkpoint` on a fresh run."""
+    """Loads `include` (default: the whole model) from `init_checkpoint` on a fresh run.
+
+    Args:
+        init_checkpoint: the checkpoint to load from: a prefix (`.../ckpt-1000`) or a directory, whose latest
+            checkpoint is read (required).
+        include: the layers or attributes of the model to load (`select`); empty: the whole model.
+        checkpoint_prefix: the object in the checkpoint that holds the model (`model` in ctl's and Keras'
+            checkpoints).
+    """
 
     def __init__(self, init_checkpoint: str = gin.REQUIRED, include: Sequence[str] = (),
                  checkpoint_prefix: str = "model"):
@@ -89,6 +108,20 @@ def warm_start(model, init_checkpoint: str, include: Sequence[str] = (),
 
     Returns {"restored": [variable names], "not_in_checkpoint": [variable names],
     "not_restored": [checkpoint paths under `checkpoint_prefix` left unread]}.
+
+    Args:
+        model: the model whose variables are assigned.
+        init_checkpoint: a checkpoint prefix or a directory (its latest checkpoint).
+        include: the layers or attributes to load (`select`); empty: the whole model.
+        checkpoint_prefix: the object in the checkpoint that holds the model.
+
+    Returns:
+        `{"restored": [variable names], "not_in_checkpoint": [variable names], "not_restored": [checkpoint paths under
+            checkpoint_prefix left unread]}`.
+
+    Raises:
+        UserError: the checkpoint cannot be read, is name-based (TF1), has other shapes, or matches none of the chosen
+            variables.
     """
     path_ = _resolve(init_checkpoint)
     try:

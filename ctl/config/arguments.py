@@ -1,32 +1,11 @@
 """Checks declared on a configurable's arguments, next to them: an impossible value is a `UserError`.
 
-A gin binding can set an argument to anything: `DigitsTask.hidden_units=0`
-or a batch size of -1 would otherwise reach Keras or tf.data and end in their
-traceback, after the run started. `check_arguments` reads the annotations of a
-function's (or a class's `__init__`'s) parameters and checks the values of
-every call against them, before the body runs:
-
-    @gin.configurable
-    @ctl.check_arguments
-    class DigitsTask(ctl.Task):
-        def __init__(self, hidden_units: Annotated[int, ctl.Range(at_least=1)] = 128,
-                     learning_rate: Annotated[float, ctl.Range(above=0)] = 1e-3,
-                     data_dir: Optional[str] = None): ...
-
-- the type: `int` (not a bool), `float` (any real number: `1` will do),
-  `bool`, `str`, `None`, a class, `Callable`, and `Union`/`Optional` of them
-  (a generic such as `List[int]` checks its container);
-- `Range(at_least, above, at_most, below)`: bounds for a number (a value of
-  another type the annotation allows, e.g. a learning-rate schedule, is not
-  bounded); NaN is out of every range;
-- `Check(predicate, requirement)`: any other condition, and the words for it
-  ("an even number").
-
-A parameter without an annotation is not checked. A value that fails is one
-line naming the binding, the value and what to bind instead (with the
-default), e.g. "DigitsTask.hidden_units=0 is out of range; bind it to an
-integer >= 1 (default: 128).": `python -m ctl.run` prints it and exits 2,
-before anything is written (gin builds the task before the run starts).
+A gin binding can set an argument to anything: `DigitsTask.hidden_units=0` would otherwise
+reach Keras and end in its traceback, after the run started. `check_arguments` checks every
+call's values against the annotations of the parameters (the type, `Range`, `Check`), before
+the body runs; a value that fails is one line naming the binding, the value and what to bind
+instead, and `python -m ctl.run` exits 2 before anything is written. `check_arguments`'
+docstring shows the annotations it reads.
 """
 
 import dataclasses
@@ -44,7 +23,14 @@ from ctl.utils.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """Bounds for a number: `at_least`/`at_most` inclusive, `above`/`below` exclusive."""
+    """Bounds for a number: `at_least`/`at_most` inclusive, `above`/`below` exclusive.
+
+    Args:
+        at_least: the smallest value allowed (inclusive), or None.
+        above: a value the argument must exceed (exclusive), or None.
+        at_most: the largest value allowed (inclusive), or None.
+        below: a value the argument must stay under (exclusive), or None.
+    """
 
     at_least: Optional[float] = None
     above: Optional[float] = None
@@ -52,6 +38,11 @@ class Range:
     below: Optional[float] = None
 
     def holds(self, value) -> bool:
+        """Whether `value` is within the bounds (a value that is not a number is left to the type check).
+
+        Args:
+            value: the argument's value.
+        """
         if not _is_real(value):
             return True  # Another type the annotation allows: not a number to bound.
         value = float(value)
@@ -68,12 +59,22 @@ class Range:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """Any other condition on a value: `predicate(value)` is true; `requirement` says it in words."""
+    """Any other condition on a value: `predicate(value)` is true; `requirement` says it in words.
+
+    Args:
+        predicate: a function of the value, true when the value is acceptable.
+        requirement: the condition in words, for the error (e.g. `"a power of two"`).
+    """
 
     predicate: Callable[[Any], bool]
     requirement: str
 
     def holds(self, value) -> bool:
+        """Whether `predicate(value)` is true.
+
+        Args:
+            value: the argument's value.
+        """
         return bool(self.predicate(value))
 
     def describe(self) -> str:
@@ -85,6 +86,37 @@ def check_arguments(target):
 
     Apply it under `@gin.configurable` (gin then registers the checked
     callable). Raises `UserError` for the first argument that fails.
+
+        @gin.configurable
+        @ctl.check_arguments
+        class DigitsTask(ctl.Task):
+            def __init__(self, hidden_units: Annotated[int, ctl.Range(at_least=1)] = 128,
+                         learning_rate: Annotated[float, ctl.Range(above=0)] = 1e-3,
+                         data_dir: Optional[str] = None): ...
+
+    What an annotation checks:
+
+    - the type: `int` (not a bool), `float` (any real number: `1` will do), `bool`, `str`,
+      `None`, a class, `Callable`, and `Union`/`Optional` of them (a generic such as
+      `List[int]` checks its container);
+    - `Range(at_least, above, at_most, below)`: bounds for a number (a value of another type
+      the annotation allows, e.g. a learning-rate schedule, is not bounded); NaN is out of
+      every range;
+    - `Check(predicate, requirement)`: any other condition, and the words for it.
+
+    A parameter without an annotation is not checked. A value that fails is one line naming
+    the binding, the value and what to bind instead (with the default), e.g.
+    "DigitsTask.hidden_units=0 is out of range; bind it to an integer >= 1 (default: 128)."
+
+    Args:
+        target: the function or class whose arguments' annotations (`Annotated[int, ctl.Range(at_least=1)]`) are
+            checked.
+
+    Returns:
+        `target`, wrapped to check each call's arguments.
+
+    Raises:
+        UserError: (on a call) the first argument that fails its type, `Range` or `Check`.
     """
     function = target.__init__ if inspect.isclass(target) else target
     name = target.__name__

@@ -72,6 +72,14 @@ def parse(
     A file is checked before gin reads it (gin's own reader fails with a
     TypeError on some missing paths), and a macro bound in `gin_bindings` that
     no config refers to is an error: it would be silently ignored.
+
+    Args:
+        gin_files: the gin files (`--gin_file`), parsed in order.
+        gin_bindings: the bindings (`--gin_bindings`), applied after the files.
+        search_paths: where gin looks for files and their includes (`--gin_search_paths`).
+
+    Raises:
+        UserError: a missing file, an unknown name or parameter, a macro no config uses.
     """
     for path in search_paths:
         gin.add_config_file_search_path(path)
@@ -107,6 +115,11 @@ def query_bindings_only(gin_bindings: Sequence[str], parameter: str, default: An
     wait for the trainer's config.gin): bindings of configurables not yet
     imported are skipped, but a binding of an unknown `ctl.` name, or of an
     unknown parameter of a `ctl.` configurable, is an error at once.
+
+    Args:
+        gin_bindings: the bindings (`--gin_bindings`).
+        parameter: `Configurable.parameter`, e.g. 'ctl.ContinuousEval.timeout'.
+        default: the value without a binding.
     """
     gin.clear_config()
     try:
@@ -173,7 +186,11 @@ def _gin_errors():
 
 
 def call_configured(fn):
-    """Calls a gin configurable, turning a missing REQUIRED binding into a UserError."""
+    """Calls a gin configurable, turning a missing REQUIRED binding into a UserError.
+
+    Args:
+        fn: the configurable (e.g. `ctl.Experiment`), called without arguments.
+    """
     try:
         return fn()
     except RuntimeError as error:
@@ -185,13 +202,21 @@ def call_configured(fn):
 
 
 def save_config(directory: ModelDir) -> None:
-    """Saves the parsed config (files and bindings) as `<model_dir>/config.gin`."""
+    """Saves the parsed config (files and bindings) as `<model_dir>/config.gin`.
+
+    Args:
+        directory: the run's model dir.
+    """
     write_atomically(directory.config_file, gin.config_str())
 
 
 def save_operative_config(directory: ModelDir) -> None:
     """Saves the values actually used, as a file and a text summary of the train run (in an
-    object store on the uploads' thread: a dozen requests there, after the first train loop)."""
+    object store on the uploads' thread: a dozen requests there, after the first train loop).
+
+    Args:
+        directory: the run's model dir.
+    """
     text = gin.operative_config_str()
     if is_object_store(directory.path):
         uploads().submit(_write_operative_config, directory, text)
@@ -214,6 +239,9 @@ def operative_values(text: Optional[str] = None) -> Dict[str, Any]:
     Numbers, booleans and strings are Python values; references (`@fn()`),
     macros (`%NAME`), None and containers stay their gin text, e.g.
     `{"Schedule.train_steps": "%TRAIN_STEPS", "TRAIN_STEPS": 2000}`.
+
+    Args:
+        text: an operative_config.gin's text (None: this process's operative config).
     """
     text = gin.operative_config_str() if text is None else text
     bindings: List[List[str]] = []

@@ -27,7 +27,11 @@ _INCLUDE = re.compile(r"\s*include\s+(['\"])(.+)\1\s*(#.*)?$")
 
 
 def expand_gin_flags(argv: Sequence[str]) -> List[str]:
-    """Turns each `--gin.NAME=VALUE` into `--gin_bindings=NAME=VALUE` (before absl parses)."""
+    """Turns each `--gin.NAME=VALUE` into `--gin_bindings=NAME=VALUE` (before absl parses).
+
+    Args:
+        argv: the command line.
+    """
     expanded = []
     for arg in argv:
         if arg.startswith(GIN_FLAG_PREFIX):
@@ -43,7 +47,14 @@ def expand_gin_flags(argv: Sequence[str]) -> List[str]:
 def check(gin_files: Sequence[str], gin_bindings: Sequence[str], search_paths: Sequence[str],
           public_names: Sequence[str]) -> None:
     """Raises `UserError` for a gin file that cannot be read, a syntax error in a
-    file or a binding, or a `ctl.NAME` that is not in `public_names` (ctl's API)."""
+    file or a binding, or a `ctl.NAME` that is not in `public_names` (ctl's API).
+
+    Args:
+        gin_files: the gin files.
+        gin_bindings: the bindings.
+        search_paths: where gin looks for files.
+        public_names: ctl's public names (`ctl.__all__`).
+    """
     for path in gin_files:
         for found, text in _files(path, search_paths):
             _check_syntax(text, found, "--gin_file or its `include`s", public_names)
@@ -58,6 +69,12 @@ def check_gin_file(path: str, search_paths: Sequence[str], what: Optional[str] =
     Looked up as gin does: as given, then under each search path. Checked
     before gin parses anything, because gin's package-resource reader fails
     with a TypeError on some missing paths.
+
+    Args:
+        path: the file, as given.
+        search_paths: where gin looks for it.
+        what: how the message names it (default: the gin file).
+        seen: the files that include it (an include cycle is an error).
     """
     for _ in _files(path, search_paths, what, seen):
         pass
@@ -145,7 +162,7 @@ def _read(path: str) -> bytes:
         try:
             with gfile.GFile(path, "rb") as f:
                 return f.read()
-        except Exception as error:  # noqa: BLE001 - tf.errors.OpError, without importing TF first.
+        except Exception as error:  # tf.errors.OpError, without importing TF first.
             raise OSError(str(error)) from error
     with open(path, "rb") as f:
         return f.read()

@@ -38,11 +38,25 @@ class Aggregation(abc.ABC):
 
     @abc.abstractmethod
     def update(self, state: Any, step_logs: StepLogs) -> Any:
-        """Folds one eval step (every replica's batch) into `state`; returns the new state."""
+        """Folds one eval step (every replica's batch) into `state`; returns the new state.
+
+        Args:
+            state: the state so far (None before the first step of an evaluation).
+            step_logs: each extra entry of `validation_step` mapped to a list with one NumPy array per replica, of
+                every worker.
+        """
 
     @abc.abstractmethod
     def results(self, state: Any, global_step: int) -> Dict[str, Any]:
-        """Named results of the evaluation."""
+        """Named results of the evaluation.
+
+        Args:
+            state: the state after the evaluation's last step.
+            global_step: the global step the evaluation ran at.
+
+        Returns:
+            `{name: scalar}`, added to the evaluation's results.
+        """
 
 
 class Reducer(Aggregation):
@@ -60,15 +74,31 @@ class Reducer(Aggregation):
 
     @abc.abstractmethod
     def accumulate(self, state: Any, logs: Mapping[str, np.ndarray]) -> Any:
-        """Folds one replica's batch into that replica's `state`; returns the new state."""
+        """Folds one replica's batch into that replica's `state`; returns the new state.
+
+        Args:
+            state: the replica's state (`initial_state()` before its first batch).
+            logs: the extra entries of `validation_step` for one replica's batch, as NumPy arrays.
+        """
 
     @abc.abstractmethod
     def combine(self, states: Sequence[Any]) -> Any:
-        """Combines the states of all replicas (of all workers) into one."""
+        """Combines the states of all replicas (of all workers) into one.
+
+        Args:
+            states: one state per replica, of every worker.
+        """
 
     @abc.abstractmethod
     def result(self, state: Any) -> Dict[str, Any]:
-        """Named results of the combined state."""
+        """Named results of the combined state.
+
+        Args:
+            state: the combined state (`combine`).
+
+        Returns:
+            `{name: scalar}`, added to the evaluation's results.
+        """
 
     # As an Aggregation: the state is the list of per-replica states.
 
@@ -76,6 +106,13 @@ class Reducer(Aggregation):
         return []
 
     def update(self, state: List[Any], step_logs: StepLogs) -> List[Any]:
+        """The `Aggregation` side of a reducer: `accumulate` for each replica's batch of the step.
+
+        Args:
+            state: one state per replica seen so far (a list, grown as replicas appear).
+            step_logs: each extra entry of `validation_step` mapped to a list with one NumPy array per replica, of
+                every worker.
+        """
         replicas = len(next(iter(step_logs.values()))) if step_logs else 0
         while len(state) < replicas:
             state.append(self.initial_state())
@@ -84,25 +121,55 @@ class Reducer(Aggregation):
         return state
 
     def results(self, state: List[Any], global_step: int) -> Dict[str, Any]:
+        """The `Aggregation` side of a reducer: `result(combine(states))`.
+
+        Args:
+            state: one state per replica.
+            global_step: not read.
+        """
         del global_step
         return self.result(self.combine(state or [self.initial_state()]))
 
 
 class TaskAggregation(Aggregation):
-    """A task's `aggregate_logs` and `reduce_aggregated_logs`, as an aggregation."""
+    """A task's `aggregate_logs` and `reduce_aggregated_logs`, as an aggregation.
+
+    Args:
+        task: the `ctl.Task` whose `aggregate_logs` and `reduce_aggregated_logs` run.
+    """
 
     def __init__(self, task):
         self.task = task
 
     def update(self, state: Any, step_logs: StepLogs) -> Any:
+        """`task.aggregate_logs(state, step_logs)`.
+
+        Args:
+            state: the state so far (None before the first step of an evaluation).
+            step_logs: each extra entry of `validation_step` mapped to a list with one NumPy array per replica, of
+                every worker.
+        """
         return self.task.aggregate_logs(state, step_logs)
 
     def results(self, state: Any, global_step: int) -> Dict[str, Any]:
+        """`task.reduce_aggregated_logs(state, global_step)`.
+
+        Args:
+            state: the state after the evaluation's last step.
+            global_step: the global step the evaluation ran at.
+        """
         return self.task.reduce_aggregated_logs(state, global_step=global_step)
 
 
 def of_task(task) -> List[Aggregation]:
-    """Every aggregation of `task`: its own `aggregate_logs` (if overridden), then its reducers."""
+    """Every aggregation of `task`: its own `aggregate_logs` (if overridden), then its reducers.
+
+    Args:
+        task: a `ctl.Task`.
+
+    Returns:
+        The aggregations, in the order they run on each eval step.
+    """
     own = [TaskAggregation(task)] if task.aggregates_logs() else []
     return own + list(task.build_reducers())
 

@@ -36,7 +36,11 @@ GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA = "global_step", "model", "optimizer", "
 
 
 def rng_state_variables(model) -> List:
-    """The model's variables that are not its weights: Keras 3 RNG states, in a stable order."""
+    """The model's variables that are not its weights: Keras 3 RNG states, in a stable order.
+
+    Args:
+        model: a Keras model (Keras 3 or tf_keras).
+    """
     weights = {id(weight) for weight in getattr(model, "weights", [])}
     return [v for v in getattr(model, "variables", []) if id(v) not in weights]
 
@@ -47,6 +51,12 @@ def build_checkpoint(global_step: tf.Variable, model, optimizer,
 
     A checkpoint written without `rng` (an older ctl) does not restore into a
     model that has RNG states.
+
+    Args:
+        global_step: the step variable.
+        model: the trained model.
+        optimizer: its optimizer.
+        ema: the `ctl.core.ema.MovingAverage`, or None without `ema_decay`.
     """
     objects = {GLOBAL_STEP: global_step, MODEL: model, OPTIMIZER: optimizer}
     states = rng_state_variables(model)
@@ -62,6 +72,9 @@ def variable_paths(obj) -> Dict[str, Any]:
 
     Walks the object graph breadth-first with `tf.train.TrackableView`, the
     graph a checkpoint records, so each path also leads to the variable there.
+
+    Args:
+        obj: a trackable object (a model, a layer, a checkpoint).
     """
     view = tf.train.TrackableView(tf.train.Checkpoint(root=obj))
     paths = {}
@@ -89,6 +102,9 @@ class SavedGraph:
 
     `reader` is `tf.train.load_checkpoint(path)`; a name-based (TF1)
     checkpoint, which has no object graph, raises `ValueError`.
+
+    Args:
+        reader: `tf.train.load_checkpoint(path)` of the checkpoint.
     """
 
     def __init__(self, reader):
@@ -99,7 +115,12 @@ class SavedGraph:
         return [child.local_name for child in self.proto.nodes[0].children]
 
     def node(self, path: str, start: int = 0) -> Optional[int]:
-        """The node at `path` (names joined by "/") below node `start`, or None."""
+        """The node at `path` (names joined by "/") below node `start`, or None.
+
+        Args:
+            path: object names joined by "/".
+            start: the node to start from (0: the checkpoint's root).
+        """
         node = start
         for name in path.split("/"):
             children = {c.local_name: c.node_id for c in self.proto.nodes[node].children}
@@ -109,7 +130,11 @@ class SavedGraph:
         return node
 
     def key(self, node: Optional[int]) -> Optional[str]:
-        """The checkpoint key of the variable at `node`, or None."""
+        """The checkpoint key of the variable at `node`, or None.
+
+        Args:
+            node: a node id (None gives None).
+        """
         if node is None:
             return None
         for attribute in self.proto.nodes[node].attributes:
@@ -118,7 +143,11 @@ class SavedGraph:
         return None
 
     def variables_under(self, start: int) -> Dict[str, str]:
-        """Maps path (from `start`) -> checkpoint key for every variable below `start`."""
+        """Maps path (from `start`) -> checkpoint key for every variable below `start`.
+
+        Args:
+            start: a node id.
+        """
         found, seen = {}, {start}
         queue = collections.deque([(start, "")])
         while queue:
@@ -142,6 +171,11 @@ def saved_step(reader, graph: SavedGraph, optimizer) -> Optional[int]:
     optimizer=...)` and tf_keras' `save_weights` hold only the optimizer, whose
     iteration count is found by the path of `optimizer.iterations` in the live
     `optimizer` (Keras names it differently across versions). None if neither.
+
+    Args:
+        reader: the checkpoint's reader.
+        graph: its object graph.
+        optimizer: the live optimizer, whose `iterations` path is looked up.
     """
     paths = [GLOBAL_STEP]
     paths += [f"{OPTIMIZER}/{path}" for path, variable in variable_paths(optimizer).items()

@@ -42,7 +42,13 @@ UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under wa
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
-    """Whether a multiple of `interval` lies in `(last_step, step]`."""
+    """Whether a multiple of `interval` lies in `(last_step, step]`.
+
+    Args:
+        interval: the interval in steps; None never crosses.
+        last_step: the step of the last action (None: none yet, so only `step` counts).
+        step: the current step.
+    """
     if interval is None:
         return True
     last = 0 if last_step is None else last_step
@@ -60,16 +66,23 @@ class CheckpointManager:
     file is rewritten to name the restored checkpoint just before that first
     save. The interface is the subset of `tf.train.CheckpointManager`'s that
     orbit's Controller and ctl use.
+
+    Args:
+        checkpoint: the `tf.train.Checkpoint` saved and restored.
+        directory: where it saves: the model dir (a multi-worker non-chief's: a scratch directory).
+        step_counter: the global step variable, the number of each checkpoint.
+        checkpoint_interval: steps between saves, aligned to multiples of it; None saves at every call.
+        init_fn: called when a restore finds no checkpoint (the model starts fresh).
+        restore_directory: where restores read from (default: `directory`; a non-chief restores the chief's).
+        max_to_keep: checkpoints kept; None keeps all.
+        **kwargs: other arguments of `tf.train.CheckpointManager`.
     """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: ModelDir, *, step_counter,
                  checkpoint_interval: Optional[int] = None, init_fn=None,
                  restore_directory: Optional[ModelDir] = None, max_to_keep: Optional[int] = 5,
                  **kwargs):
-        """`directory`: where it saves, the model dir (a multi-worker non-chief's: a scratch
-        directory); `restore_directory` (default: `directory`) is where restores read from
-        (a non-chief restores the chief's). Other keyword arguments go to
-        `tf.train.CheckpointManager`."""
+        """Builds nothing yet: the `tf.train.CheckpointManager` is made at the first save."""
         self.checkpoint = checkpoint
         self.directory = directory.path  # A path, as `tf.train.CheckpointManager.directory`.
         self._step = step_counter
@@ -117,10 +130,26 @@ class CheckpointManager:
         return self._manager.checkpoints if self._manager is not None else []
 
     def due(self, step: int) -> bool:
-        """Whether `save()` at `step` would write a checkpoint (no TensorFlow op)."""
+        """Whether `save()` at `step` would write a checkpoint (no TensorFlow op).
+
+        Args:
+            step: the global step.
+        """
         return step != self._saved_step and interval_crossed(self._interval, self._saved_step, step)
 
     def save(self, checkpoint_number=None, check_interval=True, options=None):
+        """Saves a checkpoint at the current step if one is due (in an object store: staged locally, uploaded in the
+        background).
+
+        Args:
+            checkpoint_number: not read: the number is always the current step (kept for
+                `tf.train.CheckpointManager`'s interface).
+            check_interval: False saves even between intervals (a final or preemption checkpoint).
+            options: `tf.train.CheckpointOptions` (`enable_async`: written on a background thread).
+
+        Returns:
+            The saved checkpoint's path, or None when nothing was saved.
+        """
         step = int(self._step.numpy())
         if step == self._saved_step or (check_interval and not self.due(step)):
             return None
@@ -149,7 +178,11 @@ class CheckpointManager:
 
     def sync(self, uploaded: bool = True) -> None:
         """Waits for an asynchronous save to finish, and in an object store (`uploaded`) for
-        its upload."""
+        its upload.
+
+        Args:
+            uploaded: also wait for the upload to the object store.
+        """
         if self._manager is not None:
             self._manager.sync()
         if self._staging is not None and uploaded:
@@ -266,6 +299,12 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
     Raises `UserError` when the checkpoint of `directory` holds a different model (ending in
     `fix`, by default: a new model dir or the config that wrote it), and its
     subclass `UnreadableCheckpointError` when the files are gone or damaged.
+
+    Args:
+        checkpoint: the `tf.train.Checkpoint` restored into.
+        path: the checkpoint's prefix.
+        directory: the model dir it comes from (named in the errors).
+        fix: the fix an error ends with (default: a new model dir, or the config that wrote it).
     """
     status = None
     try:
@@ -302,6 +341,16 @@ def restore_model(model, model_dir: str):
     `ctl.Trainer.ema_decay`, not the moving average). A damaged newest
     checkpoint is skipped as a resume skips it; a model of another shape, or
     a dir without checkpoints, is a `UserError`. Reads only.
+
+    Args:
+        model: the model, built as the run's task built it.
+        model_dir: the run's model dir (a path, local or `gs://`).
+
+    Returns:
+        `model`, with the trained weights.
+
+    Raises:
+        UserError: no checkpoint in `model_dir`, or a model of another shape.
     """
     checkpoint = tf.train.Checkpoint(model=model)
     fix = "build `model` as the run's task built it (the same function and settings)"

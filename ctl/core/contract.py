@@ -52,6 +52,12 @@ def _default(task, method: str) -> bool:
 
 
 def check_model(task, model) -> None:
+    """Raises `UserError` unless `build_model()` returned a built Keras model.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        model: what `build_model()` returned.
+    """
     if not (callable(model) and hasattr(model, "trainable_variables") and hasattr(model, "losses")):
         raise UserError(f"{_name(task)}.build_model() returned {_kind(model)}; return a Keras "
                         "model (keras.Model, tf.keras or tf_keras).")
@@ -62,6 +68,13 @@ def check_model(task, model) -> None:
 
 
 def check_optimizer(task, optimizer, model) -> None:
+    """Raises `UserError` unless `build_optimizer()` returned an optimizer of the model's Keras.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        optimizer: what `build_optimizer()` returned.
+        model: the task's model.
+    """
     if not hasattr(optimizer, "apply_gradients"):
         raise UserError(f"{_name(task)}.build_optimizer() returned {_kind(optimizer)}; return "
                         "an optimizer object, e.g. keras.optimizers.Adam(1e-3) (not a name).")
@@ -73,7 +86,13 @@ def check_optimizer(task, optimizer, model) -> None:
 
 
 def check_metrics(task, metrics, training: bool) -> list:
-    """The task's metrics as a list, each a Keras metric, with unique names."""
+    """The task's metrics as a list, each a Keras metric, with unique names.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        metrics: what `build_metrics()` returned.
+        training: which call it was (`training=`), for the message.
+    """
     where = f"{_name(task)}.build_metrics(training={training})"
     if metrics is None or hasattr(metrics, "update_state") or isinstance(metrics, (str, dict)):
         raise UserError(f"{where} returned {_kind(metrics)}; return a list of Keras metrics, "
@@ -103,6 +122,13 @@ def inputs(task, training: bool, input_context: Optional[tf.distribute.InputCont
     A train set that ends (a finite or unknown length: a `TFRecordDataset`
     without `repeat()`) is repeated, as `fit` runs epochs; with `announce`,
     one line says how many batches a pass has, if the dataset knows.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        training: True for the train set, False for an eval set.
+        input_context: the input pipeline's context, or None.
+        announce: say how many batches a pass of the train set has.
+        **kwargs: passed on to `build_inputs` (`name=` for a named eval set).
     """
     dataset = task.build_inputs(training, input_context=input_context, **kwargs)
     where = f"{_name(task)}.build_inputs(training={training}"
@@ -137,7 +163,14 @@ def inputs(task, training: bool, input_context: Optional[tf.distribute.InputCont
 
 def check_elements(task, spec, training: bool, where: str) -> None:
     """The element structure of a `build_inputs` dataset: batched; `(features, labels)` with
-    the default steps."""
+    the default steps.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        spec: the dataset's `element_spec`.
+        training: True for the train set.
+        where: the dataset, as the message names it.
+    """
     step = "train_step" if training else "validation_step"
     if _default(task, step) and not (isinstance(spec, tuple) and len(spec) == 2):
         raise UserError(
@@ -174,7 +207,14 @@ def _batch_size(spec) -> Optional[int]:
 
 
 def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool) -> None:
-    """The eval sets' length, and one trace of the task's steps on their element spec."""
+    """The eval sets' length, and one trace of the task's steps on their element spec.
+
+    Args:
+        trainer: the built Trainer.
+        eval_steps: `ctl.Schedule.eval_steps` (None: whole eval sets, which must end).
+        train: whether the run trains (its train step is traced).
+        evaluate: whether it evaluates (its eval step is traced).
+    """
     if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy):
         return  # Its steps and datasets live on the workers.
     task = trainer.task
@@ -251,7 +291,7 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
         tf.function(step_fn).get_concrete_function(spec)
     except UserError:
         raise
-    except Exception as error:  # noqa: BLE001 - the task's own code failed to trace.
+    except Exception as error:  # The task's own code failed to trace.
         found = user_error_within(error)
         if found is not None:
             raise found from error

@@ -1,54 +1,14 @@
 """ctl's Controller: train, evaluate and checkpoint, on orbit's runner protocol.
 
-ctl owns its controller outright: it drives any `orbit.AbstractTrainer` and
-`orbit.AbstractEvaluator` (ctl's `Trainer`, and orbit's own `StandardTrainer` and
-`StandardEvaluator`: tests/test_orbit_protocol.py; orbit's own tests of its Controller run against
-this one: tests/test_orbit_controller_tests.py) and subclasses nothing of orbit's `Controller`, whose
-loop it would otherwise override method by method (BUILD.md, "orbit"). It
-keeps orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
-`save_checkpoint`, `restore_checkpoint`, train and eval actions); its lines go
-through `ctl.utils.console` (one format, rate and ETA from steady-state loops),
-and it adds a stop request and checkpoint hooks: `train` also checks
-`stop.should_stop` after every train loop, and `train_and_evaluate` after every
-evaluation, so a stop request ends training at the next boundary, with a final
-checkpoint. Everything runs eagerly on the host. Its constructor takes orbit's
-familiar arguments (`trainer`, `evaluator`, `global_step`, `strategy`,
-`steps_per_loop`) and the rest in three small groups: `Checkpoints` (the
-manager, asynchronous saves, the hooks that see a save or a restore),
-`Summaries` (where the loops' results go) and `BetweenLoops` (what runs after
-a loop, and the stop request).
+It drives any `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (ctl's `Trainer`, orbit's
+`StandardTrainer`) with orbit's interface (`train`, `evaluate`, `train_and_evaluate`,
+`save_checkpoint`, `restore_checkpoint`, train and eval actions), and adds a stop request
+checked after every loop and evaluation, checkpoint hooks, and host bookkeeping that costs no
+eager TensorFlow op. Its constructor takes orbit's familiar arguments and the rest in three
+groups: `Checkpoints`, `Summaries`, `BetweenLoops`. It is the one owner of the current step on
+the host (`Controller.step`). Everything runs eagerly on the host.
 
-What happens after each train loop (`_train_n_steps`) costs no eager
-TensorFlow op: orbit's spends host time there (global-step reads, two
-summary-writer flushes, a summary op, a pretty-printed output), a share of
-a short loop of a small model that figure 1 shows (docs/bench.md). ctl's takes the loop's results and the
-global step from the value the loop's own `tf.function` call returns
-(`ctl.core.runner.TrainLoopEnd`), keeps the summaries for a flush at most
-every 5 seconds (`ctl.core.summaries`) and logs its line (`console.TrainLines`:
-at most every 0.1 s and for the last loop of a stretch). Measured with
-`python -m bench.run --only train_throughput`.
-
-Asynchronous checkpoints use TensorFlow's `tf.train.CheckpointOptions(
-enable_async=True)`; for Keras 3 variables, which break TensorFlow's second
-async save, `ctl.compat.share_keras_cpu_twins` is applied to the variables of
-this controller's checkpoint (nothing process-wide).
-
-The controller is the one owner of "the current step" on the host
-(`Controller.step`): it takes it from each loop's `TrainLoopEnd`, after the
-`after_train_loop` handlers (the fault handler) had their say, and from the
-global step after every restore and as each `train` or `train_and_evaluate`
-call starts (its caller may have moved the global step). A handler that restores a checkpoint returns
-the end with the restored step, so the next loop, the summaries and the hooks
-all work from that step; nothing else keeps a copy that could go stale.
-
-    train_and_evaluate(train_steps, eval_steps, eval_interval):
-      if step is an eval step and not skip_evaluation(step): evaluate
-      while step < train_steps and not stop.should_stop:
-        train(to the next multiple of eval_interval, or train_steps)  # stops early on a request
-          per loop: end = trainer.train(n); end = handler(end) for each
-                    after_train_loop handler; step = end.step; train actions
-        evaluate(eval_steps)                  # eval actions may request a stop
-      save checkpoint                          # on_checkpoint_end(path)
+Why ctl has its own, and `train_and_evaluate` as pseudo-code: docs/explanation/training-loop.md.
 """
 
 import dataclasses
@@ -70,23 +30,37 @@ Action = Callable[[dict], None]
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoints:
-    """The Controller's checkpoints: who saves and restores them, how, and who hears of it."""
+    """The Controller's checkpoints: who saves and restores them, how, and who hears of it.
 
-    # ctl's `CheckpointManager`, or another with the interface of `tf.train.CheckpointManager`
-    # that orbit's Controller uses: `checkpoint`, `directory`, `restore_or_initialize()`,
-    # `save(checkpoint_number=, check_interval=, options=)` (None when it did not save: it
-    # keeps its own interval) and `sync()`; `tf.train.CheckpointManager` itself will do.
+    Args:
+        manager: ctl's `CheckpointManager`, or another with the interface of
+            `tf.train.CheckpointManager` that orbit's Controller uses: `checkpoint`,
+            `directory`, `restore_or_initialize()`, `save(checkpoint_number=,
+            check_interval=, options=)` (None when it did not save: it keeps its own
+            interval) and `sync()`; `tf.train.CheckpointManager` itself will do. None:
+            no checkpoints.
+        asynchronous: saves are written on a thread (`CheckpointOptions(enable_async=True)`).
+        on_end: called with a save's path once it is complete.
+        on_load: called with a restored checkpoint's path.
+    """
+
     manager: Optional[CheckpointManager] = None
-    asynchronous: bool = False  # Saves written on a thread (`CheckpointOptions(enable_async=True)`)
-    on_end: Sequence[Callable[[str], None]] = ()  # Called with a save's path once it is complete,
-    on_load: Sequence[Callable[[str], None]] = ()  # and with a restored checkpoint's path.
+    asynchronous: bool = False
+    on_end: Sequence[Callable[[str], None]] = ()
+    on_load: Sequence[Callable[[str], None]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class Summaries:
-    """Where the Controller writes the loops' results (None: nowhere), and how often the train
-    step's own `tf.summary` calls record (`interval` steps, a multiple of `steps_per_loop`;
-    None: never)."""
+    """Where the Controller writes the loops' results, and how often the train step's own
+    `tf.summary` calls record.
+
+    Args:
+        train: the train loops' summaries (None: nowhere).
+        eval: the evaluations' summaries (None: nowhere).
+        interval: steps between the train step's own `tf.summary` records, a multiple of
+            `steps_per_loop`; None: never.
+    """
 
     train: Optional[SummaryManager] = None
     eval: Optional[SummaryManager] = None
@@ -97,12 +71,14 @@ class Summaries:
 class BetweenLoops:
     """What the Controller runs on the host between loops, in this order, and the stop it heeds.
 
-    `after_train_loop`: functions from a loop's `TrainLoopEnd` to the end to go
-    on from (they may raise, or restore a checkpoint and return
-    `end._replace(step=..., restored=path)`); then the `train_actions`, with
-    the loop's results; `eval_actions` after each evaluation, with its results.
-    `stop` is checked after every train loop and evaluation (None: a
-    `StopRequest` of the Controller's own).
+    Args:
+        after_train_loop: functions from a loop's `TrainLoopEnd` to the end to go on
+            from (they may raise, or restore a checkpoint and return
+            `end._replace(step=..., restored=path)`); run first.
+        train_actions: then these, with the loop's results.
+        eval_actions: after each evaluation, with its results.
+        stop: checked after every train loop and evaluation (None: a `StopRequest` of
+            the Controller's own).
     """
 
     after_train_loop: Sequence[AfterTrainLoop] = ()
@@ -122,8 +98,21 @@ class Controller:
                  between_loops: BetweenLoops = BetweenLoops()):
         """Restores the latest checkpoint of `checkpoints.manager` (or initializes).
 
-        `steps_per_loop`: the steps of each train loop, or, as orbit's, a
-        function from the global step to the next loop's steps.
+        Args:
+            global_step: the step variable the loops advance.
+            trainer: an `orbit.AbstractTrainer` (ctl's `Trainer`), or None to only evaluate.
+            evaluator: an `orbit.AbstractEvaluator` (ctl's `Trainer`), or None to only train.
+            strategy: the strategy the loops run under (None: the current one).
+            steps_per_loop: the steps of each train loop, or, as orbit's, a function from
+                the global step to the next loop's steps.
+            checkpoints: who saves and restores checkpoints, and who hears of it.
+            summaries: where the loops' results are written.
+            between_loops: what runs on the host between loops, and the stop it heeds.
+
+        Raises:
+            ValueError: neither a trainer nor an evaluator, or a `steps_per_loop` or
+                `summaries.interval` that cannot work.
+            TypeError: a group passed as something other than its class.
         """
         if trainer is None and evaluator is None:
             raise ValueError("`trainer` and `evaluator` should not both be None.")
@@ -196,7 +185,14 @@ class Controller:
         return self.step
 
     def restore_checkpoint(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
-        """Restores `checkpoint_path`, or the latest checkpoint (or initializes); returns the path."""
+        """Restores `checkpoint_path`, or the latest checkpoint (or initializes); returns the path.
+
+        Args:
+            checkpoint_path: a checkpoint's prefix; None: the latest in the model dir.
+
+        Returns:
+            The path restored, or None when it initialized.
+        """
         self._require("checkpoint_manager", "restore_checkpoint")
         with self.strategy.scope():
             if checkpoint_path is not None:
@@ -220,6 +216,13 @@ class Controller:
             action(path)
 
     def train(self, steps: int, checkpoint_at_completion: bool = True):
+        """Trains to global step `steps`, in loops of `steps_per_loop`, saving checkpoints on the way.
+
+        Args:
+            steps: the global step to train to.
+            checkpoint_at_completion: save a checkpoint (and wait for it) at the end; False when training goes on
+                after this call.
+        """
         self._require("trainer", "train")
         current_step = self.refresh_step()  # Whoever calls may have moved the global step.
         self._last_loop_end = (time.perf_counter(), current_step)
@@ -245,7 +248,7 @@ class Controller:
         """Runs one train loop, its `after_train_loop` handlers and train actions; returns the step.
 
         orbit's does the same; this one runs no eager TensorFlow op: the loop
-        hands back its results and the global step (see the module docstring).
+        hands back its results and the global step (docs/explanation/training-loop.md).
         `stretch_end`: the step this stretch of training ends at (for the console).
         """
         started = time.perf_counter()
@@ -320,6 +323,12 @@ class Controller:
         is asked before every evaluation (`ctl.train_lib`: one is on record
         there, or a sidecar evaluator serves the model dir). Returns the last
         evaluation's results, or None if it evaluated nothing.
+
+        Args:
+            train_steps: the global step to train to.
+            eval_steps: batches per evaluation (-1: the whole eval set).
+            eval_interval: evaluate at each multiple of it of the global step (None: only at the end).
+            skip_evaluation: asked with the step before every evaluation; True skips it.
         """
         self._require("trainer", "train_and_evaluate")
         self._require("evaluator", "train_and_evaluate")
@@ -353,6 +362,9 @@ class Controller:
         context ends (`SummaryManager.writing()`), so they are on disk when
         this returns. `steps_per_second` is kept for the next flush (after a
         train loop, at a checkpoint, at the end: `flush_summaries`).
+
+        Args:
+            steps: batches to evaluate (-1: the whole eval set).
         """
         self._require("evaluator", "evaluate")
         if steps <= 0 and steps != -1:
@@ -426,14 +438,24 @@ _ARGUMENTS = {"checkpoint_manager": "`checkpoints=Checkpoints(manager=...)`"}
 
 def next_evaluation(step: int, interval: Optional[int], train_steps: int) -> int:
     """The step of the first evaluation after `step`: the next multiple of `interval`
-    (None: none), or `train_steps` if that comes first."""
+    (None: none), or `train_steps` if that comes first.
+
+    Args:
+        step: the current global step.
+        interval: the eval interval (None: no evaluation before `train_steps`).
+        train_steps: the step training ends at.
+    """
     if interval is None:
         return train_steps
     return min(train_steps, (step // interval + 1) * interval)
 
 
 def to_numpy(logs):
-    """`logs` with every tensor as a NumPy value (cheaper here than `tf.nest.map_structure`)."""
+    """`logs` with every tensor as a NumPy value (cheaper here than `tf.nest.map_structure`).
+
+    Args:
+        logs: a dict of results, possibly nested, of tensors or values.
+    """
     if isinstance(logs, dict):
         return {name: to_numpy(value) for name, value in logs.items()}
     return logs.numpy() if tf.is_tensor(logs) else logs

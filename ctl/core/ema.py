@@ -25,6 +25,11 @@ from ctl.utils.errors import UserError
 
 
 def validate(decay) -> None:
+    """Raises `UserError` unless `decay` is None or a number between 0 and 1.
+
+    Args:
+        decay: `ctl.Trainer.ema_decay`.
+    """
     if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
                               or not 0.0 < decay < 1.0):
         raise UserError(f"ctl.Trainer.ema_decay ({decay!r}) must be a number between 0 and 1 "
@@ -32,7 +37,16 @@ def validate(decay) -> None:
 
 
 class MovingAverage:
-    """The exponential moving average of `model`'s trainable weights, held in `average_model`."""
+    """The exponential moving average of `model`'s trainable weights, held in `average_model`.
+
+    Args:
+        model: the trained model.
+        average_model: a second copy of it (another `build_model()`), which holds the average.
+        decay: the average's decay per update, between 0 and 1 (e.g. 0.999).
+
+    Raises:
+        UserError: the two models are one, or have different variables.
+    """
 
     def __init__(self, model, average_model, decay: float):
         validate(decay)

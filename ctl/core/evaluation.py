@@ -1,35 +1,14 @@
 """`Evaluation`: the Trainer's side of orbit's evaluator protocol (`evaluate(num_steps)`).
 
-ctl's `Trainer` inherits it; its hooks (`eval_begin`, `next_eval_inputs`,
-`eval_step`, `eval_reduce`, `eval_end`) are overridden on a Trainer subclass.
-One evaluation (`evaluate`) of each eval set, from the start of the set:
+ctl's `Trainer` inherits it; its override points (`eval_begin`, `next_eval_inputs`, `eval_step`,
+`eval_reduce`, `eval_end`) are overridden on a Trainer subclass. One evaluation (`evaluate`)
+runs each eval set from its start: `eval_begin` (eager), the loop of `eval_step`s (inside
+`tf.function` when it can be), `eval_reduce` after each step (eager, only if the task
+aggregates, `ctl.core.aggregation`), then `eval_end` (eager). Metrics are read, and the extra
+logs of `validation_step` gathered, across all replicas of all workers, so every worker computes
+the same results over the whole eval set; the eval loss is a mean over examples.
 
-    state = eval_begin()                    # eager: the aggregation state, or None
-    loop(iterator, num_steps):              # one tf.function call if it can be
-      reset eval loss and metrics
-      for _ in range(num_steps or until the eval set ends):
-        if eval_stop requested: break       # only with an eval_stop (the Trainer's `stop`)
-        outputs = eval_step(iterator)
-          inputs = next_eval_inputs(iterator)
-          strategy.run(task.validation_step, inputs)
-          strategy.gather(extra logs)       # from every replica of every worker
-        state = eval_reduce(state, outputs) # eager; only if the task aggregates
-                                            # (ctl.core.aggregation)
-      read eval loss and metrics
-    if eval_stop requested: raise EvaluationStopped   # incomplete: nothing written
-    return eval_end(state)                  # eager: {loss, metrics, task results}
-                                            # (the iterator ends on a thread of its own:
-                                            # ctl.core.loops.end_off_path)
-
-The loop is one `tf.function` call (`ctl.core.loops.graph_eval_loop`) for a
-fixed number of steps with `use_tf_while_loop`; evaluations over the whole
-eval set, with Keras callbacks (`eval_callbacks`), or of tasks that aggregate
-logs on the host use the host loop.
-
-The first dimension of every input tensor is the batch: the eval loss is a mean
-over examples, weighted by batch size. Metrics are read across all replicas of
-all workers, and the extra logs of `validation_step` are gathered from all of
-them, so that every worker computes the same results over the whole eval set.
+The loop as pseudo-code: docs/explanation/training-loop.md.
 """
 
 from typing import Any, Dict, Optional, Sequence
@@ -54,10 +33,18 @@ class Evaluation(orbit.AbstractEvaluator):
 
     def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool,
                  eval_stop=None, eval_callbacks: Sequence[Any] = ()):
-        """`aggregations`: the task's (`ctl.core.aggregation.of_task`); the loop settings are the
-        Trainer's, for its train loops as well; `eval_stop`: the stop source that ends an
-        evaluation before its next step (`evaluate` then raises EvaluationStopped), or None;
-        `eval_callbacks`: the Keras callbacks every evaluation calls (`evaluate`)."""
+        """Keeps the evaluation's settings; the Trainer builds what is evaluated.
+
+        Args:
+            aggregations: the task's host aggregations (`ctl.core.aggregation.of_task`).
+            use_tf_function: the Trainer's setting, for its train loops as well: run each
+                evaluation as a `tf.function`.
+            use_tf_while_loop: the Trainer's setting: run an evaluation's steps in one
+                `tf.while_loop`.
+            eval_stop: the stop source that ends an evaluation before its next step
+                (`evaluate` then raises `EvaluationStopped`), or None.
+            eval_callbacks: the Keras callbacks every evaluation calls (`evaluate`).
+        """
         self._use_tf_function = use_tf_function
         self._use_tf_while_loop = use_tf_while_loop
         self.aggregations = aggregations  # Host aggregation of eval outputs.
@@ -88,6 +75,9 @@ class Evaluation(orbit.AbstractEvaluator):
         and `on_test_batch_begin/end` around each step, in the host loop. The eval
         steps' own `tf.summary` calls go to the default writer of the caller
         (ctl's Controller: its eval summaries, `SummaryManager.writing()`).
+
+        Args:
+            num_steps: batches per eval set (-1: the whole set), a scalar tensor.
         """
         if not self.eval_sets:
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
@@ -99,7 +89,15 @@ class Evaluation(orbit.AbstractEvaluator):
                 for name, dataset in self.eval_sets.items()}
 
     def evaluate_set(self, dataset, num_steps: tf.Tensor) -> Logs:
-        """One evaluation of `num_steps` batches of one distributed eval `dataset`."""
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`.
+
+        Args:
+            dataset: one distributed eval dataset.
+            num_steps: batches to evaluate (-1: the whole set).
+
+        Returns:
+            The set's loss, metrics and aggregation results.
+        """
         self.eval_dataset = dataset
         callbacks = self._eval_callbacks
         for callback in callbacks:
@@ -160,10 +158,23 @@ class Evaluation(orbit.AbstractEvaluator):
 
     @plain
     def next_eval_inputs(self, iterator):
-        """Returns the next inputs for the model; runs inside `tf.function`."""
+        """Returns the next inputs for the model; runs inside `tf.function`.
+
+        Args:
+            iterator: the distributed eval iterator.
+
+        Returns:
+            The next element, `(features, labels)`.
+        """
         return next(iterator)
 
     def eval_step(self, iterator):
+        """One eval step on every replica (inside `tf.function`); returns the extra entries to aggregate, gathered over
+        the replicas.
+
+        Args:
+            iterator: the distributed eval iterator.
+        """
         def step_fn(inputs):
             logs = dict(
                 self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
@@ -190,6 +201,12 @@ class Evaluation(orbit.AbstractEvaluator):
         return value, tf.shape(value)[:1]
 
     def eval_reduce(self, state=None, step_outputs=None):
+        """Folds one step's gathered outputs into each aggregation's state (eager, on the host).
+
+        Args:
+            state: one state per aggregation, or None when the task aggregates nothing.
+            step_outputs: `eval_step`'s outputs: each entry's values over all replicas, with each replica's size.
+        """
         if state is None:  # The task aggregates nothing.
             return None
         step_logs = {}
@@ -201,7 +218,11 @@ class Evaluation(orbit.AbstractEvaluator):
         return [each.update(s, step_logs) for each, s in zip(self.aggregations, state)]
 
     def eval_end(self, aggregated_logs=None) -> Logs:
-        """The eval loss and metrics, and the results of the task's aggregations."""
+        """The eval loss and metrics, and the results of the task's aggregations.
+
+        Args:
+            aggregated_logs: the aggregations' states after the last step (None: none).
+        """
         logs = dict(self._last_eval.logs)
         if aggregated_logs is not None:
             step = int(self.global_step.numpy())

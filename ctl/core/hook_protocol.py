@@ -1,33 +1,15 @@
 """The hook protocol: what a hook is, what it sees (`Run`) and the stop request (`ctl.core.stop`).
 
-A hook is any object with some of these methods; ctl calls the ones it has,
-all eagerly, on the host, in the order the hooks are listed:
+A hook is any object with some of these methods; ctl calls the ones it has, all eagerly, on
+the host, in the order the hooks are listed (`HookProtocol` says when each is called):
 
-    bind(run)                     once, before anything runs: the `Run` below
-    on_initialize()               the model dir holds no checkpoint (warm start)
-    on_checkpoint_load(path)      a checkpoint was restored
-    on_train_loop_end(logs)       after each train loop (orbit train action)
-    on_eval_end(logs)             after each evaluation (orbit eval action)
-    on_checkpoint_end(path)       a checkpoint was saved
-    on_trial_close(logs)          the run ended normally; `logs` are the last
-                                  evaluation's (or train loop's) results
+    bind(run), on_initialize(), on_checkpoint_load(path), on_train_loop_end(logs),
+    on_eval_end(logs), on_checkpoint_end(path), on_trial_close(logs)
 
-A hook may also hold `eval_callbacks`, Keras callbacks that the Trainer's
-evaluation itself calls around each eval set and batch (`eval_callbacks(hooks)`;
-`ctl.hooks.KerasCallbacks`, the one route for Keras callbacks), wherever it
-runs: in-line and on a sidecar evaluator, which also calls such a hook's
-`on_trial_close` when it ends normally.
-
-`logs` map names to scalars (NumPy values from ctl's controller, tensors from
-other callers; `float()` them). Each of
-these bound methods is an orbit `Action` (`Callable[[Output], None]`), so the
-same hook objects serve ctl's trainer and a sidecar evaluator (docs/comforts.md).
-
-Any hook may call `run.stop.request(reason)`: `train_and_eval` then stops
-after the current train loop and its evaluation, saves a checkpoint, closes the
-hooks and returns normally (the Supervisor's `should_stop`).
-
-Hooks are listed in gin:
+Each bound method is an orbit `Action`, so the same hook objects serve ctl's trainer and a
+sidecar evaluator (docs/comforts.md). Any hook may end training with
+`run.stop.request(reason)`. `Hooks` binds a list of them to a run; `eval_callbacks` collects
+the Keras callbacks hooks hold for the Trainer's evaluation. Hooks are listed in gin:
 
     ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
 """
@@ -51,14 +33,28 @@ HOOK_METHODS = ("on_initialize", "on_checkpoint_load", "on_train_loop_end", "on_
 class Run:
     """What a hook may read and use: the run's directory, model and step.
 
-    `directory` is the run's `ctl.model_dir.ModelDir` (the names of its
-    files); `model_dir` its path.
+    ctl makes one per run and passes it to each hook's `bind`; a hook reads it,
+    and only a test or a program of your own makes one.
 
-    `model` is the model being trained; `eval_model` the one evaluation uses
-    and exporters export (with `ctl.Trainer.ema_decay`, the moving average of
-    the weights; else `model`). `checkpoint` is the evaluated state, as the
-    best checkpoint saves it. On a sidecar evaluator, `checkpoint` is the
-    object it restores into and `global_step` the restored step.
+    Args:
+      directory: the run's `ctl.model_dir.ModelDir` (the names of its
+        files); `model_dir` is its path.
+      model: the model being trained.
+      checkpoint: the evaluated state, as the best checkpoint saves it. On a
+        sidecar evaluator, the object it restores into.
+      global_step: the step variable; on a sidecar evaluator, the restored step.
+        Read `step` rather than this variable.
+      task: the run's `ctl.Task` (None when a hook is bound outside a run).
+      strategy: the run's `tf.distribute.Strategy` (None: the default strategy).
+      chief: whether this process writes the model dir's shared files.
+      stop: the run's stop request: `run.stop.request(reason)` ends training at
+        the next loop boundary, normally (a checkpoint, then `on_trial_close`).
+      step_fn: where `step` comes from once a controller runs (its step, taken
+        from each loop's end and each restore: no variable read after a loop);
+        None reads `global_step`.
+      eval_model: the model evaluation uses and exporters export (with
+        `ctl.Trainer.ema_decay`, the moving average of the weights); None means
+        `model`.
     """
 
     directory: ModelDir
@@ -119,37 +115,76 @@ class HookProtocol(Protocol):
 
     Each is called eagerly on the host, in the order the hooks are listed, by the process that
     owns the run's side effects (`on_eval_end`: the one evaluating; see
-    [Comforts](../comforts.md)). `logs` map metric names to scalars (`float()` them).
+    [Comforts](../comforts.md)). `logs` map metric names to scalars (NumPy values from ctl's
+    controller, tensors from other callers: `float()` them).
+
+    A hook may also hold `eval_callbacks`, Keras callbacks that the Trainer's evaluation itself
+    calls around each eval set and batch (`ctl.hooks.KerasCallbacks`, the one route for Keras
+    callbacks), wherever it runs: in-line and on a sidecar evaluator, which also calls such a
+    hook's `on_trial_close` when it ends normally. Any hook may call `run.stop.request(reason)`:
+    `train_and_eval` then stops after the current train loop and its evaluation, saves a
+    checkpoint, closes the hooks and returns normally.
     """
 
     def bind(self, run: Run) -> None:
-        """Once, before anything runs: `run` is what the hook may read and use (`Run`)."""
+        """Once, before anything runs: `run` is what the hook may read and use (`Run`).
+
+        Args:
+            run: what the hook may read and use (`Run`): the model dir, the model, the step, the stop request.
+        """
 
     def on_initialize(self) -> None:
         """The model dir held no checkpoint: the model starts from its initial weights (a warm
         start loads weights here, `ctl.hooks.WarmStart`)."""
 
     def on_checkpoint_load(self, path: str) -> None:
-        """A checkpoint was restored (a resume, or a sidecar's next checkpoint); `path` is its prefix."""
+        """A checkpoint was restored (a resume, or a sidecar's next checkpoint); `path` is its prefix.
+
+        Args:
+            path: the restored checkpoint's prefix (e.g. `DIR/ckpt-500`).
+        """
 
     def on_train_loop_end(self, logs: Dict[str, Any]) -> None:
         """After each train loop (`ctl.Schedule.steps_per_loop` steps): the loop's loss, metrics and
-        learning rate."""
+        learning rate.
+
+        Args:
+            logs: the loop's results: loss, metrics and learning rate, by name.
+        """
 
     def on_eval_end(self, logs: Dict[str, Any]) -> None:
         """After each evaluation: its loss and metrics; with named eval sets (`Task.eval_datasets`)
-        nested by set, `{name: {metric: value}}`."""
+        nested by set, `{name: {metric: value}}`.
+
+        Args:
+            logs: the evaluation's results by metric name; with named eval sets nested by set.
+        """
 
     def on_checkpoint_end(self, path: str) -> None:
-        """A checkpoint was saved at `path` (its prefix, e.g. `DIR/ckpt-500`)."""
+        """A checkpoint was saved at `path` (its prefix, e.g. `DIR/ckpt-500`).
+
+        Args:
+            path: the saved checkpoint's prefix (e.g. `DIR/ckpt-500`).
+        """
 
     def on_trial_close(self, logs: Dict[str, Any]) -> None:
         """The run ended normally (its steps done, or a stop request): `logs` are the last
-        evaluation's results, or the last train loop's without one."""
+        evaluation's results, or the last train loop's without one.
+
+        Args:
+            logs: the last evaluation's results (the last train loop's without an evaluation).
+        """
 
 
 def eval_callbacks(hooks: Iterable[Any]) -> List[Any]:
-    """The Keras callbacks every evaluation calls: each hook's `eval_callbacks`, in order."""
+    """The Keras callbacks every evaluation calls: each hook's `eval_callbacks`, in order.
+
+    Args:
+        hooks: the run's hooks (`ctl.Experiment.hooks`).
+
+    Returns:
+        The Keras callbacks, in the hooks' order (empty when no hook holds any).
+    """
     return [callback for hook in hooks for callback in getattr(hook, "eval_callbacks", ())]
 
 
@@ -158,6 +193,14 @@ class Hooks:
 
     `builtin` hooks (ctl's progress line and metrics file) come first and
     are told apart from the experiment's (`actions(..., builtin=False)`).
+
+    Args:
+        hooks: the experiment's hooks, in the order ctl calls them.
+        run: the `Run` each hook is bound to (`bind(run)`), once, here.
+        builtin: ctl's own hooks (progress line, metrics file), placed before the experiment's.
+
+    Raises:
+        UserError: a hook has none of the hook methods.
     """
 
     def __init__(self, hooks: Iterable[Any], run: Run, builtin: Iterable[Any] = ()):
@@ -175,13 +218,27 @@ class Hooks:
 
     def actions(self, method: str, builtin: Optional[bool] = None) -> List[Callable[[Any], None]]:
         """The bound `method` of every hook that has it, in order (only ctl's own hooks
-        with `builtin=True`, only the experiment's with False)."""
+        with `builtin=True`, only the experiment's with False).
+
+        Args:
+            method: a hook method's name, e.g. `on_eval_end`.
+            builtin: True: only ctl's own hooks; False: only the experiment's; None: all.
+
+        Returns:
+            The bound methods, as orbit actions (`Callable[[Output], None]`).
+        """
         hooks = self.hooks
         if builtin is not None:
             hooks = [h for h in hooks if any(h is b for b in self.builtin) == builtin]
         return [getattr(h, method) for h in hooks if callable(getattr(h, method, None))]
 
     def call(self, method: str, *args) -> None:
+        """Calls `method` of every hook that has it, in order, with `args`.
+
+        Args:
+            method: a hook method's name, e.g. `on_checkpoint_end`.
+            *args: the arguments passed to each.
+        """
         for action in self.actions(method):
             action(*args)
 

@@ -1,98 +1,17 @@
 """The loop functions of ctl's Trainer: the train loops, the eval loops' parts, the iterator ender.
 
-Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`);
-the Trainer (`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it
-its hooks. One training loop of `num_steps` steps (`Trainer.train`, as ctl's
-Controller calls it):
+Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`); the Trainer
+(`ctl.core.trainer`, `ctl.core.evaluation`) picks one and hands it its override points:
 
-    train_loop_begin()                      # eager hook; does nothing by default
-    loop(iterator, num_steps):              # one tf.function call (tf.while_loop): graph_train_loop
-      reset loss and metrics
-      ok = True
-      for _ in range(num_steps):
-        if not ok or step_guard.should_stop(): break  # only with a step guard (StepGuard, below)
-        ok = train_step(iterator)           # one update (ctl.core.train_step)
-          repeat accumulation_steps - 1 times:   # only with accumulation
-            strategy.run(replica_step, next_train_inputs(iterator), apply=False)
-          loss = strategy.run(replica_step, next_train_inputs(iterator), apply=True)
-            replica_step:                   # per replica; XLA-compiled with jit_compile
-              task.train_step(inputs, model, optimizer=gradient pipeline, metrics)
-            then gradients.update(...)      # sum, clip, apply (not compiled)
-          ema.update()                      # only with ema_decay
-          global_step += 1
-          return step_guard.check_loss(loss)  # the verdict: all losses finite
-      (the guard records the step it ended at if not ok: bad_step)
-      read loss, metrics, learning rate, global step, bad step
-    logs = train_loop_end()                 # eager; what the loop read
-    return TrainLoopEnd(logs, step, bad_step)  # values: nothing kept to go stale
+- `graph_train_loop`: reset, the steps and the reads in one `tf.function` call (`use_tf_while_loop`);
+- `host_train_loop`: the host calls the step once per step;
+- `scheduled_train_loop`: parameter servers, one scheduled closure per step;
+- `StepGuard`: a train loop that ends early, at a step boundary, on a stop request or a NaN loss
+  (cluster-wide under `MultiWorkerMirroredStrategy`);
+- `graph_eval_loop`, `stoppable`, `with_batch_callbacks`, `metric_results`: the eval loops' parts;
+- `end_off_path`: a finished eval iterator ended on a thread of its own.
 
-Under `ParameterServerStrategy` the loop runs on the coordinator (the chief):
-each step is one closure that the `ClusterCoordinator` schedules on a
-free worker (`scheduled_train_loop`), and `train_loop_end` first waits for
-them all (`join()`), then reads the metrics. With a step guard the host
-schedules at most 4 steps per worker ahead, stops scheduling once the guard
-says stop, and each scheduled step that starts after that does nothing
-(`StepGuard.skip_if_stopped`).
-
-`use_tf_while_loop=True` runs the training loop (and evaluations of a fixed
-number of steps: `graph_eval_loop`) as one `tf.while_loop` inside one
-`tf.function` call, metric resets and reads included; with `False` the host
-drives the loop and each step is its own `tf.function` call
-(`host_train_loop`). Evaluations over the whole eval set, and of tasks that
-aggregate logs on the host, always use the host loop (`ctl.core.evaluation`).
-
-The guarded train loop (`StepGuard`): it ends early, at a step boundary, on a stop request or a NaN loss.
-
-orbit's loops run `num_steps` steps no matter what. `StepGuard` gives the
-Trainer a loop that also ends early when
-
-  * a stop was requested (the stop source, `ctl.core.stop.SignalWatcher`, lowers its
-    `step_limit` variable, from a thread, while the loop runs): checked
-    before every step;
-  * the last step's loss was NaN or Inf: `check_loss`, called by the Trainer
-    after each step, returns the step's verdict, and the loop carries it to
-    its next condition; the loop records the step it ended at in `bad_step`.
-
-In one `tf.while_loop` (`graph_loop`), counting the steps up to 0:
-
-    i = -num_steps
-    while i < step_limit:            # one variable read: 0, or far below once a stop is requested
-      ok = train_step(iterator)      # ends with ok = check_loss(loss, ...): all losses finite
-      i = i + 1 if ok else 1         # a bad step ends the loop
-    if i == 1: bad_step = global_step                     # once per loop
-
-A loop's condition waits for the step before it: whatever it computes adds
-to the time between two steps. This one is a variable read and a
-comparison, the least that reading a stop request before every step takes
-(the verdict of `check_loss`, a finiteness test and a select, is ready
-before the step's updates are). On the bench MLP (240 ops a step) it runs at
-1.00 of the same loop without a guard; the previous condition, `i <
-num_steps and not stop_requested` (a read, a negation and a conjunction),
-at 0.975 (`python -m bench.guard_designs`, docs/faults.md). A compute-bound
-model notices neither. `host_loop` does the same with one `tf.function`
-call per step.
-
-Under `MultiWorkerMirroredStrategy` every worker runs this loop in lockstep,
-and each has its own `stop_requested`: a worker that stopped on its own signal
-would leave the others blocked in the next step's all-reduce. So there the
-guard is *cluster-wide*: `check_loss` all-reduces, in the one collective it
-already needs for the losses, each worker's stop flag, and the loop reads the
-agreed result (`stop_agreed`). A signal on any worker therefore stops every
-worker after the same step: the step during which the signal's flag entered the
-all-reduce, at most one step after it arrived. A NaN or Inf loss on any replica
-of any worker makes the reduced sum non-finite on every worker alike, so all
-record the same `bad_step`.
-
-Under `ParameterServerStrategy` the coordinator schedules the steps of a loop
-ahead of time and workers run them later; the host stops scheduling once the
-guard says stop and each scheduled step checks the guard before it runs and
-records its own bad loss (`skip_if_stopped`; the variables live on the
-coordinator and workers read them). The loop therefore ends once the steps
-already running when the signal or the bad loss came are done: at most one
-step per worker.
-
-What to do after such a loop (save, restore, raise) is `ctl.faults.handler`' job; the
-Trainer builds its guard from the stop source and `guard_steps` it is constructed with.
+The loops as pseudo-code, and why the guard is built as it is: docs/explanation/training-loop.md.
 """
 
 import atexit
@@ -127,7 +46,11 @@ class LastResults:
 
 @plain
 def metric_results(metrics) -> Logs:
-    """Each metric's result by name (a metric that returns a dict adds its entries)."""
+    """Each metric's result by name (a metric that returns a dict adds its entries).
+
+    Args:
+        metrics: Keras metrics.
+    """
     logs = {}
     for metric in metrics:
         result = metric.result()
@@ -145,9 +68,13 @@ class StepGuard:
     Trainer's with a stop source (`ctl.Trainer(stop=..., guard_steps=True)`), see above."""
 
     def __init__(self, watcher, global_step: tf.Variable, cluster_wide: bool = False):
-        """`watcher`: the stop source (its `stop_requested` and `step_limit`); `global_step`:
-        the trainer's, recorded as the bad step; `cluster_wide`: agree on stopping with the
-        other workers (see the module docstring)."""
+        """Makes the guard's variables (the bad step, and cluster-wide the agreed stop).
+
+        Args:
+            watcher: the stop source (its `stop_requested` and `step_limit`).
+            global_step: the trainer's, recorded as the bad step.
+            cluster_wide: agree on stopping with the other workers (one all-reduce per step).
+        """
         self.stop_requested = watcher.stop_requested
         self.step_limit = watcher.step_limit
         self.global_step = global_step
@@ -162,7 +89,13 @@ class StepGuard:
     @classmethod
     def for_strategy(cls, strategy: tf.distribute.Strategy, watcher,
                      global_step: tf.Variable) -> "StepGuard":
-        """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`."""
+        """A guard that is cluster-wide under `MultiWorkerMirroredStrategy`.
+
+        Args:
+            strategy: the run's strategy.
+            watcher: the stop source.
+            global_step: the trainer's global step.
+        """
         return cls(watcher, global_step,
                    cluster_wide=isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
@@ -190,6 +123,11 @@ class StepGuard:
         `train_step` returns the verdict to the loop, which records the bad
         step. A sum of losses is finite only if every loss is. Cluster-wide,
         also agrees on the stop flags (`stop_agreed`).
+
+        Args:
+            strategy: the run's strategy.
+            per_replica_loss: the step's loss on each replica (`strategy.run`'s result).
+            global_step: the global step after the step's update.
         """
         del global_step  # The loop reads the step it ended at.
         if self.cluster_wide:
@@ -219,6 +157,9 @@ class StepGuard:
         """`loop_fn(iterator, num_steps)`: a `tf.while_loop` over `step_fn`; call it in `tf.function`.
 
         `step_fn(iterator)` returns the step's verdict (`check_loss`), or None.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
         """
         def loop_fn(iterator, num_steps):
             # The count runs up to 0. The verdict rides it: a bad step jumps it to 1,
@@ -247,6 +188,9 @@ class StepGuard:
         For steps scheduled ahead of time (parameter servers): a step that
         starts after a signal or a bad loss does nothing, so the loop ends
         once the steps already running on workers are done.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
         """
         def step(iterator):
             def run():
@@ -260,7 +204,11 @@ class StepGuard:
         return step
 
     def host_loop(self, step_fn):
-        """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step."""
+        """`loop_fn(iterator, num_steps)`: a Python loop calling `step_fn` once per step.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
+        """
         def loop_fn(iterator, num_steps):
             for _ in range(int(num_steps)):
                 if bool(self.should_stop()):
@@ -281,6 +229,12 @@ def scheduled_train_loop(coordinator, step_fn, guard: Optional[StepGuard], reset
     (`StepGuard.skip_if_stopped`), and at most 4 steps per worker are
     scheduled ahead, so a stop waits for the steps running and for these.
     `reset` resets the metrics first; the results are read after `join()`.
+
+    Args:
+        coordinator: the `ClusterCoordinator` that schedules the steps.
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics (run before the first step).
     """
     workers = {device.name.split("/device:")[0] for device in tf.config.list_logical_devices()
                if device.name.startswith("/job:worker/")}  # The coordinator sees their devices.
@@ -306,6 +260,9 @@ def wait_for_step(remote_value) -> None:
     worker was lost since, the copy fails ("failed to connect", seen once in
     about eight runs of a worker SIGKILL) though the step is done. A lost ps
     fails the steps themselves, and `ClusterCoordinator` reports that.
+
+    Args:
+        remote_value: the step's `RemoteValue`.
     """
     try:
         remote_value.fetch()
@@ -320,6 +277,13 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
     The loop also returns `read_end()` (the global step and the guard's bad
     step it ended at): a separate reset or read right after a loop cost a
     share of a short loop of a small model (figure 1, docs/bench.md).
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics, at the loop's start.
+        read: reads the loop's results, at its end.
+        read_end: reads the global step and the bad step, at its end.
     """
     loop = (guard.graph_loop if guard else orbit.utils.create_tf_while_loop_fn)(step_fn)
 
@@ -332,7 +296,14 @@ def graph_train_loop(step_fn, guard: Optional[StepGuard], reset, read, read_end)
 
 
 def host_train_loop(step_fn, guard: Optional[StepGuard], reset, read):
-    """`loop_fn(iterator, num_steps) -> results`: the host calls `step_fn` once per step."""
+    """`loop_fn(iterator, num_steps) -> results`: the host calls `step_fn` once per step.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        guard: the step guard, or None.
+        reset: resets the train metrics, at the loop's start.
+        read: reads the loop's results, at its end.
+    """
     loop = (guard.host_loop if guard else orbit.utils.create_loop_fn)(step_fn)
 
     def host_loop(iterator, num_steps):
@@ -347,7 +318,12 @@ def host_train_loop(step_fn, guard: Optional[StepGuard], reset, read):
 
 def graph_eval_loop(step_fn, eval_stop):
     """`loop_fn(iterator, num_steps)` as one `tf.while_loop`, for inside `tf.function`; with an
-    `eval_stop`, it also ends before the next step once a stop is requested."""
+    `eval_stop`, it also ends before the next step once a stop is requested.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        eval_stop: the stop source that ends an evaluation early, or None.
+    """
     if eval_stop is None:
         return orbit.utils.create_tf_while_loop_fn(step_fn)
     stop = eval_stop.stop_requested
@@ -365,7 +341,12 @@ def graph_eval_loop(step_fn, eval_stop):
 
 
 def stoppable(step_fn, eval_stop):
-    """`step_fn` for orbit's host loop, which ends it (StopIteration) once `eval_stop` asks."""
+    """`step_fn` for orbit's host loop, which ends it (StopIteration) once `eval_stop` asks.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        eval_stop: the stop source that ends an evaluation early.
+    """
     if eval_stop is None:
         return step_fn
     requested = eval_stop.requested
@@ -379,7 +360,12 @@ def stoppable(step_fn, eval_stop):
 
 
 def with_batch_callbacks(step_fn, callbacks):
-    """`step_fn`, with each Keras callback's `on_test_batch_begin/end` around it."""
+    """`step_fn`, with each Keras callback's `on_test_batch_begin/end` around it.
+
+    Args:
+        step_fn: the step function, `step_fn(iterator)`.
+        callbacks: Keras callbacks.
+    """
     if not callbacks:
         return step_fn
     batches = itertools.count()
@@ -436,5 +422,9 @@ _ENDER = _IteratorEnder()
 
 
 def end_off_path(iterator) -> None:
-    """Ends `iterator` on the ender's thread, once the caller has dropped its own references."""
+    """Ends `iterator` on the ender's thread, once the caller has dropped its own references.
+
+    Args:
+        iterator: the iterator to end (a dataset iterator whose end may block).
+    """
     _ENDER.put(iterator)

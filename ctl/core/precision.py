@@ -31,6 +31,11 @@ POLICIES = ("mixed_float16", "mixed_bfloat16")
 
 
 def validate(mixed_precision: Optional[str]) -> None:
+    """Raises `UserError` unless `mixed_precision` is None or a policy ctl knows.
+
+    Args:
+        mixed_precision: `ctl.Trainer.mixed_precision`.
+    """
     if mixed_precision is not None:
         require_choice("ctl.Trainer.mixed_precision", mixed_precision, POLICIES + ("None",))
 
@@ -42,7 +47,11 @@ def _flavours():
 
 @contextlib.contextmanager
 def policy(mixed_precision: Optional[str]):
-    """Within: every Keras flavour's global dtype policy is `mixed_precision` (None: unchanged)."""
+    """Within: every Keras flavour's global dtype policy is `mixed_precision` (None: unchanged).
+
+    Args:
+        mixed_precision: a Keras dtype policy name, or None.
+    """
     if mixed_precision is None:
         yield
         return
@@ -66,12 +75,21 @@ def _import_tf_keras_if_installed() -> None:
 
 
 def is_tf_keras(obj) -> bool:
-    """Whether `obj` (a model, optimizer or schedule) is a tf_keras object."""
+    """Whether `obj` (a model, optimizer or schedule) is a tf_keras object.
+
+    Args:
+        obj: a model, optimizer or schedule.
+    """
     return type(obj).__module__.split(".", 1)[0] == "tf_keras"
 
 
 def wrap_optimizer(optimizer, mixed_precision: Optional[str]):
-    """`optimizer`, in its flavour's `LossScaleOptimizer` under `mixed_float16`."""
+    """`optimizer`, in its flavour's `LossScaleOptimizer` under `mixed_float16`.
+
+    Args:
+        optimizer: the task's optimizer.
+        mixed_precision: the policy (only `mixed_float16` wraps).
+    """
     if mixed_precision != "mixed_float16" or is_loss_scaled(optimizer):
         return optimizer
     flavour = sys.modules["tf_keras"] if is_tf_keras(optimizer) else keras
@@ -79,13 +97,21 @@ def wrap_optimizer(optimizer, mixed_precision: Optional[str]):
 
 
 def is_loss_scaled(optimizer) -> bool:
-    """Whether `optimizer` is a Keras 3 or tf_keras `LossScaleOptimizer`."""
+    """Whether `optimizer` is a Keras 3 or tf_keras `LossScaleOptimizer`.
+
+    Args:
+        optimizer: an optimizer.
+    """
     return any(isinstance(optimizer, module.mixed_precision.LossScaleOptimizer)
                for module in _flavours())
 
 
 def loss_scale(optimizer) -> Optional[tf.Tensor]:
-    """The current loss scale of a `LossScaleOptimizer`, else None."""
+    """The current loss scale of a `LossScaleOptimizer`, else None.
+
+    Args:
+        optimizer: an optimizer.
+    """
     if not is_loss_scaled(optimizer):
         return None
     if is_tf_keras(optimizer):
@@ -95,7 +121,11 @@ def loss_scale(optimizer) -> Optional[tf.Tensor]:
 
 @tf.autograph.experimental.do_not_convert  # No control flow on tensors (tracing time).
 def float32_outputs(outputs):
-    """`outputs` with every float16/bfloat16 tensor cast to float32, for losses and metrics."""
+    """`outputs` with every float16/bfloat16 tensor cast to float32, for losses and metrics.
+
+    Args:
+        outputs: a model's outputs (a tensor or a nest of them).
+    """
     def cast(tensor):
         if isinstance(tensor, tf.Tensor) and tensor.dtype in (tf.float16, tf.bfloat16):
             return tf.cast(tensor, tf.float32)

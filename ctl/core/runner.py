@@ -27,6 +27,12 @@ class TrainLoopEnd(dict):
     restore moves the global step: whoever restores returns a new one
     (`end._replace(step=..., restored=path)`). Built without arguments (as
     `tf.nest` copies a dict) it knows no step.
+
+    Args:
+        logs: the loop's results (loss, metrics, learning rate); None: empty.
+        step: the global step the loop ended at (None: unknown).
+        bad_step: the step whose loss was NaN or Inf, found by a step guard; None: none.
+        restored: the checkpoint a handler restored after the loop, or None.
     """
 
     def __init__(self, logs: Optional[Logs] = None, step: Optional[int] = None,

@@ -27,7 +27,11 @@ from ctl.utils.errors import UserError
 
 
 def register_schedules(keras_module) -> None:
-    """Registers every `LearningRateSchedule` of `keras_module` (keras or tf_keras) with gin."""
+    """Registers every `LearningRateSchedule` of `keras_module` (keras or tf_keras) with gin.
+
+    Args:
+        keras_module: the `keras` or `tf_keras` module whose `optimizers.schedules` are registered.
+    """
     schedules = keras_module.optimizers.schedules
     module = f"{keras_module.__name__}.optimizers.schedules"
     for name, cls in sorted(vars(schedules).items()):
@@ -46,6 +50,11 @@ def with_warmup(schedule, warmup_steps: int, initial_learning_rate: float = 0.0)
     During the ramp the rate goes linearly to `schedule(warmup_steps)`; after
     it, the rate is `schedule(step)`. Returns a schedule of `schedule`'s own
     Keras flavour (an optimizer accepts only its own).
+
+    Args:
+        schedule: a Keras `LearningRateSchedule`, of Keras 3 or of tf_keras.
+        warmup_steps: the updates the ramp lasts.
+        initial_learning_rate: the rate at step 0.
     """
     base = _base_class(schedule)
     if base is None:

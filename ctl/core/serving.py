@@ -20,6 +20,9 @@ def default_serving_signatures(model) -> Dict[str, Callable]:
     The signature takes the model's inputs as named tensors (the keys of a dict
     input, else the Input names) and returns `{"outputs": model(inputs,
     training=False)}` (or the model's own dict of outputs).
+
+    Args:
+        model: a Keras model with Keras inputs (built from `Input`s, or called once).
     """
     try:
         structure = model.input  # The nested inputs of a functional model.

@@ -90,6 +90,10 @@ class SignalWatcher:
 
     Outside the main thread signals cannot be caught; the watcher then does
     nothing and the default handling stays.
+
+    Args:
+        train: a trainer's watcher: it makes the `stop_requested` and `step_limit` variables and says what a signal
+            does. False (a sidecar's) only records the signal.
     """
 
     def __init__(self, train: bool = True):
@@ -137,7 +141,11 @@ class SignalWatcher:
         return self.signum is not None
 
     def request_stop(self, signum: int) -> None:
-        """Records `signum` and asks the loops to stop (any thread); a second one exits."""
+        """Records `signum` and asks the loops to stop (any thread); a second one exits.
+
+        Args:
+            signum: the signal's number (e.g. `signal.SIGTERM`).
+        """
         name = signal.Signals(signum).name
         if self.signum is not None:
             console.warning("signal", "second %s: exiting now with status %d%s.", name,

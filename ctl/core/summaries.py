@@ -1,43 +1,15 @@
 """Loop summaries: kept on the host, handed to TensorFlow every few seconds.
 
-orbit's Controller writes the results of every train loop and evaluation
-(loss, metrics, learning rate, steps/sec) through its `SummaryManager`, which
-runs `tf.summary.scalar` eagerly once per value and flushes the writer each
-time. Every eager TensorFlow call (an empty `tf.function` call, one
-`tf.summary.scalar`) costs host time, and orbit's way came to a share of a
-short loop of a small model that figure 1 shows (docs/bench.md).
+`SummaryManager` keeps the interface of orbit's (`summary_writer`, `write_summaries`, `flush`)
+and what lands on disk (the same tags, steps and values `tf.summary.scalar` writes; a nested
+dict's values in a subdirectory per key), but keeps a loop's scalars as Python floats and
+writes all of a writer's kept rows with one `tf.function` call per flush. The controller
+flushes before each checkpoint, at the end of training and otherwise every `FLUSH_SECONDS`;
+an evaluation's results are written as its `writing()` context ends. In an object store the
+writers write to a local directory (`ctl.model_dir.staging`) and each flush hands an upload to
+`ctl.model_dir.background` (`mirror`). Everything here runs eagerly, between loops.
 
-ctl's `SummaryManager` keeps the interface of orbit's (`summary_writer`,
-`write_summaries`, `flush`) and what lands on disk (the same tags, steps,
-float32 values and scalar plugin metadata that `tf.summary.scalar` writes, a
-nested dict's values in a subdirectory per key, as for named eval sets), and
-is ctl's own: no orbit class to keep in step with. `write_summaries` keeps a
-loop's scalars with their step, as Python floats; `flush` writes all a
-writer's kept rows with one call of a `tf.function` of that writer
-(`tf.summary.write` in a `tf.while_loop`, then a flush; traced at its first
-flush): one call for many loops, where `tf.summary.scalar` costs a call per
-value. Keeping them pays: written eagerly after each loop instead, ctl's MLP
-trained slower (docs/bench.md; the CNN did not notice). The controller flushes before each
-checkpoint, at the end of training, and otherwise every `FLUSH_SECONDS`, so
-a checkpoint's steps always have their summaries on disk. A value that is
-not a real scalar goes to `tf.summary.scalar`, after a flush, which rejects
-it as orbit's would.
-
-An evaluation's results are on disk when it returns: the Controller runs it
-in `writing()`, the writer's context (the default writer of the eval steps'
-own `tf.summary` calls), keeps its results, and the context's end writes them
-with one call whose flush covers the steps' summaries too. An evaluation's
-`steps_per_second`, timed on the host after the loop, is kept for the next
-flush.
-
-In an object store (`gs://`), where a flush of an event file uploads the whole
-file again, the writers write to a local directory (`ctl.model_dir.staging`,
-removed by `close()`) and each flush hands an upload of the files that grew to
-`ctl.model_dir.background` (`mirror`): the loop never waits for the store, and the
-uploads land in the order of the flushes, before the checkpoint that follows
-them.
-
-Everything else here runs eagerly, between loops.
+Why, and what it saves: docs/explanation/training-loop.md ("Loop summaries").
 """
 
 import contextlib
@@ -55,7 +27,13 @@ from ctl.model_dir import eval_set_dir, is_object_store, uploaded_path
 
 
 class SummaryManager:
-    """Loop summaries of one directory (`None`: every call is a no-op), buffered on the host."""
+    """Loop summaries of one directory (`None`: every call is a no-op), buffered on the host.
+
+    Args:
+        summary_dir: where the event files go, local or in an object store; None: every call is a no-op.
+        global_step: the step variable, the default step of each record.
+        clock: the time source of the flush interval (a test may pass its own).
+    """
 
     FLUSH_SECONDS = 5.0
 
@@ -76,7 +54,11 @@ class SummaryManager:
         self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
 
     def summary_writer(self, relative_path: str = ""):
-        """The writer of `relative_path` under the summary dir (a no-op writer if disabled)."""
+        """The writer of `relative_path` under the summary dir (a no-op writer if disabled).
+
+        Args:
+            relative_path: a subdirectory of the summary dir ("": the dir itself).
+        """
         writer = self._writers.get(relative_path)
         if writer is None:
             writer = (tf.summary.create_file_writer(
@@ -89,6 +71,10 @@ class SummaryManager:
         """Keeps `summary_dict` for the next flush, at `step` (default: the global step's value).
 
         A nested dict's values go to a subdirectory named by its key.
+
+        Args:
+            summary_dict: `{name: scalar}`, or `{subdirectory: {name: scalar}}`.
+            step: the step recorded (default: the global step's value).
         """
         if not self.enabled:
             return
@@ -229,7 +215,11 @@ def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, 
 
 
 def real_scalars(values: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """`values` as Python floats, or `None` if one is not a real scalar (or there are none)."""
+    """`values` as Python floats, or `None` if one is not a real scalar (or there are none).
+
+    Args:
+        values: `{name: value}`.
+    """
     if not values:
         return None
     scalars = {}

@@ -80,6 +80,14 @@ class Task:
         or unknown), ctl repeats it, as Keras `fit` runs epochs. The eval
         dataset must end after one pass over the eval set (keep the remainder
         batch), unless `ctl.Schedule.eval_steps` says how many batches to read.
+
+        Args:
+            training: True for the train dataset, False for an eval dataset.
+            input_context: this input pipeline's `tf.distribute.InputContext` (its id, the pipelines, the per-replica
+                batch size); None outside a strategy's distribution.
+
+        Returns:
+            A `tf.data.Dataset` of `(features, labels)` batches.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement build_inputs(training, input_context)."
@@ -108,13 +116,28 @@ class Task:
         to it (as Keras `fit` does), and ctl says so once when the run starts.
         Either way they are counted once. A per-example vector is refused at
         start (`ctl.core.contract`): return the mean.
+
+        Args:
+            labels: the labels of one replica's batch (the second of each `(features, labels)` element).
+            outputs: the model's outputs on that batch (float32 under mixed precision).
+            aux_losses: the model's own losses (`model.losses`), each a scalar; None or empty without any.
+
+        Returns:
+            The scalar loss.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement build_losses(labels, outputs, aux_losses)."
         )
 
     def build_metrics(self, training: bool = True) -> List[Any]:
-        """Returns Keras metrics updated with `(labels, outputs)` each step."""
+        """Returns Keras metrics updated with `(labels, outputs)` each step.
+
+        Args:
+            training: True for the train metrics, False for the eval metrics (the same list may serve both).
+
+        Returns:
+            A list of Keras metrics.
+        """
         del training
         return []
 
@@ -127,6 +150,15 @@ class Task:
         and the update happen there (docs/train_step.md). A plain Keras
         optimizer works too (outside a Trainer). Returns a dict with at least
         `"loss"`, the unscaled per-replica loss.
+
+        Args:
+            inputs: one replica's batch, `(features, labels)`.
+            model: the model (the task's `build_model()`, built under the strategy's scope).
+            optimizer: under a Trainer its `ctl.core.train_step.GradientPipeline`; else a Keras optimizer.
+            metrics: the task's `build_metrics(training=...)` for this loop, to update.
+
+        Returns:
+            `{"loss": loss, ...}`: at least the unscaled per-replica loss.
         """
         features, labels = inputs
         with tf.GradientTape() as tape:
@@ -146,6 +178,14 @@ class Task:
 
         Returns a dict with `"loss"`; any other entries are handed, per replica,
         to the task's host aggregations (`build_reducers`, `aggregate_logs`).
+
+        Args:
+            inputs: one replica's batch, `(features, labels)`.
+            model: the model evaluated (with `ctl.Trainer.ema_decay`, the moving average).
+            metrics: the task's `build_metrics(training=...)` for this loop, to update.
+
+        Returns:
+            `{"loss": loss, ...}`; the other entries go to the host aggregations.
         """
         features, labels = inputs
         outputs = float32_outputs(model(features, training=False))
@@ -174,12 +214,28 @@ class Task:
         results that Keras metrics cannot hold, such as predictions over the
         whole eval set; the Trainer drives it as one more host aggregation
         (`ctl.core.aggregation.TaskAggregation`), before the reducers.
+
+        Args:
+            state: the state so far; None at the first step of each evaluation.
+            step_logs: each extra entry of `validation_step` mapped to a list of NumPy arrays, one per replica, of
+                every worker.
+
+        Returns:
+            The new state.
         """
         del step_logs
         return state
 
     def reduce_aggregated_logs(self, aggregated_logs: Any, global_step: int) -> Dict[str, Any]:
-        """Turns the aggregated state into named scalar results (eager)."""
+        """Turns the aggregated state into named scalar results (eager).
+
+        Args:
+            aggregated_logs: the state `aggregate_logs` returned after the last step.
+            global_step: the global step the evaluation ran at.
+
+        Returns:
+            `{name: scalar}` added to the evaluation's results.
+        """
         del aggregated_logs, global_step
         return {}
 
@@ -192,6 +248,9 @@ class Task:
         without code. Override it for what a hook cannot say (Model Garden's
         name: `ctl.ModelGardenTask` forwards it), e.g.
         `tf.train.Checkpoint(encoder=model.encoder).read(path)`.
+
+        Args:
+            model: the model, built, before its first step.
         """
         del model
 
@@ -201,6 +260,12 @@ class Task:
         The first of the `(features, labels)` pair; a task whose elements have
         another structure overrides it (`--mode=smoke` serves these features
         through the exported signatures).
+
+        Args:
+            inputs: one element (or batch) of a `build_inputs` dataset.
+
+        Returns:
+            The features, as the model takes them.
         """
         features, _ = inputs
         return features
@@ -211,6 +276,12 @@ class Task:
         The default serves `model(inputs, training=False)` as `serving_default`,
         with the model's Keras `inputs` as the signature; override it for models
         without Keras inputs or to serve preprocessing. Traced when exported.
+
+        Args:
+            model: the model exported (the evaluated one: the moving average with `ema_decay`).
+
+        Returns:
+            The signatures by name; `serving_default` is the one servers call by default.
         """
         return default_serving_signatures(model)
 
@@ -225,6 +296,12 @@ def shard_for_pipeline(dataset: tf.data.Dataset, global_batch_size: int,
 
     Returns `(dataset, batch_size)`: without an `input_context`, `dataset`
     itself and `global_batch_size`.
+
+    Args:
+        dataset: the whole dataset, of single examples.
+        global_batch_size: the batch size over all replicas.
+        input_context: this input pipeline's `tf.distribute.InputContext` (its id, the pipelines, the per-replica
+            batch size); None outside a strategy's distribution.
     """
     if input_context is None:
         return dataset, global_batch_size
@@ -240,6 +317,15 @@ def total_loss(task: Task, labels, outputs, model):
     loss with respect to the model's losses exists or not), so a task's own
     `loss + tf.add_n(aux_losses)` (Model Garden's way) is never added twice,
     and a task that ignores them trains with them, as under Keras `fit`.
+
+    Args:
+        task: the task whose `build_losses` is called.
+        labels: the labels of one replica's batch (the second of each `(features, labels)` element).
+        outputs: the model's outputs on that batch (float32 under mixed precision).
+        model: the model, whose `losses` are the aux losses.
+
+    Returns:
+        The scalar loss the step minimizes.
     """
     aux_losses = list(model.losses)
     if not aux_losses:
@@ -251,7 +337,14 @@ def total_loss(task: Task, labels, outputs, model):
 
 
 def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):
-    """`(task.build_losses(labels, outputs, aux_losses), whether the loss ignores them)`."""
+    """`(task.build_losses(labels, outputs, aux_losses), whether the loss ignores them)`.
+
+    Args:
+        task: the task whose `build_losses` is called.
+        labels: the labels of one replica's batch (the second of each `(features, labels)` element).
+        outputs: the model's outputs on that batch (float32 under mixed precision).
+        aux_losses: the model's losses (at least one).
+    """
     aux_losses = [tf.convert_to_tensor(a) for a in aux_losses]
     with tf.GradientTape(watch_accessed_variables=False) as probe:
         probe.watch(aux_losses)

@@ -1,38 +1,18 @@
 """The gradient pipeline of a train step: loss scaling, clipping, accumulation, the update.
 
-    ctl.Trainer.clip_norm = 1.0              # clip by the global norm of the summed gradients
-    ctl.Trainer.accumulation_steps = 4       # one update per 4 micro-batches
-
-A task's `train_step` receives the trainer's `GradientPipeline` as its
-`optimizer`. It does what a Keras optimizer does for a train step, with ctl's
-settings applied, per replica (inside `strategy.run`):
-
-    with tf.GradientTape() as tape:
-      loss = ...                                   # this replica's mean loss
-      scaled_loss = optimizer.scale_loss(loss)     # / replicas, * loss scale
-    gradients = tape.gradient(scaled_loss, variables)
-    optimizer.apply_gradients(zip(gradients, variables))   # records them
-
-`apply_gradients` only records the gradients: the update runs after the
-task's step has returned (`update`, called by the Trainer), so that with
-`ctl.Trainer.jit_compile` XLA compiles the task's step (forward, backward,
-metrics) without the synchronization between replicas that MirroredStrategy
-cannot compile on CPUs. `update`, per replica:
+A task's `train_step` receives the trainer's `GradientPipeline` as its `optimizer`: it takes
+gradients of `optimizer.scale_loss(loss)` and calls `optimizer.apply_gradients` once, which only
+records them. The Trainer runs the update after the task's step returns (`update`, per replica),
+so that with `jit_compile` XLA compiles the task's step without cross-replica synchronization:
 
     g = recorded gradients (+ those of earlier micro-batches of this update)
     if clipping or loss scaling:  g = sum of g over replicas   (all-reduce)
-    g = g / accumulation_steps
-    norm = global_norm(g) / loss scale            -> `gradient_norm` summary
+    g = g / accumulation_steps;  norm = global_norm(g) / loss scale   -> `gradient_norm`
     if clip_norm: g = g * min(1, clip_norm / norm)
-    optimizer.apply_gradients(g)                  # LossScaleOptimizer: unscale, skip on overflow
+    optimizer.apply_gradients(g)        # LossScaleOptimizer: unscale, skip on overflow
 
-What a custom `train_step` must do: take gradients of `optimizer.scale_loss(loss)`
-(a step that divides by the replica count itself works while there is no loss
-scale; with `mixed_float16` ctl refuses a step that skips `scale_loss`), and
-call `optimizer.apply_gradients` once. `optimizer.iterations`,
-`optimizer.learning_rate` and `optimizer.inner` (the Keras optimizer) are there
-too. With accumulation the step runs once per micro-batch; the update runs
-after the last one.
+What a custom `train_step` must do, and the settings (`ctl.Trainer.clip_norm`,
+`accumulation_steps`, ...): docs/train_step.md.
 """
 
 import inspect
@@ -52,6 +32,12 @@ _plain = tf.autograph.experimental.do_not_convert
 
 
 def validate(clip_norm: Optional[float], accumulation_steps: int) -> None:
+    """Raises `UserError` unless `clip_norm` is None or positive and `accumulation_steps` a positive integer.
+
+    Args:
+        clip_norm: `ctl.Trainer.clip_norm`.
+        accumulation_steps: `ctl.Trainer.accumulation_steps`.
+    """
     if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(
             clip_norm, (int, float)) or not clip_norm > 0):
         raise UserError(f"ctl.Trainer.clip_norm ({clip_norm!r}) must be a positive number or "
@@ -66,7 +52,12 @@ def validate(clip_norm: Optional[float], accumulation_steps: int) -> None:
 def scale_loss(optimizer, loss):
     """What a train step differentiates: `optimizer.scale_loss(loss)` for ctl's
     pipeline; for a plain Keras optimizer, the loss over the replica count
-    (gradients are summed over replicas)."""
+    (gradients are summed over replicas).
+
+    Args:
+        optimizer: the step's optimizer: ctl's `GradientPipeline` or a Keras optimizer.
+        loss: this replica's loss.
+    """
     if isinstance(optimizer, GradientPipeline):
         return optimizer.scale_loss(loss)
     return loss / tf.distribute.get_strategy().num_replicas_in_sync
@@ -77,6 +68,12 @@ class GradientPipeline:
 
     Built by the Trainer inside its strategy's scope; `optimizer` is the
     trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
+
+    Args:
+        optimizer: the trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
+        variables: the variables it updates (the model's trainable ones).
+        clip_norm: clip the gradients, summed over replicas, to this global norm (None: no clipping).
+        accumulation_steps: one update per this many batches.
     """
 
     def __init__(self, optimizer, variables, clip_norm: Optional[float] = None,
@@ -115,7 +112,11 @@ class GradientPipeline:
 
     @_plain
     def scale_loss(self, loss):
-        """This replica's share of the loss to differentiate: `loss / replicas * loss scale`."""
+        """This replica's share of the loss to differentiate: `loss / replicas * loss scale`.
+
+        Args:
+            loss: this replica's unscaled loss.
+        """
         if self._replicas > 1:
             loss = loss / self._replicas
         recorder = self._recorder("scale_loss")
@@ -128,7 +129,12 @@ class GradientPipeline:
 
     @_plain
     def apply_gradients(self, grads_and_vars, **unused_kwargs) -> None:
-        """Records this replica's gradients; the Trainer applies them after the step returns."""
+        """Records this replica's gradients; the Trainer applies them after the step returns.
+
+        Args:
+            grads_and_vars: `(gradient, variable)` pairs, as Keras optimizers take them.
+            **unused_kwargs: Keras' other arguments (not read).
+        """
         recorder = self._recorder("apply_gradients")
         if recorder.gradients is not None:
             raise UserError("a train_step called optimizer.apply_gradients twice; ctl applies "
@@ -153,7 +159,12 @@ class GradientPipeline:
 
     @_plain
     def update(self, gradients: List, apply: bool) -> None:
-        """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context)."""
+        """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context).
+
+        Args:
+            gradients: this replica's gradients of the micro-batch, in the order of `variables`.
+            apply: the update's last micro-batch: apply the sum.
+        """
         if not apply:
             for total, gradient in zip(self._sums, gradients):
                 if gradient is not None:

@@ -1,26 +1,18 @@
 """`Trainer`: builds what a `Task` trains and runs its train loops, on orbit's runner protocol.
 
-The Trainer is an `orbit.AbstractTrainer` and `orbit.AbstractEvaluator`
-(`train(num_steps)`, `evaluate(num_steps)`) with its own loops, built from
-orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`,
-`make_distributed_dataset`); no orbit runner class to keep in step with.
-Its pieces, one idea each:
+An `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (`train(num_steps)`,
+`evaluate(num_steps)`) with its own loops, built from orbit's utilities. Its pieces:
 
-- this module: building (model, optimizer, metrics, datasets, checkpoint)
-  and the train step and train hooks;
-- `ctl.core.loops`: the loop functions, and the train loop as pseudo-code,
-  saying which hook runs eagerly and which inside `tf.function`; the
-  guarded train loop (`StepGuard`) that ends early on a stop or a NaN loss;
-- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer
-  inherits), its hooks and its loop as pseudo-code;
-- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`), and what an
-  evaluation a stop ended raises (`EvaluationStopped`).
+- this module: building (model, optimizer, metrics, datasets, checkpoint), the train step
+  and the train loop's override points (the methods a subclass overrides);
+- `ctl.core.loops`: the loop functions and the step guard (`StepGuard`);
+- `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer inherits) and its override points;
+- `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`) and what a stopped
+  evaluation raises (`EvaluationStopped`);
+- `ctl.core.precision`, `ctl.core.train_step`, `ctl.core.ema`: the train-step settings
+  (docs/train_step.md). `global_step` counts updates (K batches with `accumulation_steps=K`).
 
-The train-step settings (`mixed_precision`, `jit_compile`, `clip_norm`,
-`accumulation_steps`, `ema_decay`) are described in docs/train_step.md; their
-machinery lives in `ctl.core.precision`, `ctl.core.train_step` and
-`ctl.core.ema`. `global_step` counts updates: with `accumulation_steps=K` a
-step reads K batches, and every interval of the `Schedule` is in updates.
+The loops as pseudo-code: docs/explanation/training-loop.md.
 """
 
 import functools
@@ -50,10 +42,22 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
     tools can read it, `rng`: the Keras 3 RNG states of the model, if any
     (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
-    Subclass and override a hook to change one part of the loop (the train
-    hooks here, the eval hooks of `ctl.core.evaluation.Evaluation`); point
-    gin's `ctl.Experiment.trainer_cls` at the subclass.
+    Subclass and override one of its override points to change one part of
+    the loop (the train loop's here, the evaluation's of `ctl.core.evaluation.Evaluation`);
+    point gin's `ctl.Experiment.trainer_cls` at the subclass. (Objects that watch a run
+    without changing the loop are hooks: `ctl.hooks`.) The override points, and where each runs:
 
+        train_loop_begin()             eager, before each train loop
+        next_train_inputs(iterator)    inside tf.function, once per batch
+        train_step(iterator)           inside tf.function, one update
+        train_loop_end() -> logs       eager, after each train loop
+        eval_begin() -> state          eager, before each eval set
+        next_eval_inputs(iterator)     inside tf.function, once per batch
+        eval_step(iterator)            inside tf.function, one step on every replica
+        eval_reduce(state, outputs)    eager, after each eval step (a task that aggregates)
+        eval_end(state) -> logs        eager, after each eval set
+
+    The loops they run in, as pseudo-code: [The training loop](../explanation/training-loop.md).
     The train-step settings are explained in [The train step](../train_step.md).
 
     Example (gin; the task and strategy come from `ctl.Experiment` and `--strategy`):
@@ -83,21 +87,20 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
       accumulation_steps: one update per this many batches (micro-batches).
       ema_decay: keep a moving average of the weights; evaluation, the
         sidecar, the best checkpoint and exports use it.
-
-    What may end a loop early is given at construction (the composition
-    root, `ctl.train_lib`, passes them from `ctl.FaultTolerance`):
-      stop: the stop source (`ctl.core.stop.SignalWatcher`), or None:
-        loops run to their end.
+      stop: what may end a loop early, the stop source
+        (`ctl.core.stop.SignalWatcher`), or None: loops run to their end. Given
+        by the composition root (`ctl.train_lib`), not gin.
       guard_steps: with a `stop`, train loops look at it, and at each step's
         loss, before every step (`ctl.core.loops.StepGuard`: `step_guard`);
         False: only after each loop (`ctl.FaultTolerance.stop_check='loop'`).
         A one-process strategy's evaluations also end before their next step
-        on a stop (`eval_stop`); a cluster's run to their end (lockstep).
-
-    What each evaluation calls, given at construction as well (in-line and on
-    the sidecar, from the experiment's hooks: `ctl.hooks.KerasCallbacks`):
-      eval_callbacks: Keras callbacks; each evaluation of each eval set calls
-        `on_test_begin`, `on_test_batch_begin/end` per batch and `on_test_end`.
+        on a stop (`eval_stop`); a cluster's run to their end (lockstep). Given
+        by `ctl.train_lib` from `ctl.FaultTolerance`, not gin.
+      eval_callbacks: Keras callbacks that each evaluation calls, in-line and
+        on the sidecar: for each eval set `on_test_begin`,
+        `on_test_batch_begin/end` per batch and `on_test_end`. Given by
+        `ctl.train_lib` from the experiment's hooks (`ctl.hooks.KerasCallbacks`),
+        not gin.
 
     Raises:
       UserError: a setting that cannot work (`use_tf_while_loop` without `use_tf_function`,
@@ -202,7 +205,16 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
 
     def checked_inputs(self, training: bool, input_context=None, **kwargs):
         """`task.build_inputs(...)` as ctl reads it: checked, the train set repeated
-        (`ctl.core.contract.inputs`)."""
+        (`ctl.core.contract.inputs`).
+
+        Args:
+            training: True for the train set, False for an eval set.
+            input_context: the `tf.distribute.InputContext` of this input pipeline (None outside a strategy's call).
+            **kwargs: passed on to `build_inputs` (`name=` for a named eval set).
+
+        Returns:
+            The task's dataset, checked against the Task contract; a train set that ends is repeated.
+        """
         return contract.inputs(self.task, training, input_context, **kwargs)
 
     @property
@@ -244,6 +256,17 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
 
         Under parameter servers each worker builds its own copy of the dataset
         (`ClusterCoordinator.create_per_worker_dataset`).
+
+        Args:
+            dataset_or_fn: a `tf.data.Dataset`, or a function that builds one from an `input_context`.
+            *args: passed on to the function.
+            **kwargs: passed on to the function.
+
+        Returns:
+            The distributed dataset (a per-worker dataset under parameter servers).
+
+        Raises:
+            UserError: tf.data or the strategy refuses a value the task was configured with (e.g. a batch size of 0).
         """
         if self._coordinator is not None:
             per_worker_fn = tf.function(lambda: orbit.utils.make_distributed_dataset(
@@ -283,13 +306,22 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         The loop's end state is returned as a value rather than kept on the trainer.
         A user's mistake found while the step is traced or compiled (a `UserError`
         of the gradient pipeline, an op XLA cannot compile) is a `UserError`.
+
+        Args:
+            num_steps: the steps this loop runs (a scalar tensor).
+
+        Returns:
+            The loop's `TrainLoopEnd`: its results, its end step and the step a guard stopped at, if any.
+
+        Raises:
+            UserError: a user's mistake found while the step is traced or compiled.
         """
         self.train_loop_begin()
         if self._train_loop is None:
             self._train_loop = self.create_train_loop_fn()
         try:
             end = self._train_loop(self.train_iterator, num_steps)
-        except Exception as error:  # noqa: BLE001 - re-raised unless it is the user's.
+        except Exception as error:  # Re-raised unless it is the user's.
             explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
             if explained is None or explained is error:
                 raise
@@ -359,11 +391,25 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
 
     @plain
     def next_train_inputs(self, iterator):
-        """Returns the next inputs for the model; runs inside `tf.function`."""
+        """Returns the next inputs for the model; runs inside `tf.function`.
+
+        Args:
+            iterator: the distributed train iterator.
+
+        Returns:
+            The next element, `(features, labels)`.
+        """
         return next(iterator)
 
     def train_step(self, iterator):
-        """One update: `accumulation_steps` batches, each through `strategy.run`."""
+        """One update: `accumulation_steps` batches, each through `strategy.run`.
+
+        Args:
+            iterator: the distributed train iterator, read `accumulation_steps` times.
+
+        Returns:
+            The step guard's verdict on the step's loss, or None without a step guard.
+        """
         micro_batches = self.gradients.accumulation_steps
         if micro_batches > 1:
             accumulate = functools.partial(self._replica_step, apply=False)
@@ -435,6 +481,12 @@ def current_learning_rate(optimizer) -> tf.Tensor:
     With a schedule, Keras 3 (and tf_keras' legacy optimizers) evaluate it at
     the current iteration: the next update's rate; tf_keras optimizers report
     the rate of the last update.
+
+    Args:
+        optimizer: a Keras optimizer (Keras 3 or tf_keras), possibly wrapped for loss scaling.
+
+    Returns:
+        The rate as a scalar tensor.
     """
     learning_rate = optimizer.learning_rate
     if callable(learning_rate):  # A tf_keras schedule; Keras 3 evaluates its own.

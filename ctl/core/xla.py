@@ -31,17 +31,32 @@ _OTHER_DEVICE = re.compile(
 
 
 def validate(jit_compile) -> None:
+    """Raises `UserError` unless `jit_compile` is True or False.
+
+    Args:
+        jit_compile: `ctl.Trainer.jit_compile`.
+    """
     if not isinstance(jit_compile, bool):
         raise UserError(f"ctl.Trainer.jit_compile ({jit_compile!r}) must be True or False.")
 
 
 def compile_if(jit_compile: bool, fn: Callable) -> Callable:
-    """`fn` as an XLA-compiled `tf.function` if `jit_compile`, else `fn` itself."""
+    """`fn` as an XLA-compiled `tf.function` if `jit_compile`, else `fn` itself.
+
+    Args:
+        jit_compile: whether to compile.
+        fn: the replica step.
+    """
     return tf.function(fn, jit_compile=True) if jit_compile else fn
 
 
 def explain(error: Exception, task_name: str) -> Optional[UserError]:
-    """A `UserError` for an op XLA cannot compile in the task's step, or None if it is not that."""
+    """A `UserError` for an op XLA cannot compile in the task's step, or None if it is not that.
+
+    Args:
+        error: the error the train loop raised.
+        task_name: the task's class name, for the message.
+    """
     if not isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)):
         return None
     match = _OTHER_DEVICE.search(str(error))

@@ -54,7 +54,7 @@ STOP_CHECKS = ("step", "loop")
 class FaultTolerance:
     """How a run reacts to NaN losses, and whether it is made deterministic.
 
-    Attributes:
+    Args:
       nan_policy: 'stop' ends the run with an error naming the step whose loss
         was NaN or Inf; 'recover' restores the latest checkpoint and replays.
       max_recoveries: recoveries allowed in a row under 'recover'.
@@ -110,6 +110,16 @@ class FaultHandler:
     `trainer` was built with the run's stop source (`watcher`) and
     `settings.guard_steps` (`ctl.train_lib`); says at start whether the train
     input can be replayed exactly.
+
+    Args:
+        settings: the run's `ctl.FaultTolerance`.
+        trainer: the run's Trainer, built with the run's stop source and `settings.guard_steps`.
+        manager: the run's checkpoint manager (a recovery restores from it, a preemption saves with it).
+        watcher: the run's signal watcher.
+        lock: the trainer's claim on the model dir (the chief's), or None.
+
+    Raises:
+        UserError: `stop_check='loop'` on a cluster.
     """
 
     def __init__(self, settings: FaultTolerance, trainer, manager: checkpointing.CheckpointManager,
@@ -163,6 +173,9 @@ class FaultHandler:
 
         After a train loop a signal ended, and after an evaluation it ended
         (`ctl.core.runner.EvaluationStopped`: its results are dropped).
+
+        Args:
+            step: the step training stopped at.
         """
         path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
         self.manager.sync()  # Written (and uploaded) before the exit names it.

@@ -38,6 +38,9 @@ class ModelDirLock:
             ...  # train: no other ctl trainer can write here meanwhile.
 
     Raises `UserError` on entry if another live process holds it.
+
+    Args:
+        directory: the run's model dir.
     """
 
     def __init__(self, directory: ModelDir):
@@ -47,7 +50,11 @@ class ModelDirLock:
 
     def stop_if_taken(self, step: int) -> None:
         """Raises `ModelDirTaken` if another process took this trainer's claim meanwhile (a
-        lease; called after each train loop, before its checkpoint)."""
+        lease; called after each train loop, before its checkpoint).
+
+        Args:
+            step: the step the loop ended at, for the message.
+        """
         if self._claim.held and self._claim.lost:
             raise ModelDirTaken(
                 f"--model_dir={self.model_dir} was taken by another trainer "

@@ -22,9 +22,15 @@ class NonFiniteLoss(UserError):
     """The loss was NaN or Inf at `step` and the policy says stop."""
 
     def __init__(self, step: int, why: str, recoverable: bool, in_loop_ending: bool = False):
-        """`recoverable`: whether nan_policy='recover' would have had a checkpoint to go back to;
-        `in_loop_ending`: the bad step is only known to be in the loop that ended at `step`
-        (`ctl.FaultTolerance.stop_check='loop'`)."""
+        """The message names the step, why, and the fix.
+
+        Args:
+            step: the bad step (with `in_loop_ending`, the step the loop ended at).
+            why: why the run stops there, e.g. "ctl.FaultTolerance.nan_policy='stop'".
+            recoverable: whether nan_policy='recover' would have had a checkpoint to go back to.
+            in_loop_ending: the bad step is only known to be in the loop that ended at `step`
+                (`ctl.FaultTolerance.stop_check='loop'`).
+        """
         self.step = step
         retry = (", or set ctl.FaultTolerance.nan_policy = 'recover' to restore the last "
                  "checkpoint and retry" if recoverable else "")
@@ -37,7 +43,12 @@ class NonFiniteLoss(UserError):
 
 
 class RecoveryBudget:
-    """Counts recoveries; `spend` says whether one more is allowed (pure logic)."""
+    """Counts recoveries; `spend` says whether one more is allowed (pure logic).
+
+    Args:
+        max_recoveries: recoveries allowed in a row.
+        healthy_interval: steps without a bad loss after which the count starts again from zero.
+    """
 
     def __init__(self, max_recoveries: int, healthy_interval: int):
         self.max_recoveries = max_recoveries
@@ -46,7 +57,11 @@ class RecoveryBudget:
         self._healthy_since: Optional[int] = None
 
     def spend(self, bad_step: int) -> bool:
-        """Called for a bad loss at `bad_step`; True if a recovery may run."""
+        """Called for a bad loss at `bad_step`; True if a recovery may run.
+
+        Args:
+            bad_step: the step whose loss was NaN or Inf.
+        """
         if self._healthy_since is not None and bad_step - self._healthy_since > self.healthy_interval:
             self.used = 0
         if self.used >= self.max_recoveries:
@@ -55,5 +70,9 @@ class RecoveryBudget:
         return True
 
     def resumed_at(self, step: int) -> None:
-        """Training goes on from `step` (the restored checkpoint's)."""
+        """Training goes on from `step` (the restored checkpoint's).
+
+        Args:
+            step: the restored checkpoint's step.
+        """
         self._healthy_since = step

@@ -1,38 +1,16 @@
 """Exact resume: the input position and the RNG state come back with the model.
 
-`tf.train.Checkpoint` restores the model, optimizer and global step. Two more
-things decide what a resumed run computes:
+- `InputPosition`: the train iterator in the checkpoint (`train_input`) where TensorFlow can
+  save it (the default strategy); elsewhere the train dataset is rebuilt and the batches
+  already consumed are skipped (`skip_consumed_batches`);
+- the Keras 3 RNG states (Dropout, noise layers), in the checkpoint as `rng`
+  (`ctl.core.checkpoint_contents`);
+- `seed_everything`: one seed for Python, NumPy, TensorFlow and Keras, and TF op determinism;
+- `stateful_input_op`, `warn_if_not_replayable`: a pipeline whose state cannot be saved, said
+  at start.
 
-* The input position (`InputPosition`). Where TensorFlow can save a
-  `tf.data` iterator's state, the train iterator is in the checkpoint as
-  `train_input`, and a resume reads it back: the cost is the size of that
-  state (shuffle buffers, file offsets), the same at step 10 and at step
-  10,000,000. That is the default strategy, whose train dataset is a plain
-  `tf.data.Dataset`. The full state (buffers included), not tf.data's
-  `experimental_symbolic_checkpoint`: see `InputPosition._choose_options`.
-  Elsewhere ctl rebuilds the train dataset with `Task.build_inputs` (as
-  `ctl.core.contract.inputs` checks and repeats it) and
-  skips the batches already consumed: `global_step` steps of
-  `accumulation_steps` global batches each, i.e. `global_step *
-  accumulation_steps * replicas_per_pipeline` elements of every input
-  pipeline. That is Mirrored, multi-worker and parameter-server strategies (a
-  `DistributedIterator` is not trackable in TensorFlow 2.20), pipelines
-  TensorFlow cannot serialize (`from_generator`, `py_function`), and
-  checkpoints without a saved position (an older ctl, another strategy, or a
-  pipeline changed since the save). Skipping reads and discards those
-  elements: its cost grows with the step, and it assumes each train step
-  calls `next_train_inputs` `trainer.batches_per_step` times (the Trainer
-  does). Either way the resumed run sees the same data as an uninterrupted one when the pipeline
-  yields the same sequence each time it is built (files in a fixed order,
-  `shuffle(seed=...)`, seeded random ops).
-* RNG state. Keras 3 keeps each `SeedGenerator`'s state (Dropout, noise layers)
-  in a variable that `tf.train.Checkpoint(model=...)` does not save; the
-  Trainer's checkpoint holds them as `rng` (`ctl.core.checkpoint_contents`).
-  Stateful random ops (`tf.random.uniform` without a generator, tf_keras'
-  legacy Dropout) have no state to save.
-
-`seed_everything` makes the computation itself repeatable: one seed for
-Python, NumPy, TensorFlow and Keras, and TensorFlow op determinism.
+What comes back on which strategy, and what it costs: docs/faults.md ("Resume") and
+docs/explanation/fault-tolerance-internals.md.
 """
 
 import contextlib
@@ -52,7 +30,11 @@ from ctl.faults import run_size
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once)."""
+    """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once).
+
+    Args:
+        seed: `ctl.FaultTolerance.seed`.
+    """
     random.seed(seed)
     np.random.seed(seed)
     tf.random.set_seed(seed)
@@ -65,6 +47,9 @@ def probe_pipeline(task) -> tf.data.Dataset:
 
     Its own pipeline, not the trainer's: iterators of one dataset share its
     shuffle's seed generator, so probing the trainer's would change its data.
+
+    Args:
+        task: the run's `ctl.Task`.
     """
     return contract.inputs(task, True, tf.distribute.InputContext())
 
@@ -77,6 +62,10 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
     the buffers are empty, so this is cheap). Such a pipeline's position is
     saved or skipped to like any other's, but its data repeat only if its
     random ops draw the same numbers in a new process.
+
+    Args:
+        task: the run's `ctl.Task`.
+        probe: a train pipeline of it (None: `probe_pipeline(task)`).
     """
     options = tf.data.Options()
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
@@ -86,7 +75,13 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
 
 
 def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> None:
-    """Says at start when a resume may not see the data an uninterrupted run would."""
+    """Says at start when a resume may not see the data an uninterrupted run would.
+
+    Args:
+        task: the run's `ctl.Task`.
+        seeded: whether `ctl.FaultTolerance.seed` is set.
+        probe: a train pipeline of the task (None: one is built).
+    """
     reason = stateful_input_op(task, probe)
     if reason is None:
         return
@@ -112,7 +107,13 @@ class InputPosition:
     """
 
     def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None):
-        """`probe`: a train pipeline of the trainer's task (`probe_pipeline`) to try options on."""
+        """Chooses how the position is kept (tf.data options) and sizes the run.
+
+        Args:
+            trainer: the run's Trainer (its train dataset, checkpoint and strategy).
+            probe: a train pipeline of the trainer's task (`probe_pipeline`) to try options on
+                (None: one is built).
+        """
         self.trainer = trainer
         self._options = None  # The tf.data options under which the iterator saves, if it does.
         self.why_not_saved = self._choose_options(probe)
@@ -127,6 +128,11 @@ class InputPosition:
         return self._options is not None
 
     def with_options(self, dataset):
+        """`dataset` with the tf.data options under which its iterator saves (itself if it does not).
+
+        Args:
+            dataset: the train dataset.
+        """
         return dataset.with_options(self._options) if self._options is not None else dataset
 
     @contextlib.contextmanager
@@ -153,6 +159,10 @@ class InputPosition:
 
         Reads the saved position when `path` has one for this pipeline, else
         skips the consumed batches. Returns how: "checkpoint", "skip" or "start".
+
+        Args:
+            path: the restored checkpoint (None: a fresh start).
+            step: the restored step.
         """
         segment = run_size.recorded(path) if path is not None and self.size else None
         if segment is not None and segment.size != self.size and self.size.global_batch is not None:
@@ -265,6 +275,10 @@ def skip_consumed_batches(trainer, steps: int) -> None:
 
     Runs eagerly, before the next train loop; the trainer makes a new
     iterator when its `train_dataset` is replaced.
+
+    Args:
+        trainer: the run's Trainer.
+        steps: the steps already trained (their batches are skipped).
     """
     batches_per_step = trainer.batches_per_step  # ctl.Trainer.accumulation_steps
 

@@ -31,7 +31,13 @@ _KEY = TRAIN_EXAMPLES + "/.ATTRIBUTES/VARIABLE_VALUE"
 
 @dataclasses.dataclass(frozen=True)
 class InputSize:
-    """How a run reads its train input: pipelines (workers), replicas, per-replica batch (None: not static)."""
+    """How a run reads its train input: pipelines (workers), replicas, per-replica batch (None: not static).
+
+    Args:
+        pipelines: input pipelines (one per worker).
+        replicas: replicas in sync.
+        per_replica_batch: each replica's batch size; None: not static.
+    """
 
     pipelines: int
     replicas: int
@@ -48,7 +54,12 @@ class InputSize:
 
 
 def input_size(strategy: tf.distribute.Strategy, build_inputs) -> Optional[InputSize]:
-    """The size of a run under `strategy` (None under parameter servers), probing one train pipeline."""
+    """The size of a run under `strategy` (None under parameter servers), probing one train pipeline.
+
+    Args:
+        strategy: the run's strategy.
+        build_inputs: the Trainer's `checked_inputs`, called for one train pipeline.
+    """
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         return None
     pipelines = 1
@@ -66,13 +77,24 @@ def input_size(strategy: tf.distribute.Strategy, build_inputs) -> Optional[Input
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """The run since its size last changed: `examples` consumed before `step`, read at `size` since."""
+    """The run since its size last changed: `examples` consumed before `step`, read at `size` since.
+
+    Args:
+        examples: train examples consumed before `step`.
+        step: the step the size last changed at.
+        size: how the run has read its input since.
+    """
 
     examples: int
     step: int
     size: InputSize
 
     def examples_at(self, step: int) -> int:
+        """The examples consumed before `step`.
+
+        Args:
+            step: a step of this segment.
+        """
         return self.examples + (step - self.step) * (self.size.global_batch or 0)
 
 
@@ -83,13 +105,22 @@ class ExamplesRecord:
         self.variable = tf.Variable(tf.zeros([5], tf.int64), trainable=False, name="ctl_train_examples")
 
     def set(self, segment: Segment) -> None:
+        """Records `segment` in the checkpoint's variable.
+
+        Args:
+            segment: the run's current segment.
+        """
         size = segment.size
         self.variable.assign([segment.examples, segment.step, size.pipelines, size.replicas,
                               size.per_replica_batch or 0])
 
 
 def recorded(path: str) -> Optional[Segment]:
-    """The segment recorded in checkpoint `path`, if it has one with a known batch."""
+    """The segment recorded in checkpoint `path`, if it has one with a known batch.
+
+    Args:
+        path: a checkpoint prefix.
+    """
     reader = tf.train.load_checkpoint(path)
     if not reader.has_tensor(_KEY):
         return None
@@ -99,6 +130,11 @@ def recorded(path: str) -> Optional[Segment]:
 
 
 def elements_to_skip(examples: int, size: InputSize) -> Tuple[int, int]:
-    """(elements of each pipeline to skip, examples that are read again) to resume after `examples`."""
+    """(elements of each pipeline to skip, examples that are read again) to resume after `examples`.
+
+    Args:
+        examples: the examples consumed before the resume.
+        size: the run's size now.
+    """
     per_pipeline_batch = size.per_replica_batch * size.pipelines
     return examples // per_pipeline_batch, examples % per_pipeline_batch

@@ -1,31 +1,14 @@
 """Storage faults end a run with one line, a status of their own, and nothing lost.
 
-A full disk, a write the file system refuses (permission denied, read-only), or an
-object store answering errors during a save reaches `python -m ctl.run` as an
-`OSError` or a `tf.errors.OpError`, raised by Python's I/O, by TensorFlow's file
-systems (`tf.io.gfile`, checkpoint and summary ops) or by an asynchronous
-checkpoint's writer at the next save. `storage_fault_within(error, model_dir)`
-recognises them and returns a `StorageFault` naming the path and the cause; the
-CLI prints its one line and exits with `EXIT_STORAGE_FAULT` (74, `EX_IOERR` in
-`sysexits.h`: "an error occurred while doing I/O"), which a scheduler can tell
-from a preemption (75, retry now) and a user error (2).
-
-Nothing is repaired here and nothing needs to be: TensorFlow writes a checkpoint's
-files first and the `checkpoint` state file last, so a save cut short leaves the
-newest complete checkpoint named and intact (docs/faults.md). Once the cause is
-fixed, the same command resumes from it.
-
-What counts as a storage fault:
-- an `OSError` whose errno says the storage refused: no space (ENOSPC, EDQUOT,
-  EFBIG), no permission (EACCES, EPERM), a read-only file system (EROFS), an I/O
-  error (EIO);
-- a `tf.errors.OpError` of a kind a file system or an object store raises
-  (resource exhausted, permission denied, unavailable, aborted after retries,
-  data loss, failed precondition, unknown, internal, deadline exceeded) whose
-  message names a path in the model dir, or in the local staging root of a model
-  dir in an object store (`ctl.model_dir.staging`: a full local disk there is a
-  storage fault too). An out-of-memory error names no path: it keeps its
-  traceback, as every bug does.
+A full disk, a write the file system refuses, or an object store answering errors during a
+save reaches `python -m ctl.run` as an `OSError` or a `tf.errors.OpError` (from Python's I/O,
+TensorFlow's file systems, or an asynchronous checkpoint's writer at the next save).
+`storage_fault_within` recognises them (its docstring says which) and returns a
+`StorageFault` naming the path and the cause; the CLI prints its one line and exits with
+`EXIT_STORAGE_FAULT` (74, `EX_IOERR`), which a scheduler can tell from a preemption (75) and
+a user error (2). Nothing is repaired here and nothing needs to be: TensorFlow writes a
+checkpoint's `checkpoint` state file last, so the newest complete checkpoint stays named and
+intact, and once the cause is fixed the same command resumes from it (docs/faults.md).
 """
 
 import dataclasses
@@ -58,13 +41,22 @@ _NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
 
 @dataclasses.dataclass(frozen=True)
 class StorageFault:
-    """The storage refused `path`, for `cause` (e.g. "No space left on device")."""
+    """The storage refused `path`, for `cause` (e.g. "No space left on device").
+
+    Args:
+        path: the file or directory the storage refused.
+        cause: the storage's words for why (e.g. "No space left on device").
+    """
 
     path: str
     cause: str
 
     def message(self, directory: ModelDir) -> str:
-        """One line: what failed, and what to do, naming the newest complete checkpoint."""
+        """One line: what failed, and what to do, naming the newest complete checkpoint.
+
+        Args:
+            directory: the run's model dir.
+        """
         newest = _newest_checkpoint(directory)
         kept = (f"the newest complete checkpoint, {newest}, is intact" if newest
                 else "no checkpoint was complete yet")
@@ -75,7 +67,23 @@ class StorageFault:
 def storage_fault_within(error: BaseException,
                          directory: Optional[ModelDir]) -> Optional[StorageFault]:
     """The storage fault behind `error` (itself, its cause or its context), or None
-    (`directory`: the run's model dir, None without one)."""
+    (`directory`: the run's model dir, None without one).
+
+    What counts as a storage fault:
+
+    - an `OSError` whose errno says the storage refused: no space (ENOSPC, EDQUOT, EFBIG), no
+      permission (EACCES, EPERM), a read-only file system (EROFS), an I/O error (EIO);
+    - a `tf.errors.OpError` of a kind a file system or an object store raises (resource
+      exhausted, permission denied, unavailable, aborted after retries, data loss, failed
+      precondition, unknown, internal, deadline exceeded) whose message names a path in the
+      model dir, or in the local staging root of a model dir in an object store
+      (`ctl.model_dir.staging`: a full local disk there is a storage fault too). An out-of-memory
+      error names no path: it keeps its traceback, as every bug does.
+
+    Args:
+        error: the error a write raised.
+        directory: the run's model dir, None without one.
+    """
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

@@ -1,40 +1,16 @@
 """Writes to an object store off the training thread: in order, on threads of their own.
 
-A request to `gs://` takes tens of milliseconds, and a write is a whole upload
-(an object store cannot append): a loop that waited for each write would wait
-for the store several times a second. Checkpoints (`ctl.core.checkpointing`), summaries
-(`ctl.core.summaries`) and `metrics.jsonl` (`ctl.comforts.progress`) are
-written locally, or kept in memory, and their uploads are handed to the
-process's `Uploads`:
+Checkpoints, summaries and `metrics.jsonl` are written locally (or kept in memory) and their
+uploads handed to the process's `Uploads`:
 
     uploads().submit(upload, local, remote)   # returns at once
     ...
     uploads().wait()   # every upload submitted so far is done (or its error raised)
 
-Uploads go in three lanes, each first in, first out on a thread of its own, so
-that what was handed to a lane first is in the store first: `FILES`
-(summaries, `metrics.jsonl`), `CHECKPOINTS` (a checkpoint's data files, then
-its index, then the state file) and `RETIREMENTS` (the deletes of checkpoints
-beyond `max_to_keep`, which the state file no longer names: three of the nine
-requests a checkpoint cost). A checkpoint's upload overlaps the summaries' and
-waits for them (`mark`, `wait_for`) only before its state file: a
-checkpoint's summaries are in the store before the state file names it; an
-evaluation's, handed over after the save, may land before that. With one
-thread for all, the main job on `gs://` at 50 ms a request waited for the
-store at each checkpoint (bench figure 9). The first error is raised
-again on the caller's thread by the next `submit`, `wait` or `check`, so a
-failing store ends the run like a failing local disk. A run waits for its
-uploads before it ends, and before exit 75 after a signal; a SIGKILL loses
-the uploads still queued (the last checkpoint named in the bucket's state
-file is whole: its index and state file are uploaded after its data). What
-the store's latency still costs the main job is bench figure 9 (BUILD.md).
-
-On a file system nothing is handed here: writes are cheap and go to disk at once.
-
-`upload(local, remote)` writes a local file to the store in two requests (a
-resumable upload's start and its body); `tf.io.gfile.copy` asks whether the
-target is there first (two more: a stat, and a listing for a directory of
-that name), which, at 50 ms a request, doubled the time of each file.
+Three lanes (`FILES`, `CHECKPOINTS`, `RETIREMENTS`), each first in, first out on a thread of
+its own; the first error is raised again on the caller's thread. On a file system nothing is
+handed here. The lanes' order, and what the store's latency costs:
+docs/explanation/model-dir-records.md.
 """
 
 import queue
@@ -47,7 +23,12 @@ _CHUNK_BYTES = 16 << 20
 
 
 def upload(local: str, remote: str) -> None:
-    """Writes the local file `local` to `remote` (replaced if it is there), in chunks."""
+    """Writes the local file `local` to `remote` (replaced if it is there), in chunks.
+
+    Args:
+        local: the local file.
+        remote: its path in the object store.
+    """
     with open(local, "rb") as source, tf.io.gfile.GFile(remote, "wb") as target:
         while True:
             chunk = source.read(_CHUNK_BYTES)
@@ -63,7 +44,12 @@ RETIREMENTS = "retirements"  # Deletes of checkpoints the state file no longer n
 
 class Uploads:
     """FIFO lanes of upload functions, each run on a daemon thread of its own (started at its
-    first submit): what one lane was handed lands in that order; lanes overlap."""
+    first submit): what one lane was handed lands in that order; lanes overlap.
+
+    Args:
+        name: the prefix of the lanes' thread names.
+        lanes: the lanes' names (`FILES`, `CHECKPOINTS`, `RETIREMENTS`).
+    """
 
     def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS, RETIREMENTS)):
         self._lanes = {lane: _Lane(f"{name}-{lane}", self._store) for lane in lanes}
@@ -71,17 +57,32 @@ class Uploads:
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable, *args, lane: str = FILES) -> None:
-        """Queues `fn(*args)` on `lane`; raises the error of an earlier upload, if one failed."""
+        """Queues `fn(*args)` on `lane`; raises the error of an earlier upload, if one failed.
+
+        Args:
+            fn: the upload function.
+            lane: the lane it waits in.
+            *args: its arguments.
+        """
         self.check()
         self._lanes[lane].submit(lambda: fn(*args))
 
     def mark(self, lane: str = FILES) -> int:
-        """How many uploads `lane` was handed so far (for `wait_for`)."""
+        """How many uploads `lane` was handed so far (for `wait_for`).
+
+        Args:
+            lane: a lane's name.
+        """
         return self._lanes[lane].submitted
 
     def wait_for(self, lane: str, mark: int) -> None:
         """Returns once the first `mark` uploads of `lane` ran (done or failed), e.g. on another
-        lane's thread: what was handed to `lane` before `mark()` lands first."""
+        lane's thread: what was handed to `lane` before `mark()` lands first.
+
+        Args:
+            lane: the lane waited for.
+            mark: what `mark(lane)` returned.
+        """
         self._lanes[lane].wait_for(mark)
 
     def wait(self) -> None:
@@ -137,7 +138,7 @@ class _Lane:
             task = self._queue.get()
             try:
                 task()
-            except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+            except BaseException as error:  # Raised on the caller's thread.
                 self._on_error(error)
             finally:
                 with self._ran:

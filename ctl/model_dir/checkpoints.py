@@ -24,17 +24,30 @@ CHECKPOINT_INDEX = re.compile(r"^(.+)-(\d+)\.index$")  # `ckpt-N.index`: the che
 
 
 def checkpoint_index(prefix: str) -> str:
-    """The index file of the checkpoint `prefix` (`ckpt-N.index`): there once it is whole."""
+    """The index file of the checkpoint `prefix` (`ckpt-N.index`): there once it is whole.
+
+    Args:
+        prefix: the checkpoint's prefix (`.../ckpt-N`).
+    """
     return prefix + ".index"
 
 
 def checkpoint_files(prefix: str) -> List[str]:
-    """The files of the checkpoint `prefix` (`ckpt-N.index`, `ckpt-N.data-*`), as listed."""
+    """The files of the checkpoint `prefix` (`ckpt-N.index`, `ckpt-N.data-*`), as listed.
+
+    Args:
+        prefix: the checkpoint's prefix (`.../ckpt-N`).
+    """
     return tf.io.gfile.glob(prefix + ".*")
 
 
 class UnreadableCheckpointError(UserError):
-    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated)."""
+    """A checkpoint that is gone (deleted meanwhile) or cannot be read (corrupt, truncated).
+
+    Args:
+        message: what is wrong with it, and the fix.
+        deleted: the checkpoint was deleted meanwhile (not damaged).
+    """
 
     def __init__(self, message: str, deleted: bool):
         super().__init__(message)
@@ -43,20 +56,32 @@ class UnreadableCheckpointError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointState:
-    """What the `checkpoint` state file says, read defensively."""
+    """What the `checkpoint` state file says, read defensively.
 
-    latest: Optional[str] = None  # The path it names as the latest.
-    all: Sequence[str] = ()  # Every path it names.
-    problem: Optional[str] = None  # Why it cannot be used, if it cannot.
+    Args:
+        latest: the path it names as the latest.
+        all: every path it names.
+        problem: why it cannot be used, if it cannot (None: it can).
+    """
+
+    latest: Optional[str] = None
+    all: Sequence[str] = ()
+    problem: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """What `restore_newest` restored, and what the state file should say from now on."""
+    """What `restore_newest` restored, and what the state file should say from now on.
 
-    path: Optional[str]  # None: the model dir holds no checkpoint; nothing restored.
-    state_is_stale: bool = False  # The state file does not name `path` as the latest.
-    keep: Sequence[str] = ()  # Checkpoints up to `path` to name in a rewritten state file.
+    Args:
+        path: the checkpoint restored; None: the model dir holds no checkpoint, nothing restored.
+        state_is_stale: the state file does not name `path` as the latest.
+        keep: the checkpoints up to `path` to name in a rewritten state file.
+    """
+
+    path: Optional[str]
+    state_is_stale: bool = False
+    keep: Sequence[str] = ()
 
 
 _STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): ("(?:[^"\\]|\\.)*")$'
@@ -64,7 +89,11 @@ _STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths): 
 
 
 def parse_checkpoint_state(text: str) -> Dict[str, List[str]]:
-    """The path fields of a `CheckpointState` text proto; `ValueError` on anything else."""
+    """The path fields of a `CheckpointState` text proto; `ValueError` on anything else.
+
+    Args:
+        text: the state file's text.
+    """
     if not text.strip():
         raise ValueError("the file is empty")
     fields: Dict[str, List[str]] = {}

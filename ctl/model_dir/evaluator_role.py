@@ -1,50 +1,14 @@
 """Who evaluates a model dir, and who runs its eval-side hooks: one role, one record.
 
-A trainer in `train_and_eval` and a sidecar (`--mode=continuous_eval`) on one
-model dir would both evaluate every checkpoint and both write `eval/`
-(TensorBoard would draw each curve twice), and the side effects of
-evaluations there (the best checkpoint, exports, early stopping, a user
-hook's files) belong to exactly one of them. `EvaluatorRole` is each
-process's side of that decision, in one claim of the model dir
-(`ctl.model_dir.claims`: an `flock` on a file system, a lease in an object store)
-whose record names the evaluator:
+`EvaluatorRole` is each process's side of that decision, in one claim of the model dir
+(`ctl.model_dir.claims`) whose record names the evaluator:
 
-    <model_dir>/evaluator.lock   {"role": "sidecar evaluator" | "trainer", "pid", "host", "since", ...}
+    <model_dir>/evaluator.lock   {"role": "sidecar evaluator" | "trainer", "pid", "host", ...}
 
-Its holder runs the eval-side hooks; the file exists while it is held (its
-holder deletes it when it lets go; a kill leaves the file, not the claim: the
-kernel drops the `flock`, a lease goes stale).
-
-- A sidecar takes the role when it starts (`announce`) and keeps it for as
-  long as it lives: that is its announcement. A second sidecar on the same dir
-  is told so in one line and evaluates anyway, without the role. A sidecar
-  without the role tries again before each evaluation and when it starts to
-  wait (`take_over`), so it takes the role once its holder let it go.
-- A trainer evaluating in-line holds the role only from the decision to
-  evaluate (`steps_aside`, asked once per evaluation, never per train loop) to
-  the end of that evaluation's eval-side hooks, and only if it has such hooks.
-  While a live sidecar holds the role its in-line evaluation steps aside (one
-  line; again when it evaluates in-line again). That is the hand-over: a
-  sidecar that starts while a trainer evaluates takes the role between two of
-  the trainer's evaluations, and the trainer's next decision finds it taken. A
-  record the store does not answer for counts as no sidecar (in-line
-  evaluation runs).
-- Any other evaluating process (a trainer that never steps aside: a
-  multi-worker chief, `--mode=eval`) takes the role before its first
-  evaluation with eval-side hooks and keeps it for as long as it lives.
-- A process without the role runs none of the eval-side hooks and says so
-  once, in a WARNING naming the holder. A lease another process took meanwhile
-  (`lost`: its holder was frozen or cut off longer than its staleness window)
-  stops them here, said once
-  (tests/test_claims.py::test_eval_side_hooks_stop_once_their_lease_is_taken).
-  (docs/comforts.md, "Who owns the side effects".)
-
-In an object store, where a read is two requests and a take four and a
-second's settling, a trainer's store work is done on a thread of its own: each
-evaluation decides by a read started right after the previous decision (after
-the previous evaluation's hooks, when it ran them), and the take for an
-evaluation runs while it evaluates. Best effort across hosts there: a lease's
-age compares the holder's clock with the reader's. Eager, on the host.
+A sidecar takes the role when it starts and keeps it; a trainer evaluating in-line holds it
+only around each evaluation's eval-side hooks, and steps aside while a live sidecar holds it
+(`steps_aside`); a process without the role runs none of the eval-side hooks. The hand-over,
+and how it works in an object store: docs/explanation/model-dir-records.md. Eager, on the host.
 """
 
 import threading
@@ -61,7 +25,13 @@ SIDECAR = "sidecar evaluator"
 
 class EvaluatorRole:
     """One process's part in evaluating `directory`: `role` is `TRAINER` or `SIDECAR`;
-    `actions` the experiment's eval-side actions (`on_eval_end`), run only by the role's holder."""
+    `actions` the experiment's eval-side actions (`on_eval_end`), run only by the role's holder.
+
+    Args:
+        directory: the model dir evaluated.
+        role: `TRAINER` or `SIDECAR`.
+        actions: the experiment's eval-side actions (`on_eval_end`), run only by the role's holder.
+    """
 
     def __init__(self, directory: ModelDir, role: str,
                  actions: Iterable[Callable[[Any], None]] = ()):
@@ -107,7 +77,11 @@ class EvaluatorRole:
 
     def steps_aside(self, step: int) -> bool:
         """Whether in-line evaluation steps aside at `step`; evaluating, a trainer with
-        eval-side hooks holds the role until they ran (`__call__`)."""
+        eval-side hooks holds the role until they ran (`__call__`).
+
+        Args:
+            step: the step of the evaluation about to run.
+        """
         if self.actions and not self._in_store:
             taken = self.claim.try_acquire()  # Holding it, no sidecar can take it.
             sidecar = None if taken or self.claim.holder_role() != SIDECAR else self.claim.holder()
@@ -196,7 +170,7 @@ class EvaluatorRole:
             if pending is not None:
                 try:
                     pending.result()
-                except Exception:  # noqa: BLE001 - only its end is waited for here.
+                except Exception:  # Only its end is waited for here.
                     pass
         self.claim.release()
 
@@ -222,7 +196,7 @@ class _OnThread:
     def _run(self) -> None:
         try:
             self._value = self._work()
-        except BaseException as error:  # noqa: B902 - raised on the caller's thread.
+        except BaseException as error:  # Raised on the caller's thread.
             self._error = error
 
     def result(self) -> Any:

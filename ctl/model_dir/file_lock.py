@@ -21,6 +21,11 @@ class FileLock:
     holds it (the evaluator role decides by that). A taker holds the file at the
     path only: one it locked after the holder deleted it is let go, and the path's
     new file tried.
+
+    Args:
+        path: the lock file.
+        role: what the holder is, as its record names it.
+        transient: the file exists only while the lock is held.
     """
 
     lost = False

@@ -28,7 +28,11 @@ TEMP_PREFIX = ".tmp-"  # A directory being written (`publishing`): `.tmp-<name>-
 
 def is_object_store(path: str) -> bool:
     """Whether `path` lives in an object store (`gs://`, `s3://`): whole objects, no append,
-    no atomic rename of a directory, no `flock`."""
+    no atomic rename of a directory, no `flock`.
+
+    Args:
+        path: a path or URL.
+    """
     return path.split("://", 1)[0] in OBJECT_STORE_SCHEMES if "://" in path else False
 
 
@@ -37,6 +41,10 @@ def write_atomically(path: str, text: Union[str, bytes]) -> None:
 
     On a file system: a temporary name, then a rename. In an object store an
     upload is already all or nothing (a rename there is a copy and a delete).
+
+    Args:
+        path: the file.
+        text: its new contents, text or bytes.
     """
     mode = "wb" if isinstance(text, bytes) else "w"
     if is_object_store(path):
@@ -62,6 +70,9 @@ def read_bytes(path: str) -> bytes:
     the old length. Asking for a fixed, larger count instead reads what is there, a
     record in one request. "File contents are inconsistent" (the cached size was
     longer) is read again. Raises `tf.errors.NotFoundError` if there is no such file.
+
+    Args:
+        path: the file.
     """
     for attempt in range(WHOLE_READ_ATTEMPTS):
         try:
@@ -80,7 +91,11 @@ def read_bytes(path: str) -> bytes:
 
 def read_text(path: str) -> Optional[str]:
     """The text at `path`; None if there is no such file. Raises `ValueError`
-    (with what is wrong) when it cannot be read as UTF-8 text."""
+    (with what is wrong) when it cannot be read as UTF-8 text.
+
+    Args:
+        path: the file.
+    """
     if not tf.io.gfile.exists(path):
         return None
     try:
@@ -97,7 +112,12 @@ def read_text(path: str) -> Optional[str]:
 
 def read_json(path: str, default: Any = None) -> Any:
     """The JSON value at `path`; `default` when there is none or it cannot be read
-    (then with one WARNING: the record is treated as absent)."""
+    (then with one WARNING: the record is treated as absent).
+
+    Args:
+        path: the file.
+        default: returned when there is no record or it cannot be read.
+    """
     try:
         text = read_text(path)
         if text is None:
@@ -111,7 +131,12 @@ def read_json(path: str, default: Any = None) -> Any:
 
 
 def write_json(path: str, value: Any) -> None:
-    """Stores `value` at `path` atomically (creating the directory)."""
+    """Stores `value` at `path` atomically (creating the directory).
+
+    Args:
+        path: the file.
+        value: a JSON-serializable value.
+    """
     tf.io.gfile.makedirs(os.path.dirname(path))
     write_atomically(path, json.dumps(value))
 
@@ -121,6 +146,10 @@ def append_json_line(path: str, record: Dict[str, Any]) -> None:
 
     (In an object store an append uploads the whole object again: it suits
     records written once per evaluation, not per step.)
+
+    Args:
+        path: the JSON-lines file.
+        record: a JSON-serializable dict.
     """
     tf.io.gfile.makedirs(os.path.dirname(path))
     prefix = ""
@@ -135,7 +164,11 @@ def append_json_line(path: str, record: Dict[str, Any]) -> None:
 
 
 def read_json_lines(path: str) -> List[Dict[str, Any]]:
-    """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped."""
+    """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped.
+
+    Args:
+        path: the JSON-lines file (none: no records).
+    """
     if not tf.io.gfile.exists(path):
         return []
     data = read_bytes(path)
@@ -164,6 +197,11 @@ def publish_directory(temp: str, final: str, last: Sequence[str] = ()) -> None:
     look for, e.g. `saved_model.pb` or `*.index`) after all others, then the
     marker, and `temp` is deleted. A half `final` that an interrupted publish
     left (no marker) is replaced.
+
+    Args:
+        temp: the finished directory.
+        final: where it is published.
+        last: name patterns copied after all other files (in an object store).
     """
     if tf.io.gfile.exists(final):
         tf.io.gfile.rmtree(final)
@@ -195,6 +233,10 @@ def publishing(final: str, last: Sequence[str] = ()) -> Iterator[str]:
     The temporary is `.tmp-<name>-<pid>` beside `final` (a leftover of this
     name is removed first); an error in the block leaves it for the owner's
     cleanup (`is_temporary`) and `final` untouched.
+
+    Args:
+        final: where the directory is published.
+        last: name patterns published after all other files (`publish_directory`).
     """
     parent = os.path.dirname(final)
     tf.io.gfile.makedirs(parent)
@@ -206,21 +248,37 @@ def publishing(final: str, last: Sequence[str] = ()) -> Iterator[str]:
 
 
 def is_temporary(name: str) -> bool:
-    """Whether `name` (in a directory of published ones) is a `publishing` temporary."""
+    """Whether `name` (in a directory of published ones) is a `publishing` temporary.
+
+    Args:
+        name: an entry's name.
+    """
     return name.startswith(TEMP_PREFIX)
 
 
 def entries(directory: str) -> List[Tuple[str, str]]:
-    """`(name, path)` of each entry of `directory`, in listing order."""
+    """`(name, path)` of each entry of `directory`, in listing order.
+
+    Args:
+        directory: a directory (local or in an object store).
+    """
     names = [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
     return [(name, os.path.join(directory, name)) for name in names]
 
 
 def temporaries(directory: str) -> List[str]:
-    """The `publishing` temporaries in `directory` (a writer killed meanwhile left them)."""
+    """The `publishing` temporaries in `directory` (a writer killed meanwhile left them).
+
+    Args:
+        directory: a directory of published ones.
+    """
     return [path for name, path in entries(directory) if is_temporary(name)]
 
 
 def is_published(path: str) -> bool:
-    """Whether the directory `path` was published whole (`publish_directory`)."""
+    """Whether the directory `path` was published whole (`publish_directory`).
+
+    Args:
+        path: a directory.
+    """
     return tf.io.gfile.exists(os.path.join(path, PUBLISHED_MARKER))

@@ -31,6 +31,13 @@ def pid_namespace() -> Optional[str]:
 
 
 def holder_record(role: str, token: Optional[str] = None) -> Dict[str, Any]:
+    """The record a claim's holder writes: who it is (role, pid, host, boot id, PID namespace,
+    process nonce), its token, and when.
+
+    Args:
+        role: what the holder is.
+        token: the lease's token (None: a file lock's record).
+    """
     return {"role": role, "pid": os.getpid(), "host": socket.gethostname(),
             "boot_id": boot_id(), "pid_namespace": pid_namespace(), "process": PROCESS,
             "token": token, "renewed": time.time(),
@@ -39,13 +46,23 @@ def holder_record(role: str, token: Optional[str] = None) -> Dict[str, Any]:
 
 def pids_comparable(record: Dict[str, Any]) -> bool:
     """Whether `record`'s pid names a process this one can see: the same host, the same boot
-    and the same PID namespace. Two containers of one pod share the host name, not the PIDs."""
+    and the same PID namespace. Two containers of one pod share the host name, not the PIDs.
+
+    Args:
+        record: a holder's record.
+    """
     here = (socket.gethostname(), boot_id(), pid_namespace())
     return None not in here[1:] and (record.get("host"), record.get("boot_id"),
                                      record.get("pid_namespace")) == here
 
 
 def describe(record: Any, path: str) -> str:
+    """The holder of `record` in words, for a message (`pid P on host H since T`).
+
+    Args:
+        record: a holder's record (or what was read instead of one).
+        path: where it was read, named when the holder is unknown.
+    """
     if isinstance(record, dict) and "unreadable" in record:
         return f"holder unknown: {path} could not be read ({record['unreadable']})"
     try:
@@ -55,15 +72,30 @@ def describe(record: Any, path: str) -> str:
 
 
 def role_of(record: Any) -> str:
+    """The role a holder's record names ("another process" when it names none).
+
+    Args:
+        record: a holder's record.
+    """
     role = record.get("role") if isinstance(record, dict) else None
     return role if isinstance(role, str) else "another process"
 
 
 def record_line(role: str) -> bytes:
+    """This process's holder record as one JSON line (a file lock's contents).
+
+    Args:
+        role: what the holder is.
+    """
     return (json.dumps(holder_record(role)) + "\n").encode()
 
 
 def alive(pid: Any) -> bool:
+    """Whether process `pid` of this host is alive (never this very process: a former life of its PID).
+
+    Args:
+        pid: a process id from a holder's record.
+    """
     if not isinstance(pid, int) or pid == os.getpid():
         return False  # This process is not the holder it recorded: a former life of this PID.
     try:

@@ -1,37 +1,14 @@
-"""A model dir: every file ctl keeps in it, how each is written and how each is read.
+"""A model dir: every file ctl keeps in it, how each is named and how the run's records are read.
 
-    <model_dir>/
-      checkpoint                    TensorFlow's checkpoint state file: names the latest checkpoint
-      ckpt-N.index, ckpt-N.data-*   the checkpoints (N: the global step)
-      config.gin                    the parsed config (the trainer, at start)
-      operative_config.gin          the values actually used (the trainer, after its first loop)
-      trainer.lock                  one trainer at a time (`ctl.faults.lock`; `ctl.model_dir.claims`)
-      evaluator.lock                the evaluator role: a live sidecar, or a trainer during an in-line
-                                    evaluation; its holder runs the eval-side hooks (`ctl.model_dir.evaluator_role`)
-      ctl_run_finished.json         the trainer finished: {"final_step", "final_checkpoint", "train_steps"}
-      metrics.jsonl                 the trainer's JSON lines (`ctl.comforts.progress`)
-      early_stopping.json           `ctl.hooks.EarlyStopping`'s count
-      train/, eval/                 TensorBoard summaries
-      train/<set>/, eval/<set>/     a named eval set's summaries (a nested dict of results: one per key)
-      eval/metrics.jsonl            the sidecar evaluator's evaluations, one JSON line each
-      eval/sidecar_progress.json    what the sidecar did with each checkpoint
-      best/best.json, best/ckpt-N/  `ctl.hooks.BestCheckpoint` (published whole: `publishing`),
-                                    the checkpoint `best/ckpt-N/ckpt`
-      export/<name>/<step>/         SavedModel exporters (`export/<name>/best.json` for BestExporter),
-                                    each published whole, its `ctl_published.json` written last
-      .tmp-<name>-<pid>/            a directory being written, beside where it is published
-      train/plugins/profile/<run>/  `ctl.hooks.Profile`'s trace (TensorBoard's Profile tab)
-      report.png                    `python -m ctl.report`'s curves
-      smoke_export/                 `python -m ctl.run --mode=smoke`'s SavedModel (in its temporary dir)
-
-`ModelDir` names the files core and the model dir's records use; a file that a
-layer above writes has its name there (`TRAINER_LOCK_FILE` in `ctl.faults.lock`,
-`EARLY_STOPPING_FILE`, `PROFILE_DIR`, `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`,
-`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), joined
-through `ModelDir.file`: no module joins a file name into a model dir by hand.
-It also reads the run's records (`metrics`, `sidecar_evaluations`, and
-`evaluations_on_record`, the one answer to "which steps were evaluated, with
-what results").
+`ModelDir` (one per run) names the files core and the model dir's records use
+(`checkpoint`, `config.gin`, `metrics.jsonl`, `evaluator.lock`, `best/`, `export/<name>/<step>/`,
+`train/`, `eval/`, ...); a file that a layer above writes has its name there
+(`TRAINER_LOCK_FILE` in `ctl.faults.lock`, `EARLY_STOPPING_FILE`, `PROFILE_DIR`,
+`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules
+that write them), joined through `ModelDir.file`: no module joins a file name into a model dir
+by hand. It also reads the run's records (`metrics`, `sidecar_evaluations`, and
+`evaluations_on_record`, the one answer to "which steps were evaluated, with what results").
+Every file, who writes it, when, and who reads it: docs/reference/model-dir.md.
 """
 
 import contextlib
@@ -64,7 +41,11 @@ RECORD_FIELDS = ("kind", "step", "time")  # A metrics.jsonl record's own fields;
 
 
 def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
-    """The metrics of a `metrics.jsonl` record."""
+    """The metrics of a `metrics.jsonl` record.
+
+    Args:
+        record: one record of `metrics.jsonl`.
+    """
     return {name: value for name, value in record.items() if name not in RECORD_FIELDS}
 
 
@@ -73,18 +54,33 @@ def results_of(record: Dict[str, Any]) -> Dict[str, Any]:
 
 def eval_set_dir(summary_dir: str, eval_set: str) -> str:
     """`train/<set>/` or `eval/<set>/`: the summaries of the named eval set `eval_set` ("": the
-    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one)."""
+    run's own), under `summary_dir` (`train/`, `eval/`, or a local staging copy of one).
+
+    Args:
+        summary_dir: `train/`, `eval/` or a local staging copy of one.
+        eval_set: the eval set's name ("": the run's own).
+    """
     return os.path.join(summary_dir, eval_set)
 
 
 def uploaded_path(local: str, staged_dir: str, summary_dir: str) -> str:
     """Where the summary file `local`, under `staged_dir` (a local staging copy of
-    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`."""
+    `summary_dir`: `ctl.model_dir.staging`), is uploaded: the same place under `summary_dir`.
+
+    Args:
+        local: a summary file under `staged_dir`.
+        staged_dir: the local staging copy of `summary_dir`.
+        summary_dir: the summary dir in the object store.
+    """
     return os.path.join(summary_dir, os.path.relpath(local, staged_dir))
 
 
 class ModelDir:
-    """The files of one model dir (a local path or a `gs://`-style URL)."""
+    """The files of one model dir (a local path or a `gs://`-style URL).
+
+    Args:
+        path: the model dir: a local path or a `gs://`-style URL.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -96,6 +92,11 @@ class ModelDir:
         return f"ModelDir({self.path!r})"
 
     def file(self, *names: str) -> str:
+        """The path of `names` joined under the model dir: the one way a file name joins a model dir.
+
+        Args:
+            *names: the path's parts below the model dir, e.g. `"best", "best.json"`.
+        """
         return os.path.join(self.path, *names)
 
     def exists(self) -> bool:
@@ -179,20 +180,32 @@ class ModelDir:
         return self.file(BEST_DIR, BEST_RECORD_FILE)
 
     def best_checkpoint(self, step: int) -> str:
-        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
+        """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole.
+
+        Args:
+            step: the best evaluation's step.
+        """
         return self.file(BEST_DIR, f"ckpt-{step}", "ckpt")
 
     @contextlib.contextmanager
     def writing_best_checkpoint(self, step: int) -> Iterator[str]:
         """The prefix to write the best checkpoint of `step` to, published whole (`publishing`,
-        its `.index` last) at `best/ckpt-<step>/` when the block ends."""
+        its `.index` last) at `best/ckpt-<step>/` when the block ends.
+
+        Args:
+            step: the best evaluation's step.
+        """
         final = self.best_checkpoint(step)
         with publishing(os.path.dirname(final), last=["*.index"]) as temp:
             yield os.path.join(temp, os.path.basename(final))
 
     def best_leftovers(self, step: int) -> List[str]:
         """What `best/` holds besides the best checkpoint of `step`: earlier best checkpoints
-        (`ckpt-N/`) and temporaries a kill left, in listing order."""
+        (`ckpt-N/`) and temporaries a kill left, in listing order.
+
+        Args:
+            step: the step of the best checkpoint that stays.
+        """
         keep = os.path.basename(os.path.dirname(self.best_checkpoint(step)))
         return [path for name, path in entries(self.best_dir)
                 if (name.startswith("ckpt-") or is_temporary(name)) and name != keep]
@@ -202,13 +215,28 @@ class ModelDir:
         return self.file(EXPORT_DIR)
 
     def export_dir(self, name: str) -> str:
+        """`export/<name>/`: exporter `name`'s exports.
+
+        Args:
+            name: the exporter's name.
+        """
         return self.file(EXPORT_DIR, name)
 
     def export_step_dir(self, name: str, step: int) -> str:
+        """`export/<name>/<step>/`: exporter `name`'s export at `step`.
+
+        Args:
+            name: the exporter's name.
+            step: the exported step.
+        """
         return self.file(EXPORT_DIR, name, str(step))
 
     def export_best_record_file(self, name: str) -> str:
-        """`ctl.hooks.BestExporter`'s record of exporter `name`."""
+        """`ctl.hooks.BestExporter`'s record of exporter `name`.
+
+        Args:
+            name: the exporter's name.
+        """
         return self.file(EXPORT_DIR, name, BEST_RECORD_FILE)
 
     def export_best_record_files(self) -> List[str]:
@@ -218,7 +246,11 @@ class ModelDir:
     # The run's records.
 
     def metrics(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first."""
+        """The records of `metrics.jsonl` (of one `kind`: "train" or "eval"), oldest first.
+
+        Args:
+            kind: "train" or "eval" (None: every record).
+        """
         records = read_json_lines(self.metrics_file)
         return [r for r in records if kind is None or r.get("kind") == kind]
 
@@ -246,7 +278,13 @@ class ModelDir:
     def mark_finished(self, step: int, final_checkpoint: Optional[str],
                       train_steps: Optional[int] = None) -> None:
         """Records (atomically) that training ended, its final checkpoint, and the
-        `train_steps` it was asked for (an early stop ends before them)."""
+        `train_steps` it was asked for (an early stop ends before them).
+
+        Args:
+            step: the step training ended at.
+            final_checkpoint: the final checkpoint's path (None: none written).
+            train_steps: `ctl.Schedule.train_steps`, the steps asked for.
+        """
         text = json.dumps({"final_step": step, "final_checkpoint":
                            final_checkpoint and os.path.basename(final_checkpoint),
                            "train_steps": train_steps})
@@ -262,6 +300,9 @@ class ModelDir:
 
         With `train_steps`, a marker of a run asked for fewer steps is stale (the
         run is being extended and its trainer has not cleared it yet): None.
+
+        Args:
+            train_steps: the steps this run is asked for (None: any marker counts).
         """
         data = read_json(self.finished_file)
         if not isinstance(data, dict):
@@ -279,7 +320,11 @@ class ModelDir:
 
     def checkpoint_path(self, name: str) -> str:
         """Where the checkpoint `name` (`ckpt-N`, its prefix) or one of its files
-        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir."""
+        (`ckpt-N.index`, `ckpt-N.data-*`) lives in this dir.
+
+        Args:
+            name: `ckpt-N`, or one of its files' names.
+        """
         return self.file(name)
 
     def checkpoints(self) -> Dict[int, str]:
@@ -317,7 +362,12 @@ class ModelDir:
     def committed_checkpoints(self, settle_seconds: float,
                               found: Optional[Dict[int, str]] = None) -> Dict[int, str]:
         """The checkpoints (of `found`) that are complete: named in the state file, or
-        with an index file `settle_seconds` old (a state file that cannot be read names none)."""
+        with an index file `settle_seconds` old (a state file that cannot be read names none).
+
+        Args:
+            settle_seconds: how old an index file not named in the state file must be.
+            found: `{number: path}` to look at (None: every checkpoint of the dir).
+        """
         found = self.checkpoints() if found is None else found
         if not found:
             return found
@@ -346,6 +396,10 @@ class ModelDir:
         while it was read (a live trainer retires its old checkpoints), the
         model dir is looked at again, up to `looks` times. Reads only; writes
         nothing.
+
+        Args:
+            restore: restores one checkpoint, given its path.
+            looks: how many times the dir is looked at when checkpoints were deleted meanwhile.
         """
         state = self.checkpoint_state()
         found = self.checkpoints()
@@ -395,7 +449,13 @@ class ModelDir:
     def write_checkpoint_state(self, restored: Restored, quiet: bool = False,
                                stamps: Optional[Dict[str, float]] = None) -> None:
         """Rewrites the state file (atomically, as TensorFlow's manager writes it) to
-        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage."""
+        name `restored.path` as the latest and `restored.keep` as the checkpoints to manage.
+
+        Args:
+            restored: what `restore_newest` restored.
+            quiet: write no console line.
+            stamps: when each kept checkpoint was written, by path (default: its index file's time).
+        """
         known, times = stamps or {}, []
         for path in restored.keep:  # When each was written: `stamps`, else its index's time.
             try:

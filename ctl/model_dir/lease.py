@@ -24,7 +24,13 @@ RELEASE_SECONDS = 60.0  # How long `release` waits for a renewal in flight.
 
 
 class Lease:
-    """A claim in an object store: a record its holder renews, taken over once stale."""
+    """A claim in an object store: a record its holder renews, taken over once stale.
+
+    Args:
+        path: the record's object.
+        role: what the holder is, as its record names it.
+        wait: watch a fresh record of another host for up to `STALE_SECONDS` before refusing (the trainer's lock).
+    """
 
     def __init__(self, path: str, role: str, wait: bool = False):
         self.path = path

@@ -1,24 +1,13 @@
 """Local staging for a model dir in an object store: one root per process, never left behind.
 
-With its model dir in an object store (`gs://`), a run writes its checkpoints
-(`ctl.core.checkpointing`) and summaries (`ctl.core.summaries`) to a local
-directory and uploads them (`ctl.model_dir.background`), and the sidecar copies a
-checkpoint's files to one before it restores them. Each such directory is made
-here, under the process's staging root, `<tmp>/ctl-stage-<pid>-<random>/`
-(`tempfile.gettempdir()`: `$TMPDIR`, else /tmp):
-
     local = staging.directory("checkpoints")   # a new directory under the root
     ...
     staging.remove(local)                       # by its owner, when done (in a `finally`)
 
-The root is made at the first `directory()` and removed when the process exits.
-A process that is killed (SIGKILL, the out-of-memory killer) removes nothing:
-the next process to make its root removes the roots of processes that are gone
-first. A root's process is alive while it holds the claim on the root's
-`.owner` (a `ctl.model_dir.file_lock.FileLock`: an `flock` the kernel drops when the
-process ends however it ends), taken before the root gets its name: a live
-process's root is never touched (a reused pid, or another pid namespace
-sharing the directory, changes nothing).
+The root, `<tmp>/ctl-stage-<pid>-<random>/`, is made at the first `directory()` and removed
+when the process exits; the roots of killed processes are removed by the next process to make
+its root (`clear_dead_roots`: a root is alive while its process holds the claim on its
+`.owner`). docs/explanation/model-dir-records.md says more.
 """
 
 import atexit
@@ -41,12 +30,20 @@ _root_pid: Optional[int] = None
 
 
 def directory(name: str) -> str:
-    """A new, empty directory `<root>/<name>-<random>` for the caller to fill and `remove()`."""
+    """A new, empty directory `<root>/<name>-<random>` for the caller to fill and `remove()`.
+
+    Args:
+        name: the directory's name, before its random suffix.
+    """
     return tempfile.mkdtemp(prefix=f"{name}-", dir=root())
 
 
 def remove(path: str) -> None:
-    """Removes a directory of `directory()` and everything in it (nothing if it is gone)."""
+    """Removes a directory of `directory()` and everything in it (nothing if it is gone).
+
+    Args:
+        path: a directory `directory()` made.
+    """
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -71,7 +68,11 @@ def current_root() -> Optional[str]:
 
 def clear_dead_roots(parent: str) -> None:
     """Removes the staging roots in `parent` whose process has ended (their claim is free;
-    a dead root is never claimed again, so the look and the removal need no lock between)."""
+    a dead root is never claimed again, so the look and the removal need no lock between).
+
+    Args:
+        parent: the directory the staging roots are in (the temporary directory).
+    """
     try:
         names = os.listdir(parent)
     except OSError:

@@ -58,7 +58,12 @@ from ctl.sidecar import scheduler as sidecar
 SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In the eval dir: what the sidecar did with each checkpoint.
 
 class Stopped(Exception):
-    """The sidecar stopped on a signal, between two evaluations."""
+    """The sidecar stopped on a signal, between two evaluations.
+
+    Args:
+        signum: the signal that stopped the sidecar.
+        evaluations: evaluations done before it, or None.
+    """
 
     def __init__(self, signum: int, evaluations: Optional[int] = None):
         self.signum = signum
@@ -79,6 +84,11 @@ def wait_for_config(directory: ModelDir, timeout: Optional[float],
 
     Raises `UserError` when `directory` is not a directory or after `timeout`
     seconds (None: no limit) without the file, and `Stopped` on SIGTERM or SIGINT.
+
+    Args:
+        directory: the trainer's model dir.
+        timeout: seconds to wait (None: no limit).
+        poll_interval: seconds between looks.
     """
     with SignalWatcher(train=False) as signals:
         return _wait_for_config(directory, timeout, poll_interval, signals)
@@ -174,7 +184,11 @@ class CheckpointEvaluator:
         return step
 
     def write_summaries(self, results: Dict[str, Any]) -> None:
-        """Summaries at the restored global step; one subdirectory per named eval set."""
+        """Summaries at the restored global step; one subdirectory per named eval set.
+
+        Args:
+            results: the evaluation's results, nested by eval set with named sets.
+        """
         if self._summaries is None:
             self._summaries = SummaryManager(self.eval_dir, self.trainer.global_step)
         self._summaries.write_summaries(results)
@@ -244,6 +258,13 @@ def evaluate_continuously(
     Returns the last evaluation's results. Raises `UserError` on an idle
     timeout, a checkpoint of a different model, or a final checkpoint that
     could not be read, and `Stopped` on SIGTERM or SIGINT (between evaluations).
+
+    Args:
+        directory: the trainer's model dir.
+        strategy: the strategy to evaluate under (None: the current one).
+        experiment: the run's `ctl.Experiment` (its task, trainer class, schedule and hooks).
+        settings: the sidecar's settings (None: the gin-configured `ctl.ContinuousEval`).
+        clock: the time source of the idle timeout (a test may pass its own).
     """
     settings = settings or config.call_configured(sidecar.ContinuousEval)
     strategy = strategy or tf.distribute.get_strategy()
@@ -408,6 +429,9 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
 
     A progress record that cannot be read is ignored (one WARNING): the
     metrics file still says which checkpoints were evaluated.
+
+    Args:
+        directory: the model dir.
     """
     progress = sidecar.Progress.from_record(files.read_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE)))
     for record in directory.sidecar_evaluations():
@@ -416,6 +440,12 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
 
 
 def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
+    """Writes the progress record, atomically.
+
+    Args:
+        directory: the model dir.
+        progress: what the sidecar has handled.
+    """
     files.write_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE), progress.to_record())
 
 

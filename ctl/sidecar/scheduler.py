@@ -50,7 +50,7 @@ class ContinuousEval:
         ctl.ContinuousEval.policy = 'latest'
         ctl.ContinuousEval.timeout = 600
 
-    Attributes:
+    Args:
       policy: 'all' evaluates every checkpoint in order of its number; 'latest'
         skips to the newest one (for evaluators slower than the trainer).
       timeout: seconds without a new checkpoint after which the evaluator
@@ -96,7 +96,11 @@ class ContinuousEval:
 
 @dataclasses.dataclass
 class Progress:
-    """Which checkpoint numbers this eval dir has handled, and how."""
+    """Which checkpoint numbers this eval dir has handled, and how.
+
+    Args:
+        outcomes: checkpoint number -> how it was handled (one of `OUTCOMES`).
+    """
 
     outcomes: Dict[int, str] = dataclasses.field(default_factory=dict)
 
@@ -105,9 +109,20 @@ class Progress:
         return sum(outcome == EVALUATED for outcome in self.outcomes.values())
 
     def handled(self, number: int) -> bool:
+        """Whether checkpoint `number` was handled.
+
+        Args:
+            number: a checkpoint number.
+        """
         return number in self.outcomes
 
     def record(self, number: int, outcome: str) -> None:
+        """Records how checkpoint `number` was handled.
+
+        Args:
+            number: a checkpoint number.
+            outcome: how it was handled.
+        """
         self.outcomes[number] = outcome
 
     def to_record(self) -> Dict[str, Any]:
@@ -117,7 +132,11 @@ class Progress:
     @classmethod
     def from_record(cls, record: Any) -> "Progress":
         """The progress a `to_record()` value holds; empty for anything else (e.g. a
-        damaged file: the metrics file still says what was evaluated)."""
+        damaged file: the metrics file still says what was evaluated).
+
+        Args:
+            record: a parsed JSON value (anything: a damaged file's gives an empty progress).
+        """
         checkpoints = record.get("checkpoints") if isinstance(record, dict) else None
         if not isinstance(checkpoints, dict):
             return cls()
@@ -129,11 +148,24 @@ class Progress:
 
     @classmethod
     def from_json(cls, text: Optional[str]) -> "Progress":
+        """The progress the JSON `text` holds (`from_record`).
+
+        Args:
+            text: the record file's text, or None.
+        """
         return cls.from_record(json.loads(text) if text else None)
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """What the evaluator does next (`Scheduler.decide`).
+
+    Args:
+        kind: the action: `EVALUATE`, `WAIT`, or an end (`FINISHED`, `MAX_EVALUATIONS`, `TIMEOUT`).
+        number: the checkpoint to evaluate (for `EVALUATE`).
+        skipped: older checkpoints the `latest` policy passes over.
+    """
+
     kind: str
     number: Optional[int] = None  # The checkpoint to evaluate (EVALUATE).
     skipped: Sequence[int] = ()  # Older checkpoints the `latest` policy passes over.
@@ -144,6 +176,11 @@ class Scheduler:
 
     `clock` returns seconds (monotonic); the idle timeout counts from the
     scheduler's creation or the last new checkpoint seen, whichever is later.
+
+    Args:
+        settings: the sidecar's settings.
+        progress: what the eval dir has handled so far.
+        clock: returns seconds (monotonic).
     """
 
     def __init__(self, settings: ContinuousEval, progress: Progress,
@@ -161,10 +198,11 @@ class Scheduler:
                present: Iterable[int] = ()) -> Decision:
         """What to do now.
 
-        `ready`: numbers of committed checkpoints; `present`: those visible,
-        committed or not (the `all` policy waits for a lower one to commit
-        rather than evaluate out of order); `final`: the trainer's last
-        checkpoint, once it marked the run finished.
+        Args:
+            ready: numbers of committed checkpoints.
+            final: the trainer's last checkpoint, once it marked the run finished (else None).
+            present: the numbers of those visible, committed or not (the `all` policy waits
+                for a lower one to commit rather than evaluate out of order).
         """
         ready = set(ready)
         present = set(present) | ready

@@ -16,5 +16,5 @@ console (`ctl.sweep.progress`) shows the counts and the best so far;
 
 An entry point, above ctl.run (whose path its trials run): only `ctl.report`
 imports it. Optuna is the
-`sweep` extra (`pip install 'ctl[sweep]'`).
+`sweep` extra (`pip install -e '.[sweep]'` in the checkout).
 """

@@ -27,14 +27,14 @@ from ctl.utils import process_end
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import os
+import signal
+import subprocess
+import sys
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser  # noqa: E402
+from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parser
 
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow.
 
@@ -67,12 +67,18 @@ def _fail(message: str) -> None:
 
 
 def main(argv):
+    """`python -m ctl.sweep`: checks the flags and the sweep file, then runs the workers.
+
+    Args:
+        argv: absl's remaining arguments (the program name alone: anything else is an error).
+    """
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag.")
     try:
         import optuna  # noqa: F401
     except ImportError:
-        _fail("ctl.sweep runs on Optuna, which is not installed: pip install 'ctl[sweep]'.")
+        _fail("ctl.sweep runs on Optuna, which is not installed: pip install -e '.[sweep]' "
+              "in ctl's checkout.")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         status = _sweep()
@@ -102,7 +108,7 @@ def _sweep() -> int:
                              sweep_dir=sweep_dir)
     except UserError:
         raise
-    except Exception as error:  # noqa: BLE001 - the database's errors, whatever the driver.
+    except Exception as error:  # The database's errors, whatever the driver.
         raise UserError(f"cannot open the study {sweep.study!r} in "
                         f"{study.without_password(FLAGS.storage or sweep_dir)} ({first_line(error)})"
                         "; check --storage.") from error

@@ -47,7 +47,11 @@ FORKS = sys.platform.startswith("linux")  # Elsewhere, no `PR_SET_PDEATHSIG`: a 
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
-    """In a child, before it runs its program: `signum` reaches it when its parent dies (Linux)."""
+    """In a child, before it runs its program: `signum` reaches it when its parent dies (Linux).
+
+    Args:
+        signum: the signal the child gets.
+    """
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
     except OSError:
@@ -55,7 +59,12 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
 
 
 class Forked:
-    """A forked trial, as much of `subprocess.Popen` as the runner uses."""
+    """A forked trial, as much of `subprocess.Popen` as the runner uses.
+
+    Args:
+        launcher: the launcher that forked it (and reaps it).
+        pid: the child's process id.
+    """
 
     def __init__(self, launcher: "Launcher", pid: int):
         self.pid, self.returncode, self._launcher = pid, None, launcher
@@ -68,7 +77,11 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        """The exit status; `subprocess.TimeoutExpired` if it has none within `timeout`."""
+        """The exit status; `subprocess.TimeoutExpired` if it has none within `timeout`.
+
+        Args:
+            timeout: seconds to wait (None: no limit).
+        """
         if self.returncode is None:
             reply = self._launcher.reply(timeout=timeout)
             if reply is None:
@@ -77,12 +90,21 @@ class Forked:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        """Sends `signum` to the trial, unless it has ended.
+
+        Args:
+            signum: the signal.
+        """
         if self.poll() is None:
             os.kill(self.pid, signum)  # A zombie until the launcher reaps it: never another process.
 
 
 class Launcher:
-    """The worker's side: starts the launcher process once, then a trial at a time through it."""
+    """The worker's side: starts the launcher process once, then a trial at a time through it.
+
+    Args:
+        fork: fork each trial from the warm launcher process; False starts each in a new process.
+    """
 
     def __init__(self, fork: bool = FORKS):
         self.fork = fork
@@ -90,7 +112,15 @@ class Launcher:
         self._buffer = b""
 
     def start(self, argv: List[str], log_path: str):
-        """Starts `argv` (`[python, "-m", module, ...]`) with its output to `log_path`."""
+        """Starts `argv` (`[python, "-m", module, ...]`) with its output to `log_path`.
+
+        Args:
+            argv: the trial's command line.
+            log_path: the file its output goes to.
+
+        Returns:
+            A `Forked` (or a `subprocess.Popen` without `fork`).
+        """
         if not self.fork:
             with open(log_path, "a") as log:
                 return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
@@ -106,7 +136,11 @@ class Launcher:
         return Forked(self, self.reply(timeout=None)["pid"])
 
     def reply(self, timeout: Optional[float]) -> Optional[dict]:
-        """The launcher's next line (None if none within `timeout`)."""
+        """The launcher's next line (None if none within `timeout`).
+
+        Args:
+            timeout: seconds to wait (0: do not wait; None: no limit).
+        """
         fd = self._process.stdout.fileno()
         while b"\n" not in self._buffer:
             if not select.select([fd], [], [], timeout)[0]:
@@ -193,7 +227,7 @@ def _run_child(request: dict, launcher_pid: int) -> None:
         if argv[:1] != ["-m"] or len(argv) < 2:
             raise ValueError(f"the launcher runs `-m MODULE ...`, not {argv}")
         sys.argv = [argv[1], *argv[2:]]
-    except BaseException as error:  # noqa: BLE001 - the child must never return into the loop.
+    except BaseException as error:  # The child must never return into the loop.
         os.write(2, f"trial launcher: cannot start the trial: {error}\n".encode())
         os._exit(1)
     import runpy

@@ -17,6 +17,12 @@ FAILED = TrialState.FAIL
 
 
 def line(study: Study, objective: str) -> str:
+    """The console line of the sweep's progress: trials ended, pruned, failed, running, and the best so far.
+
+    Args:
+        study: the sweep's study.
+        objective: the objective's name.
+    """
     counts = study.counts()
     ended = counts["complete"] + counts["pruned"] + counts["fail"]
     best = study.best()

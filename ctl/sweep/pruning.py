@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 
 
 def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
+    """The Optuna pruner the sweep file's `[pruner]` table names (asha, median or none).
+
+    Args:
+        options: the table, checked (`name` and its options).
+    """
     name = options["name"]
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
@@ -79,6 +84,11 @@ class PruneAtEvaluations:
     (the run's NaN policy decides, and its worker records the trial failed). A run
     started again on a trial that was pruned (its worker died before it recorded the
     end) stops at once, at a checkpoint.
+
+    Args:
+        sweep: the parsed sweep file.
+        open_storage: returns the study's storage (called at the first evaluation).
+        number: the trial's number.
     """
 
     def __init__(self, sweep: SweepFile, open_storage: Callable[[], optuna.storages.BaseStorage],
@@ -90,6 +100,11 @@ class PruneAtEvaluations:
         self.reported: Set[int] = set()
 
     def bind(self, run) -> None:
+        """Keeps the run; a trial already pruned (its record is in the model dir) is stopped at once.
+
+        Args:
+            run: the trial run's `ctl.hooks.Run`.
+        """
         self.run = run
         pruned = read_pruned(run.directory)
         if run.chief and isinstance(pruned, dict):
@@ -97,6 +112,11 @@ class PruneAtEvaluations:
                              f"({run.directory.file(SWEEP_PRUNED_FILE)})")
 
     def on_eval_end(self, logs) -> None:
+        """Reports the objective at this step to the trial, and stops the run if the pruner says so.
+
+        Args:
+            logs: the evaluation's results (the objective among them).
+        """
         value, step = self._objective(logs), self.run.step
         if not self.run.chief or math.isnan(value):
             return

@@ -34,8 +34,8 @@ def load(sweep_dir: str):
     try:
         import optuna
     except ImportError as error:
-        raise UserError("reading a sweep needs Optuna, which is not installed: pip install "
-                        "'ctl[sweep]'.") from error
+        raise UserError("reading a sweep needs Optuna, which is not installed: pip install -e "
+                        "'.[sweep]' in ctl's checkout.") from error
     from ctl.sweep import study
     from ctl.sweep.sweep_dir import read_record
 

@@ -55,13 +55,25 @@ POLL_S = 0.1  # How soon the worker's SIGTERM reaches the trial.
 
 
 class Outcome(NamedTuple):
+    """How a trial ended, as its worker records it in the study.
+
+    Args:
+        state: complete, pruned, failed, interrupted, or again (run it again).
+        value: the objective's last value (None: none).
+        message: the trial's one line (why it failed).
+    """
     state: str  # complete, pruned, failed, interrupted, again
     value: Optional[float] = None
     message: str = ""
 
 
 def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
-    """The trial's values of the space: sampled now, or those it already has (a resumed trial)."""
+    """The trial's values of the space: sampled now, or those it already has (a resumed trial).
+
+    Args:
+        trial: the Optuna trial.
+        sweep: the parsed sweep file.
+    """
     params = {}
     for p in sweep.space:
         low, high = p.values[0], p.values[-1]
@@ -76,7 +88,15 @@ def suggest(trial: optuna.Trial, sweep: SweepFile) -> Dict[str, Any]:
 
 def command(model_dir: "ModelDir", gin_files: Sequence[str], gin_bindings: Sequence[str],
             search_paths: Sequence[str], trial: Sequence[str]) -> List[str]:
-    """The child's command line; `trial` are its `ctl.sweep.trial` flags (`trial_flags`)."""
+    """The child's command line; `trial` are its `ctl.sweep.trial` flags (`trial_flags`).
+
+    Args:
+        model_dir: the trial's model dir.
+        gin_files: the sweep command's `--gin_file`s, passed on to every trial.
+        gin_bindings: the gin bindings, the trial's sampled ones last.
+        search_paths: its `--gin_search_paths`.
+        trial: the `ctl.sweep.trial` flags (`trial_flags`).
+    """
     argv = [sys.executable, "-m", "ctl.sweep.trial", *trial, "--mode=train_and_eval",
             f"--model_dir={model_dir.path}"]
     argv += [f"--gin_file={path}" for path in gin_files]
@@ -87,20 +107,37 @@ def command(model_dir: "ModelDir", gin_files: Sequence[str], gin_bindings: Seque
 
 
 def trial_flags(sweep: SweepFile, sweep_dir: str, storage: Optional[str], number: int) -> List[str]:
-    """How the child finds its trial in the study: the sweep file, the sweep dir, the storage."""
+    """How the child finds its trial in the study: the sweep file, the sweep dir, the storage.
+
+    Args:
+        sweep: the parsed sweep file.
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+        number: the trial's number.
+    """
     flags = [f"--sweep_file={os.path.abspath(sweep.path)}", f"--sweep_dir={sweep_dir}",
              f"--trial={number}"]
     return flags + ([f"--storage={storage}"] if storage else [])
 
 
 def objective_value(record: Dict[str, Any], objective: str) -> Optional[float]:
+    """The objective in one evaluation record, or None if it is not a number there.
+
+    Args:
+        record: one `eval` line of `metrics.jsonl`.
+        objective: the objective's name.
+    """
     value = record.get(objective)
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def last_line(log_path: str) -> str:
     """The child's one line: its `ctl.run: ...` line, else its traceback's exception line, else
-    the last line it wrote."""
+    the last line it wrote.
+
+    Args:
+        log_path: the trial's log file.
+    """
     try:
         with open(log_path, errors="replace") as f:
             lines = [line.strip() for line in f.read().splitlines() if line.strip()]
@@ -115,7 +152,23 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: "ModelDir", gin_
         gin_bindings: Sequence[str], search_paths: Sequence[str], stop: threading.Event,
         heartbeat_s: float, say=print, *, sweep_dir: str, storage: Optional[str],
         launcher: Optional[Launcher] = None) -> Outcome:
-    """Runs trial `number` to its end (or until `stop` is set: it is then interrupted)."""
+    """Runs trial `number` to its end (or until `stop` is set: it is then interrupted).
+
+    Args:
+        study: the sweep's study.
+        number: the trial's number.
+        sweep: the parsed sweep file.
+        model_dir: the trial's model dir.
+        gin_files: the sweep command's `--gin_file`s, passed on to every trial.
+        gin_bindings: its `--gin_bindings`, before the trial's own.
+        search_paths: its `--gin_search_paths`.
+        stop: set to interrupt the trial (a signal to the worker).
+        heartbeat_s: seconds between the trial's heartbeats in the study.
+        say: prints one of the worker's lines.
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+        launcher: the worker's warm launcher (None: a new process).
+    """
     study.optuna.sampler = make_sampler(sweep, number)
     params = suggest(study.optuna_trial(number), sweep)
     bindings = sweep.bindings(params)

@@ -31,26 +31,51 @@ TAKEOVER_LOCK = "takeover.lock"
 
 
 def is_sweep_dir(path: str) -> bool:
+    """Whether `path` is a sweep dir (it holds the sweep's record).
+
+    Args:
+        path: a directory.
+    """
     return os.path.isfile(os.path.join(path, RECORD_FILE))
 
 
 def journal_file(sweep_dir: str) -> str:
+    """The study's journal file in `sweep_dir` (without `--storage`).
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     return os.path.join(sweep_dir, JOURNAL_FILE)
 
 
 def trial_dir(sweep_dir: str, number: int, trials_dir: Optional[str] = None) -> str:
-    """Trial `number`'s model dir: in `trials_dir` if given, else in the sweep dir's `trials/`."""
+    """Trial `number`'s model dir: in `trials_dir` if given, else in the sweep dir's `trials/`.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        number: the trial's number.
+        trials_dir: `--trials_dir` (`trials_path`), or None.
+    """
     return os.path.join(trials_dir or os.path.join(sweep_dir, TRIALS_DIR), str(number))
 
 
 def trial_log_file(sweep_dir: str, number: int) -> str:
-    """Trial `number`'s output, in the (local) sweep dir wherever its model dir is."""
+    """Trial `number`'s output, in the (local) sweep dir wherever its model dir is.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        number: the trial's number.
+    """
     return os.path.join(sweep_dir, TRIALS_DIR, str(number), LOG_FILE)
 
 
 def trials_path(trials_dir: Optional[str]) -> Optional[str]:
     """`--trials_dir` as the workers use it: a `gs://BUCKET/PATH` prefix as it is, a local
-    directory made absolute (None: the sweep dir's `trials/`)."""
+    directory made absolute (None: the sweep dir's `trials/`).
+
+    Args:
+        trials_dir: `--trials_dir`, or None.
+    """
     if not trials_dir:
         return None
     return trials_dir if "://" in trials_dir else os.path.abspath(trials_dir)
@@ -58,7 +83,11 @@ def trials_path(trials_dir: Optional[str]) -> Optional[str]:
 
 def check_trials_dir(trials_dir: str) -> None:
     """Raises `UserError` (one line) if TensorFlow's file systems cannot reach `trials_dir`, its
-    bucket is missing or it names a file. Imports TensorFlow; writes nothing."""
+    bucket is missing or it names a file. Imports TensorFlow; writes nothing.
+
+    Args:
+        trials_dir: `--trials_dir`.
+    """
     import tensorflow as tf
 
     path = trials_path(trials_dir)
@@ -77,6 +106,12 @@ def check_trials_dir(trials_dir: str) -> None:
 
 
 def slot_lock_file(sweep_dir: str, index: int) -> str:
+    """The lock file of worker slot `index`.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        index: the slot's number.
+    """
     return os.path.join(sweep_dir, WORKERS_DIR, f"{index}.lock")
 
 
@@ -86,12 +121,23 @@ def takeover_lock_file(sweep_dir: str) -> str:
 
 
 def write_record(sweep_dir: str, record: Dict[str, Any]) -> None:
+    """Writes the sweep's record (`sweep.json`), atomically.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        record: the record.
+    """
     from ctl.model_dir import write_json
 
     write_json(os.path.join(sweep_dir, RECORD_FILE), record)
 
 
 def read_record(sweep_dir: str) -> Optional[Dict[str, Any]]:
+    """The sweep's record, or None.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     from ctl.model_dir import read_json
 
     return read_json(os.path.join(sweep_dir, RECORD_FILE))

@@ -48,7 +48,13 @@ PRUNER_OPTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class Parameter:
-    """One binding of the space: `kind` is one of DISTRIBUTIONS; `values` its bounds or choices."""
+    """One binding of the space: `kind` is one of DISTRIBUTIONS; `values` its bounds or choices.
+
+    Args:
+        binding: the gin binding, e.g. `DigitsTask.learning_rate`.
+        kind: one of `DISTRIBUTIONS`.
+        values: its bounds (a range) or its choices.
+    """
 
     binding: str
     kind: str
@@ -56,12 +62,21 @@ class Parameter:
 
     def gin_value(self, value: Any) -> str:
         """`value` as gin text: numbers and booleans as Python writes them, strings quoted
-        unless they are a gin reference (`@name`, `%MACRO`)."""
+        unless they are a gin reference (`@name`, `%MACRO`).
+
+        Args:
+            value: a value of the space.
+        """
         if isinstance(value, str):
             return value if value[:1] in "@%" else json.dumps(value)
         return repr(value)
 
     def binding_text(self, value: Any) -> str:
+        """The gin binding line for `value`.
+
+        Args:
+            value: a value of the space.
+        """
         return f"{self.binding} = {self.gin_value(value)}"
 
     def example(self) -> Any:
@@ -71,6 +86,20 @@ class Parameter:
 
 @dataclasses.dataclass(frozen=True)
 class SweepFile:
+    """A parsed and checked sweep file.
+
+    Args:
+        path: the file.
+        objective: the eval metric the sweep optimizes.
+        direction: `maximize` or `minimize`.
+        trials: the budget: how many trials.
+        sampler: the Optuna sampler's name.
+        seed: the sampler's seed (None: unseeded).
+        pruner: the `[pruner]` table.
+        study: the study's name.
+        space: the bindings the sweep samples.
+        timeout: seconds from the study's creation after which no trial starts (None: no limit).
+    """
     path: str
     objective: str
     direction: str
@@ -88,7 +117,11 @@ class SweepFile:
         return self.direction == "maximize"
 
     def bindings(self, params: Dict[str, Any]) -> List[str]:
-        """The gin bindings of a trial's sampled `params` (keyed by binding), in the file's order."""
+        """The gin bindings of a trial's sampled `params` (keyed by binding), in the file's order.
+
+        Args:
+            params: the trial's sampled values, keyed by binding.
+        """
         return [p.binding_text(params[p.binding]) for p in self.space if p.binding in params]
 
     def grid(self) -> Dict[str, List[Any]]:
@@ -158,7 +191,11 @@ def _unknown_key(path: str, key: str, known: Sequence[str], where: str) -> UserE
 
 
 def load(path: str) -> SweepFile:
-    """Reads and checks the sweep file at `path`; raises `UserError` (one line) on any mistake."""
+    """Reads and checks the sweep file at `path`; raises `UserError` (one line) on any mistake.
+
+    Args:
+        path: the sweep file (TOML).
+    """
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -283,6 +320,12 @@ def check_against_config(sweep: SweepFile, gin_files: Sequence[str], gin_binding
     will), then checks the objective; raises `UserError` naming the sweep file's mistake.
 
     Imports TensorFlow and the gin files' modules (what a trial imports).
+
+    Args:
+        sweep: the parsed sweep file.
+        gin_files: the sweep command's `--gin_file`s, passed on to every trial.
+        gin_bindings: its `--gin_bindings`, before the trial's own.
+        search_paths: its `--gin_search_paths`.
     """
     import gin
 
@@ -341,7 +384,7 @@ def _check_objective(sweep: SweepFile) -> None:
 
     try:
         task = Experiment().task
-    except Exception:  # noqa: BLE001 - a task that cannot be built here: its trial will say why.
+    except Exception:  # A task that cannot be built here: its trial will say why.
         return
     for method in ("validation_step", "aggregate_logs", "reduce_aggregated_logs"):
         if getattr(type(task), method) is not getattr(Task, method):

@@ -23,10 +23,10 @@ from ctl.utils import process_end
 if __name__ == "__main__":  # First, so that it runs after every other exit handler.
     process_end.end_after_exit_handlers()
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-from ctl import run as ctl_run  # noqa: E402 - ctl.run's flags, defined on import.
-from ctl.utils.errors import UserError, exit_with_error  # noqa: E402
+from ctl import run as ctl_run  # ctl.run's flags, defined on import.
+from ctl.utils.errors import UserError, exit_with_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): the objective, the study, the pruner.")
@@ -38,6 +38,11 @@ for _name in ("sweep_file", "sweep_dir", "trial"):
 
 
 def main(argv):
+    """`python -m ctl.sweep.trial`: ctl.run's path, with the trial's pruning hook.
+
+    Args:
+        argv: absl's remaining arguments.
+    """
     import optuna
 
     from ctl.sweep import pruning, study, sweep_file

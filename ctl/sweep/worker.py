@@ -47,7 +47,22 @@ class Worker:
         """`storage`: the sweep command's `--storage` (None: the journal file in `sweep_dir`),
         which each trial's run opens to report to the study. `trials_dir`: where new trials'
         model dirs go (`ctl.sweep.sweep_dir.trial_dir`). `fork_trials`: start each trial
-        forked from a warm launcher (`ctl.sweep.launcher`), else in a new process."""
+        forked from a warm launcher (`ctl.sweep.launcher`), else in a new process.
+
+        Args:
+            study: the sweep's study.
+            sweep: the parsed sweep file.
+            sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+            slot: this worker's slot.
+            gin_files: the sweep command's `--gin_file`s, passed on to every trial.
+            gin_bindings: its `--gin_bindings`, before the trial's own.
+            search_paths: its `--gin_search_paths`.
+            heartbeat_s: seconds between a trial's heartbeats.
+            grace_s: seconds a heartbeat may be old before another worker takes its trial over.
+            storage: the sweep command's `--storage`.
+            trials_dir: where new trials' model dirs go.
+            fork_trials: start each trial forked from a warm launcher.
+        """
         self.study, self.sweep, self.sweep_dir, self.slot = study, sweep, sweep_dir, slot
         self.storage, self.trials_dir = storage, trials_dir
         self.gin_files, self.gin_bindings, self.search_paths = gin_files, gin_bindings, search_paths
@@ -56,6 +71,11 @@ class Worker:
         self.launcher = Launcher(fork=fork_trials)  # Started at the first trial, kept warm.
 
     def say(self, text: str) -> None:
+        """Prints one of the worker's lines.
+
+        Args:
+            text: the line.
+        """
         print(f"sweep | worker {self.slot.index} | {text}", flush=True)
 
     def install_signals(self) -> None:

@@ -45,18 +45,39 @@ MIN_BAR_WIDTH, MAX_BAR_WIDTH = 10, 40
 
 
 def info(kind: str, message: str, *args, step: Optional[int] = None) -> None:
-    """Logs one console line of `kind` (`train`, `eval`, `ckpt`, ...), at `step` if given."""
+    """Logs one console line of `kind` (`train`, `eval`, `ckpt`, ...), at `step` if given.
+
+    Args:
+        kind: the line's kind: `train`, `eval`, `ckpt`, ...
+        message: a %-format string.
+        step: the global step, if the line is about one.
+        *args: its arguments.
+    """
     LOGGER.info(message, *args, extra={"ctl_kind": kind, "ctl_step": step})
 
 
 def warning(kind: str, message: str, *args, step: Optional[int] = None) -> None:
-    """Like `info`, at WARNING level."""
+    """Like `info`, at WARNING level.
+
+    Args:
+        kind: the line's kind.
+        message: a %-format string.
+        step: the global step, if any.
+        *args: its arguments.
+    """
     LOGGER.warning(message, *args, extra={"ctl_kind": kind, "ctl_step": step})
 
 
 def format_line(kind: str, step: Optional[int], message: str,
                 target: Optional[int] = None) -> str:
-    """The one format: `kind | step: N | message` (`step: N/T` with a target)."""
+    """The one format: `kind | step: N | message` (`step: N/T` with a target).
+
+    Args:
+        kind: the line's kind.
+        step: the global step, or None.
+        message: the text.
+        target: the step training runs to (None: none shown).
+    """
     if step is None:
         return f"{kind:>5} | {message}"
     of = f"/{target}" if target is not None else ""
@@ -64,7 +85,12 @@ def format_line(kind: str, step: Optional[int], message: str,
 
 
 def format_logs(logs: Dict[str, Any], prefix: str = "") -> str:
-    """`name: value, ...` on one line, scalars with 5 significant digits, sets as `set/name`."""
+    """`name: value, ...` on one line, scalars with 5 significant digits, sets as `set/name`.
+
+    Args:
+        logs: results by name, possibly nested by eval set.
+        prefix: prepended to each name (for the recursion).
+    """
     parts = []
     for name, value in logs.items():
         if isinstance(value, dict):
@@ -78,6 +104,11 @@ def format_logs(logs: Dict[str, Any], prefix: str = "") -> str:
 
 
 def format_duration(seconds: float) -> str:
+    """`seconds` as `H:MM:SS` (`?` when not finite).
+
+    Args:
+        seconds: a duration.
+    """
     if not math.isfinite(seconds):
         return "?"
     seconds = int(round(seconds))
@@ -101,7 +132,12 @@ class Pace:
         self._seconds = 0.0
 
     def add(self, steps: int, seconds: float) -> Optional[float]:
-        """Records one loop; returns the steady-state rate so far, or None."""
+        """Records one loop; returns the steady-state rate so far, or None.
+
+        Args:
+            steps: the loop's steps.
+            seconds: how long it took.
+        """
         if not self._warm:
             self._warm = True
             return None
@@ -113,7 +149,12 @@ class Pace:
 class TrainLines:
     """The train line of each loop: logged for the first and last loop of a training
     stretch and otherwise at most every `min_interval` seconds (formatting and
-    logging a line is a share of a short loop of a small model: docs/bench.md)."""
+    logging a line is a share of a short loop of a small model: docs/bench.md).
+
+    Args:
+        clock: the time source (a test may pass its own).
+        min_interval: seconds between two lines in the middle of a stretch.
+    """
 
     def __init__(self, clock=time.monotonic, min_interval: float = 0.1):
         self.pace = Pace()
@@ -128,7 +169,16 @@ class TrainLines:
     def loop_end(self, step: int, target: int, logs: Dict[str, Any], steps: int,
                  seconds: float, last: bool) -> None:
         """One loop of `steps` steps took `seconds` and ended at `step` of `target`;
-        `last` ends the stretch (an evaluation or the end of training follows)."""
+        `last` ends the stretch (an evaluation or the end of training follows).
+
+        Args:
+            step: the step the loop ended at.
+            target: the step the stretch trains to.
+            logs: the loop's results.
+            steps: the loop's steps.
+            seconds: how long it took.
+            last: the loop ends the stretch.
+        """
         rate = self.pace.add(steps, seconds)
         now = self.clock()
         if not last and self._last is not None and now - self._last < self.min_interval:
@@ -146,7 +196,15 @@ class TrainLines:
 
 
 class Console(logging.Handler):
-    """The handler `ctl.run` puts on the `ctl` logger: one format, a bar on a terminal."""
+    """The handler `ctl.run` puts on the `ctl` logger: one format, a bar on a terminal.
+
+    Args:
+        stream: where the lines go (default: stdout).
+        bar: draw a live progress bar (None: when `stream` is a terminal).
+        clock: the time source (a test may pass its own).
+        every_seconds: plain train lines (without a bar) at most this often (seconds).
+        history_seconds: on a terminal, a train line is kept above the bar at least this often (seconds).
+    """
 
     def __init__(self, stream: Optional[TextIO] = None, bar: Optional[bool] = None,
                  clock=time.monotonic, every_seconds: float = EVERY_SECONDS,
@@ -162,6 +220,11 @@ class Console(logging.Handler):
         self._last_history = None  # clock() of the last train line above the bar.
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Writes one record: a line in the one format, or the bar's update for a train line.
+
+        Args:
+            record: the log record (ctl's lines carry their kind, step and progress).
+        """
         try:
             progress = getattr(record, "ctl_progress", None)
             if progress is None:
@@ -170,7 +233,7 @@ class Console(logging.Handler):
                 self._update_bar(record, *progress)
             else:
                 self._plain_train_line(record, *progress)
-        except Exception:  # noqa: BLE001 - logging's contract: report, never raise.
+        except Exception:  # Logging's contract: report, never raise.
             self.handleError(record)
 
     def _text(self, record: logging.LogRecord, target: Optional[int] = None) -> str:
@@ -250,7 +313,13 @@ def end_bar() -> None:
 
 def install(stream: Optional[TextIO] = None, bar: Optional[bool] = None,
             level: int = logging.INFO) -> Console:
-    """Sends the `ctl` logger's lines to a `Console` on `stream` (stdout), and only there."""
+    """Sends the `ctl` logger's lines to a `Console` on `stream` (stdout), and only there.
+
+    Args:
+        stream: where the lines go (default: stdout).
+        bar: draw a live bar (None: on a terminal).
+        level: the `ctl` logger's level.
+    """
     for handler in list(LOGGER.handlers):
         if isinstance(handler, Console):
             LOGGER.removeHandler(handler)

@@ -14,7 +14,11 @@ EXIT_USER_ERROR = 2
 
 
 class UserError(Exception):
-    """A bad flag, gin binding, path, TF_CONFIG or checkpoint."""
+    """A bad flag, gin binding, path, TF_CONFIG or checkpoint.
+
+    Args:
+        message: one line naming the problem and the fix.
+    """
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
@@ -22,14 +26,24 @@ class UserError(Exception):
 
 def exit_with_error(command: str, message: str) -> NoReturn:
     """Ends `python -m <command>` on a user's mistake: `<command>: error: <message>`, one line
-    on stderr, exit status `EXIT_USER_ERROR`."""
+    on stderr, exit status `EXIT_USER_ERROR`.
+
+    Args:
+        command: the module as the user ran it, e.g. `ctl.run`.
+        message: the problem and its fix, one line.
+    """
     print(f"{command}: error: {message}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
 
 
 def flags_parser(command: str, flag_values) -> Callable[[List[str]], List[str]]:
     """absl's `app.run(..., flags_parser=...)` for `command`: a bad flag ends it as
-    `exit_with_error` does, naming `--helpfull`."""
+    `exit_with_error` does, naming `--helpfull`.
+
+    Args:
+        command: the module as the user ran it, e.g. `ctl.report`.
+        flag_values: absl's `flags.FLAGS`.
+    """
     from absl import flags
 
     def parse(argv: List[str]) -> List[str]:
@@ -42,7 +56,13 @@ def flags_parser(command: str, flag_values) -> Callable[[List[str]], List[str]]:
 
 
 def require_choice(name: str, value, choices) -> None:
-    """Raises `UserError` unless `value` is one of `choices` (the message lists them)."""
+    """Raises `UserError` unless `value` is one of `choices` (the message lists them).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value received.
+        choices: the values allowed.
+    """
     if value not in choices:
         raise UserError(f"Received {name}={value!r}. Expected one of: {', '.join(choices)}.")
 
@@ -53,6 +73,9 @@ def user_error_within(error: BaseException):
     A `UserError` raised while TensorFlow traces a function reaches the caller
     wrapped (AutoGraph re-raises it as a `StagingError` carrying its stack);
     the original is in the exception's context.
+
+    Args:
+        error: an exception raised while TensorFlow traced or ran a function.
     """
     seen = set()
     while error is not None and id(error) not in seen:
@@ -68,6 +91,10 @@ def one_line(error: BaseException, limit: int = 400) -> str:
 
     An error raised inside `tf.function` starts with "in user code:" and a
     stack; the cause is in the last "...Error: ..." line and the line after it.
+
+    Args:
+        error: any exception.
+        limit: the most characters returned.
     """
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
     lines = [line for line in lines if line]
@@ -86,6 +113,11 @@ def one_line(error: BaseException, limit: int = 400) -> str:
 
 def first_line(error: BaseException, limit: Optional[int] = 160) -> str:
     """The first line of `error`'s message (at most `limit` characters), or its type's
-    name if it has none: what a one-line `UserError` quotes of an underlying error."""
+    name if it has none: what a one-line `UserError` quotes of an underlying error.
+
+    Args:
+        error: any exception.
+        limit: the most characters returned (None: no limit).
+    """
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__

@@ -42,7 +42,11 @@ def end_after_exit_handlers() -> None:
 
 
 def run(main: Callable[[], None]) -> None:
-    """Runs `main` (which may end in `sys.exit`, as absl's `app.run` does), keeping its status."""
+    """Runs `main` (which may end in `sys.exit`, as absl's `app.run` does), keeping its status.
+
+    Args:
+        main: the command's main function.
+    """
     global _status
     try:
         main()
