@@ -18,6 +18,13 @@ moment may both enqueue: the trials numbered `trials` and above are never
 claimed.) What this takes from below Optuna's public API is in
 `ctl.sweep.optuna_internals`.
 
+The sweep file. The study keeps what the sweep file that created it said (its
+`identity`: objective, direction, value, sampler, seed, pruner, space) as a user
+attribute; opened again with a file that says otherwise, it raises `UserError`
+naming the first difference, before a trial is added or claimed
+(`check_existing` does it first, before TensorFlow is imported). Only `trials`
+and `timeout` may change on an existing study.
+
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
 slot: a `ctl.model_dir.file_lock.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
 while the worker lives), its model dir and a heartbeat (a time, renewed every
@@ -58,7 +65,7 @@ from optuna.trial import TrialState
 from ctl.utils.errors import UserError, first_line
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep import sweep_dir as layout
-from ctl.sweep.sweep_file import SweepFile
+from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
 
 if TYPE_CHECKING:
     from ctl.model_dir import ModelDir
@@ -69,6 +76,7 @@ HEARTBEAT = "ctl_heartbeat"
 MODEL_DIR = "ctl_model_dir"
 FAIL_REASON = "ctl_fail_reason"
 STARTED = "ctl_started"  # The study's user attribute: when it was created (time.time()).
+SWEEP_FILE = "ctl_sweep_file"  # The study's user attribute: the sweep file's `identity`.
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -117,6 +125,22 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
                             f"({first_line(error)}); check the server, the user and the database."
                             ) from error
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_existing(sweep_dir: str, storage: Optional[str], sweep: SweepFile) -> None:
+    """If the sweep's study exists (in the journal file of `sweep_dir`, or at `storage`), raises
+    `UserError` when `sweep` does not match what it kept (`check_same_study`); creates nothing
+    (no sweep dir, no study). Cheap: no TensorFlow, so a changed file is refused at once."""
+    if storage is None and not os.path.isfile(layout.journal_file(sweep_dir)):
+        return
+    opened = open_storage(sweep_dir, storage)
+    try:
+        existing = optuna.load_study(study_name=sweep.study, storage=opened)
+    except KeyError:  # No study of that name yet.
+        return
+    kept = existing.user_attrs.get(SWEEP_FILE)
+    if kept is not None:
+        check_same_study(kept, sweep, sweep.study)
 
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
@@ -174,6 +198,11 @@ class Study:
             raise UserError(f"--sweep_file={sweep.path}: direction = {sweep.direction!r}, but "
                             f"the study {sweep.study!r} in this storage was created to {have}; "
                             "keep the direction, or name a new study (study = \"...\").")
+        kept = self.optuna.user_attrs.get(SWEEP_FILE)
+        if kept is not None:  # Before any trial of the budget is added or claimed.
+            check_same_study(kept, sweep, sweep.study)
+        else:  # A new study (or one made before ctl kept this): what may not change on it.
+            self.optuna.set_user_attr(SWEEP_FILE, identity(sweep))
         if created:
             self.optuna.set_user_attr("objective", sweep.objective)
             self.optuna.set_user_attr(STARTED, time.time())
