@@ -37,7 +37,11 @@ END_STATE: Optional[Callable[[Any], Optional[str]]] = None
 
 def tensorboard_values(values: Dict[str, Any]) -> Dict[str, Any]:
     """`values` (`config.operative_values`) as the HParams table should show them: macros
-    resolved to their values, integers as their text (TensorBoard has no integer type)."""
+    resolved to their values, integers as their text (TensorBoard has no integer type).
+
+    Args:
+        values: the operative values (`config.operative_values`).
+    """
     shown = {}
     for name, value in values.items():
         if isinstance(value, str) and value.startswith("%") and value[1:] in values:
@@ -48,7 +52,14 @@ def tensorboard_values(values: Dict[str, Any]) -> Dict[str, Any]:
 
 def write_summary(model_dir: str, values: Dict[str, Any], state: str, step: int) -> None:
     """Writes `values` (bool, int, float or str), the run's `state` and its last `step` as the
-    HParams summary of the run in `model_dir` (named by the model dir's base name)."""
+    HParams summary of the run in `model_dir` (named by the model dir's base name).
+
+    Args:
+        model_dir: the run's model dir (its path).
+        values: the operative values.
+        state: how the run ended (e.g. complete, stopped, pruned).
+        step: its last step.
+    """
     from tensorboard.plugins.hparams import api as hp  # Only when a run ends.
 
     shown = tensorboard_values({**values, STATE: state, STEP: step})
@@ -63,6 +74,11 @@ class HParamsSummary(Hook):
     """Writes the run's operative gin values as an HParams summary at the end of training."""
 
     def on_trial_close(self, unused_logs) -> None:
+        """Writes the summary into the model dir, with the run's end state and step.
+
+        Args:
+            unused_logs: the last evaluation's (or train loop's) results (not read).
+        """
         state = END_STATE(self.run) if END_STATE is not None else None
         if state is None:
             state = "stopped" if self.run.stop.should_stop else "complete"

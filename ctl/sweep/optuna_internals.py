@@ -42,34 +42,76 @@ SUPPORTED_MAJOR = 5  # pyproject.toml: optuna>=5,<6.
 
 
 def trial_id(storage: optuna.storages.BaseStorage, study_id: int, number: int) -> int:
+    """The storage's id of trial `number`.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        number: the trial's number.
+    """
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
 def frozen(storage: optuna.storages.BaseStorage, study_id: int,
            number: int) -> optuna.trial.FrozenTrial:
-    """Trial `number` as the storage has it now."""
+    """Trial `number` as the storage has it now.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        number: the trial's number.
+    """
     return storage.get_trial(trial_id(storage, study_id, number))
 
 
 def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
                     value: Any) -> None:
+    """Sets a system attribute of trial `number`.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        number: the trial's number.
+        key: the attribute.
+        value: its value (JSON).
+    """
     storage.set_trial_system_attr(trial_id(storage, study_id, number), key, value)
 
 
 def set_user_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
                   value: Any) -> None:
+    """Sets a user attribute of trial `number`.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        number: the trial's number.
+        key: the attribute.
+        value: its value (JSON).
+    """
     storage.set_trial_user_attr(trial_id(storage, study_id, number), key, value)
 
 
 def add_waiting(storage: optuna.storages.BaseStorage, study_id: int) -> None:
-    """One more WAITING trial at the end of the queue, with no values fixed."""
+    """One more WAITING trial at the end of the queue, with no values fixed.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+    """
     storage.create_new_trial(study_id, optuna.trial.create_trial(state=TrialState.WAITING))
 
 
 def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
                 numbers: Iterator[int]) -> Optional[int]:
     """Moves the first of `numbers` (WAITING trials) that this caller wins to RUNNING; its
-    number, or None. Of several callers, one wins each trial (`Study._pop_waiting_trial_id`)."""
+    number, or None. Of several callers, one wins each trial (`Study._pop_waiting_trial_id`).
+
+    Args:
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        numbers: the WAITING trials' numbers, in the order to try them.
+    """
     for number in numbers:
         try:
             if storage.set_trial_state_values(trial_id(storage, study_id, number),
@@ -91,7 +133,14 @@ def name_objective(study: optuna.Study, objective: str) -> None:
 
 def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int,
              number: int) -> optuna.Trial:
-    """The `optuna.Trial` of RUNNING trial `number`: samples what it lacks, returns what it has."""
+    """The `optuna.Trial` of RUNNING trial `number`: samples what it lacks, returns what it has.
+
+    Args:
+        study: the `optuna.Study`.
+        storage: the study's Optuna storage.
+        study_id: the study's id in the storage.
+        number: the trial's number.
+    """
     return optuna.Trial(study, trial_id(storage, study_id, number))
 
 
@@ -99,7 +148,13 @@ def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id
 def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
               lock_file: str) -> Iterator[None]:
     """Held by one process at a time among those on `storage`'s study `study_name`.
-    `lock_file`: where the journal file's (and SQLite's) lock is, beside the study."""
+    `lock_file`: where the journal file's (and SQLite's) lock is, beside the study.
+
+    Args:
+        storage: the study's Optuna storage.
+        study_name: the study's name.
+        lock_file: the lock file for a journal file's (and SQLite's) study.
+    """
     engine = getattr(storage, "engine", None)
     dialect = engine.dialect.name if engine is not None else None
     if dialect in ("postgresql", "mysql"):

@@ -57,7 +57,15 @@ def make_pruner(options: Dict[str, Any]) -> optuna.pruners.BasePruner:
 def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str, step: int,
                   value: float) -> None:
     """Writes `<model_dir>/sweep_pruned.json`: which pruner stopped the trial, at which step, on
-    which value."""
+    which value.
+
+    Args:
+        model_dir: the trial's model dir.
+        pruner: the sweep file's `[pruner]` table.
+        objective: the objective's name.
+        step: the step of the evaluation it was pruned at.
+        value: the objective's value there.
+    """
     from ctl.model_dir import write_json
 
     write_json(model_dir.file(SWEEP_PRUNED_FILE), {
@@ -68,6 +76,11 @@ def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str,
 
 
 def read_pruned(model_dir: "ModelDir") -> Optional[Dict[str, Any]]:
+    """The record `record_pruned` wrote, or None.
+
+    Args:
+        model_dir: the trial's model dir.
+    """
     from ctl.model_dir import read_json
 
     return read_json(model_dir.file(SWEEP_PRUNED_FILE))

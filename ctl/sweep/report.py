@@ -30,7 +30,11 @@ def _order(trial, maximize: bool) -> Tuple[int, float, int]:
 
 
 def load(sweep_dir: str):
-    """(record, study, trials of the budget) of `sweep_dir`."""
+    """(record, study, trials of the budget) of `sweep_dir`.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     try:
         import optuna
     except ImportError as error:
@@ -69,7 +73,11 @@ def _seconds(trial) -> Optional[float]:
 
 
 def table(sweep_dir: str) -> Tuple[str, list, dict, Any]:
-    """(the table's text, the trials of the budget, sweep.json's record, the Optuna study)."""
+    """(the table's text, the trials of the budget, sweep.json's record, the Optuna study).
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     record, loaded, trials = load(sweep_dir)
     maximize = record.get("direction", "maximize") == "maximize"
     objective = record.get("objective", "value")
@@ -102,7 +110,13 @@ def _short(value) -> str:
 def space_of(loaded, trials, record: Optional[dict] = None) -> Dict[str, Tuple[str, list]]:
     """{binding: (kind, values)} of the sweep file that created the study (`ctl.sweep.study`
     keeps it); for a study made before ctl kept it, the sweep file `sweep.json` names, else
-    guessed from the values sampled."""
+    guessed from the values sampled.
+
+    Args:
+        loaded: the Optuna study.
+        trials: the budget's trials.
+        record: the sweep's record (`sweep.json`), or None.
+    """
     from ctl.sweep import sweep_file
     from ctl.sweep.study import SWEEP_FILE
 
@@ -126,7 +140,14 @@ def plot(trials: list, record: dict, path: str,
     atomically): completed trials as dots, pruned ones as crosses (at the value they were pruned
     on); a choice's values as categories in the file's order, a log-uniform range on a log axis,
     integers on integer ticks. Returns what each panel shows (title, x scale, x tick labels,
-    points per state)."""
+    points per state).
+
+    Args:
+        trials: the budget's trials.
+        record: the sweep's record (`sweep.json`).
+        path: where the PNG goes.
+        space: `space_of`'s answer (None: computed here).
+    """
     from matplotlib.ticker import MaxNLocator
 
     from ctl.comforts.figures import pyplot, write_png
@@ -198,7 +219,12 @@ def _shown(axis) -> Dict[str, Any]:
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
-    """(table, png path) of the sweep in `sweep_dir`."""
+    """(table, png path) of the sweep in `sweep_dir`.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        output: where the PNG goes (default: `report.png` in the sweep dir).
+    """
     text, trials, record, loaded = table(sweep_dir)
     output = output or os.path.join(sweep_dir, "report.png")
     plot(trials, record, output, space_of(loaded, trials, record))

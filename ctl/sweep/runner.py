@@ -217,7 +217,12 @@ def run(study: Study, number: int, sweep: SweepFile, model_dir: "ModelDir", gin_
 def trial_value(values: Sequence[float], sweep: SweepFile) -> float:
     """A completed trial's value from its evaluations' objective, oldest first: the last one
     (`value = "last"`), or the best one by the sweep's direction (`value = "best"`; NaN never
-    is)."""
+    is).
+
+    Args:
+        values: the objective at each evaluation, oldest first.
+        sweep: the parsed sweep file (its `value`: best or last).
+    """
     if sweep.value == "last":
         return values[-1]
     finite = [v for v in values if not math.isnan(v)]

@@ -81,7 +81,11 @@ ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def storage_url(storage: Optional[str]) -> Optional[str]:
-    """The SQLAlchemy URL of a `--storage` (`postgresql://` becomes `postgresql+psycopg://`)."""
+    """The SQLAlchemy URL of a `--storage` (`postgresql://` becomes `postgresql+psycopg://`).
+
+    Args:
+        storage: `--storage`, or None.
+    """
     if not storage:
         return None
     scheme, sep, rest = storage.partition("://")
@@ -97,6 +101,11 @@ def storage_url(storage: Optional[str]) -> Optional[str]:
 
 
 def without_password(url: str) -> str:
+    """`url` with its password, if any, as `***` (what the record and the console show).
+
+    Args:
+        url: a database URL.
+    """
     parts = urllib.parse.urlsplit(url)
     if parts.password is None:
         return url
@@ -105,7 +114,12 @@ def without_password(url: str) -> str:
 
 
 def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.BaseStorage:
-    """The study's storage: the journal file in `sweep_dir`, or the database at `storage`."""
+    """The study's storage: the journal file in `sweep_dir`, or the database at `storage`.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+    """
     url = storage_url(storage)
     if url is None:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -130,7 +144,13 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
 def check_existing(sweep_dir: str, storage: Optional[str], sweep: SweepFile) -> None:
     """If the sweep's study exists (in the journal file of `sweep_dir`, or at `storage`), raises
     `UserError` when `sweep` does not match what it kept (`check_same_study`); creates nothing
-    (no sweep dir, no study). Cheap: no TensorFlow, so a changed file is refused at once."""
+    (no sweep dir, no study). Cheap: no TensorFlow, so a changed file is refused at once.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+        sweep: the parsed sweep file.
+    """
     if storage is None and not os.path.isfile(layout.journal_file(sweep_dir)):
         return
     opened = open_storage(sweep_dir, storage)
@@ -146,7 +166,14 @@ def check_existing(sweep_dir: str, storage: Optional[str], sweep: SweepFile) -> 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
                  trials_dir: Optional[str] = None) -> None:
     """`<sweep_dir>/sweep.json`: the study's name and storage (no password), the objective, and
-    where the trials' model dirs go (None: `<sweep_dir>/trials`)."""
+    where the trials' model dirs go (None: `<sweep_dir>/trials`).
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        sweep: the parsed sweep file.
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+        trials_dir: `--trials_dir` (None: the sweep dir's `trials/`).
+    """
     layout.write_record(sweep_dir, {
         "study": sweep.study, "storage": without_password(storage) if storage else None,
         "objective": sweep.objective, "direction": sweep.direction, "trials": sweep.trials,
@@ -155,7 +182,12 @@ def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
 
 def make_sampler(sweep: SweepFile, number: int = 0) -> optuna.samplers.BaseSampler:
     """The sweep file's sampler, for trial `number`: seeded with `seed + number`, so that with
-    `seed` the suggestions depend on the study's history, not on which worker asks."""
+    `seed` the suggestions depend on the study's history, not on which worker asks.
+
+    Args:
+        sweep: the parsed sweep file.
+        number: the trial's number.
+    """
     seed = None if sweep.seed is None else sweep.seed + number
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -176,6 +208,13 @@ class Study:
         its creator died while it enqueued) is topped up once its creator had
         `wait_s` seconds to enqueue. `sweep_dir`: where the lock of a journal file's
         takeovers is (`<sweep_dir>/workers/takeover.lock`).
+
+        Args:
+            storage: the study's storage (`open_storage`).
+            sweep: the parsed sweep file.
+            pruner: the sweep's pruner (`ctl.sweep.pruning.make_pruner`).
+            wait_s: seconds a study's creator has to enqueue the budget before another tops it up.
+            sweep_dir: the sweep dir, where the lock of a journal file's takeovers is (None: no such lock).
         """
         self.storage = storage
         self.budget = sweep.trials
@@ -215,18 +254,35 @@ class Study:
             internals.add_waiting(storage, self.study_id)
 
     def all_trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
+        """Every trial of the study, the budget's and any other.
+
+        Args:
+            states: only trials in these `TrialState`s (None: all).
+        """
         return self.optuna.get_trials(deepcopy=False, states=states)
 
     def trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
-        """The trials of the budget's queue (numbers below the budget)."""
+        """The trials of the budget's queue (numbers below the budget).
+
+        Args:
+            states: only trials in these `TrialState`s (None: all).
+        """
         return [t for t in self.all_trials(states) if t.number < self.budget]
 
     def trial(self, number: int) -> optuna.trial.FrozenTrial:
-        """Trial `number` as the storage has it now."""
+        """Trial `number` as the storage has it now.
+
+        Args:
+            number: the trial's number.
+        """
         return internals.frozen(self.storage, self.study_id, number)
 
     def optuna_trial(self, number: int) -> optuna.Trial:
-        """The `optuna.Trial` of RUNNING trial `number`, to ask its values of."""
+        """The `optuna.Trial` of RUNNING trial `number`, to ask its values of.
+
+        Args:
+            number: the trial's number.
+        """
         return internals.trial_of(self.optuna, self.storage, self.study_id, number)
 
     def timed_out(self) -> bool:
@@ -248,21 +304,51 @@ class Study:
         return internals.pop_waiting(self.storage, self.study_id, iter(waiting))
 
     def set_attr(self, number: int, key: str, value: Any) -> None:
+        """Sets a system attribute of trial `number`.
+
+        Args:
+            number: the trial's number.
+            key: the attribute.
+            value: its value (JSON).
+        """
         internals.set_system_attr(self.storage, self.study_id, number, key, value)
 
     def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        """Sets a user attribute of trial `number` (what optuna-dashboard shows).
+
+        Args:
+            number: the trial's number.
+            key: the attribute.
+            value: its value (JSON).
+        """
         internals.set_user_attr(self.storage, self.study_id, number, key, value)
 
     def beat(self, number: int) -> None:
+        """Records a heartbeat of trial `number` (now).
+
+        Args:
+            number: the trial's number.
+        """
         self.set_attr(number, HEARTBEAT, time.time())
 
     def own(self, number: int, slot: "Slot", model_dir: "ModelDir") -> None:
+        """Marks trial `number` as this slot's, with its model dir, and beats.
+
+        Args:
+            number: the trial's number.
+            slot: the worker's slot.
+            model_dir: the trial's model dir.
+        """
         self.set_attr(number, OWNER, slot.key)
         self.set_attr(number, MODEL_DIR, model_dir.path)
         self.beat(number)
 
     def orphans(self, slot: "Slot") -> List[optuna.trial.FrozenTrial]:
-        """RUNNING trials of this slot: its previous worker died running them."""
+        """RUNNING trials of this slot: its previous worker died running them.
+
+        Args:
+            slot: the worker's slot.
+        """
         return [t for t in self.trials((TrialState.RUNNING,))
                 if t.system_attrs.get(OWNER) == slot.key]
 
@@ -270,7 +356,12 @@ class Study:
                         grace: float) -> Optional[Tuple[optuna.trial.FrozenTrial, float]]:
         """Takes over the lowest-numbered RUNNING trial of another worker whose heartbeat is
         `grace` seconds old, under the storage's lock: the trial (read under the lock,
-        before this worker's heartbeat) and its heartbeat's age in seconds, or None."""
+        before this worker's heartbeat) and its heartbeat's age in seconds, or None.
+
+        Args:
+            slot: the worker's slot, the trial's new owner.
+            grace: seconds a heartbeat may be old before the trial is stale.
+        """
         stale = [t.number for t in self.trials((TrialState.RUNNING,))
                  if t.system_attrs.get(OWNER) != slot.key and heartbeat_age(t) >= grace]
         if not stale:
@@ -286,6 +377,11 @@ class Study:
         return None
 
     def owner(self, number: int) -> Optional[str]:
+        """The slot that owns trial `number`, as its record says (None: none).
+
+        Args:
+            number: the trial's number.
+        """
         return self.trial(number).system_attrs.get(OWNER)
 
     def counts(self) -> Dict[str, int]:
@@ -300,6 +396,12 @@ class Study:
 
 
 def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
+    """The best complete trial of `trials`, or None.
+
+    Args:
+        trials: trials of the study.
+        direction: `maximize` or `minimize`.
+    """
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     if not done:
         return None
@@ -308,7 +410,13 @@ def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    """A worker slot of this machine's sweep dir, held while its worker lives."""
+    """A worker slot of this machine's sweep dir, held while its worker lives.
+
+    Args:
+        index: the slot's number.
+        key: the slot's name in the study's records (host, sweep dir, index).
+        lock: the slot's lock (a `FileLock`), held while the worker lives.
+    """
 
     index: int
     key: str  # host:sweep_dir:index, the owner a trial records.
@@ -316,7 +424,11 @@ class Slot:
 
 
 def take_slot(sweep_dir: str) -> Slot:
-    """The lowest free worker slot of `sweep_dir` (held until the process ends)."""
+    """The lowest free worker slot of `sweep_dir` (held until the process ends).
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     from ctl.model_dir.file_lock import FileLock
 
     index = 0
@@ -328,6 +440,11 @@ def take_slot(sweep_dir: str) -> Slot:
 
 
 def heartbeat_age(trial: optuna.trial.FrozenTrial) -> float:
+    """Seconds since the trial's last heartbeat (since its start without one).
+
+    Args:
+        trial: a trial of the study.
+    """
     beat = trial.system_attrs.get(HEARTBEAT)
     if beat is None:
         start = trial.datetime_start

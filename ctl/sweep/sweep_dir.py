@@ -116,7 +116,11 @@ def slot_lock_file(sweep_dir: str, index: int) -> str:
 
 
 def takeover_lock_file(sweep_dir: str) -> str:
-    """Held while a worker takes a stale trial over (a journal file's study)."""
+    """Held while a worker takes a stale trial over (a journal file's study).
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+    """
     return os.path.join(sweep_dir, WORKERS_DIR, TAKEOVER_LOCK)
 
 

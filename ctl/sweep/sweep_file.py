@@ -134,7 +134,11 @@ MAY_CHANGE = ("trials", "timeout")
 
 def identity(sweep: SweepFile) -> Dict[str, Any]:
     """What the study keeps of `sweep` (a study user attribute, JSON): everything but `trials`
-    and `timeout`, which may change on an existing study."""
+    and `timeout`, which may change on an existing study.
+
+    Args:
+        sweep: the parsed sweep file.
+    """
     return {"objective": sweep.objective, "direction": sweep.direction, "value": sweep.value,
             "sampler": sweep.sampler, "seed": sweep.seed, "pruner": dict(sweep.pruner),
             "space": [[p.binding, p.kind, list(p.values)] for p in sweep.space]}
@@ -142,7 +146,13 @@ def identity(sweep: SweepFile) -> Dict[str, Any]:
 
 def check_same_study(kept: Dict[str, Any], sweep: SweepFile, study: str) -> None:
     """Raises `UserError` (one line) naming the first key of `sweep` that differs from what the
-    study `study` kept when it was created (`identity`)."""
+    study `study` kept when it was created (`identity`).
+
+    Args:
+        kept: what the study keeps of the sweep file that created it.
+        sweep: the parsed sweep file.
+        study: the study's name.
+    """
     now = json.loads(json.dumps(identity(sweep)))
     kept = json.loads(json.dumps(kept))
     for key, value in now.items():
