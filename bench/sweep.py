@@ -222,6 +222,9 @@ SYSTEMS = {
     "ctl_sweep": ctl_sweep,
     "keras_tuner_hyperband": lambda: keras_tuner("hyperband"),
     "ctl_sweep_hyperband_wall": None,  # Hyperband's wall time as its timeout: in `main`.
+    # The same 100 trials with no timeout, before Hyperband: its best by Hyperband's wall time is
+    # `ctl_best_by_keras_tuner_hyperband_s` (a shorter run when the host is loaded).
+    "ctl_sweep_100": lambda: ctl_sweep("ctl_sweep_100", trials=EQUAL_WALL_TRIALS),
     "keras_tuner_random": lambda: keras_tuner("random"),
     "optuna_fit": optuna_fit,
 }
@@ -247,6 +250,9 @@ def main():
             lines.append(SYSTEMS[system]())
         lines[-1]["load_average"] = round(os.getloadavg()[0], 2)
         lines[-1]["ended_utc"] = time.strftime("%H:%M:%S", time.gmtime())
+        if args.out:  # Each line as soon as it is measured (the comparisons come at the end).
+            with open(args.out + ".partial", "a") as f:
+                f.write(json.dumps(lines[-1]) + "\n")
     for line in lines:
         line["seconds_to_target"] = reached(line["events"], args.target)
         line["target"] = args.target

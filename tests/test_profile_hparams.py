@@ -60,9 +60,11 @@ def test_profile_trace_and_hparams_summary(tmp_path):
 
     hparams = session_start_hparams(tmp_path)
     assert hparams["RegressionTask.learning_rate"] == pytest.approx(0.1)
-    assert hparams["Schedule.train_steps"] == 40
-    assert hparams["Profile.start_step"] == 10
+    # Integers as their text (TensorBoard would print 40.00), and how the run ended.
+    assert hparams["Schedule.train_steps"] == "40"
+    assert hparams["Profile.start_step"] == "10"
     assert hparams["Experiment.task"] == "@RegressionTask()"
+    assert (hparams["state"], hparams["step"]) == ("complete", "40")
 
 
 def test_report_compares_runs(tmp_path):

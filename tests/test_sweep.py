@@ -127,6 +127,53 @@ def test_a_sweep_file_that_does_not_fit_the_config_ends_before_any_trial(tmp_pat
     assert not os.path.exists(tmp_path / "sweep")
 
 
+CHANGED = 'objective = "accuracy"\ntrials = {trials}\nsampler = "random"\nseed = 0\npruner = "none"\n{more}' \
+    '[space]\n"DigitsTask.learning_rate" = {{ log_uniform = [{low}, 1e-2] }}\n{binding}'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # Two sweeps of tiny trials, and five commands that end at once.
+def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_extend_it(tmp_path):
+    """A study made by a 1-trial file; then files that change its space, objective, direction or
+    value: each one line, exit 2, no trial added or started (two workers: still one line); then
+    trials = 2 (with a timeout): the second trial runs."""
+    sweep_dir = str(tmp_path / "sweep")
+    path = str(tmp_path / "s.toml")
+    short = [*TINY, "--gin_bindings=TRAIN_STEPS=40"]
+
+    def sweep(trials=1, more=""):
+        write(path, CHANGED.format(trials=trials, more=more, low="1e-3", binding=""))
+        return run_sweep(path, sweep_dir, *short, timeout=1200)
+
+    done = sweep()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for change, expected in [
+        (dict(low="1e-4"), "[space] 'DigitsTask.learning_rate' = { log_uniform = [0.0001, 0.01] }, "
+         "but the study was created with { log_uniform = [0.001, 0.01] }"),
+        (dict(binding='"DigitsTask.hidden_units" = { choice = [16, 32] }\n'),
+         "[space] 'DigitsTask.hidden_units' is new (the study was created without it)"),
+        (dict(more='objective = "loss"\n'),
+         'objective = "loss", but the study was created with objective = "accuracy"'),
+        (dict(more='direction = "minimize"\n'), "direction = 'minimize', but the study "),
+        (dict(more='value = "last"\n'), 'value = "last", but the study was created with value = "best"'),
+    ]:
+        write(path, CHANGED.format(**{"trials": 3, "more": "", "low": "1e-3", "binding": "", **change}))
+        done = run_sweep(path, sweep_dir, *short, "--workers=2", timeout=1200)
+        lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+        assert done.returncode == 2 and len(lines) == 1, done.stdout[-3000:] + done.stderr[-3000:]
+        assert lines[0].startswith(f"ctl.sweep: error: --sweep_file={path}: ") and expected in lines[0], lines
+        assert "trial" not in done.stdout, done.stdout
+        assert [t.state.name for t in load_trials(sweep_dir, "s")] == ["COMPLETE"]
+    assert lines[0].endswith("put the file back, or name a new study (study = \"...\") or a new "
+                             "--sweep_dir.")
+    done = sweep(2, "timeout = 900\n")  # What may change: the budget and the timeout.
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [t.state.name for t in load_trials(sweep_dir, "s")] == ["COMPLETE", "COMPLETE"]
+    assert "2/2 ended (2 complete, 0 pruned, 0 failed)" in done.stdout
+    panels = report_panels(sweep_dir, tmp_path)
+    assert panels["DigitsTask.learning_rate"]["xscale"] == "log"  # The file's log_uniform.
+
+
 def test_without_optuna_one_line_names_the_extra(tmp_path):
     blocker = tmp_path / "block"
     blocker.mkdir()
@@ -152,6 +199,8 @@ def test_the_budget_is_exact_with_two_workers(sweep):
     assert "4/4 ended (2 complete, 1 pruned, 1 failed), 0 running" in out
     assert "worker 0" in out and "worker 1" in out
     assert "best accuracy = " in out
+    # The end, once for the command (not once per worker).
+    assert out.count("sweep | done: 4/4 ended") == 1 and out.count("sweep | to look: ") == 1, out
 
 
 @pytest.mark.slow
@@ -233,28 +282,86 @@ def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(swee
     assert "trial 3: failed in" in sweep["done"].stdout
 
 
-@pytest.mark.slow
-def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_completed_and_pruned_trial_in_hparams(sweep):
-    """Trials 0 and 1 completed, trial 2 was pruned: each is a run of the HParams dashboard, with
-    its sampled values (trial 3 failed before training: no run)."""
+def hparams_of_runs(logdir):
+    """{run: {hparam: value}} of the HParams summaries under `logdir`, read by TensorBoard's own
+    reader (a number as a float, a string as a string)."""
     from tensorboard.backend.event_processing import plugin_event_multiplexer
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    logdir = plugin_event_multiplexer.EventMultiplexer()
-    logdir.AddRunsFromDirectory(sweep["dir"])
-    logdir.Reload()
-    runs = logdir.PluginRunToTagToContent("hparams")
-    sampled = {}
-    for run, tags in runs.items():
+    runs = plugin_event_multiplexer.EventMultiplexer()
+    runs.AddRunsFromDirectory(logdir)
+    runs.Reload()
+    found = {}
+    for run, tags in runs.PluginRunToTagToContent("hparams").items():
         for content in tags.values():
             data = plugin_data_pb2.HParamsPluginData.FromString(content)
             if data.HasField("session_start_info"):
-                sampled[run] = data.session_start_info.hparams["DigitsTask.learning_rate"].number_value
+                found[run] = {name: getattr(value, value.WhichOneof("kind"))
+                              for name, value in data.session_start_info.hparams.items()}
+    return found
+
+
+@pytest.mark.slow
+def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_trial_its_state_and_step_in_hparams(sweep):
+    """Trials 0 and 1 completed, trial 2 was pruned, trial 3 failed: each is a run of the HParams
+    dashboard, with its sampled values, its state and its last step; integers as integers (their
+    text: TensorBoard has no integer type), a macro's binding as the macro's value."""
     trials = sweep["trials"]
-    assert set(sampled) == {os.path.join("trials", str(n)) for n in (0, 1, 2)}, sorted(runs)
-    for number in (0, 1, 2):
-        assert sampled[os.path.join("trials", str(number))] == pytest.approx(
+    found = hparams_of_runs(sweep["dir"])
+    assert set(found) == {os.path.join("trials", str(n)) for n in range(4)}, sorted(found)
+    for number, state, step in [(0, "complete", "400"), (1, "complete", "400"), (2, "pruned", "20"),
+                                (3, "failed", "0")]:
+        values = found[os.path.join("trials", str(number))]
+        assert (values["state"], values["step"]) == (state, step), values
+        assert values["DigitsTask.learning_rate"] == pytest.approx(
             trials[number].params["DigitsTask.learning_rate"])
+        assert values["DigitsTask.hidden_units"] == str(trials[number].params["DigitsTask.hidden_units"])
+    complete = found[os.path.join("trials", "0")]
+    assert complete["Schedule.train_steps"] == "400" and complete["TRAIN_STEPS"] == "400", complete
+    assert complete["DigitsTask.batch_size"] == "64", complete
+
+
+def report_panels(sweep_dir, tmp_path):
+    """What each panel of `ctl.report`'s figure of `sweep_dir` shows, by title."""
+    from ctl.sweep import report
+
+    unused_text, trials, record, study = report.table(sweep_dir)
+    shown = report.plot(trials, record, str(tmp_path / "report.png"), report.space_of(study, trials))
+    assert os.path.getsize(tmp_path / "report.png") > 10_000
+    return {panel["title"]: panel for panel in shown}
+
+
+def integers(labels):
+    return [int(label.replace("\u2212", "-")) for label in labels if label]
+
+
+@pytest.mark.slow
+def test_the_reports_panels_show_pruned_trials_choices_and_log_ranges(sweep, tmp_path):
+    """The shared sweep (2 completed, 1 pruned, 1 failed; choices only): the pruned trial is drawn
+    apart, on every panel; a choice's values are categories in the file's order; the trial axis
+    has integer ticks. (A log-uniform range on a log axis: the sweep of the test below.)"""
+    panels = report_panels(sweep["dir"], tmp_path)
+    history = panels["optimization history"]
+    assert history["points"] == {"complete": 2, "pruned": 1}, history
+    assert integers(history["xticks"]) == sorted(set(integers(history["xticks"])))  # Whole numbers.
+    rate = panels["DigitsTask.learning_rate"]
+    assert rate["xticks"] == ["0.01", "1e-06"] and rate["points"] == {"complete": 2, "pruned": 1}, rate
+    assert panels["DigitsTask.hidden_units"]["xticks"] == ["32", "-1"]
+
+
+@pytest.mark.slow
+def test_a_sweep_in_which_every_trial_failed_exits_1_with_the_first_ones_line(tmp_path):
+    sweep_file = write(tmp_path / "bad.toml", 'objective = "accuracy"\ntrials = 2\nsampler = "random"\n'
+                       'pruner = "none"\n[space]\n"DigitsTask.hidden_units" = { choice = [-1, -2] }\n')
+    done = run_sweep(sweep_file, str(tmp_path / "sweep"), "--workers=2", *TINY, timeout=1200)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("ctl.sweep: error: every trial that ended failed (2); trial 0: exit status "
+                               "2: ctl.run: error: DigitsTask.hidden_units=-"), lines
+    assert lines[0].endswith("fix what it says, then run the sweep with a new --sweep_dir (or study name).")
+    assert "2/2 ended (0 complete, 0 pruned, 2 failed)" in done.stdout
+    assert "to look" not in done.stdout
 
 
 # Faults.

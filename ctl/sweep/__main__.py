@@ -103,6 +103,7 @@ def _sweep() -> int:
     sweep = sweep_file.load(FLAGS.sweep_file)
     sweep_dir = os.path.abspath(FLAGS.sweep_dir)
     if not FLAGS.as_worker:
+        study.check_existing(sweep_dir, FLAGS.storage, sweep)  # A changed file: at once.
         _check(sweep)
     storage = study.open_storage(sweep_dir, FLAGS.storage)
     try:
@@ -114,10 +115,14 @@ def _sweep() -> int:
         raise UserError(f"cannot open the study {sweep.study!r} in "
                         f"{study.without_password(FLAGS.storage or sweep_dir)} ({first_line(error)})"
                         "; check --storage.") from error
-    if FLAGS.as_worker or FLAGS.workers == 1:
+    if FLAGS.as_worker:
         return _work(opened, sweep, sweep_dir)
-    study.write_record(sweep_dir, sweep, FLAGS.storage, trials_path(FLAGS.trials_dir))
-    return _supervise(FLAGS.workers)
+    if FLAGS.workers == 1:
+        status = _work(opened, sweep, sweep_dir)
+    else:
+        study.write_record(sweep_dir, sweep, FLAGS.storage, trials_path(FLAGS.trials_dir))
+        status = _supervise(FLAGS.workers)
+    return _end(opened, sweep, sweep_dir) if status == 0 else status
 
 
 def _check(sweep) -> None:
@@ -146,12 +151,26 @@ def _work(opened, sweep, sweep_dir: str) -> int:
                         FLAGS.storage, trials_dir, fork_trials=FLAGS.fork_trials and worker.FORKS)
     one.install_signals()
     one.say(f"study {sweep.study!r}: {progress.line(opened, sweep.objective)}")
-    status = one.run()
-    if status == 0:
-        one.say(f"done: {progress.line(opened, sweep.objective)}")
-        one.say(f"to look: python -m ctl.report --model_dir={sweep_dir} ; "
-                f"tensorboard --logdir {sweep_dir}")
-    return status
+    return one.run()
+
+
+def _end(opened, sweep, sweep_dir: str) -> int:
+    """Once the workers ended with 0 (the budget spent, or the timeout): the sweep's last lines,
+    printed once, and its status: 0, or EXIT_ALL_FAILED when no trial ended but failed."""
+    from ctl.sweep import progress
+
+    counts = opened.counts()
+    print(f"sweep | done: {progress.line(opened, sweep.objective)}", flush=True)
+    if counts["fail"] and not counts["complete"] and not counts["pruned"]:
+        first = min(opened.trials((progress.FAILED,)), key=lambda t: t.number)
+        print(f"ctl.sweep: error: every trial that ended failed ({counts['fail']}); trial "
+              f"{first.number}: {first.user_attrs.get('fail_reason', 'no reason recorded')}; fix "
+              f"what it says, then run the sweep with a new --sweep_dir (or study name).",
+              file=sys.stderr, flush=True)
+        return progress.EXIT_ALL_FAILED
+    print(f"sweep | to look: python -m ctl.report --model_dir={sweep_dir} ; "
+          f"tensorboard --logdir {sweep_dir}", flush=True)
+    return 0
 
 
 def _supervise(workers: int) -> int:

@@ -42,10 +42,10 @@ SUPPORTED_MAJOR = 5  # pyproject.toml: optuna>=5,<6.
 
 
 def trial_id(storage: optuna.storages.BaseStorage, study_id: int, number: int) -> int:
-    """The storage's id of trial `number` of the study.
+    """The storage's id of trial `number`.
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
         number: the trial's number.
     """
@@ -57,7 +57,7 @@ def frozen(storage: optuna.storages.BaseStorage, study_id: int,
     """Trial `number` as the storage has it now.
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
         number: the trial's number.
     """
@@ -69,7 +69,7 @@ def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number:
     """Sets a system attribute of trial `number`.
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
         number: the trial's number.
         key: the attribute.
@@ -83,7 +83,7 @@ def set_user_attr(storage: optuna.storages.BaseStorage, study_id: int, number: i
     """Sets a user attribute of trial `number`.
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
         number: the trial's number.
         key: the attribute.
@@ -96,7 +96,7 @@ def add_waiting(storage: optuna.storages.BaseStorage, study_id: int) -> None:
     """One more WAITING trial at the end of the queue, with no values fixed.
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
     """
     storage.create_new_trial(study_id, optuna.trial.create_trial(state=TrialState.WAITING))
@@ -108,9 +108,9 @@ def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
     number, or None. Of several callers, one wins each trial (`Study._pop_waiting_trial_id`).
 
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
-        numbers: the numbers of WAITING trials to try, in order.
+        numbers: the WAITING trials' numbers, in the order to try them.
     """
     for number in numbers:
         try:
@@ -124,12 +124,7 @@ def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
 
 def name_objective(study: optuna.Study, objective: str) -> None:
     """Labels the study's one value `objective` (optuna-dashboard shows it), once;
-    `set_metric_names` is experimental in Optuna 5: its warning is not the user's.
-
-    Args:
-        study: the Optuna study.
-        objective: the sweep's objective (an eval metric's name).
-    """
+    `set_metric_names` is experimental in Optuna 5: its warning is not the user's."""
     if study.metric_names != [objective]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -141,8 +136,8 @@ def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id
     """The `optuna.Trial` of RUNNING trial `number`: samples what it lacks, returns what it has.
 
     Args:
-        study: the Optuna study.
-        storage: the study's storage.
+        study: the `optuna.Study`.
+        storage: the study's Optuna storage.
         study_id: the study's id in the storage.
         number: the trial's number.
     """
@@ -155,12 +150,10 @@ def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
     """Held by one process at a time among those on `storage`'s study `study_name`.
     `lock_file`: where the journal file's (and SQLite's) lock is, beside the study.
 
-    PostgreSQL and MySQL: an advisory lock of the database, keyed by the study's name.
-
     Args:
-        storage: the study's storage.
+        storage: the study's Optuna storage.
         study_name: the study's name.
-        lock_file: the lock file of the other storages (a journal file, SQLite).
+        lock_file: the lock file for a journal file's (and SQLite's) study.
     """
     engine = getattr(storage, "engine", None)
     dialect = engine.dialect.name if engine is not None else None

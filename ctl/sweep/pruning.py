@@ -61,9 +61,9 @@ def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str,
 
     Args:
         model_dir: the trial's model dir.
-        pruner: the sweep file's `[pruner]` table (its `name` and options).
-        objective: the sweep's objective.
-        step: the step of the evaluation the trial was pruned at.
+        pruner: the sweep file's `[pruner]` table.
+        objective: the objective's name.
+        step: the step of the evaluation it was pruned at.
         value: the objective's value there.
     """
     from ctl.model_dir import write_json
@@ -76,7 +76,7 @@ def record_pruned(model_dir: "ModelDir", pruner: Dict[str, Any], objective: str,
 
 
 def read_pruned(model_dir: "ModelDir") -> Optional[Dict[str, Any]]:
-    """What `record_pruned` wrote in `model_dir`, or None (the trial was not pruned).
+    """The record `record_pruned` wrote, or None.
 
     Args:
         model_dir: the trial's model dir.

@@ -5,8 +5,11 @@ first (by their objective), then pruned ones (by the value they were pruned
 at), failed, running and waiting ones; each with its state, value, sampled
 bindings, the steps its run trained and the time it took. A failed trial's one
 line follows the table. The PNG (`<sweep_dir>/report.png`, or `--output`) has
-the optimization history (each trial's value and the best so far) and a panel
-per binding of the space, its values against the objective.
+the optimization history (each trial's value and the best so far, on integer
+trial ticks) and a panel per binding of the space, its values against the
+objective: completed trials as dots, pruned ones as crosses (the value they
+were pruned on), a choice's values as categories, a log-uniform range on a log
+axis (the space as the study keeps it from its sweep file).
 
 The study is found through `<sweep_dir>/sweep.json` (`ctl.sweep.study`); a
 PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
@@ -14,7 +17,7 @@ PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
 
 import datetime
 import os
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ctl.utils.errors import UserError
 
@@ -30,7 +33,7 @@ def load(sweep_dir: str):
     """(record, study, trials of the budget) of `sweep_dir`.
 
     Args:
-        sweep_dir: the sweep dir (its `sweep.json` names the study and its storage).
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
     """
     try:
         import optuna
@@ -69,14 +72,11 @@ def _seconds(trial) -> Optional[float]:
     return (end - trial.datetime_start).total_seconds()
 
 
-def table(sweep_dir: str) -> Tuple[str, list, dict]:
-    """The sweep's trials as a text table, best first, with failed trials' reasons below.
+def table(sweep_dir: str) -> Tuple[str, list, dict, Any]:
+    """(the table's text, the trials of the budget, sweep.json's record, the Optuna study).
 
     Args:
-        sweep_dir: the sweep dir.
-
-    Returns:
-        (the table's text, the trials of the budget, the sweep's record).
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
     """
     record, loaded, trials = load(sweep_dir)
     maximize = record.get("direction", "maximize") == "maximize"
@@ -100,73 +100,132 @@ def table(sweep_dir: str) -> Tuple[str, list, dict]:
              "  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines.append("-" * len(lines[-1]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines + failures), trials, record
+    return "\n".join(lines + failures), trials, record, loaded
 
 
 def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def plot(trials: list, record: dict, path: str) -> None:
-    """Optimization history and each binding against the objective, as one PNG (written atomically).
+def space_of(loaded, trials, record: Optional[dict] = None) -> Dict[str, Tuple[str, list]]:
+    """{binding: (kind, values)} of the sweep file that created the study (`ctl.sweep.study`
+    keeps it); for a study made before ctl kept it, the sweep file `sweep.json` names, else
+    guessed from the values sampled.
 
     Args:
-        trials: the trials of the budget (`FrozenTrial`s).
-        record: the sweep's record (`sweep.json`: objective, direction).
-        path: the PNG to write.
+        loaded: the Optuna study.
+        trials: the budget's trials.
+        record: the sweep's record (`sweep.json`), or None.
     """
+    from ctl.sweep import sweep_file
+    from ctl.sweep.study import SWEEP_FILE
+
+    kept = loaded.user_attrs.get(SWEEP_FILE) or {}
+    if not kept and (record or {}).get("sweep_file"):
+        try:
+            kept = sweep_file.identity(sweep_file.load(record["sweep_file"]))
+        except UserError:
+            pass  # Gone or changed since: guessed below.
+    space = {binding: (kind, list(values)) for binding, kind, values in kept.get("space", [])}
+    for name in sorted({name for t in trials for name in t.params} - set(space)):
+        values = sorted({t.params[name] for t in trials if name in t.params}, key=repr)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        space[name] = ("uniform", values) if numeric else ("choice", values)
+    return space
+
+
+def plot(trials: list, record: dict, path: str,
+         space: Optional[Dict[str, Tuple[str, list]]] = None) -> List[Dict[str, Any]]:
+    """Optimization history and each binding against the objective, as one PNG (written
+    atomically): completed trials as dots, pruned ones as crosses (at the value they were pruned
+    on); a choice's values as categories in the file's order, a log-uniform range on a log axis,
+    integers on integer ticks. Returns what each panel shows (title, x scale, x tick labels,
+    points per state).
+
+    Args:
+        trials: the budget's trials.
+        record: the sweep's record (`sweep.json`).
+        path: where the PNG goes.
+        space: `space_of`'s answer (None: computed here).
+    """
+    from matplotlib.ticker import MaxNLocator
+
     from ctl.comforts.figures import pyplot, write_png
 
     plt = pyplot()
-
     objective = record.get("objective", "value")
     maximize = record.get("direction", "maximize") == "maximize"
-    scored = sorted((t for t in trials if t.value is not None and t.state.name in ("COMPLETE", "PRUNED")),
+    space = space or {}
+    scored = sorted((t for t in trials if t.value is not None and t.state.name in STATES),
                     key=lambda t: t.number)
-    bindings = sorted({name for t in trials for name in t.params})
+    bindings = list(space) or sorted({name for t in trials for name in t.params})
     panels = 1 + len(bindings)
     columns = min(3, panels)
     rows = -(-panels // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
     history = axes.flat[0]
-    for state, marker in (("COMPLETE", "o"), ("PRUNED", "x")):
+    for state in STATES:
         points = [(t.number, t.value) for t in scored if t.state.name == state]
-        history.plot([p[0] for p in points], [p[1] for p in points], marker, linestyle="none",
-                     label=state.lower())
-    complete = [t for t in scored if t.state.name == "COMPLETE"]
+        history.plot([p[0] for p in points], [p[1] for p in points], STATES[state],
+                     linestyle="none", label=state.lower())
     best: List[Tuple[int, float]] = []
-    for t in complete:
+    for t in (t for t in scored if t.state.name == "COMPLETE"):
         value = t.value if not best else (max if maximize else min)(best[-1][1], t.value)
         best.append((t.number, value))
     history.step([p[0] for p in best], [p[1] for p in best], where="post", label="best so far")
     history.set_title("optimization history")
     history.set_xlabel("trial")
-    history.set_ylabel(objective)
+    history.xaxis.set_major_locator(MaxNLocator(integer=True))
     history.legend(fontsize="small")
-    history.grid(alpha=0.3)
     for axis, name in zip(list(axes.flat)[1:], bindings):
-        points = [(t.params[name], t.value) for t in complete if name in t.params]
-        numeric = all(isinstance(p[0], (int, float)) for p in points)
-        xs: List[Any] = [p[0] if numeric else str(p[0]) for p in points]
-        axis.plot(xs, [p[1] for p in points], "o", linestyle="none")
-        if numeric and points and min(xs) > 0 and max(xs) / min(xs) > 100:
+        kind, values = space.get(name, ("uniform", []))
+        for state in STATES:
+            points = [(t.params[name], t.value) for t in scored
+                      if t.state.name == state and name in t.params]
+            xs = [values.index(p[0]) if kind == "choice" and p[0] in values else p[0]
+                  for p in points]
+            axis.plot(xs, [p[1] for p in points], STATES[state], linestyle="none")
+        if kind == "choice":
+            axis.set_xticks(range(len(values)), [_short(v) for v in values])
+            axis.set_xlim(-0.5, len(values) - 0.5)
+        if kind.endswith("log_uniform"):
             axis.set_xscale("log")
+        if kind.startswith("int_"):
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_title(name, fontsize="small")
+    for axis in list(axes.flat)[:panels]:
         axis.set_ylabel(objective)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[panels:]:
         axis.axis("off")
+    figure.tight_layout()
+    shown = [_shown(axis) for axis in list(axes.flat)[:panels]]
     write_png(figure, path)
+    return shown
+
+
+# The states drawn, with their markers: completed trials as dots, pruned ones as crosses.
+STATES = {"COMPLETE": "o", "PRUNED": "x"}
+
+
+def _shown(axis) -> Dict[str, Any]:
+    """What a panel shows: its title, x scale, x tick labels and points per state."""
+    axis.figure.canvas.draw()
+    lines = axis.get_lines()
+    return {"title": axis.get_title(), "xscale": axis.get_xscale(),
+            "xticks": [label.get_text() for label in axis.get_xticklabels()],
+            "points": {state.lower(): len(line.get_xdata())
+                       for state, line in zip(STATES, lines)}}
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:
     """(table, png path) of the sweep in `sweep_dir`.
 
     Args:
-        sweep_dir: the sweep dir.
-        output: the PNG to write (None: `<sweep_dir>/report.png`).
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        output: where the PNG goes (default: `report.png` in the sweep dir).
     """
-    text, trials, record = table(sweep_dir)
+    text, trials, record, loaded = table(sweep_dir)
     output = output or os.path.join(sweep_dir, "report.png")
-    plot(trials, record, output)
+    plot(trials, record, output, space_of(loaded, trials, record))
     return text, output

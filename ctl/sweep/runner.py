@@ -220,8 +220,8 @@ def trial_value(values: Sequence[float], sweep: SweepFile) -> float:
     is).
 
     Args:
-        values: the objective at each of the trial's evaluations, oldest first (not empty).
-        sweep: the parsed sweep file (its `value` and direction).
+        values: the objective at each evaluation, oldest first.
+        sweep: the parsed sweep file (its `value`: best or last).
     """
     if sweep.value == "last":
         return values[-1]

@@ -18,6 +18,13 @@ moment may both enqueue: the trials numbered `trials` and above are never
 claimed.) What this takes from below Optuna's public API is in
 `ctl.sweep.optuna_internals`.
 
+The sweep file. The study keeps what the sweep file that created it said (its
+`identity`: objective, direction, value, sampler, seed, pruner, space) as a user
+attribute; opened again with a file that says otherwise, it raises `UserError`
+naming the first difference, before a trial is added or claimed
+(`check_existing` does it first, before TensorFlow is imported). Only `trials`
+and `timeout` may change on an existing study.
+
 Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
 slot: a `ctl.model_dir.file_lock.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
 while the worker lives), its model dir and a heartbeat (a time, renewed every
@@ -58,7 +65,7 @@ from optuna.trial import TrialState
 from ctl.utils.errors import UserError, first_line
 from ctl.sweep import optuna_internals as internals
 from ctl.sweep import sweep_dir as layout
-from ctl.sweep.sweep_file import SweepFile
+from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
 
 if TYPE_CHECKING:
     from ctl.model_dir import ModelDir
@@ -69,6 +76,7 @@ HEARTBEAT = "ctl_heartbeat"
 MODEL_DIR = "ctl_model_dir"
 FAIL_REASON = "ctl_fail_reason"
 STARTED = "ctl_started"  # The study's user attribute: when it was created (time.time()).
+SWEEP_FILE = "ctl_sweep_file"  # The study's user attribute: the sweep file's `identity`.
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -76,10 +84,7 @@ def storage_url(storage: Optional[str]) -> Optional[str]:
     """The SQLAlchemy URL of a `--storage` (`postgresql://` becomes `postgresql+psycopg://`).
 
     Args:
-        storage: the sweep's `--storage` (None or empty: the journal file, no URL).
-
-    Returns:
-        The URL, or None without a storage.
+        storage: `--storage`, or None.
     """
     if not storage:
         return None
@@ -96,7 +101,7 @@ def storage_url(storage: Optional[str]) -> Optional[str]:
 
 
 def without_password(url: str) -> str:
-    """`url` with its password (if any) replaced by `***`, to print or record.
+    """`url` with its password, if any, as `***` (what the record and the console show).
 
     Args:
         url: a database URL.
@@ -112,7 +117,7 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
     """The study's storage: the journal file in `sweep_dir`, or the database at `storage`.
 
     Args:
-        sweep_dir: the sweep dir (created if missing, for the journal file).
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
         storage: the sweep's `--storage` (None: the journal file in the sweep dir).
     """
     url = storage_url(storage)
@@ -136,13 +141,35 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def check_existing(sweep_dir: str, storage: Optional[str], sweep: SweepFile) -> None:
+    """If the sweep's study exists (in the journal file of `sweep_dir`, or at `storage`), raises
+    `UserError` when `sweep` does not match what it kept (`check_same_study`); creates nothing
+    (no sweep dir, no study). Cheap: no TensorFlow, so a changed file is refused at once.
+
+    Args:
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
+        storage: the sweep's `--storage` (None: the journal file in the sweep dir).
+        sweep: the parsed sweep file.
+    """
+    if storage is None and not os.path.isfile(layout.journal_file(sweep_dir)):
+        return
+    opened = open_storage(sweep_dir, storage)
+    try:
+        existing = optuna.load_study(study_name=sweep.study, storage=opened)
+    except KeyError:  # No study of that name yet.
+        return
+    kept = existing.user_attrs.get(SWEEP_FILE)
+    if kept is not None:
+        check_same_study(kept, sweep, sweep.study)
+
+
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
                  trials_dir: Optional[str] = None) -> None:
     """`<sweep_dir>/sweep.json`: the study's name and storage (no password), the objective, and
     where the trials' model dirs go (None: `<sweep_dir>/trials`).
 
     Args:
-        sweep_dir: the sweep dir.
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
         sweep: the parsed sweep file.
         storage: the sweep's `--storage` (None: the journal file in the sweep dir).
         trials_dir: `--trials_dir` (None: the sweep dir's `trials/`).
@@ -158,7 +185,7 @@ def make_sampler(sweep: SweepFile, number: int = 0) -> optuna.samplers.BaseSampl
     `seed` the suggestions depend on the study's history, not on which worker asks.
 
     Args:
-        sweep: the parsed sweep file (its `sampler` and `seed`).
+        sweep: the parsed sweep file.
         number: the trial's number.
     """
     seed = None if sweep.seed is None else sweep.seed + number
@@ -187,8 +214,7 @@ class Study:
             sweep: the parsed sweep file.
             pruner: the sweep's pruner (`ctl.sweep.pruning.make_pruner`).
             wait_s: seconds a study's creator has to enqueue the budget before another tops it up.
-            sweep_dir: the sweep dir, where the lock of a journal file's takeovers is (None: the
-                current directory).
+            sweep_dir: the sweep dir, where the lock of a journal file's takeovers is (None: no such lock).
         """
         self.storage = storage
         self.budget = sweep.trials
@@ -211,6 +237,11 @@ class Study:
             raise UserError(f"--sweep_file={sweep.path}: direction = {sweep.direction!r}, but "
                             f"the study {sweep.study!r} in this storage was created to {have}; "
                             "keep the direction, or name a new study (study = \"...\").")
+        kept = self.optuna.user_attrs.get(SWEEP_FILE)
+        if kept is not None:  # Before any trial of the budget is added or claimed.
+            check_same_study(kept, sweep, sweep.study)
+        else:  # A new study (or one made before ctl kept this): what may not change on it.
+            self.optuna.set_user_attr(SWEEP_FILE, identity(sweep))
         if created:
             self.optuna.set_user_attr("objective", sweep.objective)
             self.optuna.set_user_attr(STARTED, time.time())
@@ -223,7 +254,7 @@ class Study:
             internals.add_waiting(storage, self.study_id)
 
     def all_trials(self, states=None) -> List[optuna.trial.FrozenTrial]:
-        """Every trial of the study, also those numbered beyond the budget.
+        """Every trial of the study, the budget's and any other.
 
         Args:
             states: only trials in these `TrialState`s (None: all).
@@ -273,7 +304,7 @@ class Study:
         return internals.pop_waiting(self.storage, self.study_id, iter(waiting))
 
     def set_attr(self, number: int, key: str, value: Any) -> None:
-        """Sets a system attribute of trial `number` (ctl's own: owner, heartbeat, model dir).
+        """Sets a system attribute of trial `number`.
 
         Args:
             number: the trial's number.
@@ -301,7 +332,7 @@ class Study:
         self.set_attr(number, HEARTBEAT, time.time())
 
     def own(self, number: int, slot: "Slot", model_dir: "ModelDir") -> None:
-        """Records `slot` as trial `number`'s owner, with its model dir, and beats.
+        """Marks trial `number` as this slot's, with its model dir, and beats.
 
         Args:
             number: the trial's number.
@@ -329,7 +360,7 @@ class Study:
 
         Args:
             slot: the worker's slot, the trial's new owner.
-            grace: seconds without a heartbeat after which a trial is stale.
+            grace: seconds a heartbeat may be old before the trial is stale.
         """
         stale = [t.number for t in self.trials((TrialState.RUNNING,))
                  if t.system_attrs.get(OWNER) != slot.key and heartbeat_age(t) >= grace]
@@ -346,7 +377,7 @@ class Study:
         return None
 
     def owner(self, number: int) -> Optional[str]:
-        """The owner (`Slot.key`) trial `number` records now, or None.
+        """The slot that owns trial `number`, as its record says (None: none).
 
         Args:
             number: the trial's number.
@@ -365,10 +396,10 @@ class Study:
 
 
 def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
-    """The COMPLETE trial with the best value, or None.
+    """The best complete trial of `trials`, or None.
 
     Args:
-        trials: the trials to choose from (`FrozenTrial`s).
+        trials: trials of the study.
         direction: `maximize` or `minimize`.
     """
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
@@ -382,9 +413,9 @@ class Slot:
     """A worker slot of this machine's sweep dir, held while its worker lives.
 
     Args:
-        index: the slot's number (`<sweep_dir>/workers/<index>.lock`).
-        key: `host:sweep_dir:index`, the owner a trial records.
-        lock: the slot's held `ctl.model_dir.file_lock.FileLock`.
+        index: the slot's number.
+        key: the slot's name in the study's records (host, sweep dir, index).
+        lock: the slot's lock (a `FileLock`), held while the worker lives.
     """
 
     index: int
@@ -396,7 +427,7 @@ def take_slot(sweep_dir: str) -> Slot:
     """The lowest free worker slot of `sweep_dir` (held until the process ends).
 
     Args:
-        sweep_dir: the sweep dir (its `workers/` holds the slots' locks).
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
     """
     from ctl.model_dir.file_lock import FileLock
 
@@ -409,10 +440,10 @@ def take_slot(sweep_dir: str) -> Slot:
 
 
 def heartbeat_age(trial: optuna.trial.FrozenTrial) -> float:
-    """Seconds since `trial`'s last heartbeat (without one: since it started).
+    """Seconds since the trial's last heartbeat (since its start without one).
 
     Args:
-        trial: a trial as the storage has it.
+        trial: a trial of the study.
     """
     beat = trial.system_attrs.get(HEARTBEAT)
     if beat is None:

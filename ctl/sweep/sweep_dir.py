@@ -119,7 +119,7 @@ def takeover_lock_file(sweep_dir: str) -> str:
     """Held while a worker takes a stale trial over (a journal file's study).
 
     Args:
-        sweep_dir: the sweep dir.
+        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
     """
     return os.path.join(sweep_dir, WORKERS_DIR, TAKEOVER_LOCK)
 

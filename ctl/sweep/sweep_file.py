@@ -130,6 +130,68 @@ class SweepFile:
         return {p.binding: list(p.values) for p in self.space}
 
 
+# What a study keeps of the sweep file that made it: all but what may change on an existing study.
+MAY_CHANGE = ("trials", "timeout")
+
+
+def identity(sweep: SweepFile) -> Dict[str, Any]:
+    """What the study keeps of `sweep` (a study user attribute, JSON): everything but `trials`
+    and `timeout`, which may change on an existing study.
+
+    Args:
+        sweep: the parsed sweep file.
+    """
+    return {"objective": sweep.objective, "direction": sweep.direction, "value": sweep.value,
+            "sampler": sweep.sampler, "seed": sweep.seed, "pruner": dict(sweep.pruner),
+            "space": [[p.binding, p.kind, list(p.values)] for p in sweep.space]}
+
+
+def check_same_study(kept: Dict[str, Any], sweep: SweepFile, study: str) -> None:
+    """Raises `UserError` (one line) naming the first key of `sweep` that differs from what the
+    study `study` kept when it was created (`identity`).
+
+    Args:
+        kept: what the study keeps of the sweep file that created it.
+        sweep: the parsed sweep file.
+        study: the study's name.
+    """
+    now = json.loads(json.dumps(identity(sweep)))
+    kept = json.loads(json.dumps(kept))
+    for key, value in now.items():
+        if key in kept and kept[key] != value:
+            what = _space_change(kept[key], value) if key == "space" else (
+                f"{key} = {_toml(value)}, but the study was created with {key} = {_toml(kept[key])}")
+            raise _fail(sweep.path, f"{what}; the study {study!r} in this storage holds trials of "
+                        "that, and only trials and timeout may change on it: put the file back, or "
+                        'name a new study (study = "...") or a new --sweep_dir.')
+
+
+def _space_change(kept: List[Any], now: List[Any]) -> str:
+    before = {binding: (kind, values) for binding, kind, values in kept}
+    after = {binding: (kind, values) for binding, kind, values in now}
+    for binding, (kind, values) in after.items():
+        if binding not in before:
+            return f"[space] {binding!r} is new (the study was created without it)"
+        if before[binding] != (kind, values):
+            old_kind, old_values = before[binding]
+            return (f"[space] {binding!r} = {{ {kind} = {_toml(values)} }}, but the study was "
+                    f"created with {{ {old_kind} = {_toml(old_values)} }}")
+    gone = [binding for binding in before if binding not in after]
+    if gone:
+        return f"[space] has no {gone[0]!r} (the study was created with it)"
+    return f"[space] lists its bindings in another order ({', '.join(after)})"
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if value is None:
+        return "(none)"
+    return json.dumps(value)
+
+
 def _fail(path: str, message: str) -> UserError:
     return UserError(f"--sweep_file={path}: {message}")
 

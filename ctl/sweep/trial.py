@@ -11,6 +11,8 @@ not added twice if the experiment has the same), then
 `ctl.sweep.pruning.PruneAtEvaluations`, which reports the
 objective to trial N of the sweep's study at each evaluation and stops the run
 there when the pruner says so (exit 0, `sweep_pruned.json` in the model dir).
+A run that fails (exit 1 or 2) still gets its HParams summary, with state
+`failed` (`ctl.comforts.hparams`), so that TensorBoard lists every trial.
 The study is the one `python -m ctl.sweep` uses: the journal file in `--sweep_dir`,
 or `--storage`. A worker starts this (`ctl.sweep.runner`); by hand, the same
 command resumes the trial.
@@ -57,7 +59,50 @@ def main(argv):
         from ctl.hooks import BestCheckpoint
 
         hooks.insert(0, BestCheckpoint(sweep.objective, higher_is_better=sweep.maximize))
-    ctl_run.main(argv, hooks=hooks)
+    from ctl.comforts import hparams
+
+    hparams.END_STATE = lambda run: "pruned" if pruning.read_pruned(run.directory) else None
+    try:
+        ctl_run.main(argv, hooks=hooks)
+    except SystemExit as end:
+        if end.code in FAILED:
+            _failed_summary()
+        raise
+    except Exception:
+        _failed_summary()
+        raise
+
+
+FAILED = (1, 2)  # A bug, a user error: the statuses of a run that failed (not stopped, not killed).
+
+
+def _failed_summary() -> None:
+    """The HParams summary of a failed trial (`ctl.comforts.hparams`, state `failed`): the gin
+    values parsed (else the command's bindings) and the last step on record. Best effort: the
+    run's own failure is what the trial ends with."""
+    import ast
+
+    import gin
+
+    from ctl.comforts import hparams
+    from ctl.config import gin_config as config
+    from ctl.model_dir import ModelDir
+
+    try:
+        values = config.operative_values(gin.config_str())
+        if not values:
+            values = {}
+            for binding in FLAGS.gin_bindings:
+                name, _, text = binding.partition("=")
+                try:
+                    values[name.strip()] = ast.literal_eval(text.strip())
+                except (ValueError, SyntaxError):
+                    values[name.strip()] = text.strip()
+        steps = [r.get("step") for r in ModelDir(FLAGS.model_dir).metrics()]
+        steps = [s for s in steps if isinstance(s, int)]
+        hparams.write_summary(FLAGS.model_dir, values, "failed", max(steps, default=0))
+    except Exception as error:  # noqa: BLE001 - never hide the run's own failure.
+        print(f"ctl.sweep.trial: no HParams summary of the failed trial ({error})", flush=True)
 
 
 if __name__ == "__main__":
