@@ -124,7 +124,12 @@ def pop_waiting(storage: optuna.storages.BaseStorage, study_id: int,
 
 def name_objective(study: optuna.Study, objective: str) -> None:
     """Labels the study's one value `objective` (optuna-dashboard shows it), once;
-    `set_metric_names` is experimental in Optuna 5: its warning is not the user's."""
+    `set_metric_names` is experimental in Optuna 5: its warning is not the user's.
+
+    Args:
+        study: the Optuna study.
+        objective: the sweep's objective (an eval metric's name).
+    """
     if study.metric_names != [objective]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
