@@ -238,6 +238,44 @@ def test_float16_refuses_a_custom_step_that_skips_the_loss_scale():
         trainer.train(tf.constant(1))
 
 
+# A model that applies its own update.
+
+
+class _ModelAppliesItsUpdate(RegressionTask):
+    """Compiles its model with the optimizer it returns; its step is Keras' `model.train_step`."""
+
+    def build_model(self):
+        self.model = super().build_model()
+        self.model.compile(optimizer=self.k.optimizers.SGD(self.learning_rate), loss="mse")
+        return self.model
+
+    def build_optimizer(self):
+        return self.model.optimizer
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        return {"loss": model.train_step(inputs)["loss"]}
+
+
+def test_a_model_compiled_with_the_optimizer_may_apply_its_update_itself(strategy):
+    """One SGD step from zero weights, applied once (by the model): -lr * g over the global batch."""
+    learning_rate = 0.1
+    trainer = Trainer(_ModelAppliesItsUpdate("tf_keras", learning_rate=learning_rate),
+                      strategy=strategy)
+    train(trainer, steps=1)
+    features, targets = first_batch(8)
+    gradient = mse_gradient(features, targets, np.zeros((3, 1)), np.zeros(1))
+    kernel, bias = weights(trainer.model)
+    np.testing.assert_allclose(kernel, -learning_rate * gradient[0], rtol=1e-5)
+    np.testing.assert_allclose(bias, -learning_rate * gradient[1], rtol=1e-5)
+    assert int(trainer.optimizer.iterations.numpy()) == int(trainer.global_step.numpy()) == 1
+
+
+def test_a_model_that_applies_its_update_refuses_clipping():
+    trainer = Trainer(_ModelAppliesItsUpdate("tf_keras"), clip_norm=1.0)
+    with pytest.raises(ctl.UserError, match=r"updates the model through its own optimizer"):
+        trainer.train(tf.constant(1))
+
+
 # XLA.
 
 

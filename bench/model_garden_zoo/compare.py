@@ -68,6 +68,19 @@ def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+NOISE = ("Graph execution error:", "in user code:", "Detected at node", "<stack traces", "[[", "File ",
+         "^", "raise ", "return ")
+
+
+def _message(error) -> str:
+    """The line of an error's message that says what went wrong (TensorFlow wraps it in
+    "in user code:" tracebacks and "Graph execution error:" node lists)."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    lines = [line for line in lines if line and not line.startswith(NOISE)]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or [""])[-1]
+
+
 def params_for(experiment: str, steps: int, data_dir: str, eval_steps: int = -1):
     """The tiny variant's overrides, with its data, trained `steps` in loops of one step."""
     from bench.model_garden_zoo import data, variants
@@ -234,7 +247,7 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
         ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"], eval_steps)
         row["ctl_s"] = round(time.perf_counter() - start, 1)
     except Exception as error:  # The row says why, in a line a user can check.
-        row["reason"] = f"{stage}: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        row["reason"] = f"{stage}: {type(error).__name__}: {_message(error)[:300]}"
         traceback.print_exc()
         return row
     ctl_losses = _train_losses(dirs["ctl"], ["loss"])
@@ -254,8 +267,12 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     row["losses"] = {"ctl": [ctl_losses.get(s) for s in range(1, steps + 1)],
                      "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
     evals = {}
+    # train_lib's eval loss mean is `validation_loss`, ctl's `loss`; a task whose aggregation
+    # reports a `loss` of its own (Model Garden's mock) has it as `loss` on both sides, and
+    # ctl's mean under it is replaced, as the page says.
+    own_loss = "loss" in garden_eval
     for key, value in garden_eval.items():
-        if key == "steps_per_second":  # A rate, not a result.
+        if key == "steps_per_second" or (key == "validation_loss" and own_loss):
             continue
         theirs = _number(value)
         ours = _number(ctl_eval.get("loss" if key == "validation_loss" else key))

@@ -299,7 +299,7 @@ def _squad(directory: str, task) -> Dict[str, Any]:
     def records(split):
         rng = _rng(split)
         for _ in range(EXAMPLES[split]):
-            question, context = _sentence(rng, 4), _sentence(rng, seq - 8)
+            question, context = _sentence(rng, 4), _sentence(rng, seq - 7)
             ids = _token_ids(question) + [VOCAB.index(w) for w in context] + [VOCAB.index("[SEP]")]
             start = 6 + int(rng.integers(len(context) - 2))
             yield _example({"input_ids": _ints(ids), "input_mask": _ints([1] * seq),

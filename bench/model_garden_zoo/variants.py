@@ -20,8 +20,8 @@ PINNED = {
         "bfloat16 is for TPUs; ctl takes precision from ctl.Trainer, not the experiment's runtime",
     "trainer.optimizer_config (where the template has none): sgd, constant 0.01":
         "the base templates (`retinanet`, `image_classification`, ...) name no optimizer",
-    "trainer.train_steps = K":
-        "the learning-rate schedules of the BERT and ELECTRA configs need it",
+    "trainer.train_steps = K; a schedule's unset step counts: decay_steps = K, warmup_steps = K/2":
+        "the learning-rate schedules of the BERT and ELECTRA configs leave them unset",
     "train_data.seed / validation_data.seed = 1":
         "one shuffle order for both trainers",
 }
@@ -185,6 +185,22 @@ def _ranking(task) -> Dict[str, Any]:
     return {"model": model, "train_data": data, "validation_data": dict(data)}
 
 
+def _step_counts(config, steps: int) -> Dict[str, Any]:
+    """The step counts a learning-rate schedule leaves unset (BERT's and ELECTRA's
+    `decay_steps` and `warmup_steps`), scaled to `steps`: decay over the run, warm up over half."""
+    out: Dict[str, Any] = {}
+    for part in ("learning_rate", "warmup"):
+        kind = getattr(config, part).type
+        if not kind:
+            continue
+        unset = {name: (steps if name == "decay_steps" else max(1, steps // 2))
+                 for name, value in getattr(config, part).get().as_dict().items()
+                 if value is None and name.endswith("steps")}
+        if unset:
+            out[part] = {kind: unset}
+    return out
+
+
 def overrides(experiment: str, steps: int) -> List[Dict[str, Any]]:
     """The params_override dicts that make `experiment`'s tiny variant (data paths not included)."""
     from official.core import exp_factory
@@ -206,6 +222,10 @@ def overrides(experiment: str, steps: int) -> List[Dict[str, Any]]:
     if _has(params, "trainer.optimizer_config.optimizer.type") and not params.trainer.optimizer_config.optimizer.type:
         trainer["optimizer_config"] = {"optimizer": {"type": "sgd"}, "learning_rate": {
             "type": "constant", "constant": {"learning_rate": 0.01}}}
+    elif _has(params, "trainer.optimizer_config.learning_rate.type"):
+        schedule = _step_counts(params.trainer.optimizer_config, steps)
+        if schedule:
+            trainer["optimizer_config"] = schedule
     out.append({"trainer": trainer})
     if _has(params, "runtime.mixed_precision_dtype"):
         out.append({"runtime": {"mixed_precision_dtype": "float32"}})

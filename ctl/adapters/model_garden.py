@@ -47,6 +47,9 @@ from ctl.utils.errors import UserError, first_line
 from ctl.core.task import Task
 
 Override = Union[str, Mapping[str, Any]]
+# The entry of `validation_step` that hands the task's loss to its own aggregation (Model Garden's
+# trainer aggregates every entry of the task's logs, its loss too); "loss" is ctl's eval mean.
+TASK_LOSS = "model_garden_task_loss"
 
 
 def experiment_config(experiment: str, config_files: Sequence[str] = (),
@@ -326,12 +329,14 @@ class ModelGardenTask(Task):
             metrics: the task's `build_metrics(training=...)` for this loop, to update.
         """
         logs = dict(self.garden_task.validation_step(inputs, model=model, metrics=metrics))
-        logs["loss"] = logs.pop(self.garden_task.loss)
+        loss = logs.pop(self.garden_task.loss)
         if not self.aggregates_logs():
-            return {"loss": logs["loss"]}
-        # The entries the task aggregates, minus the metric results it reads as it goes.
-        return {name: value for name, value in logs.items()
-                if name not in {m.name for m in metrics}}
+            return {"loss": loss}
+        # The entries the task aggregates, minus the metric results it reads as it goes. As
+        # under Model Garden's trainer, its aggregation gets its loss too (under the task's
+        # name for it, restored in `aggregate_logs`): ctl's "loss" is the eval loss's mean.
+        logs = {name: value for name, value in logs.items() if name not in {m.name for m in metrics}}
+        return {"loss": loss, TASK_LOSS: loss, **logs}
 
     def aggregates_logs(self) -> bool:  # Per task: whether its class aggregates.
         from official.core import base_task
@@ -348,8 +353,8 @@ class ModelGardenTask(Task):
         """
         # Model Garden's trainer hands each leaf of an entry over as a tuple of per-replica
         # tensors (`strategy.experimental_local_results`); ctl gives a nest per replica.
-        tensors = {name: tf.nest.map_structure(lambda *leaf: tuple(map(tf.constant, leaf)),
-                                               *values)
+        tensors = {self.garden_task.loss if name == TASK_LOSS else name:
+                   tf.nest.map_structure(lambda *leaf: tuple(map(tf.constant, leaf)), *values)
                    for name, values in step_logs.items()}
         return self.garden_task.aggregate_logs(state, tensors)
 

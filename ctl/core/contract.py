@@ -248,9 +248,7 @@ def _train_probe(trainer):
             logs = task.train_step(inputs, model=trainer.model, optimizer=trainer.gradients,
                                    metrics=trainer.train_metrics)
         _check_logs(task, logs, "train_step", "build_losses")
-        if recorded.gradients is None:
-            raise UserError(f"{_name(task)}.train_step did not call optimizer.apply_gradients; "
-                            "call it once per step.")
+        trainer.gradients.recorded(recorded, _name(task))
         if _default(task, "train_step") and trainer.model.losses:
             _say_aux(task, inputs, trainer.model)
 

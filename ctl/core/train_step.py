@@ -74,12 +74,16 @@ class GradientPipeline:
         variables: the variables it updates (the model's trainable ones).
         clip_norm: clip the gradients, summed over replicas, to this global norm (None: no clipping).
         accumulation_steps: one update per this many batches.
+        model_optimizer: the model's own optimizer (`model.optimizer`, set by `compile`), if any. When it is
+            `optimizer` itself, a train step may apply the update through the model (Keras' `Model.train_step`
+            calls `self.optimizer.apply_gradients`) instead of through this pipeline (`recorded`).
     """
 
     def __init__(self, optimizer, variables, clip_norm: Optional[float] = None,
-                 accumulation_steps: int = 1):
+                 accumulation_steps: int = 1, model_optimizer=None):
         validate(clip_norm, accumulation_steps)
         self.inner = optimizer
+        self.model_updates = model_optimizer is not None and model_optimizer is optimizer
         self.clip_norm = clip_norm
         self.accumulation_steps = accumulation_steps
         self.loss_scaled = precision.is_loss_scaled(optimizer)
@@ -157,6 +161,29 @@ class GradientPipeline:
         """Context for one replica's task step: yields the recorder of its gradients."""
         return _Recording(self._recording)
 
+    def recorded(self, recording, task_name: str):
+        """The gradients a replica's step recorded; None where the model applied its update itself.
+
+        Args:
+            recording: the step's `recording()`, after the step.
+            task_name: the task's class name, for the messages.
+
+        Raises:
+            UserError: a step that applied no gradients; or one that updated through the model's own
+                optimizer while clipping, accumulation or loss scaling need its gradients.
+        """
+        if recording.gradients is not None:
+            return recording.gradients
+        if not self.model_updates:
+            raise UserError(f"{task_name}.train_step did not call optimizer.apply_gradients; "
+                            "call it once per step.")
+        if self.clip_norm is not None or self.accumulation_steps > 1:
+            raise UserError(
+                f"{task_name}.train_step updates the model through its own optimizer "
+                "(model.optimizer), so ctl.Trainer.clip_norm and accumulation_steps cannot "
+                "reach its gradients; leave them unset, or call optimizer.apply_gradients.")
+        return None
+
     @_plain
     def update(self, gradients: List, apply: bool) -> None:
         """Adds `gradients` to this update's sum; with `apply`, applies the update (replica context).
@@ -165,6 +192,8 @@ class GradientPipeline:
             gradients: this replica's gradients of the micro-batch, in the order of `variables`.
             apply: the update's last micro-batch: apply the sum.
         """
+        if gradients is None:  # The model applied its own update (`recorded`).
+            return
         if not apply:
             for total, gradient in zip(self._sums, gradients):
                 if gradient is not None:

@@ -155,7 +155,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
                 build(self.model.trainable_variables)
             # What the task's train_step gets as its `optimizer`.
             self.gradients = GradientPipeline(self.optimizer, self.model.trainable_variables,
-                                              clip_norm, accumulation_steps)
+                                              clip_norm, accumulation_steps,
+                                              getattr(self.model, "optimizer", None))
             self.ema = (MovingAverage(self.model, average_model, ema_decay)
                         if average_model is not None else None)
             self.global_step = orbit.utils.create_global_step()
@@ -446,11 +447,9 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
                 optimizer=self.gradients,
                 metrics=self.train_metrics,
             )
-        if recorded.gradients is None:
-            raise UserError(f"{type(self.task).__name__}.train_step did not call "
-                            "optimizer.apply_gradients; call it once per step.")
+        gradients = self.gradients.recorded(recorded, type(self.task).__name__)
         self.train_loss.update_state(logs["loss"])
-        return logs["loss"], recorded.gradients
+        return logs["loss"], gradients
 
     def train_loop_begin(self) -> None:
         """Called eagerly before each train loop; does nothing by default."""
@@ -471,7 +470,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     def _train_results(self) -> Logs:
         logs = loops.metric_results(
             [self.train_loss, *self.train_metrics, *self.gradients.metrics()])
-        logs["learning_rate"] = current_learning_rate(self.optimizer)
+        if hasattr(self.optimizer, "learning_rate"):  # Not a composite of several (tfrs').
+            logs["learning_rate"] = current_learning_rate(self.optimizer)
         scale = precision.loss_scale(self.optimizer)
         if scale is not None:
             logs["loss_scale"] = scale
