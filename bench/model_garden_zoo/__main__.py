@@ -63,7 +63,7 @@ def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str
     row = _run_row(experiment, family, steps, workdir, log_dir, determinism=True)
     log = os.path.join(log_dir, experiment.replace("/", "_") + ".log")
     with open(log) as f:
-        rewrite_failed = not row["trains"] and DETERMINISM_REWRITE in f.read()
+        rewrite_failed = not (row["same_loss"] and row["same_eval"]) and DETERMINISM_REWRITE in f.read()
     if rewrite_failed:
         row = _run_row(experiment, family, steps, workdir, log_dir, determinism=False)
         row["determinism_note"] = DETERMINISM_NOTE

@@ -9,7 +9,8 @@ decoders, parsers and augmentations then run on them:
   writes them (the builder `official.vision.dataloaders.tfexample_utils`
   uses), images made here with numpy rather than by
   `fake_feature_generator`, whose `np.reshape(..., newshape=...)` numpy 2.4
-  refuses; video as `tf.SequenceExample`s of JPEG frames;
+  refuses; a COCO annotation file of the detection eval set; video as
+  `tf.SequenceExample`s of JPEG frames;
 - NLP: token TFRecords with a WordPiece vocabulary file, raw-text TFRecords
   for the text pipelines, a SQuAD JSON file for question answering, and a
   SentencePiece model trained here on generated text for the WMT Transformer;
@@ -98,33 +99,65 @@ def _boxes(rng, count: int):
     return np.concatenate([corners, np.minimum(corners + sizes, 1.0)], axis=1)
 
 
+def _detection_examples(split: str):
+    """(image id, image, boxes, labels, masks) of each generated detection example."""
+    size = variants.IMAGE["detection"]
+    rng = _rng(split)
+    for index in range(EXAMPLES[split]):
+        count = int(rng.integers(1, 4))
+        boxes = _boxes(rng, count)
+        labels = rng.integers(1, variants.NUM_CLASSES, size=count)
+        image = _image(rng, size, size, int(labels[0]))
+        masks = np.zeros((count, size, size), np.uint8)
+        for k, (ymin, xmin, ymax, xmax) in enumerate((boxes * size).astype(int)):
+            masks[k, ymin:ymax, xmin:xmax] = 255
+            image[ymin:ymax, xmin:xmax, int(labels[k]) % 3] = 250
+        yield index + 1, image, boxes, labels, masks
+
+
+def _coco_annotations(path: str) -> str:
+    """The eval set's ground truth as a COCO annotation file (boxes, and each box-shaped mask as
+    a polygon), as a COCO evaluation reads it."""
+    if os.path.exists(path):
+        return path
+    size = variants.IMAGE["detection"]
+    images, annotations = [], []
+    for image_id, _, boxes, labels, masks in _detection_examples("eval"):
+        images.append({"id": image_id, "height": size, "width": size})
+        for (ymin, xmin, ymax, xmax), label, mask in zip((boxes * size).astype(int), labels, masks):
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": image_id, "category_id": int(label),
+                "bbox": [int(xmin), int(ymin), int(xmax - xmin), int(ymax - ymin)],
+                "area": float(mask.sum() / 255), "iscrowd": 0,
+                "segmentation": [[int(xmin), int(ymin), int(xmax), int(ymin), int(xmax), int(ymax),
+                                  int(xmin), int(ymax)]]})
+    categories = [{"id": k, "name": f"c{k}"} for k in range(1, variants.NUM_CLASSES)]
+    with open(f"{path}.tmp", "w") as f:
+        json.dump({"images": images, "annotations": annotations, "categories": categories}, f)
+    os.replace(f"{path}.tmp", path)
+    return path
+
+
 def _detection(directory: str, task) -> Dict[str, Any]:
     from official.vision.data import tf_example_builder
 
-    size = variants.IMAGE["detection"]
-
     def records(split):
-        rng = _rng(split)
-        for index in range(EXAMPLES[split]):
-            count = int(rng.integers(1, 4))
-            boxes = _boxes(rng, count)
-            labels = rng.integers(1, variants.NUM_CLASSES, size=count)
-            image = _image(rng, size, size, int(labels[0]))
-            masks = np.zeros((count, size, size), np.uint8)
-            for k, (ymin, xmin, ymax, xmax) in enumerate((boxes * size).astype(int)):
-                masks[k, ymin:ymax, xmin:xmax] = 255
-                image[ymin:ymax, xmin:xmax, int(labels[k]) % 3] = 250
+        for image_id, image, boxes, labels, masks in _detection_examples(split):
             builder = tf_example_builder.TfExampleBuilder()
-            builder.add_image_matrix_feature(image, "JPEG", str(index + 1))
+            builder.add_image_matrix_feature(image, "JPEG", str(image_id))
             ymins, xmins, ymaxs, xmaxs = boxes.T.tolist()
             builder.add_boxes_feature(xmins, xmaxs, ymins, ymaxs, labels.tolist())
             builder.add_instance_mask_matrices_feature(masks[..., None])
-            builder.add_ints_feature("image/object/is_crowd", [0] * count)
+            builder.add_ints_feature("image/object/is_crowd", [0] * len(labels))
             builder.add_floats_feature("image/object/area", [float(m.sum() / 255) for m in masks])
             builder.add_bytes_feature("image/object/class/text", [b"c%d" % label for label in labels])
             yield builder.example.SerializeToString()
 
-    return _splits(directory, "boxes", records)
+    out = _splits(directory, "boxes", records)
+    # Model Garden builds the ground truth from the eval set without one, in code NumPy 2.4
+    # refuses (`coco_utils.convert_groundtruths_to_coco_dataset`), under train_lib too.
+    out["task"]["annotation_file"] = _coco_annotations(os.path.join(directory, "instances_eval.json"))
+    return out
 
 
 def _segmentation(directory: str, task) -> Dict[str, Any]:

@@ -24,6 +24,11 @@ PINNED = {
         "the learning-rate schedules of the BERT and ELECTRA configs leave them unset",
     "train_data.seed / validation_data.seed = 1":
         "one shuffle order for both trainers",
+    "video: train_data.is_training = false (the eval parser's centre crop, no shuffle)":
+        "the train parser's random crop passes no seed to tf.image.sample_distorted_bounding_box, "
+        "which op determinism refuses, under train_lib too",
+    "segmentation: task.allow_image_summary = false":
+        "train_lib's image summary of the eval outputs fails (a tf.summary.image shape error)",
 }
 
 IMAGE = {"classification": 32, "detection": 128, "segmentation": 64, "video": 32}
@@ -114,9 +119,12 @@ def _vision(task, family: str) -> Dict[str, Any]:
                           "tfds_name": "", "tfds_split": "", "num_examples": 8})
             if hasattr(task.train_data, "random_stride_range"):
                 split["random_stride_range"] = 0
+        # Its train parser's random crop (`preprocess_ops_3d.random_crop_resize`) passes no seed,
+        # which op determinism refuses: train batches go through the eval parser (centre crop).
+        train["is_training"] = False
     out = {"model": model, "train_data": train, "validation_data": evals}
-    if family == "detection":
-        out["annotation_file"] = ""  # COCO metrics from the eval set's own groundtruths.
+    if _has(task, "allow_image_summary"):
+        out["allow_image_summary"] = False  # train_lib's image summary fails on its eval outputs.
     return out
 
 

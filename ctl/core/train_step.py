@@ -71,7 +71,8 @@ class GradientPipeline:
 
     Args:
         optimizer: the trainer's Keras optimizer (a `LossScaleOptimizer` under `mixed_float16`).
-        variables: the variables it updates (the model's trainable ones).
+        variables: the variables it updates (the model's trainable ones), or a callable returning them, read as
+            each step is traced (a model may make variables on its first call).
         clip_norm: clip the gradients, summed over replicas, to this global norm (None: no clipping).
         accumulation_steps: one update per this many batches.
         model_optimizer: the model's own optimizer (`model.optimizer`, set by `compile`), if any. When it is
@@ -87,7 +88,8 @@ class GradientPipeline:
         self.clip_norm = clip_norm
         self.accumulation_steps = accumulation_steps
         self.loss_scaled = precision.is_loss_scaled(optimizer)
-        self._variables = list(variables)
+        # A callable is read at each trace: a model may make variables on its first call.
+        self._source = variables if callable(variables) else (lambda fixed=list(variables): fixed)
         self._replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # Clipping needs the whole gradient, and so does the overflow check (one
         # replica's overflow must skip the update on all of them).
@@ -102,7 +104,12 @@ class GradientPipeline:
                         aggregation=tf.VariableAggregation.SUM)
             for v in self._variables
         ] if accumulation_steps > 1 else []
+        self._summed = [id(v) for v in self._variables] if self._sums else []
         self._recording = threading.local()  # Per replica thread (MirroredStrategy).
+
+    @property
+    def _variables(self) -> list:
+        return list(self._source())
 
     # What a task's train_step calls.
 
@@ -149,6 +156,10 @@ class GradientPipeline:
                 "gradients of optimizer.scale_loss(loss) (it applies the loss scale); see "
                 "docs/train_step.md.")
         by_variable = {id(v): g for g, v in grads_and_vars}
+        if self._sums and [id(v) for v in self._variables] != self._summed:
+            raise UserError("the model made variables on its first call, after the Trainer built "
+                            "the sums of ctl.Trainer.accumulation_steps; build them in "
+                            "build_model (call the model once there).")
         unknown = set(by_variable) - {id(v) for v in self._variables}
         if unknown:
             raise UserError("a train_step applied gradients to variables that are not the "

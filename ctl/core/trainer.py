@@ -154,7 +154,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
             if callable(build):
                 build(self.model.trainable_variables)
             # What the task's train_step gets as its `optimizer`.
-            self.gradients = GradientPipeline(self.optimizer, self.model.trainable_variables,
+            model = self.model  # Its variables as each step is traced (some appear on its first call).
+            self.gradients = GradientPipeline(self.optimizer, lambda: model.trainable_variables,
                                               clip_norm, accumulation_steps,
                                               getattr(self.model, "optimizer", None))
             self.ema = (MovingAverage(self.model, average_model, ema_decay)
