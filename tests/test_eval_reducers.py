@@ -49,6 +49,27 @@ def test_eval_results_are_the_same_for_one_and_two_replicas(eval_examples, batch
         assert two[name] == pytest.approx(expected[name], rel=1e-6), name
 
 
+class _UnlabelledEvalTask(ScoredTask):
+    """Its validation_step reports no loss (an eval set without labels, as SQuAD's in Model Garden)."""
+
+    def validation_step(self, inputs, model, metrics):
+        logs = super().validation_step(inputs, model, metrics)
+        del logs["loss"]
+        return logs
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_an_eval_step_without_a_loss_has_no_loss_result(replicas):
+    trainer = Trainer(_UnlabelledEvalTask(eval_examples=10, batch_size=4),
+                      strategy=mirrored() if replicas == 2 else tf.distribute.get_strategy())
+    trainer.model.set_weights(WEIGHTS)
+    results = {name: float(value) for name, value in trainer.evaluate(tf.constant(-1)).items()}
+    expected = reference(10)
+    assert "loss" not in results and "loss" in expected
+    assert results["aggregated_examples"] == expected["aggregated_examples"]
+    assert results["auc"] == expected["auc"]
+
+
 def test_auc_reducer_matches_pairwise_definition_with_ties():
     rng = np.random.default_rng(3)
     scores = rng.integers(0, 5, size=40).astype(np.float32)  # Many ties.

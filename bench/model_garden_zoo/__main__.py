@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, List
 
@@ -168,10 +169,19 @@ def main(argv=None) -> int:
         print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
         return row
 
+    done = threading.Event()
+
+    def sample_load():  # The host's load every 30 s while rows run.
+        while not done.wait(30):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample_load, daemon=True)
+    sampler.start()
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(one, names))
+    done.set()
     write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
-                  partial=bool(args.experiments))
+                  partial=bool(args.experiments), jobs=max(1, args.jobs))
     print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
     return 0
 
@@ -207,9 +217,10 @@ def collect(workdir: str, families: Dict[str, str], failed, steps: int, path: st
     return 0
 
 
-def write_results(path, names, rows, families, failed, steps, start, loads, partial) -> None:
+def write_results(path, names, rows, families, failed, steps, start, loads, partial,
+                  jobs: int = 1) -> None:
     """The results file: every row, the commit, the time and the host's load."""
-    results = {"commit": _commit(), "steps": steps, "started": time.strftime(
+    results = {"commit": _commit(), "steps": steps, "jobs": jobs, "started": time.strftime(
         "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
         "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
                                               "mean": round(sum(loads) / len(loads), 1)},
@@ -221,7 +232,7 @@ def write_results(path, names, rows, families, failed, steps, start, loads, part
         order = {name: k for k, name in enumerate(families)}
         results["rows"] = sorted(kept + rows, key=lambda r: order.get(r["experiment"], len(order)))
         results["updated"] = {row["experiment"]: row.get("commit") for row in rows}
-        for key in ("commit", "started", "minutes", "load_1min"):
+        for key in ("commit", "started", "minutes", "load_1min", "jobs"):
             results[key] = previous.get(key, results[key])
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

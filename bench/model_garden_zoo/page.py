@@ -66,9 +66,10 @@ def render(results) -> str:
         f"metric within {compare.EVAL_TOLERANCE:g}).",
         "",
         f"Measured at commit `{results['commit']}`, {results['started']}, in {results['minutes']} "
-        f"minutes on {results['cpus']} CPU cores shared with other jobs (1-minute load "
-        f"{load['min']:.0f} to {load['max']:.0f}, mean {load['mean']}): the seconds per step "
-        "compare the two trainers on one row, not rows with each other.",
+        f"minutes of wall time with {results.get('jobs', 1)} rows at once, on {results['cpus']} "
+        f"CPU cores (the host's 1-minute load, this run and any other jobs, {load['min']:.1f} to "
+        f"{load['max']:.1f}, mean {load['mean']}): the seconds per step compare the two trainers "
+        "on one row, not rows with each other.",
         "",
         "Run it yourself (the `model_garden` extra brings `tensorflow-recommenders` for the "
         "ranking experiments):",
@@ -106,10 +107,15 @@ def render(results) -> str:
         "summaries (`loss` for ctl, `training_loss` for `train_lib`).",
         "- **Eval.** One evaluation of the whole eval set at the last step (of "
         f"{compare.EVAL_STEPS} batches where the set never ends): each metric "
-        "`train_lib` reports (COCO AP, mIoU, accuracy, BLEU, AUC, ...) and the eval loss.",
+        "`train_lib` reports (COCO AP, mIoU, accuracy, BLEU, AUC, ...) and the eval loss "
+        "(`train_lib`'s `validation_loss` against ctl's `loss`; where the task's own aggregation "
+        "reports a `loss`, as Model Garden's `mock` does, both report that one as `loss`).",
         "- **Weights.** The trained model's weights compared bit for bit.",
-        "- **Seconds per step.** The median over the loops after the first (which traces), from "
-        "each trainer's steps-per-second summary.",
+        "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
+        "time from the end of one train loop (of one step) to the end of the next, so the step "
+        "and the trainer's own work between loops (its summaries; `train_lib`'s orbit flushes them "
+        "after every loop); the median over loops 2 to K, the first (which traces) left out on "
+        "both sides. The two trainers run one after the other in the row's process.",
         "",
         "## The tiny variants",
         "",

@@ -168,6 +168,8 @@ def _nlp(task) -> Dict[str, Any]:
         sizes.update({"seq_length": 2 * SEQ_LENGTH, "query_length": 8, "doc_stride": 8})
     for split, config in ((train, task.train_data), (evals, task.validation_data)):
         split.update({key: value for key, value in sizes.items() if hasattr(config, key)})
+    if hasattr(task.validation_data, "is_training"):  # Its default is True; the eval set, once.
+        evals["is_training"] = False
     if kind == "ElectraPretrainConfig":
         model.update({"sequence_length": SEQ_LENGTH, "num_masked_tokens": 4})
     if kind == "TranslationConfig":

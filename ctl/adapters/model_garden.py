@@ -329,14 +329,16 @@ class ModelGardenTask(Task):
             metrics: the task's `build_metrics(training=...)` for this loop, to update.
         """
         logs = dict(self.garden_task.validation_step(inputs, model=model, metrics=metrics))
-        loss = logs.pop(self.garden_task.loss)
+        # None where the eval set has no labels (SQuAD's): no eval loss, as in Model Garden.
+        loss = logs.pop(self.garden_task.loss, None)
+        own = {} if loss is None else {"loss": loss}
         if not self.aggregates_logs():
-            return {"loss": loss}
+            return own
         # The entries the task aggregates, minus the metric results it reads as it goes. As
         # under Model Garden's trainer, its aggregation gets its loss too (under the task's
         # name for it, restored in `aggregate_logs`): ctl's "loss" is the eval loss's mean.
         logs = {name: value for name, value in logs.items() if name not in {m.name for m in metrics}}
-        return {"loss": loss, TASK_LOSS: loss, **logs}
+        return {**own, **({} if loss is None else {TASK_LOSS: loss}), **logs}
 
     def aggregates_logs(self) -> bool:  # Per task: whether its class aggregates.
         from official.core import base_task

@@ -283,7 +283,9 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
     spec = dataset.element_spec
 
     def step_fn(inputs):
-        strategy.run(replica_step, args=(inputs,))
+        # A copy of the nest: a step may pop entries of its dict (Model Garden's translation
+        # task does), which a traced function's own arguments do not allow.
+        strategy.run(replica_step, args=(tf.nest.map_structure(tf.identity, inputs),))
 
     try:
         tf.function(step_fn).get_concrete_function(spec)
@@ -303,9 +305,13 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
 
 
 def _check_logs(task, logs, step: str, losses: str) -> None:
-    if not isinstance(logs, Mapping) or "loss" not in logs:
+    # An eval set without labels may have no loss (Model Garden's SQuAD evaluation).
+    lossless = step == "validation_step" and isinstance(logs, Mapping)
+    if not isinstance(logs, Mapping) or ("loss" not in logs and not lossless):
         raise UserError(f"{_name(task)}.{step} returned {_kind(logs)}; return a dict with the "
                         "step's scalar loss under 'loss', e.g. {'loss': loss}.")
+    if "loss" not in logs:
+        return
     loss = logs["loss"]
     if not tf.is_tensor(loss):
         loss = tf.convert_to_tensor(loss)

@@ -190,9 +190,10 @@ class Evaluation(orbit.AbstractEvaluator):
             # Weigh each batch by its size, so that the remainder batch (and the
             # empty batch a replica gets when the eval set runs out) count right.
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]
-            loss = logs.pop("loss")
-            loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
-            self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
+            loss = logs.pop("loss", None)  # None: an eval set without labels (no 'loss' result).
+            if loss is not None:
+                loss = tf.where(examples > 0, loss, tf.zeros_like(loss))
+                self.eval_loss.update_state(loss, sample_weight=tf.cast(examples, loss.dtype))
             if not self._aggregates:
                 return {}
             # Each entry may be a nested structure (Model Garden's detection tasks log a
@@ -244,6 +245,8 @@ class Evaluation(orbit.AbstractEvaluator):
             aggregated_logs: the aggregations' states after the last step (None: none).
         """
         logs = dict(self._last_eval.logs)
+        if not int(self.eval_loss.count.numpy()):  # The steps reported no loss.
+            logs.pop(self.eval_loss.name, None)
         if aggregated_logs is not None:
             step = int(self.global_step.numpy())
             for each, state in zip(self.aggregations, aggregated_logs):
