@@ -110,8 +110,12 @@ def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) 
     tf_keras.utils.set_random_seed(0)  # Before the task: see run_train_lib.
     task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
     model = task.build_model()
-    # Every variable in the checkpoint: some models make theirs on their first call (BERT's heads).
-    model(task.features(next(iter(task.build_inputs(training=True)))), training=False)
+    # Every variable in the checkpoint: some models make theirs on their first call (BERT's
+    # heads). A model whose call takes more than the features (Mask R-CNN's) was built whole.
+    try:
+        model(task.features(next(iter(task.build_inputs(training=True)))), training=False)
+    except TypeError:  # Its call takes more arguments: its task built it whole.
+        pass
     checkpoint = tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64), model=model,
                                      optimizer=task.build_optimizer())
     for directory in model_dirs:
