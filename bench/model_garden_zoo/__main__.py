@@ -224,7 +224,8 @@ def write_results(path, names, rows, families, failed, steps, start, loads, part
         "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
         "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
                                               "mean": round(sum(loads) / len(loads), 1)},
-        "registered": len(families), "imports_failed": failed, "rows": rows}
+        "registered": len(families), "imports_failed": failed, "rows": rows,
+        "cpu_minutes": round(sum(row.get("cpu_s") or 0 for row in rows) / 60, 1)}
     if partial and os.path.exists(path):  # A run of some experiments updates their rows only.
         with open(path) as f:
             previous = json.load(f)
@@ -232,7 +233,7 @@ def write_results(path, names, rows, families, failed, steps, start, loads, part
         order = {name: k for k, name in enumerate(families)}
         results["rows"] = sorted(kept + rows, key=lambda r: order.get(r["experiment"], len(order)))
         results["updated"] = {row["experiment"]: row.get("commit") for row in rows}
-        for key in ("commit", "started", "minutes", "load_1min", "jobs"):
+        for key in ("commit", "started", "minutes", "load_1min", "jobs", "cpu_minutes"):
             results[key] = previous.get(key, results[key])
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

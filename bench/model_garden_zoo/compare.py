@@ -16,6 +16,7 @@ a process of its own).
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -327,6 +328,8 @@ def main(argv=None) -> int:
     row = compare(args.experiment, args.steps, args.workdir, determinism=not args.no_determinism)
     if not row["trains"] and failed and "is not registered" in row["reason"]:
         row["reason"] += f" (imports that failed: {failed})"  # Why it may not be.
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # Every thread of the row's process.
+    row["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
     print("ZOO-ROW " + json.dumps(row), flush=True)
     return 0
 

@@ -69,7 +69,10 @@ def render(results) -> str:
         f"minutes of wall time with {results.get('jobs', 1)} rows at once, on {results['cpus']} "
         f"CPU cores (the host's 1-minute load, this run and any other jobs, {load['min']:.1f} to "
         f"{load['max']:.1f}, mean {load['mean']}): the seconds per step compare the two trainers "
-        "on one row, not rows with each other.",
+        "on one row, not rows with each other."
+        + (f" The rows' processes used {results['cpu_minutes']} CPU-minutes in all (user and system "
+           f"time), {results['cpu_minutes'] / results['cpus']:.0f} minutes of the host's "
+           f"{results['cpus']} cores." if results.get("cpu_minutes") else ""),
         "",
         "Run it yourself (the `model_garden` extra brings `tensorflow-recommenders` for the "
         "ranking experiments):",

@@ -329,8 +329,10 @@ class ModelGardenTask(Task):
             metrics: the task's `build_metrics(training=...)` for this loop, to update.
         """
         logs = dict(self.garden_task.validation_step(inputs, model=model, metrics=metrics))
-        # None where the eval set has no labels (SQuAD's): no eval loss, as in Model Garden.
+        # None where the eval set has no labels (SQuAD's): no eval loss, as in Model Garden. A
+        # float32 tensor as its trainer's Keras Mean takes it (Mask R-CNN's is a Python 0).
         loss = logs.pop(self.garden_task.loss, None)
+        loss = None if loss is None else tf.cast(loss, tf.float32)
         own = {} if loss is None else {"loss": loss}
         if not self.aggregates_logs():
             return own
