@@ -121,7 +121,7 @@ def _vision(task, family: str) -> Dict[str, Any]:
                 split["random_stride_range"] = 0
         # Its train parser's random crop (`preprocess_ops_3d.random_crop_resize`) passes no seed,
         # which op determinism refuses: train batches go through the eval parser (centre crop).
-        train["is_training"] = False
+        train["is_training"] = evals["is_training"] = False
     out = {"model": model, "train_data": train, "validation_data": evals}
     if _has(task, "allow_image_summary"):
         out["allow_image_summary"] = False  # train_lib's image summary fails on its eval outputs.

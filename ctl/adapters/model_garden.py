@@ -191,6 +191,13 @@ def garden_task(params, logging_dir: Optional[str] = None):
     return task_factory.get_task(params.task, logging_dir=logging_dir)
 
 
+def _has_variables(model) -> bool:
+    try:
+        return bool(model.variables)
+    except ValueError:  # A tf_keras Sequential inside that is not built yet (DCN's) says so.
+        return False
+
+
 @gin.configurable(module="ctl")
 class ModelGardenTask(Task):
     """Runs the task of a registered Model Garden experiment as a ctl task.
@@ -230,7 +237,7 @@ class ModelGardenTask(Task):
 
     def build_model(self):
         model = self.garden_task.build_model()
-        if not model.variables:  # Built on its first call (the ranking model): on one train batch.
+        if not _has_variables(model):  # Built on its first call (the ranking model): on one train batch.
             model(self.features(next(iter(self.build_inputs(training=True)))), training=False)
         self._model = model
         return model
