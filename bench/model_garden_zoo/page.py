@@ -65,6 +65,9 @@ def render(results) -> str:
         f"(every step's training loss within a relative {compare.LOSS_TOLERANCE:g} and every eval "
         f"metric within {compare.EVAL_TOLERANCE:g}).",
         "",
+        (f"Rows measured again later, with their commit: " + ", ".join(
+            f"`{name}` at `{commit}`" for name, commit in results["updated"].items()) + ". "
+         if results.get("updated") else "") +
         f"Measured at commit `{results['commit']}`, {results['started']}, in {results['minutes']} "
         f"minutes of wall time with {results.get('jobs', 1)} rows at once, on {results['cpus']} "
         f"CPU cores (the host's 1-minute load, this run and any other jobs, {load['min']:.1f} to "
