@@ -127,7 +127,7 @@ def test_a_sweep_file_that_does_not_fit_the_config_ends_before_any_trial(tmp_pat
     assert not os.path.exists(tmp_path / "sweep")
 
 
-CHANGED = 'objective = "accuracy"\ntrials = {trials}\nsampler = "random"\nseed = 0\npruner = "none"\n{more}' \
+CHANGED = 'objective = "{objective}"\ntrials = {trials}\nsampler = "random"\nseed = 0\npruner = "none"\n{more}' \
     '[space]\n"DigitsTask.learning_rate" = {{ log_uniform = [{low}, 1e-2] }}\n{binding}'
 
 
@@ -142,7 +142,8 @@ def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_
     short = [*TINY, "--gin_bindings=TRAIN_STEPS=40"]
 
     def sweep(trials=1, more=""):
-        write(path, CHANGED.format(trials=trials, more=more, low="1e-3", binding=""))
+        write(path, CHANGED.format(objective="accuracy", trials=trials, more=more, low="1e-3",
+                                   binding=""))
         return run_sweep(path, sweep_dir, *short, timeout=1200)
 
     done = sweep()
@@ -152,12 +153,13 @@ def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_
          "but the study was created with { log_uniform = [0.001, 0.01] }"),
         (dict(binding='"DigitsTask.hidden_units" = { choice = [16, 32] }\n'),
          "[space] 'DigitsTask.hidden_units' is new (the study was created without it)"),
-        (dict(more='objective = "loss"\n'),
+        (dict(objective="loss"),
          'objective = "loss", but the study was created with objective = "accuracy"'),
         (dict(more='direction = "minimize"\n'), "direction = 'minimize', but the study "),
         (dict(more='value = "last"\n'), 'value = "last", but the study was created with value = "best"'),
     ]:
-        write(path, CHANGED.format(**{"trials": 3, "more": "", "low": "1e-3", "binding": "", **change}))
+        write(path, CHANGED.format(**{"objective": "accuracy", "trials": 3, "more": "", "low": "1e-3",
+                                      "binding": "", **change}))
         done = run_sweep(path, sweep_dir, *short, "--workers=2", timeout=1200)
         lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
         assert done.returncode == 2 and len(lines) == 1, done.stdout[-3000:] + done.stderr[-3000:]
