@@ -94,6 +94,10 @@ def main(argv):
 
 
 def _sweep() -> int:
+    if FLAGS.as_worker:  # Its model dir code imports TensorFlow: first, without the cuInit line.
+        from ctl.utils import devices
+
+        devices.list_devices()
     import optuna
 
     from ctl.sweep import pruning, study, sweep_file
@@ -131,8 +135,10 @@ def _check(sweep) -> None:
     imported here)."""
     import ctl
     from ctl.config import gin_text
+    from ctl.utils import devices
     from ctl.sweep import sweep_dir, sweep_file
 
+    devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.
     gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
     sweep_file.check_against_config(sweep, FLAGS.gin_file, FLAGS.gin_bindings,
                                     FLAGS.gin_search_paths)
