@@ -155,7 +155,7 @@ def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_
          "[space] 'DigitsTask.hidden_units' is new (the study was created without it)"),
         (dict(objective="loss"),
          'objective = "loss", but the study was created with objective = "accuracy"'),
-        (dict(more='direction = "minimize"\n'), "direction = 'minimize', but the study "),
+        (dict(more='direction = "minimize"\n'), 'direction = "minimize", but the study '),
         (dict(more='value = "last"\n'), 'value = "last", but the study was created with value = "best"'),
     ]:
         write(path, CHANGED.format(**{"objective": "accuracy", "trials": 3, "more": "", "low": "1e-3",
