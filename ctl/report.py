@@ -294,9 +294,11 @@ def main(argv):
     # Before TensorFlow's import, here, so that `import ctl.report` changes nothing.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     logging.set_verbosity(logging.WARNING)
+    from ctl.utils import devices
     from ctl.sweep import report as sweep_report
     from ctl.sweep import sweep_dir
 
+    devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.
     try:
         if len(model_dirs) == 1 and sweep_dir.is_sweep_dir(model_dirs[0]):
             text, path = sweep_report.report(model_dirs[0], FLAGS.output)

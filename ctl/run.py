@@ -124,6 +124,9 @@ def main(argv, hooks: Sequence[Any] = ()):
 
 def _run(hooks: Sequence[Any]) -> None:
     """Everything after the checks: TensorFlow is imported here."""
+    from ctl.utils import devices
+
+    devices.list_devices()  # First: without the CUDA wheel's cuInit line on a host with no GPU.
     from ctl import smoke, train_lib
     from ctl.cluster import distribute, peers
     from ctl.config import gin_config as config

@@ -77,7 +77,7 @@ def test_async_train_and_eval_resumes_from_its_checkpoint(tmp_path):
 
 
 def test_async_checkpointing_must_be_a_bool():
-    with pytest.raises(UserError, match=r"async_checkpointing \('yes'\) must be True or False"):
+    with pytest.raises(UserError, match=r"Schedule.async_checkpointing='yes' is a str; bind it to True or False"):
         ctl.Schedule(train_steps=1, async_checkpointing="yes")
 
 

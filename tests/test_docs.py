@@ -392,11 +392,17 @@ def nav_pages(nav) -> List[str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The site, built once for the tests that read it (`mkdocs build --strict`)."""
+    """The site, built once for the tests that read it (`mkdocs build --strict`).
+
+    Not `-q`: it silences mkdocs' logger below ERROR, so no warning is ever counted and `--strict`
+    fails on nothing. A warning (a broken link or anchor, which mkdocs.yml's `validation` makes
+    warnings; a docstring griffe cannot parse) fails the build, and the message shows it."""
     site = tmp_path_factory.mktemp("site")
-    done = run_command(ctl_command("build", "--strict", "-q", "-d", str(site), module="mkdocs"),
+    done = run_command(ctl_command("build", "--strict", "-d", str(site), module="mkdocs"),
                        timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    said = [line for line in (done.stderr + done.stdout).splitlines()
+            if line.startswith(("WARNING", "ERROR", "Aborted"))]
+    assert done.returncode == 0, "\n".join(said) or done.stderr[-4000:]
     return site
 
 

@@ -230,7 +230,8 @@ def test_warm_start_early_stopping_hparams_and_a_profile_in_the_bucket(gcs_dir):
     hparams = {name: getattr(value, value.WhichOneof("kind"))
                for name, value in start.hparams.items()}
     assert hparams["Experiment.task"] == "@EncoderTask()"
-    assert hparams["EarlyStopping.patience"] == 2 and hparams["Profile.start_step"] == 10
+    # Integers as their text (TensorBoard's table has no integer type: 2, not 2.0).
+    assert hparams["EarlyStopping.patience"] == "2" and hparams["Profile.start_step"] == "10"
 
     # The profile: one trace run under train/plugins/profile, with the train loop's ops in it.
     [profile_run] = listing(f"{model_dir}/train/plugins/profile")

@@ -30,7 +30,7 @@ from ctl.utils import console
 from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 from ctl.model_dir import ModelDir, is_published, publishing, temporaries
-from ctl.core.serving import default_serving_signatures
+from ctl.core.task import default_serving_signatures
 
 EXPORT_DIR = "export"  # In the model dir: `<name>/<step>/`, a SavedModel each.
 

@@ -21,12 +21,16 @@ the data files, then the index, then the `checkpoint` state file naming it
 of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
 state file names it; `sync()` waits for the uploads.
+
+`Checkpoints` is the Controller's argument that holds a manager, with how it saves
+(asynchronously or not) and who hears of a save or a restore.
 """
 
+import dataclasses
 import os
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -287,6 +291,28 @@ class CheckpointManager:
         self.latest_checkpoint = self.restored_path = restored.path
         self._saved_step = _step_of(restored.path)
         return restored.path
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoints:
+    """The Controller's checkpoints: who saves and restores them, how, and who hears of it.
+
+    Args:
+        manager: ctl's `CheckpointManager`, or another with the interface of
+            `tf.train.CheckpointManager` that orbit's Controller uses: `checkpoint`,
+            `directory`, `restore_or_initialize()`, `save(checkpoint_number=,
+            check_interval=, options=)` (None when it did not save: it keeps its own
+            interval) and `sync()`; `tf.train.CheckpointManager` itself will do. None:
+            no checkpoints.
+        asynchronous: saves are written on a thread (`CheckpointOptions(enable_async=True)`).
+        on_end: called with a save's path once it is complete.
+        on_load: called with a restored checkpoint's path.
+    """
+
+    manager: Optional[CheckpointManager] = None
+    asynchronous: bool = False
+    on_end: Sequence[Callable[[str], None]] = ()
+    on_load: Sequence[Callable[[str], None]] = ()
 
 
 def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,

@@ -5,8 +5,10 @@ It drives any `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (ctl's `Trai
 `save_checkpoint`, `restore_checkpoint`, train and eval actions), and adds a stop request
 checked after every loop and evaluation, checkpoint hooks, and host bookkeeping that costs no
 eager TensorFlow op. Its constructor takes orbit's familiar arguments and the rest in three
-groups: `Checkpoints`, `Summaries`, `BetweenLoops`. It is the one owner of the current step on
-the host (`Controller.step`). Everything runs eagerly on the host.
+groups: `Checkpoints` (defined beside the `CheckpointManager`, in `ctl.core.checkpointing`),
+`Summaries` (beside the `SummaryManager`, in `ctl.core.summaries`) and `BetweenLoops`; import
+all three from here. It is the one owner of the current step on the host (`Controller.step`).
+Everything runs eagerly on the host.
 
 Why ctl has its own, and `train_and_evaluate` as pseudo-code: docs/explanation/training-loop.md.
 """
@@ -19,52 +21,13 @@ import tensorflow as tf
 
 from ctl import compat
 from ctl.utils import console
-from ctl.core.checkpointing import CheckpointManager
+from ctl.core.checkpointing import CheckpointManager, Checkpoints
 from ctl.core.stop import StopRequest
-from ctl.core.summaries import SummaryManager
+from ctl.core.summaries import SummaryManager, Summaries
 from ctl.core.runner import TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
 Action = Callable[[dict], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoints:
-    """The Controller's checkpoints: who saves and restores them, how, and who hears of it.
-
-    Args:
-        manager: ctl's `CheckpointManager`, or another with the interface of
-            `tf.train.CheckpointManager` that orbit's Controller uses: `checkpoint`,
-            `directory`, `restore_or_initialize()`, `save(checkpoint_number=,
-            check_interval=, options=)` (None when it did not save: it keeps its own
-            interval) and `sync()`; `tf.train.CheckpointManager` itself will do. None:
-            no checkpoints.
-        asynchronous: saves are written on a thread (`CheckpointOptions(enable_async=True)`).
-        on_end: called with a save's path once it is complete.
-        on_load: called with a restored checkpoint's path.
-    """
-
-    manager: Optional[CheckpointManager] = None
-    asynchronous: bool = False
-    on_end: Sequence[Callable[[str], None]] = ()
-    on_load: Sequence[Callable[[str], None]] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Summaries:
-    """Where the Controller writes the loops' results, and how often the train step's own
-    `tf.summary` calls record.
-
-    Args:
-        train: the train loops' summaries (None: nowhere).
-        eval: the evaluations' summaries (None: nowhere).
-        interval: steps between the train step's own `tf.summary` records, a multiple of
-            `steps_per_loop`; None: never.
-    """
-
-    train: Optional[SummaryManager] = None
-    eval: Optional[SummaryManager] = None
-    interval: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +88,8 @@ class Controller:
                                   ("summaries", summaries, Summaries),
                                   ("between_loops", between_loops, BetweenLoops)):
             if not isinstance(value, kind):
-                raise TypeError(f"`{name}` ({value!r}) must be a {kind.__module__}."
-                                f"{kind.__name__}; wrap it: {name}={kind.__name__}(...).")
+                raise TypeError(f"`{name}` ({value!r}) must be a {__name__}.{kind.__name__}; "
+                                f"wrap it: {name}={kind.__name__}(...).")
         interval = summaries.interval
         if interval is not None and (interval < 1 or (
                 not callable(steps_per_loop) and interval % (steps_per_loop or 1))):

@@ -9,10 +9,14 @@ an evaluation's results are written as its `writing()` context ends. In an objec
 writers write to a local directory (`ctl.model_dir.staging`) and each flush hands an upload to
 `ctl.model_dir.background` (`mirror`). Everything here runs eagerly, between loops.
 
+`Summaries` is the Controller's argument that holds its two managers (train, eval) and the
+interval of the train step's own `tf.summary` records.
+
 Why, and what it saves: docs/explanation/training-loop.md ("Loop summaries").
 """
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -200,6 +204,23 @@ class SummaryManager:
 
             self._batch_writers[relative_path] = write
         return write
+
+
+@dataclasses.dataclass(frozen=True)
+class Summaries:
+    """Where the Controller writes the loops' results, and how often the train step's own
+    `tf.summary` calls record.
+
+    Args:
+        train: the train loops' summaries (None: nowhere).
+        eval: the evaluations' summaries (None: nowhere).
+        interval: steps between the train step's own `tf.summary` records, a multiple of
+            `steps_per_loop`; None: never.
+    """
+
+    train: Optional[SummaryManager] = None
+    eval: Optional[SummaryManager] = None
+    interval: Optional[int] = None
 
 
 def _by_directory(values: Dict[str, Any], relative_path: str = "") -> Dict[str, Dict[str, Any]]:

@@ -10,15 +10,19 @@ tensors); `labels` is whatever `build_losses` and the metrics take. A task
 whose data does not fit this pair overrides `train_step` and
 `validation_step`; ctl never inspects the structure to guess. ctl checks the
 contract when a run starts (`ctl.core.contract`; docs/guide/writing-a-task.md).
+
+When a task declares no serving signatures, exports serve the default one
+(`default_serving_signatures`): `model(inputs, training=False)` on the model's
+Keras inputs.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
 from ctl.core.precision import float32_outputs
-from ctl.core.serving import default_serving_signatures
 from ctl.core.train_step import scale_loss
+from ctl.utils.errors import UserError
 
 Logs = Dict[str, Any]
 
@@ -349,3 +353,48 @@ def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):
     gradients = probe.gradient(loss, aux_losses)
     return loss, all(gradient is None for gradient in gradients)
 
+
+# The default serving signature (`Task.serving_signatures`; `ctl.comforts.exporting` writes it).
+
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
+
+
+def default_serving_signatures(model) -> Dict[str, Callable]:
+    """One `serving_default` signature from the model's Keras inputs.
+
+    The signature takes the model's inputs as named tensors (the keys of a dict
+    input, else the Input names) and returns `{"outputs": model(inputs,
+    training=False)}` (or the model's own dict of outputs).
+
+    Args:
+        model: a Keras model with Keras inputs (built from `Input`s, or called once).
+    """
+    try:
+        structure = model.input  # The nested inputs of a functional model.
+    except (AttributeError, ValueError):
+        inputs = getattr(model, "inputs", None)  # Keras 3 Sequential has only these.
+        structure = (inputs[0] if len(inputs) == 1 else list(inputs)) if inputs else None
+    if structure is None:
+        raise UserError(
+            f"cannot tell the serving signature of {type(model).__name__}: it has no Keras "
+            "inputs; override Task.serving_signatures(model) to declare it."
+        )
+    flat = tf.nest.flatten(structure)
+    if isinstance(structure, dict) and len(flat) == len(structure):
+        names = sorted(structure)  # tf.nest flattens a dict in sorted key order.
+    else:
+        names = [_input_name(x, i) for i, x in enumerate(flat)]
+    specs = [tf.TensorSpec(tuple(x.shape), tf.as_dtype(x.dtype), name=name)
+             for x, name in zip(flat, names)]
+
+    def serve(*features):
+        outputs = model(tf.nest.pack_sequence_as(structure, list(features)), training=False)
+        return outputs if isinstance(outputs, dict) else {"outputs": outputs}
+
+    return {DEFAULT_SIGNATURE: tf.function(serve, input_signature=specs)}
+
+
+def _input_name(tensor, index: int) -> str:
+    name = str(getattr(tensor, "name", "") or "").split(":")[0]
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return name if name and not name.startswith("keras_tensor") else f"input_{index}"

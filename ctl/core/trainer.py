@@ -7,6 +7,7 @@ An `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (`train(num_steps)`,
   and the train loop's override points (the methods a subclass overrides);
 - `ctl.core.loops`: the loop functions and the step guard (`StepGuard`);
 - `ctl.core.evaluation`: evaluation (`Evaluation`, which the Trainer inherits) and its override points;
+- `ctl.core.inputs`: the datasets, checked and distributed (`Inputs`, which the Trainer inherits);
 - `ctl.core.runner`: what a train loop returns (`TrainLoopEnd`) and what a stopped
   evaluation raises (`EvaluationStopped`);
 - `ctl.core.precision`, `ctl.core.train_step`, `ctl.core.ema`: the train-step settings
@@ -26,6 +27,7 @@ from ctl.core import aggregation, checkpoint_contents, contract, loops, precisio
 from ctl.core.ema import MovingAverage
 from ctl.utils.errors import UserError, user_error_within
 from ctl.core.evaluation import Evaluation
+from ctl.core.inputs import Inputs
 from ctl.core.loops import plain
 from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd
 from ctl.core.stop import SignalWatcher
@@ -35,7 +37,7 @@ from ctl.core.train_step import GradientPipeline
 
 @gin.configurable(module="ctl", denylist=["task", "strategy", "train", "evaluate", "stop",
                                           "guard_steps", "eval_callbacks"])
-class Trainer(orbit.AbstractTrainer, Evaluation):
+class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
     """Trains and evaluates a `Task` under a `tf.distribute` strategy.
 
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
@@ -193,32 +195,6 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
         self.eval_sets: Dict[Optional[str], Any] = self.build_eval_sets() if evaluate else {}
         self.eval_dataset = next(iter(self.eval_sets.values()), None)  # The one being evaluated.
 
-    def build_eval_sets(self) -> Dict[Optional[str], Any]:
-        """The task's eval datasets, distributed, by name (`None`: the one unnamed set).
-
-        With names (`Task.eval_datasets()`), `build_inputs(training=False,
-        input_context, name=NAME)` is called once per name.
-        """
-        names = tuple(self.task.eval_datasets())
-        if not names:
-            return {None: self.distribute_dataset(self.checked_inputs, training=False)}
-        return {name: self.distribute_dataset(self.checked_inputs, training=False, name=name)
-                for name in names}
-
-    def checked_inputs(self, training: bool, input_context=None, **kwargs):
-        """`task.build_inputs(...)` as ctl reads it: checked, the train set repeated
-        (`ctl.core.contract.inputs`).
-
-        Args:
-            training: True for the train set, False for an eval set.
-            input_context: the `tf.distribute.InputContext` of this input pipeline (None outside a strategy's call).
-            **kwargs: passed on to `build_inputs` (`name=` for a named eval set).
-
-        Returns:
-            The task's dataset, checked against the Task contract; a train set that ends is repeated.
-        """
-        return contract.inputs(self.task, training, input_context, **kwargs)
-
     @property
     def step_guard(self) -> Optional[loops.StepGuard]:
         """What ends a train loop early on a stop or a NaN loss (None: orbit's loops), fixed at
@@ -256,53 +232,6 @@ class Trainer(orbit.AbstractTrainer, Evaluation):
     def batches_per_step(self) -> int:
         """Batches each train step reads from the train input (`accumulation_steps`)."""
         return self.gradients.accumulation_steps
-
-    def distribute_dataset(self, dataset_or_fn, *args, **kwargs):
-        """Distributes a dataset, or a function `fn(*args, input_context, **kwargs)`.
-
-        Under parameter servers each worker builds its own copy of the dataset
-        (`ClusterCoordinator.create_per_worker_dataset`).
-
-        Args:
-            dataset_or_fn: a `tf.data.Dataset`, or a function that builds one from an `input_context`.
-            *args: passed on to the function.
-            **kwargs: passed on to the function.
-
-        Returns:
-            The distributed dataset (a per-worker dataset under parameter servers).
-
-        Raises:
-            UserError: tf.data or the strategy refuses a value the task was configured with (e.g. a batch size of 0).
-        """
-        if self._coordinator is not None:
-            per_worker_fn = tf.function(lambda: orbit.utils.make_distributed_dataset(
-                self.strategy, dataset_or_fn, *args, **kwargs))
-            return self._coordinator.create_per_worker_dataset(per_worker_fn)
-        try:
-            return orbit.utils.make_distributed_dataset(
-                self.strategy, dataset_or_fn, *args, **kwargs
-            )
-        except (tf.errors.InvalidArgumentError, ValueError) as error:
-            # A value the task was configured with that tf.data or the strategy
-            # refuses (a batch size of 0, one the replicas cannot split).
-            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise UserError(
-                f"{type(self.task).__name__} cannot build its input pipeline ({text}); check "
-                "the task's settings in the gin config (e.g. its batch size)."
-            ) from error
-
-    # Parameter-server training (the names Model Garden's trainer uses).
-
-    def init_async(self) -> None:
-        """Creates the `ClusterCoordinator` under `ParameterServerStrategy` (eager)."""
-        self._coordinator = None
-        if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
-            self._coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
-
-    def join(self) -> None:
-        """Waits for every scheduled step (eager); a no-op without parameter servers."""
-        if self._coordinator is not None:
-            self._coordinator.join()
 
     # Training.
 

@@ -5,9 +5,9 @@ the sampler, the pruner and the space: gin bindings and their distributions.
 Each trial is one ctl run, `python -m ctl.sweep.trial --mode=train_and_eval`
 (ctl.run's path with the pruning hook appended), in its own process and
 `<sweep_dir>/trials/<number>/` (`ctl.sweep.runner`), its sampled bindings on
-its command line and so in its `config.gin`. The study lives in Optuna's storage
-(`ctl.sweep.study`): a journal file in the sweep dir by default, PostgreSQL for
-several machines. The budget is a queue of exactly `trials` trials, claimed one
+its command line and so in its `config.gin`. The study (`ctl.sweep.study`) lives
+in Optuna's storage (`ctl.sweep.storage`): a journal file in the sweep dir by
+default, PostgreSQL for several machines. The budget is a queue of exactly `trials` trials, claimed one
 at a time, so that it is exact with any number of workers
 (`ctl.sweep.worker`). The pruner (`ctl.sweep.pruning`) is asked inside the
 trial's run at each evaluation, and the run stops there when pruned; the

@@ -94,9 +94,14 @@ def main(argv):
 
 
 def _sweep() -> int:
+    if FLAGS.as_worker:  # Its model dir code imports TensorFlow: first, without the cuInit line.
+        from ctl.utils import devices
+
+        devices.list_devices()
     import optuna
 
     from ctl.sweep import pruning, study, sweep_file
+    from ctl.sweep.storage import open_storage, without_password, write_record
     from ctl.sweep.sweep_dir import trials_path
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,7 +110,7 @@ def _sweep() -> int:
     if not FLAGS.as_worker:
         study.check_existing(sweep_dir, FLAGS.storage, sweep)  # A changed file: at once.
         _check(sweep)
-    storage = study.open_storage(sweep_dir, FLAGS.storage)
+    storage = open_storage(sweep_dir, FLAGS.storage)
     try:
         opened = study.Study(storage, sweep, pruning.make_pruner(sweep.pruner),
                              sweep_dir=sweep_dir)
@@ -113,14 +118,14 @@ def _sweep() -> int:
         raise
     except Exception as error:  # The database's errors, whatever the driver.
         raise UserError(f"cannot open the study {sweep.study!r} in "
-                        f"{study.without_password(FLAGS.storage or sweep_dir)} ({first_line(error)})"
+                        f"{without_password(FLAGS.storage or sweep_dir)} ({first_line(error)})"
                         "; check --storage.") from error
     if FLAGS.as_worker:
         return _work(opened, sweep, sweep_dir)
     if FLAGS.workers == 1:
         status = _work(opened, sweep, sweep_dir)
     else:
-        study.write_record(sweep_dir, sweep, FLAGS.storage, trials_path(FLAGS.trials_dir))
+        write_record(sweep_dir, sweep, FLAGS.storage, trials_path(FLAGS.trials_dir))
         status = _supervise(FLAGS.workers)
     return _end(opened, sweep, sweep_dir) if status == 0 else status
 
@@ -130,8 +135,10 @@ def _check(sweep) -> None:
     imported here)."""
     import ctl
     from ctl.config import gin_text
+    from ctl.utils import devices
     from ctl.sweep import sweep_dir, sweep_file
 
+    devices.list_devices()  # Without the CUDA wheel's cuInit line on a host with no GPU.
     gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
     sweep_file.check_against_config(sweep, FLAGS.gin_file, FLAGS.gin_bindings,
                                     FLAGS.gin_search_paths)
@@ -141,10 +148,11 @@ def _check(sweep) -> None:
 
 def _work(opened, sweep, sweep_dir: str) -> int:
     from ctl.sweep import progress, study, worker
+    from ctl.sweep.storage import write_record
     from ctl.sweep.sweep_dir import trials_path
 
     trials_dir = trials_path(FLAGS.trials_dir)
-    study.write_record(sweep_dir, sweep, FLAGS.storage, trials_dir)
+    write_record(sweep_dir, sweep, FLAGS.storage, trials_dir)
     slot = study.take_slot(sweep_dir)
     one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
                         FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds,

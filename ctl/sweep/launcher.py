@@ -163,8 +163,9 @@ class Launcher:
 def warm() -> None:
     """Imports what `ctl.run` imports before it trains: TensorFlow, ctl and its API."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # As ctl.run sets it, before the import.
-    import tensorflow  # noqa: F401
+    from ctl.utils import devices
 
+    devices.list_devices()  # TensorFlow, without the cuInit line (the forked trials inherit it).
     import ctl
     from ctl import smoke, train_lib  # noqa: F401
     from ctl.cluster import distribute, peers  # noqa: F401

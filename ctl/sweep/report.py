@@ -11,7 +11,7 @@ objective: completed trials as dots, pruned ones as crosses (the value they
 were pruned on), a choice's values as categories, a log-uniform range on a log
 axis (the space as the study keeps it from its sweep file).
 
-The study is found through `<sweep_dir>/sweep.json` (`ctl.sweep.study`); a
+The study is found through `<sweep_dir>/sweep.json` (`ctl.sweep.storage`); a
 PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
 """
 
@@ -40,7 +40,7 @@ def load(sweep_dir: str):
     except ImportError as error:
         raise UserError("reading a sweep needs Optuna, which is not installed: pip install -e "
                         "'.[sweep]' in ctl's checkout.") from error
-    from ctl.sweep import study
+    from ctl.sweep.storage import open_storage
     from ctl.sweep.sweep_dir import read_record
 
     record = read_record(sweep_dir)
@@ -48,7 +48,7 @@ def load(sweep_dir: str):
         raise UserError(f"{sweep_dir}/sweep.json is unreadable; run the sweep's command again to "
                         "rewrite it.")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = study.open_storage(sweep_dir, record.get("storage"))
+    storage = open_storage(sweep_dir, record.get("storage"))
     loaded = optuna.load_study(study_name=record["study"], storage=storage)
     budget = record.get("trials") or len(loaded.trials)
     return record, loaded, [t for t in loaded.get_trials(deepcopy=False) if t.number < budget]

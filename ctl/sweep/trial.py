@@ -43,7 +43,8 @@ def main(argv):
     """
     import optuna
 
-    from ctl.sweep import pruning, study, sweep_file
+    from ctl.sweep import pruning, sweep_file
+    from ctl.sweep.storage import open_storage
 
     for name in ("sweep_file", "sweep_dir", "trial"):  # Not absl's validators: see ctl.sweep.__main__.main.
         if FLAGS[name].value is None:
@@ -54,7 +55,7 @@ def main(argv):
     except UserError as error:
         exit_with_error("ctl.sweep.trial", str(error))
     hooks = [pruning.PruneAtEvaluations(
-        sweep, lambda: study.open_storage(FLAGS.sweep_dir, FLAGS.storage), FLAGS.trial)]
+        sweep, lambda: open_storage(FLAGS.sweep_dir, FLAGS.storage), FLAGS.trial)]
     if sweep.value == "best":  # The checkpoint of the evaluation that is the trial's value.
         from ctl.hooks import BestCheckpoint
 
