@@ -53,6 +53,20 @@ def start_sweep(sweep_file, sweep_dir, *args, log=None):
                             stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True)
 
 
+def parent_of_process_running(argument):
+    """The parent pid of the live process whose command line holds `argument` (None: none)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+            if entry.isdigit() and argument.encode() in command:
+                with open(f"/proc/{entry}/stat") as f:
+                    return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    return None
+
+
 def load_trials(sweep_dir, name):
     import optuna
 
@@ -665,11 +679,18 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
     dead = [start_sweep(sweep_file, sweep_dir, "--fork_trials=false", *args)  # Slots 0, 1, 2.
             for _ in range(3)]
     try:
-        deadline = time.monotonic() + 900
-        while not all(d.exists() and any(n > 0 for n in d.checkpoints()) for d in dirs[:3]):
-            assert all(p.poll() is None for p in dead), "a worker ended before its checkpoint"
+        deadline, killed = time.monotonic() + 900, set()
+        while len(killed) < 3:  # Each worker dies once its trial has a checkpoint: none completes.
+            for directory in dirs[:3]:
+                if directory.exists() and any(n > 0 for n in directory.checkpoints()):
+                    worker = parent_of_process_running(f"--model_dir={directory.path}")
+                    if worker is not None and worker not in killed:
+                        os.kill(worker, signal.SIGKILL)  # kill -9: its trial dies with it.
+                        killed.add(worker)
+            assert all(p.poll() is None for p in dead if p.pid not in killed), \
+                "a worker ended before its checkpoint"
             assert time.monotonic() < deadline, "the three trials did not train in time"
-            time.sleep(0.2)
+            time.sleep(0.1)
     finally:
         for process in dead:
             process.kill()  # kill -9: their trials die with them (PR_SET_PDEATHSIG).
