@@ -267,6 +267,10 @@ class SparseFeaturesTask(RegressionTask):
         dense = tf.reshape(dense, [-1, dense.shape[-1]])
         return super().train_step((dense, labels), model, optimizer, metrics)
 
+    def validation_step(self, inputs, model, metrics):
+        features, labels = inputs
+        return super().validation_step((tf.sparse.to_dense(features), labels), model, metrics)
+
 
 @gin.configurable
 class DynamicBatchTask(RegressionTask):
