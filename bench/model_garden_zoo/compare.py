@@ -15,6 +15,7 @@ a process of its own).
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -64,8 +65,11 @@ def _number(value) -> Optional[float]:
 
 
 def _relative(a: float, b: float) -> float:
-    if a == b:
+    """|a - b| relative to the larger; NaN on both sides is the same, on one side infinitely far."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
         return 0.0
+    if math.isnan(a) or math.isnan(b):
+        return math.inf
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
