@@ -140,6 +140,30 @@ def test_an_ema_optimizer_gets_its_shadow_copy_of_the_model():
     np.testing.assert_allclose(average.numpy(), 0.5 * variables[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_evaluation_uses_an_ema_optimizers_averages_and_training_its_weights(tmp_path):
+    # As Model Garden's trainer: its averages swapped into the model for each evaluation only.
+    base = configured_task(tmp_path / "data")
+    task = ctl.ModelGardenTask(experiment="image_classification", params_override=[
+        base.params.as_dict(),
+        {"trainer": {"optimizer_config": {"ema": {"average_decay": 0.5, "dynamic_decay": False}}}}])
+    trainer = ctl.Trainer(task)
+    trainer.train(tf.constant(1))
+    variables = trainer.model.trainable_variables
+    trained = [v.numpy() for v in variables]
+    averages = [trainer.optimizer.get_slot(v, "average").numpy() for v in variables]
+    evaluated = float(trainer.evaluate(tf.constant(-1))["loss"])  # The one eval batch.
+    for variable, weight in zip(variables, trained):  # Swapped back: (w + a) - a, rounded.
+        np.testing.assert_allclose(variable.numpy(), weight, rtol=1e-6, atol=1e-7)
+    raw = float(task.validation_step(next(iter(task.build_inputs(training=False))),
+                                     trainer.model, trainer.eval_metrics)["loss"])
+    for variable, average in zip(variables, averages):
+        variable.assign(average)
+    average_loss = float(task.validation_step(next(iter(task.build_inputs(training=False))),
+                                              trainer.model, trainer.eval_metrics)["loss"])
+    assert abs(average_loss - raw) > 1e-3 * abs(raw)  # Half the weights: another loss.
+    assert evaluated == pytest.approx(average_loss, rel=1e-5)
+
+
 def experiment_gin(tmp_path, experiment, *overrides):
     path = tmp_path / "experiment.gin"
     path.write_text("import official.vision.registry_imports\n"

@@ -252,6 +252,17 @@ class ModelGardenTask(Task):
         # The ranking task compiles its model with its optimizers and returns None here.
         return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 
+    def averaged_optimizer(self, optimizer):
+        """The optimizer if it is Model Garden's `ExponentialMovingAverage` (an `ema` in the
+        optimizer config): evaluation swaps its averages in, as Model Garden's trainer does.
+
+        Args:
+            optimizer: the optimizer `build_optimizer()` returned.
+        """
+        from official.modeling import optimization
+
+        return optimizer if isinstance(optimizer, optimization.ExponentialMovingAverage) else None
+
     def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
         """The Model Garden task's `build_inputs` on `task.train_data` or `task.validation_data`, its `input_path`
             checked first.

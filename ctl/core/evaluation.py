@@ -27,7 +27,8 @@ class Evaluation(orbit.AbstractEvaluator):
 
     The Trainer builds what is evaluated and sets it before the first
     evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or
-    None), `eval_loss`, `eval_metrics` and `eval_sets` (`{name: distributed
+    None), `averaged_optimizer` (or None: `Task.averaged_optimizer`),
+    `eval_loss`, `eval_metrics` and `eval_sets` (`{name: distributed
     dataset}`, `{None: dataset}` for the one unnamed set).
     """
 
@@ -84,10 +85,27 @@ class Evaluation(orbit.AbstractEvaluator):
             raise ValueError("this Trainer was built with evaluate=False: it has no eval dataset.")
         if self.ema is not None:
             self.ema.follow_weights_if_unstarted()
-        if list(self.eval_sets) == [None]:
-            return self.evaluate_set(self.eval_sets[None], num_steps)
-        return {name: self.evaluate_set(dataset, num_steps)
-                for name, dataset in self.eval_sets.items()}
+        self._swap_averages()  # The optimizer's averages in the model, for this evaluation only.
+        try:
+            if list(self.eval_sets) == [None]:
+                return self.evaluate_set(self.eval_sets[None], num_steps)
+            return {name: self.evaluate_set(dataset, num_steps)
+                    for name, dataset in self.eval_sets.items()}
+        finally:
+            self._swap_averages()
+
+    def _swap_averages(self) -> None:
+        """Swaps `averaged_optimizer`'s averages and the model's weights (eager, in the
+        strategy's cross-replica context, which the default strategy enters by a merge call)."""
+        averaged = self.averaged_optimizer
+        if averaged is None:
+            return
+        with self.strategy.scope():
+            if tf.distribute.in_cross_replica_context():
+                averaged.swap_weights()
+            else:
+                tf.distribute.get_replica_context().merge_call(
+                    lambda strategy: averaged.swap_weights())
 
     def evaluate_set(self, dataset, num_steps: tf.Tensor) -> Logs:
         """One evaluation of `num_steps` batches of one distributed eval `dataset`.

@@ -238,6 +238,21 @@ class Task:
         del aggregated_logs, global_step
         return {}
 
+    def averaged_optimizer(self, optimizer):
+        """The optimizer whose moving averages evaluation uses, or None (the default).
+
+        Each evaluation (in-line and on the sidecar, which then restores the
+        optimizer too) swaps them into the model with its `swap_weights()` and
+        swaps back after, as Model Garden's trainer does with its
+        `ExponentialMovingAverage` (`ctl.ModelGardenTask` returns it); training
+        goes on with the trained weights.
+
+        Args:
+            optimizer: the task's `build_optimizer()`.
+        """
+        del optimizer
+        return None
+
     def initialize(self, model) -> None:
         """Called once when the model dir holds no checkpoint yet.
 

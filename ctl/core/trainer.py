@@ -149,6 +149,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             optimizer = task.build_optimizer()
             contract.check_optimizer(task, optimizer, self.model)
             self.optimizer = precision.wrap_optimizer(optimizer, mixed_precision)
+            # Its moving averages, swapped into the model around each evaluation, if any.
+            self.averaged_optimizer = task.averaged_optimizer(optimizer)
             # Keras 3 optimizers must own their slots before a strategy traces
             # apply_gradients; tf_keras ones accept it as well. tf_keras' legacy
             # optimizers (Model Garden's) have no `build`: they make slots as they go.
@@ -222,8 +224,11 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
 
     def eval_restore_objects(self) -> Dict[str, Any]:
         """What an evaluator restores from a training checkpoint: `model` and, with
-        `ema_decay`, `ema` (the model it evaluates); not the optimizer."""
+        `ema_decay`, `ema` (the model it evaluates); the optimizer only when
+        evaluation swaps in its averages (`Task.averaged_optimizer`)."""
         objects: Dict[str, Any] = {"model": self.model}
+        if self.averaged_optimizer is not None:  # Its averages are what is evaluated.
+            objects["optimizer"] = self.optimizer
         if self.ema is not None:
             objects["ema"] = self.ema.state
         return objects
