@@ -140,12 +140,16 @@ def test_an_ema_optimizer_gets_its_shadow_copy_of_the_model():
     np.testing.assert_allclose(average.numpy(), 0.5 * variables[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def ema_task(data_dir):
+    """The shipped config's task with Model Garden's `ema` optimizer (averages: half the weights)."""
+    return ctl.ModelGardenTask(experiment="image_classification", params_override=[
+        configured_task(data_dir).params.as_dict(),
+        {"trainer": {"optimizer_config": {"ema": {"average_decay": 0.5, "dynamic_decay": False}}}}])
+
+
 def test_evaluation_uses_an_ema_optimizers_averages_and_training_its_weights(tmp_path):
     # As Model Garden's trainer: its averages swapped into the model for each evaluation only.
-    base = configured_task(tmp_path / "data")
-    task = ctl.ModelGardenTask(experiment="image_classification", params_override=[
-        base.params.as_dict(),
-        {"trainer": {"optimizer_config": {"ema": {"average_decay": 0.5, "dynamic_decay": False}}}}])
+    task = ema_task(tmp_path / "data")
     trainer = ctl.Trainer(task)
     trainer.train(tf.constant(1))
     variables = trainer.model.trainable_variables
@@ -162,6 +166,19 @@ def test_evaluation_uses_an_ema_optimizers_averages_and_training_its_weights(tmp
                                               trainer.model, trainer.eval_metrics)["loss"])
     assert abs(average_loss - raw) > 1e-3 * abs(raw)  # Half the weights: another loss.
     assert evaluated == pytest.approx(average_loss, rel=1e-5)
+
+
+def test_the_sidecar_evaluates_an_ema_optimizers_averages_as_in_line(tmp_path):
+    # The sidecar restores the optimizer's averages too, and evaluates them.
+    model_dir = str(tmp_path / "run")
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=2, checkpoint_interval=2)
+    in_line = ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
+        task=ema_task(tmp_path / "data"), schedule=schedule))
+    sidecar = ctl.run_experiment("continuous_eval", model_dir, experiment=ctl.Experiment(
+        task=ema_task(tmp_path / "data"), schedule=schedule))
+    assert sidecar["step"] == 2
+    assert sidecar["results"]["loss"] == pytest.approx(float(in_line["loss"]), rel=1e-6)
+    assert sidecar["results"]["accuracy"] == float(in_line["accuracy"])
 
 
 def experiment_gin(tmp_path, experiment, *overrides):
