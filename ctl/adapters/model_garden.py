@@ -20,7 +20,9 @@ Garden's trainer writes them, so either can continue the other's model dir.
 
 What ctl takes from `trainer` is the optimizer: the schedule (train steps,
 intervals) is ctl's (`ctl.Schedule`), so a run has one source for each
-setting. `trainer_settings()` maps the experiment's trainer config onto
+setting. With an `ema` in the optimizer config (ResNet-RS's), evaluation uses
+the optimizer's moving averages, swapped into the model around each
+evaluation as Model Garden's trainer does (`averaged_optimizer`). `trainer_settings()` maps the experiment's trainer config onto
 `ctl.Schedule`'s names for whoever wants to bind them the same.
 
 Mistakes in the experiment's config are the user's to fix and end as one
