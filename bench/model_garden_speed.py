@@ -33,6 +33,7 @@ when it is at least the A/A line's lowest round (`within_aa`).
 """
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -62,7 +63,7 @@ def overrides_for(experiment: str, steps_per_loop: int, data_dir: str) -> List[D
             + [schedule])
 
 
-def ctl_arm(experiment: str, overrides, model_dir: str, steps_per_loop: int) -> Callable[[int], None]:
+def ctl_arm(experiment: str, overrides, model_dir: str, steps_per_loop: int) -> Any:
     """`run(num_steps)` for ctl: `ctl.ModelGardenTask` under the Controller `ctl.run` builds."""
     import ctl
     from bench import loops
@@ -73,7 +74,7 @@ def ctl_arm(experiment: str, overrides, model_dir: str, steps_per_loop: int) -> 
     return loops.drive(controller, steps_per_loop)
 
 
-def train_lib_arm(experiment: str, overrides, model_dir: str, steps_per_loop: int) -> Callable[[int], None]:
+def train_lib_arm(experiment: str, overrides, model_dir: str, steps_per_loop: int) -> Any:
     """`run(num_steps)` for Model Garden: the orbit Controller of `train_lib.OrbitExperimentRunner`."""
     import tensorflow as tf
     from official.core import train_lib
@@ -109,8 +110,9 @@ def measure_experiment(experiment: str, workdir: str, steps_per_loop: int, loops
         build_s[arm] = time.perf_counter() - start
     steps = steps_per_loop * loops
     cpu: Dict[str, List[float]] = {}
-    times = measure.interleave({arm: (lambda run=built[arm]: run(steps)) for arm in ARMS},
-                               rounds, cpu=cpu, seed=seed)
+    calls: Dict[str, Callable[[], None]] = {
+        arm: functools.partial(built[arm], steps) for arm in ARMS}
+    times = measure.interleave(calls, rounds, cpu=cpu, seed=seed)
     for arm in ARMS:
         measure.emit(FIGURE, experiment=experiment, variant=arm,
                      steps_per_sec=steps / measure.median(times[arm]),

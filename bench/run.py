@@ -69,7 +69,9 @@ SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job", "obje
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}
 TIMEOUT_S = 900  # Figure 1 with both workloads: 270-330 s on this host, 546-598 s on a slow day (2026-11-25e).
-LONG_TIMEOUTS_S = {"object_store": 3600, "sweep": 3600, "model_garden_speed": 3600}  # Two rounds: 14 main-job processes of 15-60 s each and the sidecar.
+# object_store's two rounds: 14 main-job processes of 15-60 s each and the sidecar;
+# model_garden_speed: three Model Garden experiments, each built three times.
+LONG_TIMEOUTS_S = {"object_store": 3600, "sweep": 3600, "model_garden_speed": 3600}
 
 
 def run_figure(name, quick, root=ROOT, extra=(), checkout=None):
