@@ -253,6 +253,26 @@ def plain_eval_data():
 
 
 @gin.configurable
+class SparseFeaturesTask(RegressionTask):
+    """Its features are a SparseTensor, densified to the static shape its `dense_shape` gives
+    (as the embedding lookups of Model Garden's ranking models read it)."""
+
+    def build_inputs(self, training, input_context=None):
+        return super().build_inputs(training, input_context).map(
+            lambda x, y: (tf.sparse.from_dense(x), y))
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        features, labels = inputs
+        dense = tf.sparse.to_dense(features)  # Of unknown width if its dense_shape is unknown.
+        dense = tf.reshape(dense, [-1, dense.shape[-1]])
+        return super().train_step((dense, labels), model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics):
+        features, labels = inputs
+        return super().validation_step((tf.sparse.to_dense(features), labels), model, metrics)
+
+
+@gin.configurable
 class DynamicBatchTask(RegressionTask):
     """Keeps the remainder batch of each pass of its train set: no static batch size."""
 

@@ -125,6 +125,21 @@ SMALL_CLASSIFIER = ("task.model.input_size=[32, 32, 3],task.model.backbone.resne
                     "trainer.optimizer_config.learning_rate.type=constant")
 
 
+def test_an_ema_optimizer_gets_its_shadow_copy_of_the_model():
+    # Model Garden's trainer makes the averages of an `ema` optimizer (ResNet-RS's) from the
+    # model before the first update; without them the update fails ('NoneType' is not iterable).
+    import official.vision.registry_imports  # noqa: F401
+
+    task = ctl.ModelGardenTask(experiment="image_classification", params_override=[
+        SMALL_CLASSIFIER, {"trainer": {"optimizer_config": {"ema": {"average_decay": 0.5, "dynamic_decay": False}}}}])
+    model = task.build_model()
+    optimizer = task.build_optimizer()
+    variables = model.trainable_variables
+    optimizer.apply_gradients([(tf.ones_like(v), v) for v in variables])
+    average = optimizer.get_slot(variables[0], "average")  # Half the weight after one update.
+    np.testing.assert_allclose(average.numpy(), 0.5 * variables[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
 def experiment_gin(tmp_path, experiment, *overrides):
     path = tmp_path / "experiment.gin"
     path.write_text("import official.vision.registry_imports\n"

@@ -29,6 +29,7 @@ RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The
 KEYS = ["experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
         "train_lib_s_per_step", "reason"]
 TIMEOUT_S = 2400  # One experiment, both trainers; a row that takes longer says so.
+RUN_FILE, LOADS_FILE = "zoo_run.json", "zoo_loads.txt"  # In the workdir: what --collect reads.
 
 
 def _registered() -> Dict[str, str]:
@@ -161,6 +162,8 @@ def main(argv=None) -> int:
     rows: List[Dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
     start = time.time()
+    with open(os.path.join(workdir, RUN_FILE), "w") as f:  # For --collect, if it is stopped.
+        json.dump({"started": start, "jobs": max(1, args.jobs), "steps": args.steps}, f)
     _write_data(names, workdir)  # Once, before rows that share files run at once.
 
     def one(name):
@@ -171,9 +174,11 @@ def main(argv=None) -> int:
 
     done = threading.Event()
 
-    def sample_load():  # The host's load every 30 s while rows run.
+    def sample_load():  # The host's load every 30 s while rows run (in a file for --collect).
         while not done.wait(30):
             loads.append(os.getloadavg()[0])
+            with open(os.path.join(workdir, LOADS_FILE), "a") as f:
+                f.write(f"{loads[-1]}\n")
 
     sampler = threading.Thread(target=sample_load, daemon=True)
     sampler.start()
@@ -210,18 +215,31 @@ def collect(workdir: str, families: Dict[str, str], failed, steps: int, path: st
                 row["determinism_note"] = DETERMINISM_NOTE
         row["family"] = families[name]
         rows.append(row)
-    start = os.path.getctime(log_dir)
-    write_results(path, list(families), rows, families, failed, steps, start,
-                  [os.getloadavg()[0]], partial=False)
+    # The run's start, jobs and load samples as it recorded them (a log dir's ctime is that of
+    # its newest file).
+    run_file, loads_file = os.path.join(workdir, RUN_FILE), os.path.join(workdir, LOADS_FILE)
+    run = {"started": os.path.getctime(log_dir), "jobs": 1}
+    if os.path.exists(run_file):
+        with open(run_file) as f:
+            run.update(json.load(f))
+    loads = []
+    if os.path.exists(loads_file):
+        with open(loads_file) as f:
+            loads = [float(line) for line in f if line.strip()]
+    write_results(path, list(families), rows, families, failed, steps, run["started"],
+                  loads or [os.getloadavg()[0]], partial=False, jobs=run["jobs"],
+                  end=max(finished) if finished else None)
     print(f"results: {path} ({len(finished)} of {len(rows)} rows measured)", file=sys.stderr)
     return 0
 
 
 def write_results(path, names, rows, families, failed, steps, start, loads, partial,
-                  jobs: int = 1) -> None:
-    """The results file: every row, the commit, the time and the host's load."""
+                  jobs: int = 1, end=None) -> None:
+    """The results file: every row, the commit, the time (from `start` to `end`, default now)
+    and the host's load."""
+    end = time.time() if end is None else end
     results = {"commit": _commit(), "steps": steps, "jobs": jobs, "started": time.strftime(
-        "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((time.time() - start) / 60, 1),
+        "%Y-%m-%d %H:%M UTC", time.gmtime(start)), "minutes": round((end - start) / 60, 1),
         "cpus": os.cpu_count(), "load_1min": {"min": min(loads), "max": max(loads),
                                               "mean": round(sum(loads) / len(loads), 1)},
         "registered": len(families), "imports_failed": failed, "rows": rows,

@@ -15,6 +15,7 @@ a process of its own).
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -64,8 +65,11 @@ def _number(value) -> Optional[float]:
 
 
 def _relative(a: float, b: float) -> float:
-    if a == b:
+    """|a - b| relative to the larger; NaN on both sides is the same, on one side infinitely far."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
         return 0.0
+    if math.isnan(a) or math.isnan(b):
+        return math.inf
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
@@ -125,20 +129,29 @@ def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) 
 
 
 def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
-    import tensorflow as tf
     import tf_keras
+    from official.common import distribute_utils
     from official.core import train_lib
 
     from ctl.adapters import model_garden
 
     tf_keras.utils.set_random_seed(1)
-    # Not reseeded as it builds its model (the restore sets every weight): tf.random.set_seed
-    # clears TensorFlow's kernel cache, and with it resources that tasks made (the WMT task's
-    # SentencePiece tokenizer).
-    task = model_garden.garden_task(params, logging_dir=model_dir)
+    # Under the strategy Model Garden's train.py makes from the experiment's runtime (on this
+    # host a MirroredStrategy of the one CPU), as its users run it: its trainer needs one for
+    # some configs (swapping in the moving average of an `ema` optimizer before each eval).
+    strategy = distribute_utils.get_distribution_strategy(
+        distribution_strategy=params.runtime.distribution_strategy,
+        all_reduce_alg=params.runtime.all_reduce_alg, num_gpus=params.runtime.num_gpus,
+        tpu_address=params.runtime.tpu)
+    with strategy.scope():
+        # Not reseeded as it builds its model (the restore sets every weight): tf.random.set_seed
+        # clears TensorFlow's kernel cache, and with it resources that tasks made (the WMT task's
+        # SentencePiece tokenizer).
+        task = model_garden.garden_task(params, logging_dir=model_dir)
+        trainer = _ranking_trainer(params, task)
     model, _ = train_lib.run_experiment(
-        distribution_strategy=tf.distribute.get_strategy(), task=task, mode="train_and_eval",
-        params=params, model_dir=model_dir, trainer=_ranking_trainer(params, task))
+        distribution_strategy=strategy, task=task, mode="train_and_eval",
+        params=params, model_dir=model_dir, trainer=trainer)
     found = _scalars(os.path.join(model_dir, "validation"))
     step = params.trainer.train_steps
     return {tag: values[step] for tag, values in found.items() if step in values}, _weights(model)

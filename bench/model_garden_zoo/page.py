@@ -65,7 +65,7 @@ def render(results) -> str:
         f"(every step's training loss within a relative {compare.LOSS_TOLERANCE:g} and every eval "
         f"metric within {compare.EVAL_TOLERANCE:g}).",
         "",
-        (f"Rows measured again later, with their commit: " + ", ".join(
+        ("Rows measured again later, with their commit: " + ", ".join(
             f"`{name}` at `{commit}`" for name, commit in results["updated"].items()) + ". "
          if results.get("updated") else "") +
         f"Measured at commit `{results['commit']}`, {results['started']}, in {results['minutes']} "
@@ -109,6 +109,9 @@ def render(results) -> str:
         "- **The same inputs.** The same generated files in the experiment's own format, read by its "
         "own decoders, parsers and augmentations, with one shuffle seed; the same global seed before "
         "each run; `tf.config.experimental.enable_op_determinism()` unless the row says otherwise.",
+        "- **Strategies.** Each as its users run it: ctl under its default (`--strategy=default`), "
+        "`train_lib` under the strategy Model Garden's `train.py` makes from the experiment's "
+        "runtime (here a `MirroredStrategy` of the one CPU), one replica each.",
         "- **Loss.** Both train in loops of one step: each step's training loss is in the run's "
         "summaries (`loss` for ctl, `training_loss` for `train_lib`).",
         "- **Eval.** One evaluation of the whole eval set at the last step (of "

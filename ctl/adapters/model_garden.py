@@ -281,6 +281,10 @@ class ModelGardenTask(Task):
     def build_optimizer(self):
         optimizer = self.garden_task.create_optimizer(self.params.trainer.optimizer_config,
                                                       self.params.runtime)
+        # An `ema` in the optimizer config (ResNet-RS's) wraps it in Model Garden's moving
+        # average, whose averages its trainer makes from the model before the first update.
+        if getattr(optimizer, "has_shadow_copy", True) is False and self._model is not None:
+            optimizer.shadow_copy(self._model)
         # The ranking task compiles its model with its optimizers and returns None here.
         return optimizer if optimizer is not None else getattr(self._model, "optimizer", None)
 

@@ -285,7 +285,7 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
     def step_fn(inputs):
         # A copy of the nest: a step may pop entries of its dict (Model Garden's translation
         # task does), which a traced function's own arguments do not allow.
-        strategy.run(replica_step, args=(tf.nest.map_structure(tf.identity, inputs),))
+        strategy.run(replica_step, args=(tf.nest.map_structure(_as_iterated, inputs),))
 
     try:
         tf.function(step_fn).get_concrete_function(spec)
@@ -302,6 +302,16 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
             f"({_structure(spec, shapes=True)}): {type(error).__name__}: {one_line(error, 300)} "
             "(traceback on stdout); make the model, the data, build_losses and the metrics "
             "agree.") from error
+
+
+def _as_iterated(value):
+    """A copy of one traced input as the train loop's iterator hands it over: a SparseTensor of
+    a static shape has it as its `dense_shape` (a step may read it there: the embedding lookups
+    of Model Garden's ranking models)."""
+    if isinstance(value, tf.SparseTensor) and value.shape.is_fully_defined():
+        return tf.SparseTensor(tf.identity(value.indices), tf.identity(value.values),
+                               tf.constant(value.shape.as_list(), tf.int64))
+    return tf.identity(value)
 
 
 def _check_logs(task, logs, step: str, losses: str) -> None:

@@ -179,8 +179,9 @@ class Evaluation(orbit.AbstractEvaluator):
         def step_fn(inputs):
             # Every op of the step waits for the inputs: the step after the last batch ends
             # at the end of the eval set, before an update that reads no input (a static
-            # batch size's example count, a metric of constants) could run.
-            with tf.control_dependencies(tf.nest.flatten(inputs)):
+            # batch size's example count, a metric of constants) could run. A composite
+            # input (a SparseTensor) by its component tensors.
+            with tf.control_dependencies(tf.nest.flatten(inputs, expand_composites=True)):
                 return replica_step(inputs)
 
         def replica_step(inputs):
