@@ -168,7 +168,7 @@ def orbit_train(task: BenchTask, steps_per_loop: int):
     return drive(controller, steps_per_loop)
 
 
-def ctl_controller(task: BenchTask, mode: str = "train", model_dir: str = None,
+def ctl_controller(task: ctl.Task, mode: str = "train", model_dir: str = None,
                    trainer_options=None, fault_tolerance=None, trainer_cls=None, **schedule):
     """ctl's trainer and controller for `task`, as `ctl.run` builds them (`trainer_cls`: a
     subclass of `ctl.Trainer` in its place, as `ctl.Experiment.trainer_cls` would name it)."""

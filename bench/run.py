@@ -59,13 +59,19 @@ FIGURES = {
     "train_step_speed": (["-m", "bench.train_step_speed"], ["--rounds", "5"],
                          ["--rounds", "2", "--loops", "1"]),
     "sweep": (["-m", "bench.sweep"], [], []),  # Minutes even in --quick: four whole searches.
+    "model_garden_speed": (["-m", "bench.model_garden_speed"], ["--rounds", "10"],
+                           ["--rounds", "2", "--loops", "1",
+                            "--experiments", "bert/sentence_prediction"]),
 }
 # Figures whose every round is a new process already: run once under --repeat.
-SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job", "object_store", "sweep"}
+SELF_REPEATING = {"startup", "sidecar_latency", "resume_cost", "main_job", "object_store", "sweep",
+                  "model_garden_speed"}
 # Targets of figures whose scripts report none themselves: figure -> (field, bound).
 TARGETS = {"sidecar_latency": ("median_s", 0.2)}
 TIMEOUT_S = 900  # Figure 1 with both workloads: 270-330 s on this host, 546-598 s on a slow day (2026-11-25e).
-LONG_TIMEOUTS_S = {"object_store": 3600, "sweep": 3600}  # Two rounds: 14 main-job processes of 15-60 s each and the sidecar.
+# object_store's two rounds: 14 main-job processes of 15-60 s each and the sidecar;
+# model_garden_speed: three Model Garden experiments, each built three times.
+LONG_TIMEOUTS_S = {"object_store": 3600, "sweep": 3600, "model_garden_speed": 3600}
 
 
 def run_figure(name, quick, root=ROOT, extra=(), checkout=None):

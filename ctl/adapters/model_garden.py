@@ -176,6 +176,35 @@ def _patterns(value) -> List[str]:
     return [part.strip() for each in values for part in str(each).split(",") if part.strip()]
 
 
+def eval_set_config(experiment: str, params, name: str, override: Override):
+    """A named eval set's data config: `task.validation_data` with `override` applied (strictly).
+
+    Args:
+      experiment: the experiment's name, for the message.
+      params: its `ExperimentConfig`.
+      name: the eval set's name (`ctl.ModelGardenTask.eval_sets`).
+      override: a dict or a string of `a.b=v` pairs for the fields of `task.validation_data`.
+
+    Raises:
+      UserError: a name that is not a non-empty string, or an override naming no field.
+    """
+    from official.modeling import hyperparams
+
+    if not isinstance(name, str) or not name or "/" in name:
+        raise UserError(f"ctl.ModelGardenTask.eval_sets: the name {name!r} must be a non-empty "
+                        "string without '/' (it names the set's summaries and metrics).")
+    data = params.task.validation_data.replace()  # An unlocked copy.
+    try:
+        data = hyperparams.override_params_dict(data, override, is_strict=True)
+    except (KeyError, ValueError, AttributeError, tf.errors.OpError) as error:
+        raise UserError(f"ctl.ModelGardenTask.eval_sets[{name!r}]: cannot apply {override!r} to "
+                        f"task.validation_data of experiment {experiment!r} "
+                        f"({first_line(error, 200)}); name fields of task.validation_data, "
+                        "e.g. {'input_path': '...'}.") from error
+    data.lock()
+    return data
+
+
 def garden_task(params, logging_dir: Optional[str] = None):
     """The Model Garden task of an experiment config, as its own trainer builds it.
 
@@ -212,14 +241,21 @@ class ModelGardenTask(Task):
             separated by commas, a dict, or a list of either; strict (an unknown key is an error).
         logging_dir: where the task may write files as Model Garden's trainer runs it (the WMT Transformer its
             eval records, SQuAD its predictions; Model Garden passes its model dir); a temporary dir by default.
+        eval_sets: named eval sets (`Task.eval_datasets`), e.g. `{'held_out': {'input_path': '...'}}`: each
+            name maps to overrides of `task.validation_data` (a dict or `a=v` pairs, strict), and every
+            evaluation evaluates each set with the experiment's metrics and aggregation. None (the default):
+            the one unnamed set, `task.validation_data`.
     """
 
     def __init__(self, experiment: str = gin.REQUIRED, config_files: Sequence[str] = (),
                  params_override: Union[Override, Sequence[Override]] = (),
-                 logging_dir: Optional[str] = None):
+                 logging_dir: Optional[str] = None,
+                 eval_sets: Optional[Mapping[str, Override]] = None):
         self.experiment = experiment
         self.params = experiment_config(experiment, config_files, params_override)
         check_optimizer(experiment, self.params)
+        self.eval_sets = {name: eval_set_config(experiment, self.params, name, override)
+                          for name, override in (eval_sets or {}).items()}
         # Some tasks write files there as Model Garden's trainer runs them (the WMT
         # Transformer its eval records, SQuAD its predictions): a temporary dir by default.
         self.garden_task = garden_task(self.params, logging_dir or tempfile.mkdtemp(
@@ -265,17 +301,25 @@ class ModelGardenTask(Task):
 
         return optimizer if isinstance(optimizer, optimization.ExponentialMovingAverage) else None
 
-    def build_inputs(self, training: bool, input_context=None) -> tf.data.Dataset:
-        """The Model Garden task's `build_inputs` on `task.train_data` or `task.validation_data`, its `input_path`
-            checked first.
+    def eval_datasets(self) -> Sequence[str]:
+        """The names of `eval_sets`, in order; `()` without them."""
+        return tuple(self.eval_sets)
+
+    def build_inputs(self, training: bool, input_context=None,
+                     name: Optional[str] = None) -> tf.data.Dataset:
+        """The Model Garden task's `build_inputs` on `task.train_data`, `task.validation_data` or a named eval
+            set's, its `input_path` checked first.
 
         Args:
-            training: True for the train dataset, False for the eval dataset.
+            training: True for the train dataset, False for an eval dataset.
             input_context: this input pipeline's `tf.distribute.InputContext` (given to a task that takes it); None
                 outside a strategy's distribution.
+            name: the eval set of `eval_sets` to read (None: `task.validation_data`).
         """
         where = "task.train_data" if training else "task.validation_data"
         data = self.params.task.train_data if training else self.params.task.validation_data
+        if not training and name is not None:
+            where, data = f"ctl.ModelGardenTask.eval_sets[{name!r}]", self.eval_sets[name]
         check_input_path(self.experiment, data, where)
         # As orbit's make_distributed_dataset: the context only to a task that takes it.
         if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:

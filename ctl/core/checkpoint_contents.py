@@ -15,7 +15,8 @@ Keras 3 keeps a `SeedGenerator`'s state (Dropout, noise layers) in a variable
 that is part of the model's `variables` but not of its `weights`, and that
 `tf.train.Checkpoint(model=...)` does not save; ctl adds those variables as
 `rng`, so that a resumed run draws the numbers an uninterrupted one would.
-tf_keras models have none (their `variables` are their `weights`).
+tf_keras models keep theirs out of checkpoints: with `ctl.FaultTolerance.seed`
+their layers draw from `tf.random.Generator`s, whose states ctl adds to `rng`.
 
 Reading what a checkpoint holds goes through its object graph (`SavedGraph`),
 the graph `tf.train.Checkpoint` restores through: object paths such as
@@ -36,13 +37,29 @@ GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA = "global_step", "model", "optimizer", "
 
 
 def rng_state_variables(model) -> List:
-    """The model's variables that are not its weights: Keras 3 RNG states, in a stable order.
+    """The model's RNG states, in a stable order: its variables that are not its weights (Keras
+    3's seed generators), then the state of each `tf.random.Generator` its layers draw from.
+
+    tf_keras layers draw from generators once `enable_tf_random_generator()` is on (ctl turns
+    it on with `ctl.FaultTolerance.seed`) but keep them out of checkpoints; they are found among
+    each layer's attributes and their attributes.
 
     Args:
         model: a Keras model (Keras 3 or tf_keras).
     """
     weights = {id(weight) for weight in getattr(model, "weights", [])}
-    return [v for v in getattr(model, "variables", []) if id(v) not in weights]
+    states = [v for v in getattr(model, "variables", []) if id(v) not in weights]
+    return states + [generator.state for generator in _random_generators(model)]
+
+
+def _random_generators(model) -> List[tf.random.Generator]:
+    found: Dict[int, tf.random.Generator] = {}
+    for layer in getattr(model, "submodules", ()):
+        for value in vars(layer).values():
+            for candidate in (value, *getattr(value, "__dict__", {}).values()):
+                if isinstance(candidate, tf.random.Generator):
+                    found.setdefault(id(candidate), candidate)
+    return list(found.values())
 
 
 def build_checkpoint(global_step: tf.Variable, model, optimizer,

@@ -16,6 +16,7 @@ docs/explanation/fault-tolerance-internals.md.
 import contextlib
 import os
 import random
+import sys
 import tempfile
 from typing import Optional
 
@@ -32,6 +33,11 @@ from ctl.faults import run_size
 def seed_everything(seed: int) -> None:
     """Seeds every RNG ctl knows of and turns on TF op determinism (eager, once).
 
+    With tf_keras loaded (Model Garden's Keras), its layers built from now on draw from
+    `tf.random.Generator`s (`tf_keras.backend.experimental.enable_tf_random_generator`), whose
+    states the checkpoint holds (`rng`): tf_keras' default random ops keep theirs in the
+    process only, so a resumed run's dropout would draw other masks.
+
     Args:
         seed: `ctl.FaultTolerance.seed`.
     """
@@ -39,6 +45,10 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
     tf.random.set_seed(seed)
     keras.utils.set_random_seed(seed)
+    tf_keras = sys.modules.get("tf_keras")
+    if tf_keras is not None:  # Model Garden's Keras: its dropout draws from generators ctl saves.
+        tf_keras.utils.set_random_seed(seed)
+        tf_keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
 
 
@@ -74,8 +84,14 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
     return None if error is None or "stateful" not in error else error
 
 
-def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> None:
-    """Says at start when a resume may not see the data an uninterrupted run would.
+def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> Optional[str]:
+    """Says at start how a resume repeats the data of a train pipeline with state ctl cannot
+    save; returns that state (`stateful_input_op`), or None.
+
+    Seeded (`ctl.FaultTolerance.seed`), its random ops draw the same numbers in a new process
+    from their start: a resume reads the consumed batches again (`InputPosition(replay=True)`)
+    rather than restoring an iterator whose ops would start over. Unseeded, a WARNING says that
+    its data do not repeat.
 
     Args:
         task: the run's `ctl.Task`.
@@ -84,13 +100,19 @@ def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] 
     """
     reason = stateful_input_op(task, probe)
     if reason is None:
-        return
-    console.warning(
-        "input", "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
-        "sees the same data as an uninterrupted run only if those random ops draw the same "
-        "numbers in a new process%s.",
-        type(task).__name__, reason,
-        "" if seeded else " (set ctl.FaultTolerance.seed, and seed tf.random.Generator objects)")
+        return None
+    if seeded:
+        console.info(
+            "input", "the train input pipeline of %s has state a checkpoint cannot hold (%s): a "
+            "resume reads the batches already consumed again, so that its seeded random ops draw "
+            "what an uninterrupted run's draw.", type(task).__name__, reason)
+    else:
+        console.warning(
+            "input", "the train input pipeline of %s has state ctl cannot save (%s). A resumed run "
+            "does not see the data an uninterrupted run would (set ctl.FaultTolerance.seed: a "
+            "resume then reads the consumed batches again; seed tf.random.Generator objects).",
+            type(task).__name__, reason)
+    return reason
 
 
 TRAIN_INPUT = "train_input"  # The train iterator's name in the checkpoint.
@@ -106,17 +128,22 @@ class InputPosition:
     the iterator to the checkpoint for the saves that follow.
     """
 
-    def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None):
+    def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None, replay: bool = False):
         """Chooses how the position is kept (tf.data options) and sizes the run.
 
         Args:
             trainer: the run's Trainer (its train dataset, checkpoint and strategy).
             probe: a train pipeline of the trainer's task (`probe_pipeline`) to try options on
                 (None: one is built).
+            replay: resume by reading the consumed batches from a fresh pipeline, never from a saved
+                position: for a pipeline whose seeded random ops an iterator's state leaves out
+                (they would start over at the saved position).
         """
         self.trainer = trainer
+        self.replay = replay
         self._options = None  # The tf.data options under which the iterator saves, if it does.
-        self.why_not_saved = self._choose_options(probe)
+        self.why_not_saved = ("its random ops' state is not an iterator's: the consumed batches "
+                              "are read again" if replay else self._choose_options(probe))
         self.how: Optional[str] = None  # How the last resume found the position: "checkpoint", "skip" or "start".
         # Examples consumed, for a restart at another size (None under parameter servers).
         self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs)
@@ -178,6 +205,13 @@ class InputPosition:
             console.info("input", "train input resumes at step %d: reading the batches already "
                          "consumed", step)
             _advance(self.trainer.train_iterator, tf.constant(step, tf.int64))
+            self.how = "skip"
+        elif step > 0 and self.replay:
+            # Through the map functions: their random ops draw what they drew before.
+            console.info("input", "train input resumes at step %d: reading the batches already "
+                         "consumed", step)
+            _advance(self.trainer.train_iterator,
+                     tf.constant(step * self.trainer.batches_per_step, tf.int64))
             self.how = "skip"
         elif step > 0:
             skip_consumed_batches(self.trainer, step)

@@ -1,0 +1,79 @@
+"""A Model Garden experiment's task (`ctl.ModelGardenTask`, unchanged) that says, from inside
+the graph, what each train step did: for the kill -9 tests of tests/test_model_garden_guarantees.py.
+
+`RecordedModelGardenTask` appends `step loss` to `steps_file` after each train step, the loss as
+the integer of its float32 bits (`tf.print` would round it); step `hold_at_step` first writes
+`held_file` and then waits (up to 120 s) until `release_file` exists, so that a test may kill the
+process there, mid-loop. `StepTrainer` gives the task the global step it counts steps by.
+"""
+
+import os
+import time
+
+import gin
+import tensorflow as tf
+
+import ctl
+
+HOLD_S = 120
+
+
+@gin.configurable
+class RecordedModelGardenTask(ctl.ModelGardenTask):
+    """ctl.ModelGardenTask, each train step's number and loss written to `steps_file`.
+
+    Args:
+      steps_file: where each train step appends `step loss_bits`.
+      hold_at_step, held_file, release_file: step `hold_at_step` writes `held_file`, then waits
+        until `release_file` exists before it runs.
+      **kwargs: ctl.ModelGardenTask's.
+    """
+
+    def __init__(self, steps_file=None, hold_at_step=None, held_file=None, release_file=None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.steps_file, self.hold_at_step = steps_file, hold_at_step
+        self.held_file, self.release_file = held_file, release_file
+        self.global_step = None  # Given by StepTrainer.
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        if self.global_step is None:  # Traced before StepTrainer gave it (ctl's contract check).
+            return super().train_step(inputs, model, optimizer, metrics)
+        step = self.global_step + 1
+        hold = [] if self.hold_at_step is None else [
+            tf.py_function(self._hold, [step], tf.float32)]
+        with tf.control_dependencies(hold):  # The step waits for the hold.
+            logs = super().train_step(inputs, model, optimizer, metrics)
+        if self.steps_file:
+            tf.print(step, tf.bitcast(tf.cast(logs["loss"], tf.float32), tf.int32),
+                     output_stream=f"file://{self.steps_file}")
+        return logs
+
+    def _hold(self, step):
+        if int(step) != self.hold_at_step:
+            return 0.0
+        with open(self.held_file, "w") as f:
+            f.write(str(int(step)))
+        deadline = time.monotonic() + HOLD_S
+        while not os.path.exists(self.release_file):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.release_file} did not appear in {HOLD_S} s")
+            time.sleep(0.02)
+        return 0.0
+
+
+@gin.configurable
+class StepTrainer(ctl.Trainer):
+    """A Trainer that gives its task its `global_step`."""
+
+    def __init__(self, task, *args, **kwargs):
+        super().__init__(task, *args, **kwargs)
+        task.global_step = self.global_step
+
+
+def read_losses(path):
+    """The (step, loss bits) pairs of a `steps_file`, in the order written."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [tuple(int(x) for x in line.split()) for line in f if line.strip()]
