@@ -22,7 +22,8 @@ What ctl takes from `trainer` is the optimizer: the schedule (train steps,
 intervals) is ctl's (`ctl.Schedule`), so a run has one source for each
 setting. With an `ema` in the optimizer config (ResNet-RS's), evaluation uses
 the optimizer's moving averages, swapped into the model around each
-evaluation as Model Garden's trainer does (`averaged_optimizer`). `trainer_settings()` maps the experiment's trainer config onto
+evaluation as Model Garden's trainer does (`averaged_optimizer`).
+`trainer_settings()` maps the experiment's trainer config onto
 `ctl.Schedule`'s names for whoever wants to bind them the same.
 
 Mistakes in the experiment's config are the user's to fix and end as one
