@@ -58,3 +58,22 @@ def test_the_docs_page_is_the_committed_results_rendered():
     with open(page.PAGE) as f:
         assert f.read() == page.render(results), "run `python -m bench.model_garden_zoo.page`"
     assert {row["experiment"] for row in results["rows"]} and results["registered"] == len(results["rows"])
+
+
+def test_generated_detection_records_hold_instance_masks_of_0_and_1_as_cocos_do(tmp_path):
+    # Model Garden's decoder takes a PNG mask's values as they are (no binarizing by default):
+    # a mask of 255s is a target its mask loss cannot take (Cascade R-CNN's went negative and
+    # diverged under both trainers).
+    import tensorflow as tf
+    from official.vision.dataloaders import tf_example_decoder
+
+    from bench.model_garden_zoo import data, registry
+
+    registry.import_all()
+    overrides = data.data_overrides("maskrcnn_resnetfpn_coco", str(tmp_path))
+    pattern = overrides[0]["task"]["train_data"]["input_path"]
+    decoder = tf_example_decoder.TfExampleDecoder(include_mask=True)
+    values = set()
+    for record in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)).take(4):
+        values |= set(decoder.decode(record)["groundtruth_instance_masks"].numpy().ravel().tolist())
+    assert values == {0.0, 1.0}

@@ -108,9 +108,11 @@ def _detection_examples(split: str):
         boxes = _boxes(rng, count)
         labels = rng.integers(1, variants.NUM_CLASSES, size=count)
         image = _image(rng, size, size, int(labels[0]))
+        # Instance masks of 0 and 1, as COCO's records hold them (Model Garden's decoder reads
+        # the PNG's values as they are: 255 would be a mask target the loss cannot take).
         masks = np.zeros((count, size, size), np.uint8)
         for k, (ymin, xmin, ymax, xmax) in enumerate((boxes * size).astype(int)):
-            masks[k, ymin:ymax, xmin:xmax] = 255
+            masks[k, ymin:ymax, xmin:xmax] = 1
             image[ymin:ymax, xmin:xmax, int(labels[k]) % 3] = 250
         yield index + 1, image, boxes, labels, masks
 
@@ -128,7 +130,7 @@ def _coco_annotations(path: str) -> str:
             annotations.append({
                 "id": len(annotations) + 1, "image_id": image_id, "category_id": int(label),
                 "bbox": [int(xmin), int(ymin), int(xmax - xmin), int(ymax - ymin)],
-                "area": float(mask.sum() / 255), "iscrowd": 0,
+                "area": float(mask.sum()), "iscrowd": 0,
                 "segmentation": [[int(xmin), int(ymin), int(xmax), int(ymin), int(xmax), int(ymax),
                                   int(xmin), int(ymax)]]})
     categories = [{"id": k, "name": f"c{k}"} for k in range(1, variants.NUM_CLASSES)]
@@ -149,7 +151,7 @@ def _detection(directory: str, task) -> Dict[str, Any]:
             builder.add_boxes_feature(xmins, xmaxs, ymins, ymaxs, labels.tolist())
             builder.add_instance_mask_matrices_feature(masks[..., None])
             builder.add_ints_feature("image/object/is_crowd", [0] * len(labels))
-            builder.add_floats_feature("image/object/area", [float(m.sum() / 255) for m in masks])
+            builder.add_floats_feature("image/object/area", [float(m.sum()) for m in masks])
             builder.add_bytes_feature("image/object/class/text", [b"c%d" % label for label in labels])
             yield builder.example.SerializeToString()
 

@@ -119,8 +119,12 @@ def render(results) -> str:
         f"{compare.EVAL_STEPS} batches where the set never ends): each metric "
         "`train_lib` reports (COCO AP, mIoU, accuracy, BLEU, AUC, ...) and the eval loss "
         "(`train_lib`'s `validation_loss` against ctl's `loss`; where the task's own aggregation "
-        "reports a `loss`, as Model Garden's `mock` does, both report that one as `loss`).",
-        "- **Weights.** The trained model's weights compared bit for bit.",
+        "reports a `loss`, as Model Garden's `mock` does, both report that one as `loss`). "
+        "Where the experiment's trainer keeps its best checkpoint "
+        "(`trainer.best_checkpoint_export_subdir`) and reports `best_<metric>`, the ctl run keeps "
+        "one by the same metric (`ctl.hooks.BestCheckpoint`) and its record's value is compared.",
+        "- **Weights.** The trained model's weights compared bit for bit; where they differ, the "
+        "row names the first weight that does and by how much.",
         "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
         "time from the end of one train loop (of one step) to the end of the next, so the step "
         "and the trainer's own work between loops (its summaries; `train_lib`'s orbit flushes them "
