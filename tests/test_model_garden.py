@@ -140,6 +140,24 @@ def test_an_ema_optimizer_gets_its_shadow_copy_of_the_model():
     np.testing.assert_allclose(average.numpy(), 0.5 * variables[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_loss_per_example_is_reported_as_the_mean_model_gardens_trainer_reports(tmp_path):
+    # ELECTRA's pretraining loss is one per sentence pair (its next-sentence loss is not
+    # reduced); Model Garden's trainer reports the mean of its elements (a Keras Mean), as the
+    # task's own `total_loss` metric does. ctl's loops take that scalar.
+    from bench.model_garden_zoo import data, registry, variants
+
+    registry.import_all()
+    experiment = "electra/pretraining"
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
+        experiment, 2) + data.data_overrides(experiment, str(tmp_path)))
+    model, optimizer = task.build_model(), task.build_optimizer()
+    metrics = task.build_metrics(training=True)
+    logs = task.train_step(next(iter(task.build_inputs(training=True))), model, optimizer, metrics)
+    assert logs["loss"].shape == ()
+    total = {m.name: m for m in metrics}["total_loss"].result()
+    assert logs["loss"].numpy() == total.numpy()
+
+
 def ema_task(data_dir):
     """The shipped config's task with Model Garden's `ema` optimizer (averages: half the weights)."""
     return ctl.ModelGardenTask(experiment="image_classification", params_override=[

@@ -178,7 +178,22 @@ def _ranking_trainer(params, task):
 
 
 def _weights(model) -> List[Any]:
-    return [w.numpy() for w in model.weights]
+    """(name, value) of each of the model's weights, in the model's order."""
+    return [(w.name, w.numpy()) for w in model.weights]
+
+
+def weights_difference(ctl_weights, garden_weights) -> str:
+    """'' where both trainers' weights are the same bit for bit, else the first that is not."""
+    if len(ctl_weights) != len(garden_weights) or not ctl_weights:
+        return f"{len(ctl_weights)} weights (ctl) vs {len(garden_weights)} (train_lib)"
+    for (name, a), (_, b) in zip(ctl_weights, garden_weights):
+        if a.shape != b.shape:
+            return f"{name}: shape {a.shape} (ctl) vs {b.shape} (train_lib)"
+        if not (a == b).all():
+            differ = int((a != b).sum())
+            return (f"{name}: {differ} of {a.size} values differ, by up to "
+                    f"{float(abs(a.astype('float64') - b).max()):.3g}")
+    return ""
 
 
 def run_ctl(experiment: str, overrides, steps: int, model_dir: str, eval_steps: int):
@@ -290,8 +305,10 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     else:
         row["reason"] = (f"loss summaries at steps ctl {sorted(ctl_losses)}, "
                          f"train_lib {sorted(garden_losses)}")
-    row["same_weights"] = len(ctl_weights) == len(garden_weights) > 0 and all(
-        a.shape == b.shape and (a == b).all() for a, b in zip(ctl_weights, garden_weights))
+    difference = weights_difference(ctl_weights, garden_weights)
+    row["same_weights"] = not difference
+    if difference:
+        row["weights_difference"] = difference
     row["losses"] = {"ctl": [ctl_losses.get(s) for s in range(1, steps + 1)],
                      "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
     evals = {}

@@ -92,8 +92,9 @@ def render(results) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        reason = (row.get("reason") or "") + (f" ({row['determinism_note']})"
-                                              if row.get("determinism_note") else "")
+        reason = "; ".join(filter(None, [row.get("reason"), row.get("weights_difference") and
+                                         f"weights differ: {row['weights_difference']}"]))
+        reason += f" ({row['determinism_note']})" if row.get("determinism_note") else ""
         reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "

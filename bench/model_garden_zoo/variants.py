@@ -30,6 +30,9 @@ PINNED = {
     "video: 64x64 frames (not 32x32)":
         "at 32x32 ResNet3D's last stage sees 1x1 feature maps: batch norm over 2 values per "
         "channel, whose losses explode (past train_lib's loss bound) and evaluate to NaN",
+    "detection: train_data.parser.skip_crowd_during_training = false":
+        "the generated boxes have no crowds; RetinaNet's crowd filter is a graph that the "
+        "make_deterministic rewrite of the input pipeline (op determinism) cannot run",
     "segmentation: task.allow_image_summary = false":
         "train_lib's image summary of the eval outputs fails (a tf.summary.image shape error)",
 }
@@ -108,6 +111,10 @@ def _vision(task, family: str) -> Dict[str, Any]:
             split["parser"] = {"max_num_instances": 8}
             if _has(task, "train_data.parser.rpn_batch_size_per_im"):
                 split["parser"]["rpn_batch_size_per_im"] = 32
+        if _has(task, "train_data.parser.skip_crowd_during_training"):
+            # See PINNED: RetinaNet's crowd filter puts constants under a control dependency
+            # on the parser's input, which the make_deterministic rewrite cannot split.
+            train["parser"]["skip_crowd_during_training"] = False
     if family == "segmentation":
         for split in (train, evals):
             split["output_size"] = [size, size]

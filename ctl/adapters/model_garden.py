@@ -223,6 +223,20 @@ def garden_task(params, logging_dir: Optional[str] = None):
     return task_factory.get_task(params.task, logging_dir=logging_dir)
 
 
+def reported_loss(loss) -> tf.Tensor:
+    """The loss Model Garden's trainer reports for a step: the mean of every element of the task's loss.
+
+    A task's steps may return a loss per example (ELECTRA's, with next-sentence labels, is
+    one per sentence pair): its trainer feeds it to a Keras `Mean`, which averages every
+    element; ctl's loops take one scalar per replica, this one.
+
+    Args:
+        loss: the loss the Model Garden task's step returned (a scalar, a per-example vector, a
+            Python number).
+    """
+    return tf.reduce_mean(tf.cast(loss, tf.float32))
+
+
 def _has_variables(model) -> bool:
     try:
         return bool(model.variables)
@@ -387,7 +401,7 @@ class ModelGardenTask(Task):
         """
         logs = self.garden_task.train_step(inputs, model=model, optimizer=optimizer,
                                            metrics=metrics)
-        return {"loss": logs[self.garden_task.loss]}
+        return {"loss": reported_loss(logs[self.garden_task.loss])}
 
     def validation_step(self, inputs, model, metrics):
         """The Model Garden task's `validation_step`: its loss, and the entries it aggregates if it does.
@@ -402,7 +416,7 @@ class ModelGardenTask(Task):
         # float32 tensor as its trainer's Keras Mean takes it (Mask R-CNN's is a Python 0).
         loss = logs.pop(self.garden_task.loss, None)
         loss = None if loss is None else tf.cast(loss, tf.float32)
-        own = {} if loss is None else {"loss": loss}
+        own = {} if loss is None else {"loss": reported_loss(loss)}
         if not self.aggregates_logs():
             return own
         # The entries the task aggregates, minus the metric results it reads as it goes. As
