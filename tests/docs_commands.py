@@ -1,6 +1,7 @@
 """The docs' `python -m ctl.run` commands, checked by ctl's own parsers (run by tests/test_docs.py).
 
     python -m tests.docs_commands < commands.json   # in a page's work dir; prints the problems as JSON
+    python -m tests.docs_commands --serve           # a page per line: {"workdir": ..., "commands": [...]}
 
 Each command (`{"where": ..., "args": [...]}`, the arguments after `python -m ctl.run`) goes through
 what `ctl.run` does before it trains, without training:
@@ -13,7 +14,12 @@ what `ctl.run` does before it trains, without training:
   remote store (`gs://...`) is not read, and flags quoted in a sentence (`"fragment": true`) come
   without their gin files: then only the bindings' `ctl.` names and parameters are resolved.
 
-One process checks a page's commands: a page's modules (written to its work dir) import once.
+One process checks a page's commands: a page's modules (written to its work dir) import once. With
+`--serve` (what tests/test_docs.py starts, once per test process) that process is forked from a warm
+one per page: the warm one imports TensorFlow and ctl's API, and no more (no op runs, no flag is
+parsed, no gin file is read, as in `ctl.sweep.launcher`); the child changes to the page's work dir,
+checks its commands and sends its problems back. A page's start then costs a fork, not TensorFlow's
+import (~10 s a page on the loaded 2-core host, ~35 pages).
 """
 
 import json
@@ -71,5 +77,58 @@ def main() -> None:
     print(json.dumps(problems))
 
 
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def serve() -> None:
+    """Imports what `check` imports, then forks a child per request line on stdin; each reply line
+    on stdout is the child's problems (JSON), or {"error": ...} when it failed."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # What the imports and the checks print goes to stderr, never into the replies.
+    from absl import flags  # noqa: F401
+    import gin  # noqa: F401
+
+    import ctl
+    import ctl.run  # noqa: F401 - the flags of `python -m ctl.run`, defined once here.
+    from ctl.config import gin_config, gin_text  # noqa: F401
+    from ctl.utils.errors import UserError  # noqa: F401
+
+    ctl.import_api()
+    warm_threads = threads()
+    for line in sys.stdin:
+        request = json.loads(line)
+        if threads() > warm_threads:
+            raise RuntimeError(f"{threads()} threads, more than the {warm_threads} after the imports: "
+                               "forking is unsafe")
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # The child: the page's work dir, its modules first on the path, as main() has.
+            os.close(read)
+            try:
+                os.chdir(request["workdir"])
+                sys.path.insert(0, request["workdir"])
+                problems = [problem for command in request["commands"] for problem in check(command)]
+                reply = json.dumps(problems)
+            except BaseException as error:  # noqa: BLE001 - reported, the child never returns.
+                import traceback
+
+                reply = json.dumps({"error": f"{error!r}\n{traceback.format_exc()}"})
+            with os.fdopen(write, "w") as out:
+                out.write(reply)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as answer:
+            reply = answer.read()
+        _, status = os.waitpid(pid, 0)
+        if not reply:
+            reply = json.dumps({"error": f"the child ended with status {os.waitstatus_to_exitcode(status)}"})
+        replies.write(reply + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:] == ["--serve"] else main()

@@ -214,6 +214,23 @@ def test_a_lost_peer_is_the_task_that_refuses_connections_else_the_one_the_error
         listening.close()
 
 
+@pytest.mark.parametrize("value", ["9.5", "ten", "inf", "nan", ""])
+def test_a_bad_ps_answer_timeout_is_a_user_error_naming_the_variable(value, monkeypatch):
+    monkeypatch.setenv("CTL_PS_ANSWER_TIMEOUT_S", value)
+    with pytest.raises(UserError, match=rf"^CTL_PS_ANSWER_TIMEOUT_S='{value}' is not a number of seconds of "
+                                        r"at least 10; set it to one \(the default is 30\), or unset it$"):
+        peers.answer_timeout_s()
+
+
+def test_the_ps_answer_timeout_is_30_s_or_the_environment_s(monkeypatch):
+    monkeypatch.delenv("CTL_PS_ANSWER_TIMEOUT_S", raising=False)
+    assert peers.answer_timeout_s() == peers.ANSWER_TIMEOUT_S == 30
+    monkeypatch.setenv("CTL_PS_ANSWER_TIMEOUT_S", "12.5")
+    ps_cluster = cluster.ClusterConfig({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+                                        "ps": ["127.0.0.1:3"]}, "chief", 0)
+    assert peers.PsWatchdog(ps_cluster).answer_timeout_s == 12.5
+
+
 def test_launcher_restarts_what_a_cluster_manager_would():
     assert launch.RESTARTABLE == (EXIT_PREEMPTED, peers.EXIT_PEER_LOST)
     assert all(launch.restartable(s) for s in (75, 69, -9, -15, 137, 143))

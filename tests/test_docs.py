@@ -9,7 +9,8 @@ How a code block is checked follows its fence's language:
 - `sh`: each `python -m ctl.run` command in it (also the one after `ctl.launch ... --`) goes through
   ctl's own parsers, whether the block runs or not: its flags through the absl flags `ctl/run.py`
   defines, its gin files and bindings through `ctl.config.gin_text` and `ctl.config.gin_config.parse` after the
-  files' imports (tests/docs_commands.py, one process a page, after the page's files are written), so
+  files' imports (tests/docs_commands.py, one process a page, forked from a warm one, after the page's
+  files are written), so
   a renamed flag, configurable or parameter fails; `ctl.report` and `ctl.launch` flags are checked
   against what the programs define (`--helpxml` / `--help`); other commands (pip, tensorboard,
   kubectl) are not run;
@@ -44,9 +45,11 @@ import importlib.util
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
+import tempfile
 from typing import List, NamedTuple, Optional
 
 import pytest
@@ -161,15 +164,51 @@ def _gin_file_found(arg: str, workdir: str) -> str:
     return arg
 
 
-def check_ctl_runs(ctl_runs: List[dict], workdir: str, page: str) -> None:
-    """The page's `python -m ctl.run` commands, parsed by ctl's flags and gin (one process a page)."""
+class CommandChecker:
+    """`python -m tests.docs_commands --serve`: one warm process per test process, which forks a
+    child per page (its imports paid once, not ~35 times)."""
+
+    def __init__(self):
+        self.errors = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.docs_commands", "--serve"],
+                                        cwd=ROOT, env=environment(ROOT), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.errors, text=True)
+
+    def problems(self, ctl_runs: List[dict], workdir: str, page: str) -> List[str]:
+        self.process.stdin.write(json.dumps({"workdir": workdir, "commands": ctl_runs}) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], RUN_TIMEOUT_S)
+        reply = self.process.stdout.readline() if ready else ""
+        if not reply.strip():
+            self.errors.seek(0)
+            error = (f"{page}: tests.docs_commands did not answer in {RUN_TIMEOUT_S} s "
+                     f"(status {self.process.poll()})\n{self.errors.read()[-3000:]}")
+            self.close()
+            self.__init__()  # A fresh one for the next page: no late answer read as its own.
+            raise AssertionError(error)
+        problems = json.loads(reply)
+        assert isinstance(problems, list), f"{page}: tests.docs_commands failed\n{problems['error']}"
+        return problems
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=60)
+        self.errors.close()
+
+
+@pytest.fixture(scope="session")
+def command_checker():
+    checker = CommandChecker()
+    yield checker
+    checker.close()
+
+
+def check_ctl_runs(ctl_runs: List[dict], workdir: str, page: str, checker: CommandChecker) -> None:
+    """The page's `python -m ctl.run` commands, parsed by ctl's flags and gin (a process a page,
+    forked by `checker`)."""
     if not ctl_runs:
         return
-    done = subprocess.run([sys.executable, "-m", "tests.docs_commands"], input=json.dumps(ctl_runs),
-                          cwd=workdir, env=environment(workdir), capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
-    assert done.returncode == 0, f"{page}: tests.docs_commands failed\n{done.stderr[-3000:]}"
-    problems = json.loads(done.stdout.strip().splitlines()[-1])
+    problems = checker.problems(ctl_runs, workdir, page)
     assert not problems, "commands ctl.run refuses:\n" + "\n".join(problems)
 
 
@@ -309,14 +348,14 @@ def check_inline(page: str, workdir: str, ctl_runs: List[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
-def test_every_snippet_runs(page, tmp_path, monkeypatch):
+def test_every_snippet_runs(page, tmp_path, monkeypatch, command_checker):
     for name in ("configs", "experiments"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     gin_files, ctl_runs = [], []
     for block in blocks(page):
         check_block(block, str(tmp_path), gin_files, ctl_runs)
     check_inline(page, str(tmp_path), ctl_runs)
-    check_ctl_runs(ctl_runs, str(tmp_path), page)
+    check_ctl_runs(ctl_runs, str(tmp_path), page, command_checker)
     if gin_files:
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))

@@ -96,7 +96,7 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
 
 @pytest.mark.parametrize("storage", ["local", "gs"], ids=["default", "default-gs"])
 def test_sigkill_at_random_moments_ends_bit_identical(request, tmp_path, storage):
-    """Kills the trainer 3 times; the resumed run's weights equal an uninterrupted run's
+    """Kills the trainer twice; the resumed run's weights equal an uninterrupted run's
     (on a local disk, and with both model dirs in a bucket: a real GCS API). Mirrored:
     `test_sigkill_with_every_train_step_setting_ends_bit_identical`."""
     target = 300
@@ -135,7 +135,7 @@ TRAIN_STEP_SETTINGS = (
 
 def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path):
     """Mixed_float16 (loss scaling), XLA, clipping, accumulation and the moving average together,
-    under MirroredStrategy over two CPUs: a trainer killed three times at random steps ends with
+    under MirroredStrategy over two CPUs: a trainer killed twice at random steps ends with
     the same checkpoint, bit for bit, as one that ran straight through, and the state of each
     setting is in that checkpoint."""
     target = 100

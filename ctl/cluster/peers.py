@@ -9,7 +9,8 @@ with `EXIT_PEER_LOST` (69): restart the cluster, which resumes from the last che
 
 A *frozen* ps leaves a parameter-server coordinator waiting forever; `watched` runs a
 `PsWatchdog` there, which probes each ps every `PROBE_INTERVAL_S` and exits 69 for one silent
-for `ANSWER_TIMEOUT_S`. Why and what was measured: docs/explanation/architecture.md ("Faults
+for `ANSWER_TIMEOUT_S` (the coordinator's environment variable `CTL_PS_ANSWER_TIMEOUT_S` sets
+another: `answer_timeout_s`). Why and what was measured: docs/explanation/architecture.md ("Faults
 on a cluster").
 """
 
@@ -25,6 +26,7 @@ from typing import Iterator, List, Optional
 import tensorflow as tf
 
 from ctl.cluster.tf_config import ClusterConfig
+from ctl.utils.errors import UserError
 
 EXIT_PEER_LOST = 69
 # The errors a collective op fails with when a peer is gone.
@@ -37,6 +39,7 @@ _PROBE_TIMEOUT_S = 2.0
 # this long and the ps is lost (docs/faults.md states the bound).
 PROBE_INTERVAL_S = 5.0
 ANSWER_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_ENV = "CTL_PS_ANSWER_TIMEOUT_S"  # Seconds: at least two probe intervals.
 
 
 class PeerLost(Exception):
@@ -122,12 +125,30 @@ def reported_as_peer_loss(cluster: Optional[ClusterConfig]) -> Iterator[None]:
         raise PeerLost(lost, f"TensorFlow: {_cause(error)}") from error
 
 
+def answer_timeout_s() -> float:
+    """How long a ps may leave the probes unanswered: `ANSWER_TIMEOUT_S`, or the environment's
+    `CTL_PS_ANSWER_TIMEOUT_S` (seconds, at least two `PROBE_INTERVAL_S`: a live ps answers a
+    probe every interval); a `UserError` for any other value."""
+    value = os.environ.get(ANSWER_TIMEOUT_ENV)
+    if value is None:
+        return ANSWER_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 2 * PROBE_INTERVAL_S <= seconds < float("inf"):
+        raise UserError(f"{ANSWER_TIMEOUT_ENV}={value!r} is not a number of seconds of at least "
+                        f"{2 * PROBE_INTERVAL_S:.0f}; set it to one (the default is {ANSWER_TIMEOUT_S:.0f}), "
+                        "or unset it")
+    return seconds
+
+
 class PsWatchdog:
     """Exits the coordinator with `EXIT_PEER_LOST` when a ps stops answering.
 
     One daemon thread per ps runs a small op on it every `PROBE_INTERVAL_S`
     and notes when it answered; a checker thread ends the process once a ps
-    has not answered for `ANSWER_TIMEOUT_S`. A probe
+    has not answered for `answer_timeout_s()` (read here). A probe
     that fails (a ps whose process is gone) does not count as an answer, but
     the main thread usually hears of that loss first (`reported_as_peer_loss`).
 
@@ -137,6 +158,7 @@ class PsWatchdog:
 
     def __init__(self, cluster: ClusterConfig):
         self.addresses = list(cluster.training_cluster().get("ps", []))
+        self.answer_timeout_s = answer_timeout_s()
         self._answered = [time.monotonic() for _ in self.addresses]
         self._stopped = threading.Event()
 
@@ -163,11 +185,11 @@ class PsWatchdog:
         while not self._stopped.wait(PROBE_INTERVAL_S / 2):
             now = time.monotonic()
             silent = [index for index, answered in enumerate(self._answered)
-                      if now - answered > ANSWER_TIMEOUT_S]
+                      if now - answered > self.answer_timeout_s]
             if silent:
                 self.stop()
                 lost = [f"ps {index} ({self.addresses[index]})" for index in silent]
-                _exit_lost(str(PeerLost(lost, f"no answer to a probe in {ANSWER_TIMEOUT_S:.0f} s: "
+                _exit_lost(str(PeerLost(lost, f"no answer to a probe in {self.answer_timeout_s:.0f} s: "
                                               "a frozen process or an unreachable machine")))
                 return
 

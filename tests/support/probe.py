@@ -13,6 +13,11 @@ from tests.support.processes import Process, ctl_command
 from tests.support.reading import latest_step
 
 MIRRORED = ("--strategy=mirrored", "--cpu_replicas=2")
+# Kills of a chaos run, each drawn past a checkpoint: the first in a fresh process, the second in
+# one that resumed from the first's checkpoint; the last process resumes from the second's. A third
+# kill would be one more resumed process killed: a process start (~20 s on a loaded host) more.
+KILLS = 2
+CHECKPOINT_INTERVAL = 10  # tests/faults.gin's.
 
 
 def read_steps(progress):
@@ -65,7 +70,7 @@ def straight_and_chaos_runs(tmp_path, target, bindings, flags, loop=None, root=N
 
 
 def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
-    """Trains to `target`, killed with SIGKILL 3 times at random steps; returns the seed.
+    """Trains to `target`, killed with SIGKILL `KILLS` times at random steps; returns the seed.
 
     With `loop` (steps_per_loop of a `tf.while_loop` run) the kill steps are drawn
     inside loops, and at least one kill must be seen to land inside one.
@@ -76,8 +81,8 @@ def chaos_run(tmp_path, target, bindings, flags, loop=None, root=None):
     print(f"chaos seed: {seed} (rerun with CTL_CHAOS_SEED={seed})")
     rng = random.Random(seed)
     killed_mid_run = killed_in_loop = 0
-    for _ in range(3):
-        low, high = latest_step(model_dir) + 1, target - 30
+    for _ in range(KILLS):
+        low, high = max(latest_step(model_dir), loop or CHECKPOINT_INTERVAL) + 1, target - 30
         if low > high:
             break
         # A step past the last checkpoint, so that each kill loses (and replays) work.
