@@ -213,22 +213,19 @@ def run_ctl(experiment: str, overrides, steps: int, model_dir: str, eval_steps: 
                             checkpoint_interval=steps,
                             eval_steps=eval_steps if eval_steps > 0 else None)
     weights = Weights()
-    hooks: List[Any] = [weights]
     # Where the experiment's trainer keeps its best checkpoint (and reports `best_<metric>`),
     # ctl keeps one by the same metric: its record's value is ctl's `best_<metric>`.
     trainer = task.params.trainer
-    if trainer.best_checkpoint_export_subdir:
-        hooks.append(ctl.hooks.BestCheckpoint(
-            metric=trainer.best_checkpoint_eval_metric,
-            higher_is_better=trainer.best_checkpoint_metric_comp == "higher"))
+    best = trainer.best_checkpoint_eval_metric if trainer.best_checkpoint_export_subdir else ""
+    hooks: List[Any] = [weights] + ([ctl.hooks.BestCheckpoint(
+        metric=best, higher_is_better=trainer.best_checkpoint_metric_comp == "higher")] if best else [])
     results = dict(ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
         task=task, schedule=schedule, hooks=hooks)) or {})
-    if len(hooks) > 1:
+    if best:
         from ctl.comforts.best import best_record
         from ctl.model_dir import ModelDir
 
-        results["best_" + trainer.best_checkpoint_eval_metric] = best_record(
-            ModelDir(model_dir)).get("value")
+        results["best_" + best] = best_record(ModelDir(model_dir)).get("value")
     return results, weights.trained
 
 
