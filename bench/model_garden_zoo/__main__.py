@@ -1,6 +1,7 @@
 """`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
 
     python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
+                                     [--jobs=N] [--longest_first]
 
 Lists Model Garden's registry at run time, and for each experiment (or those
 named) trains its tiny variant K steps with ctl and with Model Garden's
@@ -105,6 +106,17 @@ def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: st
     return row
 
 
+def _longest_first(names: List[str], path: str) -> List[str]:
+    """`names` by the CPU time their rows took in the results file at `path` (if it has
+    them), longest first, rows it does not time first of all: the last rows to start are
+    short ones, so two rows at once end close together."""
+    if not os.path.exists(path):
+        return names
+    with open(path) as f:
+        took = {row["experiment"]: row.get("cpu_s") for row in json.load(f).get("rows", [])}
+    return sorted(names, key=lambda name: -(took.get(name) or float("inf")))
+
+
 def _round_robin(names: List[str], families: Dict[str, str]) -> List[str]:
     by_family: Dict[str, List[str]] = {}
     for name in names:
@@ -138,6 +150,9 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default=RESULTS, help="the results file (JSON)")
     parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
     parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (each in its process)")
+    parser.add_argument("--longest_first", action="store_true",
+                        help="start the rows that took longest in the --results file first "
+                        "(default: each family's rows early)")
     parser.add_argument("--collect", default="", help="write the results file from the rows a run "
                         "in this workdir has finished so far (the others say they were not run)")
     args = parser.parse_args(argv)
@@ -156,6 +171,8 @@ def main(argv=None) -> int:
               f"registered: {sorted(families)}", file=sys.stderr)
         return 2
     names = _round_robin(names, families)  # Each family early: a stopped run still covers them all.
+    if args.longest_first:
+        names = _longest_first(names, args.results)
     workdir = args.workdir or tempfile.mkdtemp(prefix="model_garden_zoo-")
     log_dir = os.path.join(workdir, "logs")
     os.makedirs(log_dir, exist_ok=True)

@@ -220,9 +220,11 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool) -
     task = trainer.task
     if evaluate and not eval_steps:
         for name in trainer.eval_sets:
-            dataset = inputs(task, False, _input_context(trainer.strategy),
-                             **({"name": name} if name is not None else {}))
-            if int(dataset.cardinality()) == _INFINITE:
+            length = trainer.eval_set_length(name)  # As the Trainer built it, if it did.
+            if length is None:
+                length = int(inputs(task, False, _input_context(trainer.strategy),
+                                    **({"name": name} if name is not None else {})).cardinality())
+            if length == _INFINITE:
                 label = f"eval set {name!r}" if name is not None else "eval set"
                 raise UserError(
                     f"{_name(task)}'s {label} never ends (it repeats) and ctl.Schedule.eval_steps "

@@ -101,4 +101,17 @@ class Inputs:
         Returns:
             The task's dataset, checked against the Task contract; a train set that ends is repeated.
         """
-        return contract.inputs(self.task, training, input_context, **kwargs)
+        dataset = contract.inputs(self.task, training, input_context, **kwargs)
+        if not training and tf.executing_eagerly():  # For `eval_set_length`.
+            lengths = self.__dict__.setdefault("_eval_set_lengths", {})
+            lengths[kwargs.get("name")] = int(dataset.cardinality())
+        return dataset
+
+    def eval_set_length(self, name: Optional[str] = None) -> Optional[int]:
+        """The cardinality of eval set `name` as `checked_inputs` last built it
+        (`tf.data.INFINITE_CARDINALITY`: it repeats), or None if it has not built it.
+
+        Args:
+            name: the eval set's name (None: the one unnamed set).
+        """
+        return self.__dict__.get("_eval_set_lengths", {}).get(name)

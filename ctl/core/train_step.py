@@ -217,7 +217,8 @@ class GradientPipeline:
                 total.assign(tf.zeros_like(total))
         present = [i for i, g in enumerate(gradients) if g is not None]
         values = [gradients[i] for i in present]
-        variables = [self._variables[i] for i in present]
+        trainable = self._variables  # Read once: each read walks the model's layers.
+        variables = [trainable[i] for i in present]
         if self._sum_here and self._replicas > 1:
             values = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, values)

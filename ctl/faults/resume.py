@@ -146,7 +146,7 @@ class InputPosition:
                               "are read again" if replay else self._choose_options(probe))
         self.how: Optional[str] = None  # How the last resume found the position: "checkpoint", "skip" or "start".
         # Examples consumed, for a restart at another size (None under parameter servers).
-        self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs)
+        self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs, probe)
         self.examples = run_size.ExamplesRecord() if self.size is not None else None
 
     @property

@@ -53,12 +53,16 @@ class InputSize:
                 f"global batch {batch}")
 
 
-def input_size(strategy: tf.distribute.Strategy, build_inputs) -> Optional[InputSize]:
+def input_size(strategy: tf.distribute.Strategy, build_inputs,
+               probe: Optional[tf.data.Dataset] = None) -> Optional[InputSize]:
     """The size of a run under `strategy` (None under parameter servers), probing one train pipeline.
 
     Args:
         strategy: the run's strategy.
         build_inputs: the Trainer's `checked_inputs`, called for one train pipeline.
+        probe: a train pipeline built for one pipeline of one replica
+            (`ctl.faults.resume.probe_pipeline`): read instead of a new one where
+            the run is that size.
     """
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         return None
@@ -68,9 +72,11 @@ def input_size(strategy: tf.distribute.Strategy, build_inputs) -> Optional[Input
         jobs = resolver.cluster_spec().as_dict()
         pipelines = len(jobs.get("chief", ())) + len(jobs.get("worker", ()))
     replicas = strategy.num_replicas_in_sync
-    context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=0,
-                                         num_replicas_in_sync=replicas)
-    spec = tf.nest.flatten(build_inputs(True, context).element_spec)[0]
+    if probe is None or (pipelines, replicas) != (1, 1):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=0,
+                                             num_replicas_in_sync=replicas)
+        probe = build_inputs(True, context)
+    spec = tf.nest.flatten(probe.element_spec)[0]
     batch = spec.shape[0] if spec.shape.rank else None
     return InputSize(pipelines, replicas, batch)
 
