@@ -77,3 +77,33 @@ def test_generated_detection_records_hold_instance_masks_of_0_and_1_as_cocos_do(
     for record in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)).take(4):
         values |= set(decoder.decode(record)["groundtruth_instance_masks"].numpy().ravel().tolist())
     assert values == {0.0, 1.0}
+
+
+def test_the_a_a_check_finds_a_dataset_that_yields_other_batches_when_built_again():
+    # A row whose numbers differ checks train_lib against itself: among other things, the train
+    # dataset built again after the same global seed (Model Garden's text pretraining pipeline
+    # masks tokens with a random shuffle that does not repeat itself under op determinism).
+    import itertools
+
+    import tensorflow as tf
+
+    from bench.model_garden_zoo import repeat
+
+    def seeded():  # Random ops under the global seed: the same batches at every build.
+        return tf.data.Dataset.range(6).map(lambda x: tf.random.uniform([3]) + tf.cast(x, tf.float32))
+
+    assert repeat.first_differing_batch(seeded, batches=4) is None
+    builds = itertools.count()
+
+    def drifting():  # Its third batch depends on which build it is: not reproducible.
+        build = next(builds)
+        return tf.data.Dataset.from_tensor_slices([[0, 0], [1, 1], [2, build], [3, 3]])
+
+    assert repeat.first_differing_batch(drifting, batches=4) == 3
+    again = {"max_rel_loss_diff": 7e-3, "eval": {"loss": [4.2, 4.1], "accuracy": [0.5, 0.5]},
+             "first_differing_batch": 3}
+    said = repeat.reason(again, tolerance=1e-5)
+    assert said.startswith("train_lib does not reproduce itself") and "7.00e-03" in said
+    assert "loss 4.2 vs 4.1" in said and "accuracy" not in said and "from batch 3" in said
+    assert repeat.reason({"max_rel_loss_diff": 0.0, "eval": {"loss": [4.2, 4.2]},
+                          "first_differing_batch": None}, tolerance=1e-5) == ""

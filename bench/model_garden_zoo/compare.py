@@ -6,7 +6,8 @@ Garden's layout: `global_step`, `model`, `optimizer`), which each trainer
 restores as the run it continues. Both read the same generated files, with the
 same shuffle seed, under `tf.config.experimental.enable_op_determinism()` and
 the same global seed set before each run; both train in loops of one step (a
-loss summary per step) and evaluate the whole eval set once at step K.
+loss summary per step) and evaluate the whole eval set once at step K. Where
+their numbers differ, `train_lib` is checked against itself (bench/model_garden_zoo/repeat.py).
 
 `python -m bench.model_garden_zoo.compare NAME --steps=K --workdir=DIR` runs
 one experiment and prints its row as one JSON line (the zoo runs each row in
@@ -263,7 +264,8 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     row["op_determinism"] = determinism
     name = experiment.replace("/", "_")
     dirs = {"train_lib": os.path.join(workdir, "runs", name, "train_lib"),
-            "ctl": os.path.join(workdir, "runs", name, "ctl")}
+            "ctl": os.path.join(workdir, "runs", name, "ctl"),
+            "train_lib_again": os.path.join(workdir, "runs", name, "train_lib_again")}
     for directory in dirs.values():  # A fresh start (a row may be run again).
         shutil.rmtree(directory, ignore_errors=True)
     stage = "building the config"
@@ -350,9 +352,44 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
     if missing:
         row["reason"] = (row["reason"] + "; " if row["reason"] else "") + \
             f"eval metrics missing from ctl's results: {missing}"
+    if row["trains"] and not (row["same_loss"] and row["same_eval"]):
+        row["train_lib_again"] = train_lib_again(params, dirs["train_lib_again"], garden_losses,
+                                                 garden_eval)
+        from bench.model_garden_zoo import repeat
+
+        itself = repeat.reason(row["train_lib_again"], LOSS_TOLERANCE)
+        row["reason"] = "; ".join(filter(None, [row["reason"], itself]))
     row["ctl_s_per_step"] = _seconds_per_step(_rates(dirs["ctl"]))
     row["train_lib_s_per_step"] = _seconds_per_step(_rates(dirs["train_lib"]))
     return row
+
+
+def train_lib_again(params, model_dir: str, losses: Dict[int, float],
+                    evals: Dict[str, Any]) -> Dict[str, Any]:
+    """The A/A: train_lib run again from the same initial checkpoint (in `model_dir`), files
+    and seed, against its first run; and its train dataset built again (`repeat`).
+
+    Args:
+      params: the experiment's config, as the first run had it.
+      model_dir: a model dir holding the same initial checkpoint as the first run's.
+      losses: the first run's training loss at each step.
+      evals: the first run's eval metrics.
+    """
+    from bench.model_garden_zoo import repeat
+    from ctl.adapters import model_garden
+
+    again_eval, _ = run_train_lib(params, model_dir)
+    again = _train_losses(model_dir, ["training_loss", "loss"])
+    steps = sorted(set(losses) & set(again))
+    pairs = {key: [_number(value), _number(again_eval.get(key))] for key, value in evals.items()
+             if key != "steps_per_second" and _number(value) is not None}
+    batch = repeat.first_differing_batch(
+        lambda: model_garden.garden_task(params).build_inputs(params.task.train_data),
+        params.trainer.train_steps)
+    return {"losses": [again.get(step) for step in steps],
+            "max_rel_loss_diff": max((_relative(losses[s], again[s]) for s in steps), default=None),
+            "eval": pairs,
+            "first_differing_batch": batch}
 
 
 def main(argv=None) -> int:

@@ -63,7 +63,9 @@ def render(results) -> str:
         "",
         f"**{trained} of {len(rows)} train on ctl; {same} of {len(rows)} with Model Garden's numbers** "
         f"(every step's training loss within a relative {compare.LOSS_TOLERANCE:g} and every eval "
-        f"metric within {compare.EVAL_TOLERANCE:g}).",
+        f"metric within {compare.EVAL_TOLERANCE:g}). Where a row's numbers differ, `train_lib` "
+        "runs again from the same checkpoint, files and seed, and its train dataset is built "
+        "again after the same seed: the reason says when Model Garden does not reproduce itself.",
         "",
         ("Rows measured again later, with their commit: " + ", ".join(
             f"`{name}` at `{commit}`" for name, commit in results["updated"].items()) + ". "
