@@ -1,7 +1,7 @@
 """`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
 
     python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
-                                     [--jobs=N] [--longest_first]
+                                     [--jobs=N] [--longest_first] [--guarantees[=only]]
 
 Lists Model Garden's registry at run time, and for each experiment (or those
 named) trains its tiny variant K steps with ctl and with Model Garden's
@@ -11,7 +11,10 @@ each experiment in a process of its own. Prints one JSON line per experiment:
 "ctl_s_per_step", "train_lib_s_per_step", "reason"}`, and writes all rows,
 with the details (losses, eval metrics, weights), the commit and the host's
 load, to the results file that `python -m bench.model_garden_zoo.page` turns
-into the docs page.
+into the docs page. `--guarantees` adds ctl's four guarantees to each row
+(kill -9, SIGTERM, the sidecar, a new replica count:
+bench/model_garden_zoo/guarantees.py); `--guarantees=only` runs those alone and
+keeps the rest of each row as the results file has it.
 """
 
 import argparse
@@ -24,6 +27,8 @@ import tempfile
 import threading
 import time
 from typing import Any, Dict, List
+
+from bench.model_garden_zoo import guarantees
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
@@ -153,6 +158,9 @@ def main(argv=None) -> int:
     parser.add_argument("--longest_first", action="store_true",
                         help="start the rows that took longest in the --results file first "
                         "(default: each family's rows early)")
+    parser.add_argument("--guarantees", nargs="?", const="with", default="", choices=["with", "only"],
+                        help="add ctl's guarantees to each row (bench/model_garden_zoo/guarantees.py); "
+                        "=only: run those alone, the rest of each row kept from --results")
     parser.add_argument("--collect", default="", help="write the results file from the rows a run "
                         "in this workdir has finished so far (the others say they were not run)")
     args = parser.parse_args(argv)
@@ -184,7 +192,14 @@ def main(argv=None) -> int:
     _write_data(names, workdir)  # Once, before rows that share files run at once.
 
     def one(name):
-        row = run_row(name, families[name], args.steps, workdir, log_dir)
+        if args.guarantees == "only":
+            row = guarantees.kept_row(args.results, name, families[name])
+        else:
+            row = run_row(name, families[name], args.steps, workdir, log_dir)
+        if args.guarantees:
+            row.update(guarantees.row_columns(guarantees.run_in_process(
+                name, families[name], workdir, log_dir, _env(families[name] == "ranking"),
+                TIMEOUT_S), _commit()))
         loads.append(os.getloadavg()[0])
         print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
         return row
@@ -203,7 +218,7 @@ def main(argv=None) -> int:
         rows = list(pool.map(one, names))
     done.set()
     write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
-                  partial=bool(args.experiments), jobs=max(1, args.jobs))
+                  partial=bool(args.experiments) or args.guarantees == "only", jobs=max(1, args.jobs))
     print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
     return 0
 

@@ -14,6 +14,7 @@ import re
 import sys
 
 from bench.model_garden_zoo import compare, variants
+from bench.model_garden_zoo import guarantees_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_RESULTS = os.path.join(ROOT, "docs", "how-to", "model-garden-zoo.json")
@@ -90,18 +91,21 @@ def render(results) -> str:
         "```",
         "",
         "| experiment | family | trains | same loss (max rel. diff) | same eval | same weights "
-        "| ctl s/step | train_lib s/step | reason |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| ctl s/step | train_lib s/step | kill -9 | SIGTERM | sidecar | 2 replicas | reason |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         reason = "; ".join(filter(None, [row.get("reason"), row.get("weights_difference") and
                                          f"weights differ: {row['weights_difference']}"]))
         reason += f" ({row['determinism_note']})" if row.get("determinism_note") else ""
+        reason = "; ".join(filter(None, [reason, guarantees_page.reason(row)]))
         reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "
             f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_seconds(row['ctl_s_per_step'])} "
-            f"| {_seconds(row['train_lib_s_per_step'])} | {reason.replace('|', '/')} |")
+            f"| {_seconds(row['train_lib_s_per_step'])} | {guarantees_page.cells(row)} "
+            f"| {reason.replace('|', '/')} |")
+    lines += ["", *guarantees_page.section(rows)]
     lines += [
         "",
         "## How a row is measured",
