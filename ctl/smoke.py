@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import train_lib
-from ctl.comforts.exporting import export_saved_model
-from ctl.comforts.eval_results import flat_logs
+from ctl.hooks.exporting import export_saved_model
+from ctl.hooks.eval_results import flat_logs
 from ctl.core import checkpointing
 from ctl.core.hook_protocol import build_run
 from ctl.config import gin_config as config
