@@ -403,7 +403,8 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
     model_dir, steps = row.path("replicas"), row.path("replicas.steps")
     with row.trainer("train", model_dir, steps, "--strategy=mirrored", "--cpu_replicas=2") as run:
         _finished(run, "the run at two replicas:")
-    said = [line for line in run.stderr().splitlines() if "replica" in line and "WARNING" in line]
+    said = [line for line in (run.stderr() + run.stdout()).splitlines()
+            if "replica" in line and "warning" in line.lower()]
     ran = sorted({s for s, _ in read_losses(steps)})
     if ran != list(range(HOLD_AT + 1, STEPS + 1)):
         raise Failed(f"at two replicas the run went on with steps {ran}, not {HOLD_AT + 1}-{STEPS}")
@@ -426,9 +427,13 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
         raise Failed(f"no loss summary at step {STEPS}: {sorted(ours)} at two replicas, "
                      f"{sorted(theirs)} uninterrupted")
     loss_diff = _relative(ours[STEPS], theirs[STEPS])
+    # The run's records differ by design (the input position, the examples since the new size).
     _, weights_diff = checkpoint_difference(final, reference, tolerance=math.inf,
-                                            ignore=("train_input",))
+                                            ignore=("train_input", "train_examples", "rng"))
     beyond = max(loss_diff, weights_diff) > REPLICA_TOLERANCE
+    # The states of the generators tf_keras' random ops (dropout) draw from, in the checkpoint.
+    draws, _ = checkpoint_difference(final, reference, ignore=("model", "optimizer", "train_",
+                                                               "global_step"))
     return {"holds": True, "max_rel_loss_diff": loss_diff, "max_rel_weight_diff": weights_diff,
             "beyond_reduction_order": beyond, "warned": bool(said), "detail": (
                 f"from ckpt-{HOLD_AT} of one replica, steps {HOLD_AT + 1}-{STEPS} at two, each "
@@ -436,9 +441,11 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
                 f"counted at step {STEPS}; the last loop's loss differs by {loss_diff:.1g}, the "
                 f"weights by up to {weights_diff:.1g} (relative)" + (
                     f": more than {REPLICA_TOLERANCE:g}, so more than a reduction order's, on the "
-                    "same data: the model computes otherwise at two replicas (its random ops, "
-                    "e.g. dropout, draw per replica; which op is not checked)" if beyond else
-                    ": the reduction order"))}
+                    "same data: " + (
+                        "the model's random ops drew other numbers at two replicas (its generators' "
+                        f"states in the checkpoint differ: {draws.split(':')[0]})" if draws else
+                        "the model computes otherwise at two replicas (which op is not checked)")
+                    if beyond else ": the reduction order"))}
 
 
 def check(experiment: str, family: str, workdir: str) -> Dict[str, Dict[str, Any]]:
