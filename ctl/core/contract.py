@@ -286,8 +286,11 @@ def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
 
     def step_fn(inputs):
         # A copy of the nest: a step may pop entries of its dict (Model Garden's translation
-        # task does), which a traced function's own arguments do not allow.
-        strategy.run(replica_step, args=(tf.nest.map_structure(_as_iterated, inputs),))
+        # task does), which a traced function's own arguments do not allow. Made in the replica
+        # function: under a strategy of several replicas `inputs` are per-replica values,
+        # each replica's SparseTensors of its own static shape.
+        strategy.run(lambda replica_inputs: replica_step(
+            tf.nest.map_structure(_as_iterated, replica_inputs)), args=(inputs,))
 
     try:
         tf.function(step_fn).get_concrete_function(spec)
