@@ -49,7 +49,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.sidecar.scheduler": ["ContinuousEval"],
     "ctl.train_lib": ["run_experiment"],
 }
-# The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks.py).
+# The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks/__init__.py).
 _SUBMODULES = ["hooks"]
 
 __all__ = sorted([name for names in _MODULES.values() for name in names] + _SUBMODULES)

@@ -29,9 +29,9 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import train_lib
-from ctl.comforts import run_end
-from ctl.comforts.exporting import export_saved_model
-from ctl.comforts.eval_results import flat_logs
+from ctl import run_end
+from ctl.hooks.exporting import export_saved_model
+from ctl.hooks.eval_results import flat_logs
 from ctl.core import checkpointing
 from ctl.core.hook_protocol import build_run
 from ctl.config import gin_config as config
@@ -94,7 +94,7 @@ def run_smoke(strategy=None, experiment=None) -> float:
 
 
 def _without_closing_lines(record: logging.LogRecord) -> bool:
-    """A console filter: False for a run's closing lines (`ctl.comforts.run_end`)."""
+    """A console filter: False for a run's closing lines (`ctl.run_end`)."""
     return getattr(record, "ctl_kind", None) != run_end.KIND
 
 

@@ -3,7 +3,7 @@
 train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
 sidecar. This is the one module that names them all: the core's Trainer,
 Controller, checkpoint manager and signal watcher (`ctl.core.stop`), the fault
-handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.hooks`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.hook_protocol`), the Trainer's stop source, the checkpoint's contents
@@ -28,9 +28,9 @@ import tensorflow as tf
 
 from ctl.cluster.distribute import plan_for_strategy
 from ctl.cluster.tf_config import RunPlan
-from ctl.comforts import run_end
-from ctl.comforts.hparams import HParamsSummary
-from ctl.comforts.progress import MetricsLog
+from ctl import run_end
+from ctl.hooks.hparams import HParamsSummary
+from ctl.hooks.progress import MetricsLog
 from ctl.config import gin_config as config
 from ctl.core import contract
 from ctl.utils import console
@@ -74,7 +74,7 @@ def run_experiment(
     TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
     and leaves evaluation to that sidecar. A chief that finishes `train` or
     `train_and_eval` marks the run finished in `model_dir` and says where
-    its results are (`ctl.comforts.run_end`); a run already complete writes
+    its results are (`ctl.run_end`); a run already complete writes
     nothing and returns its recorded results.
 
     Args:

@@ -1,10 +1,10 @@
-"""The closing lines of a training run (`ctl.comforts.run_end`): the best it states is the run's best, or says
+"""The closing lines of a training run (`ctl.run_end`): the best it states is the run's best, or says
 that it is the best so far and what decides the run's. In-process, over a model dir's real files."""
 
 import json
 
-from ctl.comforts.best import BEST_DIR, BEST_RECORD_FILE
-from ctl.comforts.run_end import say_done
+from ctl.hooks.best import BEST_DIR, BEST_RECORD_FILE
+from ctl.run_end import say_done
 from ctl.model_dir import ModelDir, write_json
 
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.best import best_record
+from ctl.hooks.best import best_record
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
 from ctl.model_dir import ModelDir

@@ -222,7 +222,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 @pytest.mark.slow
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
-    from ctl.comforts.best import best_record
+    from ctl.hooks.best import best_record
     from ctl.model_dir import ModelDir, read_json_lines
 
     for number in (0, 1):

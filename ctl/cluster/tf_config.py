@@ -168,7 +168,7 @@ class RunPlan:
 
     @property
     def hparams(self) -> bool:
-        """Writes the HParams summary (`ctl.comforts.hparams`)."""
+        """Writes the HParams summary (`ctl.hooks.hparams`)."""
         return self.train and self.chief
 
 

@@ -146,7 +146,7 @@ def plot(trials: list, record: dict, path: str,
     """
     from matplotlib.ticker import MaxNLocator
 
-    from ctl.comforts.figures import pyplot, write_png
+    from ctl.figures import pyplot, write_png
 
     plt = pyplot()
     objective = record.get("objective", "value")

@@ -28,8 +28,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from ctl.comforts.best import best_record
-from ctl.comforts.exporting import EXPORT_DIR, export_best_record_files
+from ctl.hooks.best import best_record
+from ctl.hooks.exporting import EXPORT_DIR, export_best_record_files
 from ctl.utils import console
 from ctl.model_dir import ModelDir, read_json, results_of
 
