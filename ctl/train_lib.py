@@ -15,7 +15,7 @@ once and passed down: the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
 (`ctl.cluster.tf_config`: what this process does for its mode and cluster;
 `ctl.run` makes it from the flags and TF_CONFIG, a Python caller's comes from
 its mode and strategy). Every mode builds its Trainer and binds its hooks
-with `ctl.core.hook_protocol.build_run`.
+with `ctl.core.build_run`.
 """
 
 import contextlib
@@ -39,7 +39,8 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.utils.errors import UserError, require_choice
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, build_run
+from ctl.core.build_run import build_run
+from ctl.core.hook_protocol import Hooks
 from ctl.model_dir import ModelDir
 from ctl.config.run_plan import MODES
 from ctl.core.summaries import SummaryManager
