@@ -130,10 +130,18 @@ class Failed(Exception):
 
 
 def _last_words(process) -> str:
+    """The process's exit status and the last line of ctl's (its whole output is kept beside its
+    model dir, in `<model_dir>.log`, for the user to read)."""
     from tests.support.reading import ctl_stderr_lines
 
-    lines = ctl_stderr_lines(process.stderr() + process.stdout())
-    return f"exit {process.returncode}: {(lines or ['no output'])[-1][:300]}"
+    model_dir = [a.split("=", 1)[1] for a in process.proc.args if a.startswith("--model_dir=")]
+    if model_dir:
+        with open(model_dir[0] + ".log", "w") as f:
+            f.write(process.stdout() + "\n--- stderr ---\n" + process.stderr())
+    lines = [line for line in ctl_stderr_lines(process.stderr() + process.stdout())
+             if not line.lstrip().startswith(("ckpt |", "train |", "eval |"))]
+    where = f" (its output: {model_dir[0]}.log)" if model_dir else ""
+    return f"exit {process.returncode}: {(lines or ['no output'])[-1][:300]}{where}"
 
 
 def _finished(process, what: str) -> None:
