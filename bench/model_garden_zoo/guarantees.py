@@ -91,6 +91,7 @@ class _Row:
     """One experiment's runs, in `workdir/guarantees/NAME/`."""
 
     def __init__(self, experiment: str, family: str, workdir: str):
+        self.experiment, self.family, self.workdir = experiment, family, workdir
         self.root = os.path.join(workdir, "guarantees", experiment.replace("/", "_"))
         shutil.rmtree(self.root, ignore_errors=True)  # A fresh start (a row may be run again).
         os.makedirs(self.root)
@@ -405,12 +406,87 @@ def train_examples(path: str) -> Optional[int]:
     return examples + (_step(path) - since) * pipelines * replicas * batch
 
 
+COLLECTIVE_SHAPES = "Shape mismatch in the collective instance"
+TRAIN_LIB_CHECK = "TRAIN-LIB-AT-2 "
+
+
+def train_lib_at_two_replicas(row: _Row) -> str:
+    """What Model Garden's own `train_lib` does with the row's variant at two CPU replicas, in
+    loops of LOOP steps (a `tf.while_loop`), in a process of its own: a sentence for the row."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
+         f"--family={row.family}", f"--workdir={row.workdir}", "--train_lib_at_two_replicas"],
+        cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
+        timeout=WAIT_S, check=False)
+    said = [line[len(TRAIN_LIB_CHECK):] for line in out.stdout.splitlines()
+            if line.startswith(TRAIN_LIB_CHECK)]
+    return said[-1] if said else f"Model Garden's train_lib check ended without a result (exit {out.returncode})"
+
+
+def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from official.core import train_lib
+
+    from bench.model_garden_zoo import compare
+    from ctl.adapters import model_garden
+
+    model_dir = os.path.join(workdir, "guarantees", experiment.replace("/", "_"), "train_lib_at_2")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    params = model_garden.experiment_config(experiment, params_override=compare.params_for(
+        experiment, 2 * LOOP, os.path.join(workdir, "data")) + [{"trainer": {
+            "steps_per_loop": LOOP, "checkpoint_interval": 2 * LOOP, "summary_interval": LOOP}}])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        task = model_garden.garden_task(params, logging_dir=model_dir)
+        trainer = compare._ranking_trainer(params, task)  # noqa: SLF001 (the zoo's own)
+    what = (f"Model Garden's train_lib fails the same way (its {experiment} variant, "
+            f"MirroredStrategy of 2 CPUs, loops of {LOOP} steps: python -m "
+            f"bench.model_garden_zoo.guarantees {experiment} --train_lib_at_two_replicas)")
+    try:
+        train_lib.run_experiment(distribution_strategy=strategy, task=task, mode="train",
+                                 params=params, model_dir=model_dir, trainer=trainer)
+    except Exception as error:  # noqa: BLE001 (what it says is the finding)
+        return what if COLLECTIVE_SHAPES in str(error) else (
+            f"Model Garden's train_lib fails otherwise: {type(error).__name__}: "
+            f"{compare._message(error)[:200]}")  # noqa: SLF001
+    return "Model Garden's train_lib trains there (loops of %d steps at two replicas)" % LOOP
+
+
 def _new_replicas(row: _Row) -> Dict[str, Any]:
     from tests.support.reading import scalars
 
     model_dir, steps = row.path("replicas"), row.path("replicas.steps")
-    with row.trainer("train", model_dir, steps, "--strategy=mirrored", "--cpu_replicas=2") as run:
-        _finished(run, "the run at two replicas:")
+    shutil.copytree(model_dir, model_dir + "-stopped")  # For a second try (below).
+    flags = ["--strategy=mirrored", "--cpu_replicas=2"]
+    note = ""
+    with row.trainer("train", model_dir, steps, *flags) as run:
+        try:
+            _finished(run, "the run at two replicas:")
+        except Failed:
+            if COLLECTIVE_SHAPES not in run.stdout() + run.stderr():
+                raise
+            # TensorFlow's gather of sparse gradients (embedding tables) of other sizes on
+            # each replica, inside a tf.while_loop: is it Model Garden's own? Its train_lib, in
+            # loops of LOOP steps at two replicas; and ctl again in a host loop.
+            note = (f"in a tf.while_loop at two replicas TensorFlow's collective gather fails "
+                    f"({COLLECTIVE_SHAPES}: the sparse gradients of other sizes on each replica); "
+                    f"{train_lib_at_two_replicas(row)}; so run with "
+                    "ctl.Trainer.use_tf_while_loop=False, as here")
+    if note:
+        shutil.rmtree(model_dir)
+        shutil.copytree(model_dir + "-stopped", model_dir)
+        for name in (steps, steps + ".inputs"):
+            if os.path.exists(name):
+                os.remove(name)
+        flags.append("--gin_bindings=ctl.Trainer.use_tf_while_loop=False")
+        with row.trainer("train", model_dir, steps, *flags) as run:
+            _finished(run, "the run at two replicas in a host loop:")
     said = [line for line in (run.stderr() + run.stdout()).splitlines()
             if "replica" in line and "warning" in line.lower()]
     ran = sorted({s for s, _ in read_losses(steps)})
@@ -442,11 +518,14 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
     # The states of the generators tf_keras' random ops (dropout) draw from, in the checkpoint.
     draws, _ = checkpoint_difference(final, reference, ignore=("model", "optimizer", "train_",
                                                                "global_step"))
+    counted = (f"{examples[0]} examples counted at step {STEPS}" if examples[0] else
+               "no examples counted (the batches have no static size: the resume skips by steps)")
     return {"holds": True, "max_rel_loss_diff": loss_diff, "max_rel_weight_diff": weights_diff,
-            "beyond_reduction_order": beyond, "warned": bool(said), "detail": (
+            "beyond_reduction_order": beyond or bool(note), "warned": bool(said), "detail": (
+                (note + "; then: " if note else "") +
                 f"from ckpt-{HOLD_AT} of one replica, steps {HOLD_AT + 1}-{STEPS} at two, each "
-                f"reading the uninterrupted run's data (its inputs' sum), {examples[0]} examples "
-                f"counted at step {STEPS}; the last loop's loss differs by {loss_diff:.1g}, the "
+                f"reading the uninterrupted run's data (its inputs' sum), {counted}; "
+                f"the last loop's loss differs by {loss_diff:.1g}, the "
                 f"weights by up to {weights_diff:.1g} (relative)" + (
                     f": more than {REPLICA_TOLERANCE:g}, so more than a reduction order's, on the "
                     "same data: " + (
@@ -551,7 +630,14 @@ def main(argv=None) -> int:
     parser.add_argument("experiment")
     parser.add_argument("--family", required=True, help="the experiment's family (registry.family)")
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--train_lib_at_two_replicas", action="store_true",
+                        help="only: Model Garden's train_lib on the variant at two CPU replicas")
     args = parser.parse_args(argv)
+    if args.train_lib_at_two_replicas:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(TRAIN_LIB_CHECK + _train_lib_at_two_replicas(args.experiment, args.workdir), flush=True)
+        return 0
     start = time.perf_counter()
     columns = check(args.experiment, args.family, args.workdir)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # The row's ctl.run processes.
