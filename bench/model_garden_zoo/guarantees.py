@@ -511,6 +511,21 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
         raise Failed(f"no loss summary at step {STEPS}: {sorted(ours)} at two replicas, "
                      f"{sorted(theirs)} uninterrupted")
     loss_diff = _relative(ours[STEPS], theirs[STEPS])
+    # Each step's loss on each replica (the recorded task's lines) against the step's loss at
+    # one replica: a model whose replica loss is its share of the global batch's (summed over
+    # the replicas, as Model Garden's ranking models' is) reports half at two replicas, in ctl's
+    # summaries (their mean) as in train_lib's.
+    per_replica: Dict[int, List[float]] = {}
+    for step, bits in read_losses(steps):
+        per_replica.setdefault(step, []).append(_bits_to_float(bits))
+    sums = max(_relative(sum(v), _bits_to_float(row.losses[s])) for s, v in per_replica.items())
+    if sums < loss_diff and sums <= REPLICA_TOLERANCE:
+        loss_diff = sums
+        share = ("; the summaries' loss is the replicas' mean, and this model's replica loss is "
+                 "its share of the global batch's: the replicas' losses add up to the one "
+                 f"replica's, every step within {sums:.1g}")
+    else:
+        share = ""
     # The run's records differ by design (the input position, the examples since the new size).
     _, weights_diff = checkpoint_difference(final, reference, tolerance=math.inf,
                                             ignore=("train_input", "train_examples", "rng"))
@@ -525,7 +540,7 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
                 (note + "; then: " if note else "") +
                 f"from ckpt-{HOLD_AT} of one replica, steps {HOLD_AT + 1}-{STEPS} at two, each "
                 f"reading the uninterrupted run's data (its inputs' sum), {counted}; "
-                f"the last loop's loss differs by {loss_diff:.1g}, the "
+                f"the loss differs by {loss_diff:.1g}{share}, the "
                 f"weights by up to {weights_diff:.1g} (relative)" + (
                     f": more than {REPLICA_TOLERANCE:g}, so more than a reduction order's, on the "
                     "same data: " + (
