@@ -41,6 +41,7 @@ import ast
 import concurrent.futures
 import functools
 import glob
+import html as html_module
 import importlib.util
 import json
 import os
@@ -506,6 +507,22 @@ def test_no_page_shows_test_ids_host_notes_or_build_md(site):
     with open(site / "explanation" / "guarantees.html") as f:
         evidence = re.findall(r"<details\b.*?</details>", f.read(), flags=re.S)
     assert len(evidence) >= 50 and all("tests/test_" in block for block in evidence), len(evidence)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_no_code_block_of_the_built_site_is_wider_than_the_page(site):
+    """Every code block as built, generated ones too (BUILD.md's layout on the architecture page, docstrings on
+    the API page), fits CODE_LINE_LIMIT characters: what a code block shows at 1280 px without scrolling sideways
+    (measured in Chromium at 1280x800: scrollWidth against clientWidth of every `pre > code` and table)."""
+    long = []
+    for path in sorted(glob.glob(str(site / "**" / "*.html"), recursive=True)):
+        with open(path) as f:
+            for block in re.findall(r"<pre\b[^>]*>(.*?)</pre>", f.read(), flags=re.S):
+                for line in html_module.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
+                    if len(line) > CODE_LINE_LIMIT:
+                        long.append(f"{os.path.relpath(path, site)}: {len(line)} characters: {line[:70]}...")
+    assert not long, "code lines wider than the page:\n" + "\n".join(long)
 
 
 # The extra of pyproject.toml a command needs, by what the command names (`python -m ctl.report` draws with
