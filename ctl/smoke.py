@@ -33,7 +33,7 @@ from ctl import run_end
 from ctl.hooks.exporting import export_saved_model
 from ctl.hooks.eval_results import flat_logs
 from ctl.core import checkpointing
-from ctl.core.hook_protocol import build_run
+from ctl.core.build_run import build_run
 from ctl.config import gin_config as config
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line
