@@ -188,6 +188,21 @@ def same_steps(reference: Dict[int, int], runs: List[Tuple[str, List[Tuple[int, 
     return ""
 
 
+def _why_other_losses(row: "_Row", difference: str, steps_file: str) -> str:
+    """`difference`, and where it is a step's loss on the same data (its inputs' sum), which
+    stateful random ops the train step draws from (checked once per row)."""
+    if not difference.startswith("step "):
+        return difference
+    step = int(difference.split()[1].rstrip("'s"))
+    ours = read_input_sums(steps_file + ".inputs").get(step)
+    theirs = read_input_sums(row.path("reference.steps.inputs")).get(step)
+    if ours is None or ours != theirs:
+        return difference + f" (its inputs' sum {ours!r} vs {theirs!r}: other data)"
+    if getattr(row, "random_ops", None) is None:
+        row.random_ops = stateful_random_ops(row)
+    return difference + f", on the same data (its inputs' sum): {row.random_ops}"
+
+
 def checkpoint_difference(path_a: str, path_b: str, tolerance: float = 0.0,
                           ignore: Tuple[str, ...] = ()) -> Tuple[str, float]:
     """('' or the first variable that differs by more than `tolerance`, the largest relative
@@ -287,6 +302,7 @@ def reference_and_kill_9(row: _Row) -> Dict[str, Dict[str, Any]]:
         if "holds" not in out["kill_9"]:
             difference = same_steps(row.losses, [("killed", before), ("restarted", after)],
                                     [list(range(1, HOLD_AT + 0)), list(range(LOOP + 1, STEPS + 1))])
+            difference = _why_other_losses(row, difference, steps["kill_9"])
             if killed_at != LOOP:
                 difference = f"killed with checkpoint {killed_at} the latest, not {LOOP}"
             if not difference:
@@ -371,6 +387,7 @@ def sigterm_and_new_replicas(row: _Row) -> Dict[str, Dict[str, Any]]:
         difference = same_steps(row.losses, [("stopped", stopped),
                                              ("restarted", read_losses(steps)[len(stopped):])],
                                 [list(range(1, HOLD_AT + 1)), list(range(HOLD_AT + 1, STEPS + 1))])
+        difference = _why_other_losses(row, difference, steps)
         if not difference:
             difference, _ = checkpoint_difference(_latest(row.reference), _latest(model_dir))
             difference = difference and f"final checkpoint: {difference}"
@@ -404,6 +421,54 @@ def train_examples(path: str) -> Optional[int]:
         return None
     examples, since, pipelines, replicas, batch = (int(v) for v in reader.get_tensor(key))
     return examples + (_step(path) - since) * pipelines * replicas * batch
+
+
+# TensorFlow's random ops whose state lives in their kernel: no checkpoint holds it (the
+# generator ops of tf.random.Generator, and the stateless ones, are not among them).
+STATEFUL_RANDOM = {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                   "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial"}
+RANDOM_OPS_CHECK = "RANDOM-OPS "
+
+
+def stateful_random_ops(row: _Row) -> str:
+    """The stateful random ops in the row's train step (a check in a process of its own), as a
+    sentence for the row."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
+         f"--family={row.family}", f"--workdir={row.workdir}", "--random_ops"],
+        cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
+        timeout=WAIT_S, check=False)
+    said = [line[len(RANDOM_OPS_CHECK):] for line in out.stdout.splitlines()
+            if line.startswith(RANDOM_OPS_CHECK)]
+    return said[-1] if said else f"the random-ops check ended without a result (exit {out.returncode})"
+
+
+def _stateful_random_ops(experiment: str, workdir: str) -> str:
+    import tensorflow as tf
+
+    import ctl
+    from bench.model_garden_zoo import data, variants
+    from ctl.faults import resume
+
+    resume.seed_everything(1)  # As the run: tf_keras' dropout draws from generators.
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
+        experiment, STEPS) + data.data_overrides(experiment, os.path.join(workdir, "data")))
+    model, optimizer = task.build_model(), task.build_optimizer()
+    metrics = task.build_metrics(training=True)
+    batch = next(iter(task.build_inputs(training=True)))
+    step = tf.function(lambda inputs: task.train_step(inputs, model, optimizer, metrics))
+    graph = step.get_concrete_function(batch).graph.as_graph_def()
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    found = sorted(ops & STATEFUL_RANDOM)
+    command = f"python -m bench.model_garden_zoo.guarantees {experiment} --random_ops"
+    if not found:
+        return f"its train step holds no stateful random op ({command})"
+    return (f"its train step draws from stateful random ops, {', '.join(found)}, whose state "
+            f"lives in their kernels, in no checkpoint: a new process draws from their start "
+            f"({command})")
 
 
 COLLECTIVE_SHAPES = "Shape mismatch in the collective instance"
@@ -645,9 +710,16 @@ def main(argv=None) -> int:
     parser.add_argument("experiment")
     parser.add_argument("--family", required=True, help="the experiment's family (registry.family)")
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--random_ops", action="store_true",
+                        help="only: the stateful random ops in the variant's train step")
     parser.add_argument("--train_lib_at_two_replicas", action="store_true",
                         help="only: Model Garden's train_lib on the variant at two CPU replicas")
     args = parser.parse_args(argv)
+    if args.random_ops:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(RANDOM_OPS_CHECK + _stateful_random_ops(args.experiment, args.workdir), flush=True)
+        return 0
     if args.train_lib_at_two_replicas:
         for module in _family_modules(args.family):
             importlib.import_module(module)
