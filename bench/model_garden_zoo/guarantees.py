@@ -72,7 +72,12 @@ def write_gin(path: str, experiment: str, family: str, data_dir: str) -> str:
     """
     from bench.model_garden_zoo import data, variants
 
+    from official.core import exp_factory
+
     overrides = variants.overrides(experiment, STEPS) + data.data_overrides(experiment, data_dir)
+    if getattr(exp_factory.get_exp_config(experiment).task, "init_checkpoint", ""):
+        # A random start: its default checkpoint is in a public bucket (nothing is downloaded).
+        overrides.append({"task": {"init_checkpoint": ""}})
     lines = [*(f"import {module}" for module in _family_modules(family)),
              "import tests.model_garden_tasks",
              "ctl.Experiment.task = @RecordedModelGardenTask()",
