@@ -41,9 +41,11 @@ def reason(row: Dict[str, Any]) -> str:
       row: a row of the results file.
     """
     found = row.get("guarantees") or {}
-    return "; ".join(f"{NAMES[c]}: {found[c].get('detail', '')}" for c in guarantees.COLUMNS
-                     if c in found and (not found[c].get("holds")
-                                        or found[c].get("beyond_reduction_order")))
+    said = [f"{NAMES[c]}: {found[c].get('detail', '')}" for c in guarantees.COLUMNS
+            if c in found and (not found[c].get("holds") or found[c].get("beyond_reduction_order"))]
+    if found and row.get("guarantees_note"):  # Columns run or compared again later.
+        said.append(f"({row['guarantees_note']})")
+    return "; ".join(said)
 
 
 def section(rows: List[Dict[str, Any]]) -> List[str]:
