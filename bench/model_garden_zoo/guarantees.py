@@ -322,7 +322,25 @@ def reference_and_kill_9(row: _Row) -> Dict[str, Dict[str, Any]]:
             except Exception:  # noqa: BLE001 (a hang is the column's finding)
                 status = None
             out["sidecar"] = _sidecar(status, sidecar, ModelDir(chaos), ModelDir(reference))
+            if (out["sidecar"]["detail"].endswith(SIDECAR_VALUES)
+                    and out["kill_9"].get("holds") is False):
+                out["sidecar"] = not_comparable(out["sidecar"])
     return out
+
+
+SIDECAR_VALUES = "differ from the in-line evaluation"
+
+
+def not_comparable(sidecar: Dict[str, Any]) -> Dict[str, Any]:
+    """The sidecar column where the killed run's checkpoints are not the uninterrupted run's: its
+    results cannot be held against that run's in-line evaluation.
+
+    Args:
+      sidecar: the column as `_sidecar` found it (each checkpoint once, in order, exit 0).
+    """
+    return {"holds": None, "detail": "each checkpoint once, in order, exit 0; its results not "
+            "comparable with the uninterrupted run's in-line evaluation, as the killed run's "
+            "checkpoints differ from that run's (kill -9): " + sidecar["detail"]}
 
 
 def _sidecar(status, sidecar, chaos, reference) -> Dict[str, Any]:
