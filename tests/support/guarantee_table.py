@@ -1,6 +1,7 @@
 """BUILD.md's table of which tests carry each guarantee, made from docs/explanation/guarantees.md.
 
-Each guarantee of that page (a `{#anchor}` line) cites its tests in a `- *Tests:*` item; the table
+Each guarantee of that page (a `{#anchor}` line) cites its tests in a closed block after it
+(`??? quote "Tests"`, its lines indented); the table
 has a row per guarantee with those tests, in the page's order (`::name` is a test of the file
 cited before it). tests/test_docs.py checks that BUILD.md holds the table this makes.
 """
@@ -13,7 +14,7 @@ from tests.support.env import ROOT
 
 GUARANTEES = os.path.join(ROOT, "docs", "explanation", "guarantees.md")
 _GUARANTEE = re.compile(r"\{#([\w-]+)\}(.*?)(?=\n\*\*|\n## |\Z)", re.S)
-_TESTS = re.compile(r"- \*Tests:\*(.*?)(?=\n- \*|\n\n|\Z)", re.S)
+_TESTS = re.compile(r'\n\?\?\? quote "Tests"\n((?:    .*\n?)+)')
 
 
 def rows() -> List[Tuple[str, str]]:
@@ -23,7 +24,8 @@ def rows() -> List[Tuple[str, str]]:
     found = []
     for match in _GUARANTEE.finditer(text):
         tests = _TESTS.search(match.group(2))
-        cited = re.findall(r"`([^`]+)`", tests.group(1)) if tests else []
+        cited = [c for c in re.findall(r"`([^`]+)`", tests.group(1)) if c.startswith(("tests/", "::"))] \
+            if tests else []
         found.append((match.group(1), ", ".join(f"`{c}`" for c in cited) or "none"))
     return found
 
