@@ -96,7 +96,7 @@ def trial_log(trial_dir):
         return ""
 
 
-def wait_while_running(process, condition, what, timeout=300):
+def wait_while_running(process, condition, what, timeout=600):
     """Waits until `condition()` holds; fails if `process` ends first or after `timeout` s."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -449,6 +449,7 @@ def test_a_sweep_in_which_every_trial_failed_exits_1_with_the_first_ones_line(tm
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # Three sweep commands, one after another, on a loaded host.
 def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp_path):
     """SIGTERM: the trial checkpoints, the worker exits 75. The same command: the trial resumes (its
     slot's orphan). kill -9 of that worker mid-trial, then a worker in another slot (the first slot
