@@ -381,11 +381,14 @@ def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir,
     assert not tf.io.gfile.exists(path)
 
 
-def test_in_a_bucket_the_role_passes_from_an_in_line_trainer_to_a_sidecar(gcs_dir, quick):
+def test_in_a_bucket_the_role_passes_from_an_in_line_trainer_to_a_sidecar(gcs_dir, quick, monkeypatch):
     """The evaluator role's lease in a bucket: a trainer takes it while it evaluates in-line
     (on a thread of its own) and lets it go after its eval-side hooks; a sidecar refused
     meanwhile takes it then; the trainer runs no hook once it is taken and steps aside (its
     reads run ahead: one evaluation later at most), and evaluates in-line again after."""
+    # The role passes by release, never by staleness: a lease stale after 1.5 s (`quick`) went
+    # stale under a load of 25 before the sidecar asked (the sidecar then took it).
+    monkeypatch.setattr(leases, "STALE_SECONDS", 600.0)
     directory = ModelDir(gcs_dir)
     ran = []
     trainer = EvaluatorRole(directory, TRAINER, [lambda logs: ran.append(("trainer", logs["step"]))])
