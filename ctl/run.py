@@ -38,7 +38,8 @@ from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.utils import console  # noqa: E402
 from ctl.config import gin_text  # noqa: E402
 from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.config.run_plan import MODES, SMOKE  # noqa: E402
+from ctl.cluster import run_plan  # noqa: E402
+from ctl.cluster.run_plan import MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),
@@ -141,7 +142,7 @@ def _run(hooks: Sequence[Any]) -> None:
     ctl.import_api()  # A gin file may bind any `ctl.` configurable.
     directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
     try:
-        plan = cluster.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())  # Once.
+        plan = run_plan.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())  # Once.
         if plan.mode != FLAGS.mode:
             console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
                             "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)

@@ -476,9 +476,44 @@ def test_the_site_builds_strictly_and_every_page_is_in_the_navigation(site):
     assert not missing, "the Python API page lacks, or shows without a docstring:\n" + "\n".join(missing)
 
 
+# What a page of the site shows a reader (its text outside the closed **Tests** of a guarantee) never holds: a
+# test's id or path (the evidence stays, under **Tests**), a note on the load of the host that measured a figure,
+# or a reference to BUILD.md (not on the site).
+NOT_FOR_READERS = re.compile(r"(?:\btests/\w+\.py|::test_\w+|\bload(?: average)? \d|\bloaded (?:host|machine)"
+                             r"|\bother jobs\b|BUILD\.md)")
+
+
+def _shown_text(html: str) -> str:
+    """A built page's text as a reader sees it: no closed `<details>` (a guarantee's tests), no script, no tag."""
+    html = re.sub(r"<details\b(?![^>]*\bopen\b).*?</details>", " ", html, flags=re.S)
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return _text(html)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_no_page_shows_test_ids_host_notes_or_build_md(site):
+    found = []
+    for path in sorted(glob.glob(str(site / "**" / "*.html"), recursive=True)):
+        with open(path) as f:
+            text = _shown_text(f.read())
+        page = os.path.relpath(path, site)
+        found += [f"{page}: ...{text[max(0, m.start() - 50):m.end() + 30]}..."
+                  for m in NOT_FOR_READERS.finditer(text)
+                  # The architecture page is the contributor's: the layout of the code and the checks that keep it.
+                  if not (page == "explanation/architecture.html" and "test" in m.group())]
+    assert not found, "text for maintainers on the site's pages:\n" + "\n".join(found)
+    with open(site / "explanation" / "guarantees.html") as f:
+        evidence = re.findall(r"<details\b.*?</details>", f.read(), flags=re.S)
+    assert len(evidence) >= 50 and all("tests/test_" in block for block in evidence), len(evidence)
+
+
 # What a reader types in the site's search box, and the page it must list first.
-SEARCHES = {"gs://": "how-to/gcs.html", "sweep": "how-to/tune-hyperparameters.html",
-            "preemption": "how-to/preemptible-jobs.html"}
+SEARCHES = {"gs://": "how-to/gcs.html", "gcs": "how-to/gcs.html", "bucket": "how-to/gcs.html",
+            "sweep": "how-to/tune-hyperparameters.html", "hyperparameters": "how-to/tune-hyperparameters.html",
+            "preemption": "how-to/preemptible-jobs.html", "exit status": "reference/exit-statuses.html",
+            "Model Garden": "how-to/model-garden.html", "continuous_eval": "sidecar.html",
+            "sidecar": "sidecar.html", "export": "comforts.html"}
 
 
 @pytest.mark.slow
@@ -489,6 +524,10 @@ def test_the_site_search_lists_the_page_for_a_topic_first(site):
     from tests.support.site_search import SiteSearch
 
     search = SiteSearch(str(site / "search" / "search_index.json"))
+    # A page's `search: boost:` lifts it for every query it matches at all, answered there or not: pages rank
+    # by their content (titles and text).
+    boosted = sorted({doc["location"].split("#")[0] for doc in search.docs.values() if doc.get("boost", 1) != 1})
+    assert not boosted, f"pages with a search boost: {boosted}"
     wrong = {query: search.pages(query)[:3] for query, page in SEARCHES.items()
              if search.pages(query)[:1] != [page]}
     assert not wrong, f"searches whose first page is not the topic's (query: first pages): {wrong}"

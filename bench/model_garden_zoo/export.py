@@ -6,7 +6,7 @@ initial checkpoint) trains K steps under ctl with `ctl.hooks.FinalExporter()`, w
 the experiment, where it has one). Then a fresh model is built and restored from
 the run's final checkpoint, and the SavedModel, loaded with
 `tf.saved_model.load`, must give that model's outputs through the same module
-on one eval batch (`ctl.comforts.exporting.check_served`).
+on one eval batch (`ctl.hooks.exporting.check_served`).
 
 `python -m bench.model_garden_zoo.export NAME --steps=K --workdir=DIR` prints
 `ZOO-EXPORT {"experiment", "export", "export_signature", "export_reason"}`:
@@ -40,7 +40,7 @@ def check_export(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
     import ctl
     from bench.model_garden_zoo import compare
     from ctl.adapters import model_garden_serving
-    from ctl.comforts import exporting
+    from ctl.hooks import exporting
 
     row: Dict[str, Any] = {"experiment": experiment, "export": FAILS, "export_reason": ""}
     model_dir = os.path.join(workdir, "runs", experiment.replace("/", "_"), "ctl_export")

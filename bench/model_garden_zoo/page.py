@@ -3,7 +3,7 @@
     python -m bench.model_garden_zoo.page [--results=docs/how-to/model-garden-zoo.json]
 
 Writes docs/how-to/model-garden-zoo.md: one row per registered experiment,
-the commit it was measured at, the host's load, and what each tiny variant
+the commit it was measured at (the host's load stays in the results file), and what each tiny variant
 pins beyond size.
 """
 
@@ -55,7 +55,6 @@ def render(results) -> str:
     rows = results["rows"]
     trained = sum(bool(r["trains"]) for r in rows)
     same = sum(bool(r["trains"] and r["same_loss"] and r["same_eval"]) for r in rows)
-    load = results["load_1min"]
     lines = [
         "# Model Garden's zoo on ctl",
         "",
@@ -78,9 +77,8 @@ def render(results) -> str:
          if results.get("updated") else "") +
         f"Measured at commit `{results['commit']}`, {results['started']}, in {results['minutes']} "
         f"minutes of wall time with {results.get('jobs', 1)} rows at once, on {results['cpus']} "
-        f"CPU cores (the host's 1-minute load, this run and any other jobs, {load['min']:.1f} to "
-        f"{load['max']:.1f}, mean {load['mean']}): the seconds per step compare the two trainers "
-        "on one row, not rows with each other."
+        "CPU cores: the seconds per step compare the two trainers on one row, not rows with each "
+        "other."
         + (f" The rows' processes used {results['cpu_minutes']} CPU-minutes in all (user and system "
            f"time), {results['cpu_minutes'] / results['cpus']:.0f} minutes of the host's "
            f"{results['cpus']} cores." if results.get("cpu_minutes") else ""),

@@ -369,7 +369,7 @@ def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):
     return loss, all(gradient is None for gradient in gradients)
 
 
-# The default serving signature (`Task.serving_signatures`; `ctl.comforts.exporting` writes it).
+# The default serving signature (`Task.serving_signatures`; `ctl.hooks.exporting` writes it).
 
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Sequence
 
 import gin
 
-from ctl.comforts.progress import scalars
+from ctl.hooks.progress import scalars
 from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 
