@@ -274,14 +274,17 @@ def export_main(names: List[str], families: Dict[str, str], steps: int, workdir:
         return 2
     _write_data(names, workdir)
 
+    lock = threading.Lock()
+
     def one(name):
         row = run_export_row(name, families[name], steps, workdir, log_dir)
         print(json.dumps({key: row.get(key) for key in ["experiment"] + EXPORT_KEYS}), flush=True)
+        with lock:  # Each row as it ends: a stopped run keeps the rows it finished.
+            write_export_results(path, [row], steps)
         return row
 
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
         rows = list(pool.map(one, names))
-    write_export_results(path, rows, steps)
     print(f"results: {path} (export checks of {len(rows)} experiments, logs in {log_dir})",
           file=sys.stderr)
     return 0
