@@ -366,8 +366,8 @@ def test_build_md_lists_the_tests_of_every_guarantee():
     from tests.support.guarantee_table import table
 
     with open(os.path.join(ROOT, "BUILD.md")) as f:
-        assert table() in f.read(), ("BUILD.md's table of guarantees is not the page's: put in "
-                                     "tests.support.guarantee_table.table()'s")
+        assert table() in f.read(), ("BUILD.md's table of guarantees is not the page's: run "
+                                     "`python -m tests.support.guarantee_table` to write it")
 
 
 def test_each_check_of_what_runs_made_is_of_a_page():

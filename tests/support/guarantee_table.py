@@ -35,3 +35,18 @@ def table() -> str:
     lines = ["| Guarantee (docs/explanation/guarantees.md) | Its tests |", "| --- | --- |"]
     lines += [f"| `#{anchor}` | {tests} |" for anchor, tests in rows()]
     return "\n".join(lines) + "\n"
+
+
+def rewrite_build_md() -> None:
+    """Puts `table()` in BUILD.md in place of the table there (after a change to guarantees.md)."""
+    path = os.path.join(ROOT, "BUILD.md")
+    with open(path) as f:
+        text = f.read()
+    start = text.index(table().split("\n", 1)[0])
+    end = text.index("\n\n", start)
+    with open(path, "w") as f:
+        f.write(text[:start] + table().rstrip("\n") + text[end:])
+
+
+if __name__ == "__main__":  # python -m tests.support.guarantee_table
+    rewrite_build_md()
