@@ -1,6 +1,7 @@
 """The zoo page's guarantee columns and their section (bench/model_garden_zoo/guarantees.py's
 results, as `python -m bench.model_garden_zoo.page` renders them)."""
 
+import re
 from typing import Any, Dict, List
 
 from bench.model_garden_zoo import guarantees
@@ -45,7 +46,8 @@ def reason(row: Dict[str, Any]) -> str:
             if c in found and (not found[c].get("holds") or found[c].get("beyond_reduction_order"))]
     if found and row.get("guarantees_note"):  # Columns run or compared again later.
         said.append(f"({row['guarantees_note']})")
-    return "; ".join(said)
+    # The process's whole output was beside its model dir on the host that ran it.
+    return re.sub(r" \(its output: [^)]*\)", "", "; ".join(said))
 
 
 def section(rows: List[Dict[str, Any]]) -> List[str]:
