@@ -1,6 +1,7 @@
 """ctl's four guarantees on one experiment's tiny variant, each through `python -m ctl.run`.
 
-    python -m bench.model_garden_zoo.guarantees NAME --workdir=DIR
+    python -m bench.model_garden_zoo.guarantees NAME [--workdir=DIR] [--random_ops]
+                                                [--train_lib_at_two_replicas]
 
 The run is seeded as a user seeds theirs: `ctl.FaultTolerance.seed = 1` in the gin file (which
 seeds Python, NumPy, TensorFlow and Keras, turns on op determinism and makes tf_keras draw
@@ -732,13 +733,22 @@ def row_columns(columns: Dict[str, Any], commit: str) -> Dict[str, Any]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiment")
-    parser.add_argument("--family", required=True, help="the experiment's family (registry.family)")
-    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--family", default="", help="the experiment's family (default: registry.family)")
+    parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
     parser.add_argument("--random_ops", action="store_true",
                         help="only: the stateful random ops in the variant's train step")
     parser.add_argument("--train_lib_at_two_replicas", action="store_true",
                         help="only: Model Garden's train_lib on the variant at two CPU replicas")
     args = parser.parse_args(argv)
+    if not args.family:
+        from bench.model_garden_zoo import registry
+
+        registry.import_all()
+        args.family = registry.family(args.experiment)
+    if not args.workdir:
+        import tempfile
+
+        args.workdir = tempfile.mkdtemp(prefix="model_garden_guarantees-")
     if args.random_ops:
         for module in _family_modules(args.family):
             importlib.import_module(module)
