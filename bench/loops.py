@@ -38,7 +38,7 @@ from ctl.core.controller import Checkpoints, Controller, Summaries
 from ctl.core.loops import end_off_path as _end_off_path
 from ctl.core.stop import SignalWatcher
 from ctl.model_dir import ModelDir
-from ctl.cluster.tf_config import RunPlan
+from ctl.cluster.run_plan import RunPlan
 from bench.workloads import BenchTask, dataset
 
 NEVER = 10**9

@@ -34,7 +34,7 @@ from ctl.config import gin_config as config
 from ctl.experiment import Experiment
 from ctl.core.stop import SignalWatcher
 from ctl.model_dir import ModelDir
-from ctl.cluster.tf_config import RunPlan
+from ctl.cluster.run_plan import RunPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINES = {"digits": "configs/digits.gin", "map1ms": "bench/configs/resume_map.gin"}

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # What editors and type checkers follow (`X as X`: re-exporte
     from ctl.experiment import Experiment as Experiment, Schedule as Schedule
     from ctl.faults.handler import FaultTolerance as FaultTolerance
     from ctl.sidecar.scheduler import ContinuousEval as ContinuousEval
-    from ctl.config.run_plan import MODES as MODES
+    from ctl.cluster.run_plan import MODES as MODES
     from ctl.train_lib import run_experiment as run_experiment
 
 _MODULES = {  # module -> the public names it defines
@@ -39,7 +39,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.config.arguments": ["Check", "Range", "check_arguments"],
     "ctl.core.checkpointing": ["restore_model"],
     "ctl.utils.errors": ["UserError"],
-    "ctl.config.run_plan": ["MODES"],
+    "ctl.cluster.run_plan": ["MODES"],
     "ctl.core.schedules": ["register_schedules", "with_warmup"],
     "ctl.core.task": ["Task"],
     "ctl.core.runner": ["TrainLoopEnd"],
@@ -49,7 +49,7 @@ _MODULES = {  # module -> the public names it defines
     "ctl.sidecar.scheduler": ["ContinuousEval"],
     "ctl.train_lib": ["run_experiment"],
 }
-# The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks.py).
+# The hooks a run lists, and what a hook is, under `ctl.hooks.*` (ctl/hooks/__init__.py).
 _SUBMODULES = ["hooks"]
 
 __all__ = sorted([name for names in _MODULES.values() for name in names] + _SUBMODULES)

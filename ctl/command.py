@@ -17,8 +17,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from absl import logging
 
+from ctl.cluster import run_plan
 from ctl.cluster import tf_config as cluster
-from ctl.config.run_plan import SMOKE
+from ctl.cluster.run_plan import SMOKE
 from ctl.utils import console
 from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line
 
@@ -141,7 +142,7 @@ def execute(command: Command, modes: Sequence[str], model_dir: Optional[str], cp
             setup = setup()
         gin_bindings = setup.gin_bindings
         config_tf = cluster.read_tf_config()  # Once.
-        plans = [cluster.plan(mode, setup.strategy, config_tf) for mode in modes]
+        plans = [run_plan.plan(mode, setup.strategy, config_tf) for mode in modes]
         for plan, mode in zip(plans, modes):
             if plan.mode != mode:
                 console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tupl
 
 import gin
 
-from ctl.comforts.best import BestCheckpoint
+from ctl.hooks.best import BestCheckpoint
 from ctl.config import gin_config
 from ctl.config.arguments import Range, check_arguments
 from ctl.utils.errors import UserError

@@ -11,7 +11,7 @@ TensorBoard event files (tensorboard's `EventAccumulator`), prints one row per
 metric (last value, best value and its step, number of points), the last
 step and the wall time the events span, and writes the training and eval
 curves to `<model_dir>/report.png` (or `--output`). The best checkpoint's record
-(ctl.comforts.best) is printed when there is one.
+(ctl.hooks.best) is printed when there is one.
 
 "Best" is the minimum for metrics named like a loss or an error (loss, error,
 mae, mse, perplexity), else the maximum.
@@ -106,7 +106,7 @@ def table(directory, train: Dict[str, Curve], evals: Dict[str, Curve]) -> str:
         train: the train curves by tag.
         evals: the eval curves by tag.
     """
-    from ctl.comforts.best import best_record
+    from ctl.hooks.best import best_record
 
     lines = [f"ctl report: {directory.path}"]
     everything = [p for curves in (train, evals) for c in curves.values() for p in c]
@@ -148,7 +148,7 @@ def plot_panels(panels, path: str) -> None:
         panels: `[(title, [(label, curve, style), ...]), ...]`.
         path: where the PNG goes (local or in an object store).
     """
-    from ctl.comforts.figures import pyplot, write_png
+    from ctl.figures import pyplot, write_png
 
     plt = pyplot()
 

@@ -36,7 +36,7 @@ from ctl import command  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
 from ctl.config import gin_text  # noqa: E402
 from ctl.utils.errors import UserError  # noqa: E402
-from ctl.config.run_plan import MODES, SMOKE  # noqa: E402
+from ctl.cluster.run_plan import MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES + (SMOKE,),

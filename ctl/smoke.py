@@ -13,11 +13,14 @@ with the configured task and hooks but a tiny schedule, it runs in order:
                tf.saved_model.load, and must give the restored model's outputs
 
 and prints `smoke: PASS ...`, or names the stage that failed and the error in
-one line on stderr (exit status 2) after logging the traceback on stdout.
+one line on stderr (exit status 2) after logging the traceback on stdout. The
+rehearsed run's closing `done` lines (where its files are, the command to look
+at them) are left out: they would name the temporary directory, gone by then.
 Like Determined's `test=True` and Lightning's `fast_dev_run`.
 """
 
 import dataclasses
+import logging
 import tempfile
 import time
 import traceback
@@ -26,10 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import train_lib
-from ctl.comforts.exporting import export_saved_model
-from ctl.comforts.eval_results import flat_logs
+from ctl import run_end
+from ctl.hooks.exporting import export_saved_model
+from ctl.hooks.eval_results import flat_logs
 from ctl.core import checkpointing
-from ctl.core.hook_protocol import build_run
+from ctl.core.build_run import build_run
 from ctl.config import gin_config as config
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line
@@ -58,7 +62,11 @@ def run_smoke(strategy=None, experiment=None) -> float:
     with tempfile.TemporaryDirectory(prefix="ctl-smoke-") as path:
         directory = ModelDir(path)
         try:
-            results = train_lib.run_experiment("train_and_eval", directory, strategy, experiment)
+            console.LOGGER.addFilter(_without_closing_lines)
+            try:
+                results = train_lib.run_experiment("train_and_eval", directory, strategy, experiment)
+            finally:
+                console.LOGGER.removeFilter(_without_closing_lines)
             stage = "restore"
             # A fresh trainer, built as every mode builds one; no hooks of its own.
             trainer, _ = build_run(dataclasses.replace(experiment, hooks=()), strategy,
@@ -83,6 +91,11 @@ def run_smoke(strategy=None, experiment=None) -> float:
     console.info("smoke", "PASS in %.1fs (%d train steps, eval, checkpoint, restore, export)",
                  seconds, SMOKE_STEPS)
     return seconds
+
+
+def _without_closing_lines(record: logging.LogRecord) -> bool:
+    """A console filter: False for a run's closing lines (`ctl.run_end`)."""
+    return getattr(record, "ctl_kind", None) != run_end.KIND
 
 
 def _export_and_compare(task, trainer, directory: ModelDir) -> None:

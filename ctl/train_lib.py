@@ -3,7 +3,7 @@
 train, eval and train_and_eval on ctl's Controller, and continuous_eval on the
 sidecar. This is the one module that names them all: the core's Trainer,
 Controller, checkpoint manager and signal watcher (`ctl.core.stop`), the fault
-handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.comforts`), the
+handler and lock (`ctl.faults`), the progress line and metrics.jsonl (`ctl.hooks`), the
 cluster's roles (`ctl.cluster`) and the sidecar (`ctl.sidecar`). Each plugs
 into an extension point that core defines: hooks and train/eval actions
 (`ctl.core.hook_protocol`), the Trainer's stop source, the checkpoint's contents
@@ -12,10 +12,10 @@ into an extension point that core defines: hooks and train/eval actions
 `run_experiment` is what `python -m ctl.run` calls once flags and gin are
 parsed; tests and notebooks call it directly. The run's two objects are made
 once and passed down: the `ModelDir` (`ctl.model_dir`) and the `RunPlan`
-(`ctl.cluster.tf_config`: what this process does for its mode and cluster;
+(`ctl.cluster.run_plan`: what this process does for its mode and cluster;
 `ctl.run` makes it from the flags and TF_CONFIG, a Python caller's comes from
 its mode and strategy). Every mode builds its Trainer and binds its hooks
-with `ctl.core.hook_protocol.build_run`.
+with `ctl.core.build_run`.
 """
 
 import contextlib
@@ -26,11 +26,10 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Un
 
 import tensorflow as tf
 
-from ctl.cluster.distribute import plan_for_strategy
-from ctl.cluster.tf_config import RunPlan
-from ctl.comforts import run_end
-from ctl.comforts.hparams import HParamsSummary
-from ctl.comforts.progress import MetricsLog
+from ctl.cluster.run_plan import MODES, RunPlan, plan as make_plan
+from ctl import run_end
+from ctl.hooks.hparams import HParamsSummary
+from ctl.hooks.progress import MetricsLog
 from ctl.config import gin_config as config
 from ctl.core import contract
 from ctl.utils import console
@@ -39,9 +38,9 @@ from ctl.core.checkpointing import CheckpointManager
 from ctl.core.controller import BetweenLoops, Checkpoints, Controller, Summaries
 from ctl.utils.errors import UserError, require_choice
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
-from ctl.core.hook_protocol import Hooks, build_run
+from ctl.core.build_run import build_run
+from ctl.core.hook_protocol import Hooks
 from ctl.model_dir import ModelDir
-from ctl.config.run_plan import MODES
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -64,7 +63,7 @@ def run_experiment(
     """Runs `mode` on the gin-configured (or given) experiment in `model_dir`.
 
     `mode` is one of `ctl.MODES`, or the plan `python -m ctl.run` made from its
-    flags and TF_CONFIG (`ctl.cluster.tf_config.RunPlan`). `hooks` run after the
+    flags and TF_CONFIG (`ctl.cluster.run_plan.RunPlan`). `hooks` run after the
     experiment's own (`ctl.Experiment.hooks`, kept as they are): for a program
     that runs a ctl run with a hook of its own (`python -m ctl.sweep.trial`'s
     pruning hook; `ctl.run.main`'s `hooks`).
@@ -74,7 +73,7 @@ def run_experiment(
     TF_CONFIG's cluster has an `evaluator` task, `train_and_eval` only trains
     and leaves evaluation to that sidecar. A chief that finishes `train` or
     `train_and_eval` marks the run finished in `model_dir` and says where
-    its results are (`ctl.comforts.run_end`); a run already complete writes
+    its results are (`ctl.run_end`); a run already complete writes
     nothing and returns its recorded results.
 
     Args:
@@ -93,7 +92,7 @@ def run_experiment(
     """
     directory = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
     strategy = strategy or tf.distribute.get_strategy()
-    plan = mode if isinstance(mode, RunPlan) else plan_for_strategy(mode, strategy)
+    plan = mode if isinstance(mode, RunPlan) else make_plan(mode, strategy)
     require_choice("mode", plan.mode, MODES)  # Not smoke (`ctl.smoke`), not a serving task.
     if plan.sidecar:
         experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
@@ -267,7 +266,10 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate)  # Traces, runs nothing.
+    # Traces, runs nothing. The train loop's own trace, but under a summary writer (only there
+    # would its tf.summary calls write).
+    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
+                       trace_loop=not schedule.summary_interval)
     if plan.writes:
         directory.create()  # Everything is validated: the first write.
     if lock is not None:

@@ -3,7 +3,7 @@
 
 The import-linter contracts live in pyproject.toml (`[tool.importlinter]`):
 entry points above the composition root, above the subsystems (sidecar,
-comforts, faults, cluster: independent of each other), above core, above config, above
+hooks, faults, cluster: independent of each other), above core, above config, above
 model_dir, above utils; inside core, the
 controller over the Trainer over its evaluation over its loop functions over the runner
 contract; no cycles.
@@ -275,7 +275,7 @@ def test_each_package_docstring_names_its_modules_and_no_other():
     import ast
 
     wrong = []
-    for package in ("adapters", "cluster", "comforts", "config", "core", "faults", "model_dir", "sidecar", "utils"):
+    for package in ("adapters", "cluster", "config", "core", "faults", "hooks", "model_dir", "sidecar", "utils"):
         directory = os.path.join(ROOT, "ctl", package)
         modules = {name[:-3] for name in os.listdir(directory)
                    if name.endswith(".py") and name != "__init__.py"}

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from ctl import launch
-from ctl.cluster import peers, tf_config as cluster
+from ctl.cluster import peers, run_plan, tf_config as cluster
 from ctl.utils.errors import UserError
 from ctl.core.stop import EXIT_PREEMPTED
 from tests.support.env import TEST_GIN
@@ -27,14 +27,14 @@ PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": 
 
 
 def plan(spec, task_type, index=0, mode="train_and_eval", strategy="multi_worker_mirrored"):
-    return cluster.plan(mode, strategy, cluster.read_tf_config(tf_config(spec, task_type, index)))
+    return run_plan.plan(mode, strategy, cluster.read_tf_config(tf_config(spec, task_type, index)))
 
 
 @pytest.mark.parametrize("value", [None, "", "  ", "{}"])
 def test_no_tf_config_is_a_single_process(value):
     environ = {} if value is None else {"TF_CONFIG": value}
     assert cluster.read_tf_config(environ) is None
-    assert cluster.plan("train", "mirrored", None) == cluster.RunPlan("train", strategy="mirrored")
+    assert run_plan.plan("train", "mirrored", None) == run_plan.RunPlan("train", strategy="mirrored")
 
 
 BAD_TF_CONFIGS = {
@@ -91,7 +91,7 @@ def test_parameter_server_roles():
     with pytest.raises(UserError, match="needs a chief, at least one worker and at least one ps"):
         plan({"worker": ["h:1"], "ps": ["h:2"]}, "worker", strategy="parameter_server")
     with pytest.raises(UserError, match="needs a TF_CONFIG"):
-        cluster.plan("train", "parameter_server", None)
+        run_plan.plan("train", "parameter_server", None)
 
 
 def test_strategy_and_cluster_must_agree():

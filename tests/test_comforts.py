@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.best import best_record
-from ctl.comforts.exporting import FinalExporter
+from ctl.hooks.best import best_record
+from ctl.hooks.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
 from ctl.config import gin_config as config
 from tests.support.env import ROOT
@@ -388,8 +388,8 @@ def test_metrics_jsonl_goes_on_after_a_line_a_kill_cut_short(tmp_path):
 
 
 def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
-    from ctl.comforts.eval_results import metric_value
-    from ctl.comforts.progress import scalars
+    from ctl.hooks.eval_results import metric_value
+    from ctl.hooks.progress import scalars
 
     logs = {"clean": {"loss": np.float32(0.5), "accuracy": np.float32(0.75)},
             "noisy": {"loss": tf.constant(1.5), "accuracy": 0.25}, "steps_per_second": 10.0}

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 import ctl
-from ctl.comforts.best import best_record
+from ctl.hooks.best import best_record
 from ctl.model_dir import EVAL_DIR
 from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.best import best_record
+from ctl.hooks.best import best_record
 from ctl.sidecar import continuous_eval
 from tests.support.reading import scalars
 from ctl.model_dir import ModelDir
@@ -80,13 +80,18 @@ class ChangingEvalSetsTask(TwoEvalSetsTask):
         return dataset.map(lambda features, targets: (features, targets + 1.0))
 
 
-def test_smoke_mode_compares_every_named_set():
+def test_smoke_mode_compares_every_named_set(caplog):
     from ctl import smoke
 
     def changing(**kwargs):
         return dataclasses.replace(experiment(), task=ChangingEvalSetsTask(**kwargs))
 
-    assert smoke.run_smoke(experiment=changing()) > 0
+    with caplog.at_level("INFO", logger="ctl"):
+        assert smoke.run_smoke(experiment=changing()) > 0
+    # No line points at the temporary dir, deleted when it passes, as a place to look.
+    said = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith("PASS") for line in said)
+    assert not [line for line in said if "to look" in line or "ctl.report" in line], said
     with pytest.raises(ctl.UserError, match=r"failed at restore: .*lack far/examples, far/loss"):
         smoke.run_smoke(experiment=changing(drop="far"))
     for name in ("near", "far"):

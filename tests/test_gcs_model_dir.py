@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl.comforts.best import BEST_DIR, BEST_RECORD_FILE
-from ctl.comforts.early_stopping import EARLY_STOPPING_FILE
+from ctl.hooks.best import BEST_DIR, BEST_RECORD_FILE
+from ctl.hooks.early_stopping import EARLY_STOPPING_FILE
 from ctl.faults.lock import TRAINER_LOCK_FILE
 from ctl.model_dir import EVAL_DIR
 from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE

@@ -20,7 +20,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from ctl.comforts.best import best_record
+from ctl.hooks.best import best_record
 from ctl.model_dir import ModelDir
 from tests.model_garden_tasks import read_losses
 from tests.support.processes import Process, ctl_command

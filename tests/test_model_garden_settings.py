@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.adapters import model_garden, model_garden_settings
-from ctl.comforts.best import BestCheckpoint, best_record
+from ctl.hooks.best import BestCheckpoint, best_record
 from ctl.faults.nan_guard import NonFiniteLoss
 from ctl.model_dir import ModelDir
 from tests.support.env import ROOT

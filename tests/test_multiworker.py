@@ -90,7 +90,7 @@ def test_two_workers_resume_train_and_eval_like_one_worker(tmp_path, one_worker)
     # Each worker evaluated the whole eval set (9 examples, split over the two workers).
     assert_same_evals(scalars(os.path.join(model_dir, "eval")), one_worker["resumed_evals"], steps=[20])
     # Only the chief wrote to the model dir; worker 1 saved to a scratch dir it removed.
-    # The chief's HParams summary is the one events file at the top (ctl.comforts.hparams).
+    # The chief's HParams summary is the one events file at the top (ctl.hooks.hparams).
     assert len(glob.glob(os.path.join(model_dir, "events.out.tfevents.*"))) == 1
     assert sorted(n for n in os.listdir(model_dir) if not n.startswith("events.out.")) == [
         "checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index", "ckpt-20.data-00000-of-00001",

@@ -13,7 +13,7 @@ from ctl import train_lib
 from ctl.core.stop import SignalWatcher
 from tests.support.reading import checkpoint_values
 from ctl.model_dir import ModelDir
-from ctl.cluster.tf_config import RunPlan
+from ctl.cluster.run_plan import RunPlan
 from tests.fault_tasks import ProbeTask
 
 

@@ -16,7 +16,7 @@ from ctl.faults import run_size
 from ctl.core.stop import SignalWatcher
 from tests.support.strategies import mirrored
 from ctl.model_dir import ModelDir
-from ctl.cluster.tf_config import RunPlan
+from ctl.cluster.run_plan import RunPlan
 from tests.tasks import RegressionTask, regression_data
 
 EXAMPLES = 64  # 8 global batches of 8 per epoch.

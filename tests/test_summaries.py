@@ -13,7 +13,7 @@ from ctl import train_lib
 from ctl.core.controller import Controller, Summaries
 from ctl.core.summaries import SummaryManager
 from ctl.model_dir import ModelDir
-from ctl.cluster.tf_config import RunPlan
+from ctl.cluster.run_plan import RunPlan
 from tests.tasks import PredictionsTask, RegressionTask
 
 

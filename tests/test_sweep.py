@@ -222,7 +222,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 @pytest.mark.slow
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
-    from ctl.comforts.best import best_record
+    from ctl.hooks.best import best_record
     from ctl.model_dir import ModelDir, read_json_lines
 
     for number in (0, 1):
@@ -354,15 +354,16 @@ def integers(labels):
 
 @pytest.mark.slow
 def test_the_reports_panels_show_pruned_trials_choices_and_log_ranges(sweep, tmp_path):
-    """The shared sweep (2 completed, 1 pruned, 1 failed; choices only): the pruned trial is drawn
-    apart, on every panel; a choice's values are categories in the file's order; the trial axis
-    has integer ticks. (A log-uniform range on a log axis: the sweep of the test below.)"""
+    """The shared sweep (2 completed, 1 pruned, 1 failed; choices only): the pruned and the failed
+    trial are drawn apart, on every panel; a choice's values are categories in the file's order; the
+    trial axis has integer ticks. (A log-uniform range on a log axis: the sweep of the test below.)"""
     panels = report_panels(sweep["dir"], tmp_path)
     history = panels["optimization history"]
-    assert history["points"] == {"complete": 2, "pruned": 1}, history
+    assert history["points"] == {"complete": 2, "pruned": 1, "failed": 1}, history
     assert integers(history["xticks"]) == sorted(set(integers(history["xticks"])))  # Whole numbers.
     rate = panels["DigitsTask.learning_rate"]
-    assert rate["xticks"] == ["0.01", "1e-06"] and rate["points"] == {"complete": 2, "pruned": 1}, rate
+    assert rate["xticks"] == ["0.01", "1e-06"], rate
+    assert rate["points"] == {"complete": 2, "pruned": 1, "failed": 1}, rate
     assert panels["DigitsTask.hidden_units"]["xticks"] == ["32", "-1"]
 
 
@@ -456,6 +457,11 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
     assert steps[-1] == 6000 and step < 6000
     assert model_dir.final_checkpoint_number() == 6000
+    # Its time on the console is the report's: from its start (by the first command) to its end.
+    from ctl.sweep import progress
+
+    said = re.search(r"trial 0: complete = \S+ in (\d+) s", third.stdout)
+    assert said and int(said.group(1)) == round(progress.trial_seconds(trials[0])), third.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.comforts.best import best_record
+from ctl.hooks.best import best_record
 from ctl.core.trainer import Trainer
 from ctl.core.stop import SignalWatcher
 from ctl.core.runner import NO_BAD_STEP

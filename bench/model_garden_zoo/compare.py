@@ -223,7 +223,7 @@ def run_ctl(experiment: str, overrides, steps: int, model_dir: str, eval_steps: 
     results = dict(ctl.run_experiment("train_and_eval", model_dir, experiment=ctl.Experiment(
         task=task, schedule=schedule, hooks=hooks)) or {})
     if best:
-        from ctl.comforts.best import best_record
+        from ctl.hooks.best import best_record
         from ctl.model_dir import ModelDir
 
         results["best_" + best] = best_record(ModelDir(model_dir)).get("value")

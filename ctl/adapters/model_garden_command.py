@@ -17,8 +17,9 @@ Importing this module imports neither TensorFlow nor Model Garden: `modes` check
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
-from ctl.config.run_plan import EVAL, TRAIN
 from ctl.utils.errors import UserError
+
+EVAL, TRAIN = "eval", "train"  # ctl.cluster.run_plan's modes (adapters import no subsystem)
 
 # Model Garden's `--mode` values (official.common.flags) -> the ctl modes run in order.
 MODES = {"train": (TRAIN,), "eval": (EVAL,), "train_and_eval": ("train_and_eval",),

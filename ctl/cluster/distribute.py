@@ -13,8 +13,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from ctl.cluster.tf_config import STRATEGIES, ClusterConfig, RunPlan, has_evaluator
-from ctl.config.run_plan import MODES
+from ctl.cluster.tf_config import STRATEGIES, ClusterConfig
 from ctl.utils.errors import UserError, first_line, require_choice
 
 # More logical CPU devices than this only rehearse replica logic more slowly: with
@@ -122,32 +121,3 @@ def _split_cpu(count: int) -> None:
         ) from error
 
 
-def plan_for_strategy(mode: str, strategy: tf.distribute.Strategy) -> RunPlan:
-    """The plan of a process that runs `mode` under `strategy`, made for a Python caller
-    of `ctl.run_experiment` (`ctl.run` makes its plan from the flags: `tf_config.plan`).
-
-    Args:
-      mode: one of `ctl.MODES`.
-      strategy: the strategy the caller created: its cluster says whether this
-        process is the chief, and whether it is one of several workers.
-    """
-    require_choice("mode", mode, MODES)
-    return RunPlan(mode, chief=is_chief(strategy),
-                   one_process=not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
-                   evaluator_beside=has_evaluator())
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """Whether this process writes checkpoints, summaries and configs.
-
-    Args:
-        strategy: the run's strategy.
-    """
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return True
-    return resolver.task_type == "chief" or (
-        resolver.task_type == "worker"
-        and resolver.task_id == 0
-        and "chief" not in resolver.cluster_spec().as_dict()
-    )

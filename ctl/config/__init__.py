@@ -4,6 +4,6 @@
 `operative_config.gin` in the model dir); `gin_text` checks the `--gin.` flags,
 gin files and their syntax before TensorFlow is imported; `arguments` is
 `ctl.check_arguments` (type, `Range` and `Check` declared on a configurable's
-arguments); `run_plan` is `MODES`, the modes a run accepts (what one process
-runs for its mode and cluster is its `RunPlan`, decided once at the entry).
+arguments). The modes a run accepts (`ctl.MODES`) are the run's plan's
+(`ctl.cluster.run_plan`).
 """

@@ -6,9 +6,9 @@ exports; `contract` checks it at start); the `trainer` runs it on orbit
 contract in `runner`; the step's gradient pipeline in `train_step`,
 `precision`, `xla`, `ema`; learning rates in `schedules`), and `controller`
 drives train and eval loops with `checkpointing` and `summaries`; a checkpoint
-holds `checkpoint_contents`. The extension points the subsystems plug into are
-`hook_protocol` (hooks, train/eval actions, and `hook_protocol.build_run`:
-every mode's Trainer with its hooks bound), `stop` (the stop request, signals, the second
+holds `checkpoint_contents`. Every mode's Trainer is built,
+its hooks bound, in `build_run`. The extension points the subsystems plug into are
+`hook_protocol` (hooks, train/eval actions), `stop` (the stop request, signals, the second
 signal's exit), `runner` and `aggregation`.
 
 Below core: configuration and flags (`ctl.config`), the model dir and its

@@ -15,7 +15,7 @@ the Keras callbacks hooks hold for the Trainer's evaluation. Hooks are listed in
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol
 
 import tensorflow as tf
 
@@ -248,44 +248,3 @@ class Hooks:
         self.call("on_initialize")
         if self.run.task is not None:
             self.run.task.initialize(self.run.model)
-
-
-
-def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir, *,
-              train: bool, evaluate: bool, chief: bool = True, stop: Any = None,
-              guard_steps: bool = True, builtin: Iterable[Any] = (),
-              sidecar: bool = False) -> Tuple[Any, Hooks]:
-    """Builds a run's Trainer and binds its hooks to it: the one wiring of every mode
-    (train, eval and train_and_eval in `ctl.train_lib`, the sidecar, smoke's fresh trainer).
-
-    The hooks see the same `Run` everywhere: `model` the Trainer's model,
-    `eval_model` its evaluated one, `checkpoint` the evaluated state.
-
-    Args:
-      experiment: the run's `ctl.Experiment`: its `trainer_cls` (given its `trainer_args`), `task`
-        and `hooks` (whose Keras callbacks every evaluation calls).
-      strategy: the strategy to build under.
-      directory: the run's model dir (`Run.directory`).
-      train: the Trainer builds the train input.
-      evaluate: the Trainer builds the eval inputs.
-      chief: this process writes the model dir (`Run.chief`).
-      stop: the Trainer's stop source while training (`ctl.core.stop.SignalWatcher`), or None.
-      guard_steps: with a `stop`, train loops look at it before every step.
-      builtin: ctl's own hooks, bound before the experiment's.
-      sidecar: a sidecar evaluator, which restores only the model (and its moving
-        average): `Run.checkpoint` then holds the evaluated model and the step, not
-        an optimizer it never reads.
-
-    Returns:
-      The Trainer, and the bound `Hooks` (their `Run` is `hooks.run`).
-    """
-    trainer = experiment.trainer_cls(
-        experiment.task, strategy=strategy, train=train, evaluate=evaluate, stop=stop,
-        guard_steps=guard_steps, eval_callbacks=eval_callbacks(experiment.hooks),
-        **getattr(experiment, "trainer_args", {}))
-    checkpoint = (tf.train.Checkpoint(model=trainer.eval_model, global_step=trainer.global_step)
-                  if sidecar else trainer.eval_checkpoint)
-    run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,
-              checkpoint=checkpoint, global_step=trainer.global_step, task=experiment.task,
-              strategy=strategy, chief=chief)
-    return trainer, Hooks(experiment.hooks, run, builtin=builtin)

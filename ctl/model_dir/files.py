@@ -144,7 +144,7 @@ def write_json(path: str, value: Any) -> None:
 
 class JsonLines:
     """Appends records to a JSON-lines file, one whole line per write: the one writer of the run's
-    `metrics.jsonl` (`ctl.comforts.progress.MetricsLog`, a line per train loop and evaluation) and
+    `metrics.jsonl` (`ctl.hooks.progress.MetricsLog`, a line per train loop and evaluation) and
     of the sidecar's `eval/metrics.jsonl` (a line per evaluation). `read_json_lines` reads them.
 
     On a file system the file stays open between records (opening it per line cost time after

@@ -5,7 +5,7 @@ readers read (`checkpoint`, `config.gin`, `metrics.jsonl`, `eval/metrics.jsonl`,
 `ctl_run_finished.json`, `evaluator.lock`, `train/`, `eval/`, ...); a file that
 only a layer above writes and reads has its name there (`TRAINER_LOCK_FILE` in
 `ctl.faults.lock`, `EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
-`ctl.comforts.best`, `EXPORT_DIR` in `ctl.comforts.exporting`, `PROFILE_DIR`,
+`ctl.hooks.best`, `EXPORT_DIR` in `ctl.hooks.exporting`, `PROFILE_DIR`,
 `SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE`
 in the modules that write them), joined through `ModelDir.file`: no module joins
 a file name into a model dir by hand. It also reads the run's records (`metrics`,

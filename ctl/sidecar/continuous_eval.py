@@ -34,7 +34,7 @@ stay unread. Restoring and evaluating one checkpoint is
 `ctl.sidecar.checkpoint_evaluator.CheckpointEvaluator`'s.
 
 The Trainer and the hooks' `Run` are built as in-line
-(`ctl.core.hook_protocol.build_run`): `run.model` is the trained model,
+(`ctl.core.build_run`): `run.model` is the trained model,
 `run.eval_model` the evaluated one.
 """
 
@@ -51,7 +51,8 @@ from ctl.utils import console
 from ctl.core.checkpointing import UnreadableCheckpointError
 from ctl.utils.errors import UserError
 from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
-from ctl.core.hook_protocol import build_run, eval_callbacks
+from ctl.core.build_run import build_run
+from ctl.core.hook_protocol import eval_callbacks
 from ctl.model_dir import ModelDir, checkpoint_index
 from ctl.core.stop import SignalWatcher
 from ctl.sidecar import scheduler as sidecar

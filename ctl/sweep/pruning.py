@@ -156,7 +156,7 @@ class PruneAtEvaluations:
         self.trial = internals.trial_of(study, storage, study_id, self.number)
 
     def _objective(self, logs) -> float:
-        from ctl.comforts.eval_results import flat_logs
+        from ctl.hooks.eval_results import flat_logs
         from ctl.utils.errors import UserError
 
         flat = flat_logs(logs)

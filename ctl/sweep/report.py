@@ -2,20 +2,21 @@
 
 The table has a row per trial of the budget: completed trials first, best
 first (by their objective), then pruned ones (by the value they were pruned
-at), failed, running and waiting ones; each with its state, value, sampled
-bindings, the steps its run trained and the time it took. A failed trial's one
+at), failed, running and waiting ones; each with its state and its time in the
+console's words (`ctl.sweep.progress`: `failed`, from its start to its end),
+value, sampled bindings and the steps its run trained. A failed trial's one
 line follows the table. The PNG (`<sweep_dir>/report.png`, or `--output`) has
 the optimization history (each trial's value and the best so far, on integer
 trial ticks) and a panel per binding of the space, its values against the
 objective: completed trials as dots, pruned ones as crosses (the value they
-were pruned on), a choice's values as categories, a log-uniform range on a log
+were pruned on), failed ones, which have no value, as triangles on the x
+axis, a choice's values as categories, a log-uniform range on a log
 axis (the space as the study keeps it from its sweep file).
 
 The study is found through `<sweep_dir>/sweep.json` (`ctl.sweep.storage`); a
 PostgreSQL study whose URL needs a password reads it from `PGPASSWORD`.
 """
 
-import datetime
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -65,19 +66,14 @@ def _steps(trial, sweep_dir: str, trials_dir: Optional[str]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def _seconds(trial) -> Optional[float]:
-    if trial.datetime_start is None:
-        return None
-    end = trial.datetime_complete or datetime.datetime.now()
-    return (end - trial.datetime_start).total_seconds()
-
-
 def table(sweep_dir: str) -> Tuple[str, list, dict, Any]:
     """(the table's text, the trials of the budget, sweep.json's record, the Optuna study).
 
     Args:
         sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
     """
+    from ctl.sweep.progress import state_word, trial_seconds
+
     record, loaded, trials = load(sweep_dir)
     maximize = record.get("direction", "maximize") == "maximize"
     objective = record.get("objective", "value")
@@ -85,8 +81,8 @@ def table(sweep_dir: str) -> Tuple[str, list, dict, Any]:
     header = ["trial", "state", objective, *bindings, "steps", "time"]
     rows, failures = [], []
     for trial in sorted(trials, key=lambda t: _order(t, maximize)):
-        steps, seconds = _steps(trial, sweep_dir, record.get("trials_dir")), _seconds(trial)
-        rows.append([str(trial.number), trial.state.name.lower(),
+        steps, seconds = _steps(trial, sweep_dir, record.get("trials_dir")), trial_seconds(trial)
+        rows.append([str(trial.number), state_word(trial),
                      "-" if trial.value is None else f"{trial.value:.6g}",
                      *(_short(trial.params.get(name, "-")) for name in bindings),
                      "-" if steps is None else str(steps),
@@ -138,9 +134,9 @@ def plot(trials: list, record: dict, path: str,
          space: Optional[Dict[str, Tuple[str, list]]] = None) -> List[Dict[str, Any]]:
     """Optimization history and each binding against the objective, as one PNG (written
     atomically): completed trials as dots, pruned ones as crosses (at the value they were pruned
-    on); a choice's values as categories in the file's order, a log-uniform range on a log axis,
-    integers on integer ticks. Returns what each panel shows (title, x scale, x tick labels,
-    points per state).
+    on), failed ones (no value) as triangles on the x axis; a choice's values as categories in
+    the file's order, a log-uniform range on a log axis, integers on integer ticks. Returns what
+    each panel shows (title, x scale, x tick labels, x range, points per state).
 
     Args:
         trials: the budget's trials.
@@ -150,7 +146,7 @@ def plot(trials: list, record: dict, path: str,
     """
     from matplotlib.ticker import MaxNLocator
 
-    from ctl.comforts.figures import pyplot, write_png
+    from ctl.figures import pyplot, write_png
 
     plt = pyplot()
     objective = record.get("objective", "value")
@@ -158,6 +154,7 @@ def plot(trials: list, record: dict, path: str,
     space = space or {}
     scored = sorted((t for t in trials if t.value is not None and t.state.name in STATES),
                     key=lambda t: t.number)
+    failed = sorted((t for t in trials if t.state.name == "FAIL"), key=lambda t: t.number)
     bindings = list(space) or sorted({name for t in trials for name in t.params})
     panels = 1 + len(bindings)
     columns = min(3, panels)
@@ -168,6 +165,7 @@ def plot(trials: list, record: dict, path: str,
         points = [(t.number, t.value) for t in scored if t.state.name == state]
         history.plot([p[0] for p in points], [p[1] for p in points], STATES[state],
                      linestyle="none", label=state.lower())
+    _failed(history, [t.number for t in failed])
     best: List[Tuple[int, float]] = []
     for t in (t for t in scored if t.state.name == "COMPLETE"):
         value = t.value if not best else (max if maximize else min)(best[-1][1], t.value)
@@ -184,7 +182,10 @@ def plot(trials: list, record: dict, path: str,
                       if t.state.name == state and name in t.params]
             xs = [values.index(p[0]) if kind == "choice" and p[0] in values else p[0]
                   for p in points]
-            axis.plot(xs, [p[1] for p in points], STATES[state], linestyle="none")
+            axis.plot(xs, [p[1] for p in points], STATES[state], linestyle="none",
+                      label=state.lower())
+        _failed(axis, [values.index(t.params[name]) if kind == "choice" and t.params[name] in values
+                       else t.params[name] for t in failed if name in t.params])
         if kind == "choice":
             axis.set_xticks(range(len(values)), [_short(v) for v in values])
             axis.set_xlim(-0.5, len(values) - 0.5)
@@ -204,18 +205,29 @@ def plot(trials: list, record: dict, path: str,
     return shown
 
 
-# The states drawn, with their markers: completed trials as dots, pruned ones as crosses.
+# The states drawn at their value, with their markers: completed trials as dots, pruned ones as crosses.
 STATES = {"COMPLETE": "o", "PRUNED": "x"}
+FAILED_LABEL = "failed (no value)"  # Failed trials: triangles on the x axis, at their x.
+
+
+def _failed(axis, xs: list) -> None:
+    """Failed trials on `axis`: at their x (trial number, binding value), on the x axis itself (they have
+    no value), so that a trial or a category that only failed is not an empty spot."""
+    if xs:
+        axis.plot(xs, [0] * len(xs), "v", color="tab:red", linestyle="none", label=FAILED_LABEL,
+                  transform=axis.get_xaxis_transform(), clip_on=False, zorder=3)
 
 
 def _shown(axis) -> Dict[str, Any]:
-    """What a panel shows: its title, x scale, x tick labels and points per state."""
+    """What a panel shows: its title, x scale, x tick labels, its x range and points per state."""
     axis.figure.canvas.draw()
-    lines = axis.get_lines()
+    labels = {state.lower() for state in STATES} | {FAILED_LABEL}
+    points = {line.get_label(): len(line.get_xdata()) for line in axis.get_lines()
+              if line.get_label() in labels}
     return {"title": axis.get_title(), "xscale": axis.get_xscale(),
             "xticks": [label.get_text() for label in axis.get_xticklabels()],
-            "points": {state.lower(): len(line.get_xdata())
-                       for state, line in zip(STATES, lines)}}
+            "xlim": tuple(float(x) for x in axis.get_xlim()),
+            "points": {("failed" if label == FAILED_LABEL else label): n for label, n in points.items()}}
 
 
 def report(sweep_dir: str, output: Optional[str] = None) -> Tuple[str, str]:

@@ -18,7 +18,7 @@ How it ends, from the child's exit status and its model dir:
   0                                complete: the objective of its best evaluation (the sweep
                                    file's `value = "best"`, whose checkpoint the run keeps in
                                    `best/`) or of its last one (`value = "last"`), from
-                                   `metrics.jsonl` (`ctl.comforts.progress`'s records)
+                                   `metrics.jsonl` (`ctl.hooks.progress`'s records)
   not 0 after the worker's SIGTERM interrupted: the trial stays RUNNING, to resume
   75 otherwise                     preempted on its own: run again (it resumes)
   anything else                    failed, with the child's one line (`ctl.run: error: ...`)

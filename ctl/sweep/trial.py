@@ -12,7 +12,7 @@ not added twice if the experiment has the same), then
 objective to trial N of the sweep's study at each evaluation and stops the run
 there when the pruner says so (exit 0, `sweep_pruned.json` in the model dir).
 A run that fails (exit 1 or 2) still gets its HParams summary, with state
-`failed` (`ctl.comforts.hparams`), so that TensorBoard lists every trial.
+`failed` (`ctl.hooks.hparams`), so that TensorBoard lists every trial.
 The study is the one `python -m ctl.sweep` uses: the journal file in `--sweep_dir`,
 or `--storage`. A worker starts this (`ctl.sweep.runner`); by hand, the same
 command resumes the trial.
@@ -60,7 +60,7 @@ def main(argv):
         from ctl.hooks import BestCheckpoint
 
         hooks.insert(0, BestCheckpoint(sweep.objective, higher_is_better=sweep.maximize))
-    from ctl.comforts import hparams
+    from ctl.hooks import hparams
 
     hparams.END_STATE = lambda run: "pruned" if pruning.read_pruned(run.directory) else None
     try:
@@ -78,14 +78,14 @@ FAILED = (1, 2)  # A bug, a user error: the statuses of a run that failed (not s
 
 
 def _failed_summary() -> None:
-    """The HParams summary of a failed trial (`ctl.comforts.hparams`, state `failed`): the gin
+    """The HParams summary of a failed trial (`ctl.hooks.hparams`, state `failed`): the gin
     values parsed (else the command's bindings) and the last step on record. Best effort: the
     run's own failure is what the trial ends with."""
     import ast
 
     import gin
 
-    from ctl.comforts import hparams
+    from ctl.hooks import hparams
     from ctl.config import gin_config as config
     from ctl.model_dir import ModelDir
 

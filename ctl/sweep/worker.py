@@ -20,7 +20,6 @@ exits 75; the trial stays RUNNING in the study (to resume) and the worker exits
 
 import signal
 import threading
-import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from optuna.trial import TrialState
@@ -136,7 +135,6 @@ class Worker:
 
     def _run(self, number: int) -> None:
         model_dir = self._model_dir(self.study.trial(number)) or self._trial_dir(number)
-        started = time.time()
         while True:
             outcome = runner.run(self.study, number, self.sweep, model_dir, self.gin_files,
                                  self.gin_bindings, self.search_paths, self.stop,
@@ -161,9 +159,9 @@ class Worker:
             self._tell(number, None, TrialState.PRUNED)
         else:
             self._tell(number, outcome.value, TrialState.COMPLETE)
-        seconds = time.time() - started
+        seconds = progress.trial_seconds(self.study.trial(number))  # As `ctl.report` says it.
         detail = f" = {outcome.value:.6g}" if outcome.value is not None else ""
-        self.say(f"trial {number}: {outcome.state}{detail} in {seconds:.0f} s"
+        self.say(f"trial {number}: {outcome.state}{detail} in {seconds or 0:.0f} s"
                  f"{': ' + outcome.message if outcome.message else ''}")
         self.say(progress.line(self.study, self.sweep.objective))
 

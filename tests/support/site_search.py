@@ -77,7 +77,7 @@ class SiteSearch:
         query = _query(text, self.separator)
         if not query:
             return []
-        clauses = [term.strip("*") for term in query.split() if not term.startswith("-")]
+        clauses = [term.strip("*").lower() for term in query.split() if not term.startswith("-")]
         scored: Dict[str, float] = {}
         for result in self.index.search(query):
             location = result["ref"]

@@ -1,14 +1,14 @@
 """Early stopping: a stop requested once a metric stops improving.
 
 An ordinary hook (the protocol is `ctl.core.hook_protocol`'s); the metric is
-read as `ctl.comforts.eval_results` reads it ("set/name" for a named eval set).
+read as `ctl.hooks.eval_results` reads it ("set/name" for a named eval set).
 
     ctl.Experiment.hooks = [@ctl.hooks.BestCheckpoint(), @ctl.hooks.EarlyStopping()]
 """
 
 import gin
 
-from ctl.comforts.eval_results import improved, metric_value
+from ctl.hooks.eval_results import improved, metric_value
 from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run
 from ctl.model_dir import read_json, write_json

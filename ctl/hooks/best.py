@@ -37,7 +37,7 @@ import numpy as np
 import gin
 import tensorflow as tf
 
-from ctl.comforts.eval_results import improved, metric_value
+from ctl.hooks.eval_results import improved, metric_value
 from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
 from ctl.model_dir import (ModelDir, entries, is_temporary, publishing, read_json, write_atomically,

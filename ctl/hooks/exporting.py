@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 import gin
 import tensorflow as tf
 
-from ctl.comforts.best import BEST_RECORD_FILE, BestMetric
+from ctl.hooks.best import BEST_RECORD_FILE, BestMetric
 from ctl.utils import console
 from ctl.utils.errors import UserError
 from ctl.core.hook_protocol import Hook, Run

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import orbit
 
-from ctl.comforts.eval_results import flat_logs
+from ctl.hooks.eval_results import flat_logs
 from ctl.core.hook_protocol import Hook, Run
 from ctl.model_dir import JsonLines
 

@@ -7,6 +7,14 @@ The chief ends `train` and `train_and_eval` with a few lines:
      done | in /tmp/digits: checkpoints (latest ckpt-20), summaries train/ eval/, exports export/
      done | to look: python -m ctl.report --model_dir=/tmp/digits ; tensorboard --logdir /tmp/digits
 
+The best line is the run's best once the final step is evaluated (an evaluation of
+it is on record, in-line or the sidecar's). Before that (the in-line evaluation
+stepped aside for a sidecar evaluator, or `train` left evaluation to one) it is
+the best so far, and the line says which evaluation decides the run's best:
+
+     done | best so far: AP = 0.0567 at step 250: /tmp/mg/best/ckpt-250/ckpt (step 300 is not
+          | evaluated yet: its evaluation, e.g. by the sidecar evaluator, decides the run's best)
+
 A run started again once it is complete (`completed_run`: the trainer marked
 it finished at or past `train_steps`, its final checkpoint is there and, with
 in-line evaluation, an evaluation of that step is on record) writes
@@ -20,8 +28,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from ctl.comforts.best import best_record
-from ctl.comforts.exporting import EXPORT_DIR, export_best_record_files
+from ctl.hooks.best import best_record
+from ctl.hooks.exporting import EXPORT_DIR, export_best_record_files
 from ctl.utils import console
 from ctl.model_dir import ModelDir, read_json, results_of
 
@@ -88,9 +96,17 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
         console.info(KIND, "trained to step %d; %s", step, final, step=step)
     else:
         console.info(KIND, "%s", final, step=step)
-    for record in _best_records(directory):
-        console.info(KIND, "best: %s = %.6g at step %s: %s", record.get("metric"),
-                     record.get("value"), record.get("step"), record.get("path"))
+    records = _best_records(directory)
+    settled = not records or step in directory.evaluations_on_record()
+    for record in records:
+        if settled:
+            console.info(KIND, "best: %s = %.6g at step %s: %s", record.get("metric"),
+                         record.get("value"), record.get("step"), record.get("path"))
+        else:
+            console.info(KIND, "best so far: %s = %.6g at step %s: %s (step %d is not evaluated yet: its "
+                         "evaluation, e.g. by the sidecar evaluator, decides the run's best)",
+                         record.get("metric"), record.get("value"), record.get("step"),
+                         record.get("path"), step)
     latest = directory.checkpoint_state().latest
     where = [f"checkpoints (latest {os.path.basename(latest)})" if latest else "no checkpoint"]
     summaries = [path for path in (directory.train_dir, directory.eval_dir)
