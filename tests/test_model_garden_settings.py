@@ -167,6 +167,7 @@ def test_bfloat16_from_the_yaml_builds_and_trains_the_model_in_bfloat16(tmp_path
     assert tf_keras.mixed_precision.global_policy().name == "float32"  # Put back after the build.
 
 
+@pytest.mark.slow  # Trains a Model Garden model.
 def test_a_loop_loss_above_the_yamls_bound_stops_the_run_naming_the_bound(tmp_path):
     gin.clear_config()
     bound = {"trainer": {"train_steps": 4, "steps_per_loop": 2, "summary_interval": 2,
@@ -208,6 +209,7 @@ runtime:
 """
 
 
+@pytest.mark.slow  # Trains a Model Garden model.
 def test_a_gin_files_model_garden_task_runs_as_its_yaml_says(tmp_path):
     # Through `python -m ctl.run`: no ctl.Schedule in the gin file; the YAML's steps, intervals,
     # checkpoints kept, best checkpoint (Model Garden's layout and ctl's) and summaries subdir.
@@ -255,6 +257,7 @@ def test_the_docs_table_lists_every_field_with_what_ctl_does():
             assert f"| `{section}.{field.name}` |" in text, f"{section}.{field.name}"
 
 
+@pytest.mark.slow  # Trains a Model Garden model.
 def test_ctls_sidecar_evaluates_a_model_dir_model_gardens_trainer_wrote(tmp_path):
     # Model Garden's train_lib trains 4 steps (a checkpoint every 2, no ctl marker); ctl's sidecar
     # evaluates both checkpoints and ends once no new one came for its timeout after step 4.
