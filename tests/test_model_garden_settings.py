@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl.adapters import model_garden, model_garden_settings
+from ctl.adapters import model_garden_settings
 from ctl.hooks.best import BestCheckpoint, best_record
 from ctl.faults.nan_guard import NonFiniteLoss
 from ctl.model_dir import ModelDir
