@@ -5,7 +5,8 @@
 `model_garden_settings` says what ctl does with each field of its trainer and runtime
 configs, `model_garden_dir` writes the files Model Garden's tools read (`params.yaml`, its
 validation summaries), `model_garden_command` turns Model Garden's train.py flags into a run
-(`python -m ctl.train`).
+(`python -m ctl.train`), `model_garden_serving` gives its exports Model Garden's serving
+signatures.
 Each is a `ctl.Task`; nothing here knows the loop. Nothing is re-exported
 here: the public API is `ctl`.
 """
