@@ -35,6 +35,10 @@ base templates set none; BERT's schedules need their step counts), and an
 list, a list, a dict of sources; local or `gs://`) that matches no file,
 checked when the inputs are built (`tf.io.gfile.glob`).
 
+Its exports (ctl's exporters, `--mode=smoke`) carry the signatures of Model
+Garden's own export module for the experiment, around ctl's model
+(`serving_signatures`, `ctl.adapters.model_garden_serving`).
+
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
