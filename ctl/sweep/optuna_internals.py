@@ -24,13 +24,12 @@ fails when a release breaks one.
 - `exclusive`: a lock of the study's storage, so that of two workers that find
   the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
   PostgreSQL: a transaction-scoped advisory lock, through `RDBStorage.engine`
-  (MySQL: `GET_LOCK`); the journal file and SQLite: a `flock` on a file beside
-  it (`ctl.model_dir.file_lock.FileLock`). A worker killed while it holds one releases
+  (MySQL: `GET_LOCK`); the journal file and SQLite: the sweep dir's takeover lock
+  (`ctl.model_dir.sweep_workers.takeover_lock`). A worker killed while it holds one releases
   it (its connection or its file closes).
 """
 
 import contextlib
-import time
 import warnings
 import zlib
 from typing import Any, Iterator, Optional
@@ -177,12 +176,7 @@ def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
                 finally:
                     connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
         return
-    from ctl.model_dir.file_lock import FileLock
+    from ctl.model_dir.sweep_workers import takeover_lock
 
-    lock = FileLock(lock_file, "sweep takeover")
-    while not lock.try_acquire():
-        time.sleep(0.05)
-    try:
+    with takeover_lock(lock_file):
         yield
-    finally:
-        lock.release()
