@@ -19,7 +19,7 @@ fails when a release breaks one.
 - `name_objective`: `Study.set_metric_names`, experimental in Optuna 5 (its
   warning silenced).
 - Reads and writes of one trial by its number (`trial_id`, `frozen`,
-  `set_system_attr`, `set_user_attr`): `BaseStorage` methods, which Optuna's
+  `set_trial_attr`): `BaseStorage` methods, which Optuna's
   documentation reserves for its own use.
 - `exclusive`: a lock of the study's storage, so that of two workers that find
   the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
@@ -63,9 +63,9 @@ def frozen(storage: optuna.storages.BaseStorage, study_id: int,
     return storage.get_trial(trial_id(storage, study_id, number))
 
 
-def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
-                    value: Any) -> None:
-    """Sets a system attribute of trial `number`.
+def set_trial_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
+                   value: Any, user: bool = False) -> None:
+    """Sets a system attribute of trial `number` (a user attribute, what optuna-dashboard shows, with `user`).
 
     Args:
         storage: the study's Optuna storage.
@@ -73,22 +73,13 @@ def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number:
         number: the trial's number.
         key: the attribute.
         value: its value (JSON).
+        user: a user attribute; False: a system attribute.
     """
-    storage.set_trial_system_attr(trial_id(storage, study_id, number), key, value)
-
-
-def set_user_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
-                  value: Any) -> None:
-    """Sets a user attribute of trial `number`.
-
-    Args:
-        storage: the study's Optuna storage.
-        study_id: the study's id in the storage.
-        number: the trial's number.
-        key: the attribute.
-        value: its value (JSON).
-    """
-    storage.set_trial_user_attr(trial_id(storage, study_id, number), key, value)
+    trial = trial_id(storage, study_id, number)
+    if user:
+        storage.set_trial_user_attr(trial, key, value)
+    else:
+        storage.set_trial_system_attr(trial, key, value)
 
 
 def add_waiting(storage: optuna.storages.BaseStorage, study_id: int) -> None:

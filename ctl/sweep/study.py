@@ -196,25 +196,16 @@ class Study:
         waiting = sorted(t.number for t in self.trials((TrialState.WAITING,)))
         return internals.pop_waiting(self.storage, self.study_id, iter(waiting))
 
-    def set_attr(self, number: int, key: str, value: Any) -> None:
-        """Sets a system attribute of trial `number`.
+    def set_attr(self, number: int, key: str, value: Any, user: bool = False) -> None:
+        """Sets a system attribute of trial `number` (a user attribute, what optuna-dashboard shows, with `user`).
 
         Args:
             number: the trial's number.
             key: the attribute.
             value: its value (JSON).
+            user: a user attribute; False: a system attribute.
         """
-        internals.set_system_attr(self.storage, self.study_id, number, key, value)
-
-    def set_user_attr(self, number: int, key: str, value: Any) -> None:
-        """Sets a user attribute of trial `number` (what optuna-dashboard shows).
-
-        Args:
-            number: the trial's number.
-            key: the attribute.
-            value: its value (JSON).
-        """
-        internals.set_user_attr(self.storage, self.study_id, number, key, value)
+        internals.set_trial_attr(self.storage, self.study_id, number, key, value, user=user)
 
     def beat(self, number: int) -> None:
         """Records a heartbeat of trial `number` (now).

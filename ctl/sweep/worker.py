@@ -156,7 +156,7 @@ class Worker:
             return
         if outcome.state == "failed":
             self.study.set_attr(number, FAIL_REASON, outcome.message)
-            self.study.set_user_attr(number, "fail_reason", outcome.message)
+            self.study.set_attr(number, "fail_reason", outcome.message, user=True)
             self._tell(number, None, TrialState.FAIL)
         elif outcome.state == "pruned":
             self._tell(number, None, TrialState.PRUNED)
