@@ -249,7 +249,10 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate)  # Traces, runs nothing.
+    # Traces, runs nothing. The train loop's own trace, but under a summary writer (only there
+    # would its tf.summary calls write).
+    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
+                       trace_loop=not schedule.summary_interval)
     if plan.writes:
         directory.create()  # Everything is validated: the first write.
     if lock is not None:

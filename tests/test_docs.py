@@ -41,6 +41,7 @@ import ast
 import concurrent.futures
 import functools
 import glob
+import html as html_module
 import importlib.util
 import json
 import os
@@ -506,6 +507,55 @@ def test_no_page_shows_test_ids_host_notes_or_build_md(site):
     with open(site / "explanation" / "guarantees.html") as f:
         evidence = re.findall(r"<details\b.*?</details>", f.read(), flags=re.S)
     assert len(evidence) >= 50 and all("tests/test_" in block for block in evidence), len(evidence)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs_site")
+def test_no_code_block_of_the_built_site_is_wider_than_the_page(site):
+    """Every code block as built, generated ones too (BUILD.md's layout on the architecture page, docstrings on
+    the API page), fits CODE_LINE_LIMIT characters: what a code block shows at 1280 px without scrolling sideways
+    (measured in Chromium at 1280x800: scrollWidth against clientWidth of every `pre > code` and table)."""
+    long = []
+    for path in sorted(glob.glob(str(site / "**" / "*.html"), recursive=True)):
+        with open(path) as f:
+            for block in re.findall(r"<pre\b[^>]*>(.*?)</pre>", f.read(), flags=re.S):
+                for line in html_module.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
+                    if len(line) > CODE_LINE_LIMIT:
+                        long.append(f"{os.path.relpath(path, site)}: {len(line)} characters: {line[:70]}...")
+    assert not long, "code lines wider than the page:\n" + "\n".join(long)
+
+
+# The extra of pyproject.toml a command needs, by what the command names (`python -m ctl.report` draws with
+# matplotlib, the `report` extra; the digits configs read scikit-learn's data, the `experiments` extra).
+EXTRA_NEEDED = {"ctl.report": "report", "ctl.sweep": "sweep", "configs/digits": "experiments"}
+GET_STARTED = ["docs/get-started/install.md", "docs/get-started/first-run.md"]
+
+
+def test_the_install_page_names_the_repository_and_installs_what_the_first_pages_run():
+    """The install page says where the code comes from (its `git clone` names the repository that mkdocs.yml's
+    `repo_url` and pyproject.toml's `[project.urls]` name), and its `pip install` brings every extra the
+    commands of the first pages need."""
+    import tomllib
+
+    import yaml
+
+    with open(os.path.join(ROOT, "docs", "get-started", "install.md")) as f:
+        install = f.read()
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        repo_url = yaml.load(f, Loader=yaml.BaseLoader)["repo_url"]
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    clone = re.search(r"^git clone (\S+)$", install, re.M)
+    assert clone and clone.group(1).removesuffix(".git") == repo_url == project["urls"]["Repository"], (
+        clone and clone.group(1), repo_url, project["urls"])
+    installed = re.search(r"^pip install -e '\.\[([\w,]+)\]'$", install, re.M)
+    assert installed, "the install page's pip install -e '.[EXTRAS]' line"
+    extras = set(installed.group(1).split(","))
+    assert extras <= set(project["optional-dependencies"]), extras
+    needed = {f"{page}:{block.line}: {extra}" for page in GET_STARTED for block in blocks(page)
+              if block.lang in ("sh", "bash") for command in commands(block.text)
+              for name, extra in EXTRA_NEEDED.items() if name in command and extra not in extras}
+    assert not needed, f"commands whose extra the install page does not install: {sorted(needed)}"
 
 
 # What a reader types in the site's search box, and the page it must list first.

@@ -10,7 +10,8 @@
 
 fills `<!-- generated: exit-statuses -->` in `reference/exit-statuses.md` with the
 `EXIT_*` constants found in ctl's modules, and `<!-- generated: BUILD.md "## Heading" -->` with
-that section of BUILD.md (the architecture has one source, for the site and for developers). Nothing here is written by hand, so
+that section of BUILD.md (the architecture has one source, for the site and for developers; a line of its code
+blocks too long for the page's column is wrapped: `fit_code_lines`). Nothing here is written by hand, so
 the pages follow the code: a new flag, configurable or public name appears on
 the next build. The functions return Markdown and are called by
 `tests/test_docs.py` too.
@@ -325,6 +326,37 @@ def section(path: str, heading: str) -> str:
     return "\n".join(lines[start + 1:end]).strip()
 
 
+CODE_COLUMNS = 84  # What a code block shows at 1280 px without scrolling sideways (tests/test_docs.py).
+_DESCRIPTION = re.compile(r"\S {2,}(?=\S)")  # A tree's name, then its description after two spaces or more.
+
+
+def fit_code_lines(markdown: str, columns: int = CODE_COLUMNS) -> str:
+    """`markdown` with each line of its fenced code blocks longer than `columns` wrapped at a space, the rest
+    indented as the line's description (the text after its first run of two spaces or more, as a layout
+    tree's) or four spaces further than the line.
+
+    Args:
+        markdown: Markdown text.
+        columns: the longest line a code block keeps.
+    """
+    out, fenced = [], False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        while fenced and len(line) > columns and " " in line.strip():
+            description = _DESCRIPTION.search(line)
+            indent = description.end() if description else len(line) - len(line.lstrip()) + 4
+            cut = line.rfind(" ", indent + 1, columns + 1)
+            if len(line) - cut <= 3:  # Not a lone `--` or `,` on a line of its own.
+                cut = line.rfind(" ", indent + 1, cut)
+            if cut <= indent:
+                break  # One word longer than the column: left as it is.
+            out.append(line[:cut].rstrip())
+            line = " " * indent + line[cut + 1:].lstrip()
+        out.append(line)
+    return "\n".join(out)
+
+
 def version() -> str:
     """ctl's version, as `pyproject.toml` declares it."""
     import tomllib
@@ -396,5 +428,5 @@ def on_page_markdown(markdown, page, config, files):
     """MkDocs hook: fills the generated parts of hand-written pages; lists read as on GitHub."""
     if EXIT_MARKER in markdown:
         markdown = markdown.replace(EXIT_MARKER, exit_table())
-    markdown = SECTION_MARKER.sub(lambda m: section(m.group(1), m.group(2)), markdown)
+    markdown = SECTION_MARKER.sub(lambda m: fit_code_lines(section(m.group(1), m.group(2))), markdown)
     return lists_after_paragraphs(markdown)

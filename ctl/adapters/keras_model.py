@@ -26,9 +26,11 @@ class KerasModelTask(Task):
             return model
 
         ctl.Experiment.task = @ctl.KerasModelTask()
-        ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'   # plain functions, by path
-        ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'  # () -> (x, y) or a dataset
-        ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'    # validation_data
+        # Plain functions, by path; the data functions return (x, y) or a dataset.
+        ctl.KerasModelTask.model_fn = 'my_package.my_module.my_model'
+        ctl.KerasModelTask.train_data = 'my_package.my_module.my_train_data'
+        # fit's validation_data:
+        ctl.KerasModelTask.eval_data = 'my_package.my_module.my_eval_data'
         ctl.KerasModelTask.batch_size = 32                # fit's batch_size (global)
 
     Each function is a `'package.module.function'` string (imported when the task is built:

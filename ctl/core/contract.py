@@ -19,7 +19,10 @@ be (docs/guide/writing-a-task.md lists every check and its message):
       one trace (no step runs) of the task's train_step and validation_step on
       the datasets' element spec, each replica's: it returns {"loss": scalar},
       the train step applies gradients, and the user's code traces at all
-      (a mismatch of model, data, loss or metrics fails here, not at step 1)
+      (a mismatch of model, data, loss or metrics fails here, not at step 1).
+      The train step's trace is the train loop's own (Trainer.trace_train_loop:
+      the first loop runs it, not a second trace), but for a loop that has no
+      function or runs under a summary writer: those trace a step of their own.
 
 A mistake raises `UserError` (exit 2, one line on stderr); an error raised by
 the task's own code while its step is traced becomes one too, its traceback
@@ -33,7 +36,7 @@ import tensorflow as tf
 
 from ctl.utils import console
 from ctl.utils.errors import UserError, one_line, user_error_within
-from ctl.core.task import Task, loss_and_ignored_aux
+from ctl.core.task import Task
 
 _INFINITE = int(tf.data.INFINITE_CARDINALITY)
 _UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)
@@ -206,7 +209,8 @@ def _batch_size(spec) -> Optional[int]:
 # One trace of the steps (train_lib, before the first write).
 
 
-def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool) -> None:
+def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
+              trace_loop: bool = False) -> None:
     """The eval sets' length, and one trace of the task's steps on their element spec.
 
     Args:
@@ -214,6 +218,8 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool) -
         eval_steps: `ctl.Schedule.eval_steps` (None: whole eval sets, which must end).
         train: whether the run trains (its train step is traced).
         evaluate: whether it evaluates (its eval step is traced).
+        trace_loop: trace the train loop's own function (`Trainer.trace_train_loop`), which
+            its first call then runs: for a loop called outside any summary writer.
     """
     if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy):
         return  # Its steps and datasets live on the workers.
@@ -231,10 +237,15 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool) -
                     "is not set: an evaluation reads the eval set once; drop .repeat() from the "
                     "eval dataset, or set ctl.Schedule.eval_steps.")
     if train:
-        _trace(trainer, trainer.train_dataset, _train_probe(trainer), "train_step", "train set")
+        spec = trainer.train_dataset.element_spec
+        if not (trace_loop and _trace(trainer, spec, trainer.trace_train_loop, "train_step",
+                                      "train set")):
+            _trace(trainer, spec, _probe(trainer, spec, _train_probe(trainer)), "train_step",
+                   "train set")
     if evaluate and trainer.eval_sets:
-        dataset = next(iter(trainer.eval_sets.values()))
-        _trace(trainer, dataset, _eval_probe(trainer), "validation_step", "eval set")
+        spec = next(iter(trainer.eval_sets.values())).element_spec
+        _trace(trainer, spec, _probe(trainer, spec, _eval_probe(trainer)), "validation_step",
+               "eval set")
 
 
 def _input_context(strategy) -> tf.distribute.InputContext:
@@ -243,18 +254,7 @@ def _input_context(strategy) -> tf.distribute.InputContext:
 
 
 def _train_probe(trainer):
-    task = trainer.task
-
-    def replica_step(inputs):
-        with trainer.gradients.recording() as recorded:
-            logs = task.train_step(inputs, model=trainer.model, optimizer=trainer.gradients,
-                                   metrics=trainer.train_metrics)
-        _check_logs(task, logs, "train_step", "build_losses")
-        trainer.gradients.recorded(recorded, _name(task))
-        if _default(task, "train_step") and trainer.model.losses:
-            _say_aux(task, inputs, trainer.model)
-
-    return replica_step
+    return lambda inputs: trainer.task_train_step(inputs)  # Traced; nothing runs.
 
 
 def _eval_probe(trainer):
@@ -263,34 +263,43 @@ def _eval_probe(trainer):
     def replica_step(inputs):
         logs = task.validation_step(inputs, model=trainer.eval_model,
                                     metrics=trainer.eval_metrics)
-        _check_logs(task, logs, "validation_step", "build_losses")
+        check_step_logs(task, logs, "validation_step")
 
     return replica_step
 
 
-def _say_aux(task, inputs, model) -> None:
-    """One line when ctl adds the model's losses to a `build_losses` that ignores them."""
-    features, labels = inputs
-    outputs = model(features, training=True)
-    _, ignored = loss_and_ignored_aux(task, labels, outputs, model.losses)
+def say_ignored_aux(task, count: int) -> bool:
+    """One line when ctl adds the model's losses to a `build_losses` that ignores them, from
+    replica 0 (or a replica whose id is known only when run); returns whether it said it.
+
+    Args:
+        task: the user's `ctl.Task`, named in the line.
+        count: how many losses the model has.
+    """
     replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
-    if ignored and not replica:  # Once: replica 0 (or a replica id known only when run).
-        console.info("setup", "%s.build_losses ignores aux_losses: ctl adds the model's %d "
-                     "regularization loss(es) to its loss, as Keras fit does", _name(task),
-                     len(model.losses))
+    if replica:
+        return False
+    console.info("setup", "%s.build_losses ignores aux_losses: ctl adds the model's %d "
+                 "regularization loss(es) to its loss, as Keras fit does", _name(task), count)
+    return True
 
 
-def _trace(trainer, dataset, replica_step, step: str, what: str) -> None:
+def _probe(trainer, spec, replica_step):
+    """A trace of `replica_step` on every replica, on a batch of `spec`, in a function of its own."""
     strategy = trainer.strategy
-    spec = dataset.element_spec
 
     def step_fn(inputs):
         # A copy of the nest: a step may pop entries of its dict (Model Garden's translation
         # task does), which a traced function's own arguments do not allow.
         strategy.run(replica_step, args=(tf.nest.map_structure(_as_iterated, inputs),))
 
+    return lambda: tf.function(step_fn).get_concrete_function(spec)
+
+
+def _trace(trainer, spec, trace, step: str, what: str):
+    """`trace()`, its errors a `UserError` naming the task's `step` on the `what`'s batches."""
     try:
-        tf.function(step_fn).get_concrete_function(spec)
+        return trace()
     except UserError:
         raise
     except Exception as error:  # The task's own code failed to trace.
@@ -316,7 +325,14 @@ def _as_iterated(value):
     return tf.identity(value)
 
 
-def _check_logs(task, logs, step: str, losses: str) -> None:
+def check_step_logs(task, logs, step: str) -> None:
+    """Raises `UserError` unless a step returned a dict with a scalar float loss under `"loss"`.
+
+    Args:
+        task: the user's `ctl.Task`, named in the errors.
+        logs: what the step returned.
+        step: `train_step` or `validation_step`.
+    """
     # An eval set without labels may have no loss (Model Garden's SQuAD evaluation).
     lossless = step == "validation_step" and isinstance(logs, Mapping)
     if not isinstance(logs, Mapping) or ("loss" not in logs and not lossless):
@@ -327,7 +343,7 @@ def _check_logs(task, logs, step: str, losses: str) -> None:
     loss = logs["loss"]
     if not tf.is_tensor(loss):
         loss = tf.convert_to_tensor(loss)
-    who = f"{_name(task)}.{losses}" if _default(task, step) else f"{_name(task)}.{step}"
+    who = f"{_name(task)}.build_losses" if _default(task, step) else f"{_name(task)}.{step}"
     if not loss.dtype.is_floating:
         raise UserError(f"{who} returned a loss of dtype {loss.dtype.name}; return a float loss.")
     if loss.shape.rank is not None and loss.shape.rank != 0:

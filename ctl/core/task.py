@@ -16,6 +16,8 @@ When a task declares no serving signatures, exports serve the default one
 Keras inputs.
 """
 
+import contextlib
+import contextvars
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -347,7 +349,27 @@ def total_loss(task: Task, labels, outputs, model):
     loss, ignored = loss_and_ignored_aux(task, labels, outputs, aux_losses)
     if ignored:
         loss = loss + tf.cast(tf.add_n([tf.cast(a, loss.dtype) for a in aux_losses]), loss.dtype)
+        noted = _IGNORED_AUX.get()
+        if noted is not None:
+            noted.append(len(aux_losses))
     return loss
+
+
+# What `total_loss` added while a step was traced (`noting_ignored_aux`); None: not noting.
+_IGNORED_AUX: contextvars.ContextVar[Optional[List[int]]] = contextvars.ContextVar(
+    "ctl_ignored_aux", default=None)
+
+
+@contextlib.contextmanager
+def noting_ignored_aux():
+    """Within it, `total_loss` notes in the yielded list how many of the model's losses it
+    added to a `build_losses` that ignores them (an entry each time), as a step is traced."""
+    noted: List[int] = []
+    token = _IGNORED_AUX.set(noted)
+    try:
+        yield noted
+    finally:
+        _IGNORED_AUX.reset(token)
 
 
 def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):

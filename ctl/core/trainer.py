@@ -31,7 +31,7 @@ from ctl.core.inputs import Inputs
 from ctl.core.loops import plain
 from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd
 from ctl.core.stop import SignalWatcher
-from ctl.core.task import Task
+from ctl.core.task import Task, noting_ignored_aux
 from ctl.core.train_step import GradientPipeline
 
 
@@ -169,7 +169,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             self.eval_metrics = contract.check_metrics(task, task.build_metrics(training=False), False)
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
-        self._task_step = xla.compile_if(jit_compile, self._task_train_step)
+        self._task_step = xla.compile_if(jit_compile, self.task_train_step)
+        self._said_ignored_aux = False  # The aux losses' line: once.
         self._eval_checkpoint = None  # Built on first use, with ema_decay.
         self.init_async()
         # Outside the strategy's scope: plain host variables that every worker reads.
@@ -317,6 +318,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
                 self._last_train.logs, end = loop(iterator, num_steps)
                 return end
 
+            graph_loop.trace = lambda iterator: loop.get_concrete_function(  # type: ignore[attr-defined]
+                iterator, _LOOP_SIZE)
             return graph_loop
         parts = (self.train_step, self._reset_train_metrics, self._train_results)
         if self._use_tf_function:
@@ -327,6 +330,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         def host_loop(iterator, num_steps):
             self._last_train.logs = loop(iterator, num_steps)
 
+        if self._use_tf_function:
+            host_loop.trace = step_fn.get_concrete_function  # type: ignore[attr-defined]
         return host_loop
 
     # Two override points of one shape, this and `Evaluation.next_eval_inputs`: a subclass changes
@@ -375,18 +380,51 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         self.gradients.update(gradients, apply=apply)
         return loss
 
-    def _task_train_step(self, inputs):
-        """The task's step on one replica's batch: its loss and the gradients it applied."""
-        with self.gradients.recording() as recorded:
+    def task_train_step(self, inputs):
+        """The task's step on one replica's batch: its loss and the gradients it applied.
+
+        Checks the task's contract as it is traced (`ctl.core.contract`): a
+        dict with a scalar float `"loss"`, gradients applied once.
+
+        Args:
+            inputs: one replica's batch.
+
+        Returns:
+            `(loss, gradients)`: the step's loss and the gradients it applied.
+        """
+        with self.gradients.recording() as recorded, noting_ignored_aux() as ignored_aux:
             logs = self.task.train_step(
                 inputs,
                 model=self.model,
                 optimizer=self.gradients,
                 metrics=self.train_metrics,
             )
+        contract.check_step_logs(self.task, logs, "train_step")
         gradients = self.gradients.recorded(recorded, type(self.task).__name__)
+        if ignored_aux and not self._said_ignored_aux:
+            self._said_ignored_aux = contract.say_ignored_aux(self.task, ignored_aux[0])
         self.train_loss.update_state(logs["loss"])
         return logs["loss"], gradients
+
+    def trace_train_loop(self) -> bool:
+        """Traces the function `train` runs, on the train iterator, before its first call.
+
+        Runs no step and reads no batch: the first `train` then finds the
+        function traced (when called as `ctl.core.controller.Controller` does,
+        with a scalar int32 `num_steps`, outside the strategy's scope and any
+        summary writer). Returns False for a loop without a `tf.function` of
+        its own (`use_tf_function=False`, parameter servers).
+
+        Returns:
+            Whether the loop's function was traced.
+        """
+        if self._train_loop is None:
+            self._train_loop = self.create_train_loop_fn()
+        trace = getattr(self._train_loop, "trace", None)
+        if trace is None:
+            return False
+        trace(self.train_iterator)
+        return True
 
     def train_loop_begin(self) -> None:
         """Called eagerly before each train loop; does nothing by default."""
@@ -413,6 +451,10 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         if scale is not None:
             logs["loss_scale"] = scale
         return logs
+
+
+# A train loop's `num_steps`, as `ctl.core.controller.Controller` passes it.
+_LOOP_SIZE = tf.TensorSpec((), tf.int32)
 
 
 @plain

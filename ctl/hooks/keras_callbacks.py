@@ -23,12 +23,13 @@ class KerasCallbacks(Hook):
     The same calls wherever the evaluation runs, in-line (`train_and_eval`, `eval`) or on a
     sidecar evaluator (`continuous_eval`); all eager, on the host:
 
-        bind                       set_model(model); on_train_begin({})
+        bind                   set_model(model); on_train_begin({})
         each evaluation, for each eval set:
-                                   on_test_begin(); on_test_batch_begin(b), on_test_batch_end(b)
-                                   per batch b; on_test_end({eval results})
-        after each evaluation      on_epoch_end(epoch, {last train loop's results, val_<eval results>})
-        the run's normal end       on_train_end(last results)
+                               on_test_begin(); on_test_batch_begin(b),
+                               on_test_batch_end(b) per batch b; on_test_end({eval results})
+        after each evaluation  on_epoch_end(epoch, {last train loop's results,
+                                                    val_<eval results>})
+        the run's normal end   on_train_end(last results)
 
     The test calls come from the Trainer's evaluation itself (`eval_callbacks`); `on_epoch_end`
     runs in the process that owns the eval-side hooks (`ctl.model_dir.evaluator_role`). On a sidecar,

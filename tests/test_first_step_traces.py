@@ -1,0 +1,121 @@
+"""Before its first step a run traces its train step as often as its train loop does, no more.
+
+ctl checks the task before anything is written (ctl.core.contract.check_run):
+that check is the train loop's own trace, which the first loop then runs. A
+model that makes variables on its first call (Model Garden's RetinaNet head)
+makes TensorFlow trace a function twice; a run of it traces the task's
+`train_step` exactly as often as a bare `tf.function` of that step does (so as
+often as Model Garden's trainer), where a check with a trace of its own made it
+three times. Counted by the task itself: its Python `train_step` runs only as
+it is traced. On the default and the mirrored strategy.
+"""
+
+import os
+
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import ctl
+from tests import contract_tasks
+from tests.tasks import RegressionTask
+
+
+class _Counted(RegressionTask):
+    """A tf_keras regression task that counts how often its steps are traced."""
+
+    def __init__(self):
+        super().__init__(flavor="tf_keras")
+        self.train_traces = 0
+        self.eval_traces = 0
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        self.train_traces += 1
+        return super().train_step(inputs, model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics):
+        self.eval_traces += 1
+        return super().validation_step(inputs, model, metrics)
+
+
+class _LateHead(tf_keras.Model):
+    """A body built with the model, and a head that makes its variables on its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = tf_keras.layers.Dense(4)
+        self.body.build((None, 3))
+        self.head = tf_keras.layers.Dense(1)  # Built inside the first trace.
+
+    def call(self, inputs, training=False):
+        return self.head(self.body(inputs))
+
+
+class LateHeadTask(_Counted):
+    def build_model(self):
+        return _LateHead()
+
+    def build_optimizer(self):
+        # Makes its variables for the head's as it first applies them (a new-style optimizer
+        # knows only the variables it was built with).
+        return tf_keras.optimizers.legacy.SGD(self.learning_rate)
+
+
+class PlainTask(_Counted):
+    pass
+
+
+def _bare_traces(task_type, strategy) -> int:
+    """How often a bare `tf.function` of the task's step, under `strategy`, traces it on its
+    first call (per trace, once per replica)."""
+    task = task_type()
+    with strategy.scope():
+        model, optimizer = task.build_model(), task.build_optimizer()
+    dataset = strategy.distribute_datasets_from_function(
+        lambda context: task.build_inputs(True, context))
+
+    @tf.function
+    def step(iterator):
+        strategy.run(lambda inputs: task.train_step(
+            inputs, model=model, optimizer=optimizer, metrics=[])["loss"], args=(next(iterator),))
+
+    step(iter(dataset))
+    return task.train_traces
+
+
+def _first_loop(task, strategy, model_dir: str) -> None:
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None,
+                            checkpoint_interval=2)
+    ctl.run_experiment("train", model_dir, strategy, ctl.Experiment(task=task, schedule=schedule))
+
+
+def test_a_model_that_builds_on_its_first_call_is_traced_as_often_as_by_a_bare_function(
+        strategy, tmp_path):
+    bare = _bare_traces(LateHeadTask, strategy)
+    # TensorFlow traces a function again after a trace that made variables.
+    assert bare == 2 * strategy.num_replicas_in_sync
+    task = LateHeadTask()
+    _first_loop(task, strategy, str(tmp_path))
+    assert task.train_traces == bare
+
+
+def test_a_model_built_whole_is_traced_once(strategy, tmp_path):
+    task = PlainTask()
+    _first_loop(task, strategy, str(tmp_path))
+    assert task.train_traces == strategy.num_replicas_in_sync
+
+
+def test_the_loop_under_a_summary_writer_checks_with_a_trace_of_its_own(tmp_path):
+    # Its trace must see the run's writer, which exists once the model dir is written.
+    task = PlainTask()
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None,
+                            checkpoint_interval=2, summary_interval=2)
+    ctl.run_experiment("train", str(tmp_path), experiment=ctl.Experiment(task=task, schedule=schedule))
+    assert task.train_traces == 2
+
+
+def test_a_bad_train_step_still_ends_before_the_model_dir_is_written(tmp_path):
+    model_dir = str(tmp_path / "run")
+    with pytest.raises(ctl.UserError, match="returned a loss of shape"):
+        _first_loop(contract_tasks.VectorLossTask(), None, model_dir)
+    assert not os.path.exists(model_dir)
