@@ -225,6 +225,15 @@ def _watch(directory: ModelDir, settings: sidecar.ContinuousEval, evaluator: "Ch
             last = output or last
             continue
         if decision.kind == sidecar.TIMEOUT:
+            evaluated = [number for number, outcome in progress.outcomes.items()
+                         if outcome == sidecar.EVALUATED]
+            if train_steps and evaluated and max(evaluated) >= train_steps:
+                # A trainer that marks nothing (Model Garden's): done once the checkpoint of the
+                # last step is evaluated and none came for the timeout, as Model Garden's
+                # continuous_eval ends (its timeout_fn).
+                console.info("eval", "no new checkpoint for %g s after checkpoint %d (train_steps "
+                             "%d reached): done", settings.timeout, max(evaluated), train_steps)
+                return last
             raise UserError(
                 f"no new checkpoint in --model_dir={model_dir} for {settings.timeout:g} s "
                 f"(ctl.ContinuousEval.timeout) and the trainer has not marked the run finished "
