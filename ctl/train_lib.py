@@ -48,7 +48,7 @@ from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.sidecar import continuous_eval
 
 
