@@ -4,6 +4,7 @@ files and seeds: the same losses, eval metrics and weights, bit for bit). The wh
 table is docs/how-to/model-garden-zoo.md, generated from the committed results file."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -43,6 +44,7 @@ def test_representative_experiments_train_with_model_gardens_numbers(tmp_path):
         assert len(row["losses"]["ctl"]) == 3
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_an_experiment_not_in_the_registry_is_one_line_and_exit_2(tmp_path):
     out = zoo("--experiments=image_classification,no_such/experiment", f"--results={tmp_path / 'r.json'}",
               timeout=300)
@@ -58,6 +60,9 @@ def test_the_docs_page_is_the_committed_results_rendered():
     with open(page.PAGE) as f:
         assert f.read() == page.render(results), "run `python -m bench.model_garden_zoo.page`"
     assert {row["experiment"] for row in results["rows"]} and results["registered"] == len(results["rows"])
+    # The run's record (commit, host load) is the maintainers', in bench/README.md, not the page's.
+    with open(os.path.join(page.ROOT, "bench", "README.md")) as f:
+        assert " ".join(page.record(results).split()) in " ".join(f.read().split())
 
 
 def test_generated_detection_records_hold_instance_masks_of_0_and_1_as_cocos_do(tmp_path):
