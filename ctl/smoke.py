@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from ctl import train_lib
 from ctl import run_end
-from ctl.hooks.exporting import export_saved_model
+from ctl.hooks.exporting import check_served, export_saved_model
 from ctl.hooks.eval_results import flat_logs
 from ctl.core import checkpointing
 from ctl.core.build_run import build_run
@@ -102,27 +102,7 @@ def _export_and_compare(task, trainer, directory: ModelDir) -> None:
     features = task.features(next(iter(task.build_inputs(training=False))))
     signatures = task.serving_signatures(trainer.eval_model)
     path = export_saved_model(trainer.eval_model, signatures, directory.file(SMOKE_EXPORT_DIR))
-    loaded = tf.saved_model.load(path)
-    for name, function in signatures.items():
-        if name not in loaded.signatures:
-            raise AssertionError(f"signature {name!r} missing from the exported SavedModel")
-        arguments = _signature_arguments(function, features)
-        served = loaded.signatures[name](**arguments)
-        expected = function(*arguments.values())
-        for key, value in expected.items():
-            np.testing.assert_allclose(served[key].numpy(), np.asarray(value), rtol=1e-4,
-                                       atol=1e-5, err_msg=f"signature {name!r} output {key!r}")
-
-
-def _signature_arguments(function, features):
-    specs = function.input_signature
-    if isinstance(features, dict) and all(spec.name in features for spec in specs):
-        return {spec.name: features[spec.name] for spec in specs}  # By name: extra keys unused.
-    values = tf.nest.flatten(features)
-    if len(specs) != len(values):
-        raise AssertionError(f"the serving signature takes {len(specs)} inputs, the eval "
-                             f"features have {len(values)}")
-    return {spec.name: value for spec, value in zip(specs, values)}
+    check_served(signatures, path, features)
 
 
 def _check(condition: bool, message: str) -> None:

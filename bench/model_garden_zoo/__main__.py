@@ -1,7 +1,7 @@
 """`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
 
     python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
-                                     [--jobs=N] [--longest_first]
+                                     [--jobs=N] [--longest_first] [--export]
 
 Lists Model Garden's registry at run time, and for each experiment (or those
 named) trains its tiny variant K steps with ctl and with Model Garden's
@@ -13,6 +13,12 @@ each experiment in a process of its own. Prints one JSON line per experiment:
 with the details (losses, eval metrics, weights), the commit and the host's
 load, to the results file that `python -m bench.model_garden_zoo.page` turns
 into the docs page.
+
+With `--export`, each experiment instead gets the export check of
+bench/model_garden_zoo/export.py (a ctl run of K steps with
+`ctl.hooks.FinalExporter`, its SavedModel loaded and compared with the model
+restored from the run's final checkpoint), and its `export` fields are written
+into the row the results file already has.
 """
 
 import argparse
@@ -107,6 +113,52 @@ def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: st
     return row
 
 
+EXPORT_KEYS = ["export", "export_module", "export_signature", "export_reason"]
+
+
+def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str) -> Dict[str, Any]:
+    """One experiment's export check (bench/model_garden_zoo/export.py), from its own process."""
+    log = os.path.join(log_dir, experiment.replace("/", "_") + "-export.log")
+    command = [sys.executable, "-m", "bench.model_garden_zoo.export", experiment, f"--steps={steps}",
+               f"--workdir={workdir}"]
+    commit = _commit()
+    with open(log, "w") as out:
+        try:
+            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                           env=_env(legacy_keras=family == "ranking"), check=False)
+        except subprocess.TimeoutExpired:
+            pass
+    with open(log) as f:
+        lines = f.read().splitlines()
+    rows = [json.loads(line[len("ZOO-EXPORT "):]) for line in lines if line.startswith("ZOO-EXPORT ")]
+    if rows:
+        row = rows[-1]
+    else:
+        last = [line for line in lines if line.strip()][-1:] or ["no output"]
+        row = {"experiment": experiment, "export": "fails",
+               "export_reason": f"the process ended without a result: {last[0][:300]}"}
+    row["export_commit"] = commit
+    return row
+
+
+def write_export_results(path: str, rows: List[Dict[str, Any]], steps: int) -> None:
+    """Writes each export check's fields into its experiment's row of the results file."""
+    with open(path) as f:
+        results = json.load(f)
+    checked = {row["experiment"]: row for row in rows}
+    for row in results["rows"]:
+        if row["experiment"] in checked:
+            for key in EXPORT_KEYS + ["export_commit", "export_cpu_s"]:
+                row.pop(key, None)
+            row.update({key: value for key, value in checked[row["experiment"]].items()
+                        if key != "experiment"})
+    results["export_steps"] = steps
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
 def _longest_first(names: List[str], path: str) -> List[str]:
     """`names` by the CPU time their rows took in the results file at `path` (if it has
     them), longest first, rows it does not time first of all: the last rows to start are
@@ -154,6 +206,9 @@ def main(argv=None) -> int:
     parser.add_argument("--longest_first", action="store_true",
                         help="start the rows that took longest in the --results file first "
                         "(default: each family's rows early)")
+    parser.add_argument("--export", action="store_true",
+                        help="run the export check of each experiment (bench/model_garden_zoo/export.py) "
+                        "and write its fields into the rows the --results file has")
     parser.add_argument("--collect", default="", help="write the results file from the rows a run "
                         "in this workdir has finished so far (the others say they were not run)")
     args = parser.parse_args(argv)
@@ -177,6 +232,8 @@ def main(argv=None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="model_garden_zoo-")
     log_dir = os.path.join(workdir, "logs")
     os.makedirs(log_dir, exist_ok=True)
+    if args.export:
+        return export_main(names, families, args.steps, workdir, log_dir, args.jobs, args.results)
     rows: List[Dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
     start = time.time()
@@ -206,6 +263,31 @@ def main(argv=None) -> int:
     write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
                   partial=bool(args.experiments), jobs=max(1, args.jobs))
     print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
+    return 0
+
+
+def export_main(names: List[str], families: Dict[str, str], steps: int, workdir: str, log_dir: str,
+                jobs: int, path: str) -> int:
+    """`--export`: the export check of each of `names`, written into the results file's rows."""
+    if not os.path.exists(path):
+        print(f"--export writes into the rows of --results={path}, which does not exist; run the "
+              "zoo without --export first", file=sys.stderr)
+        return 2
+    _write_data(names, workdir)
+
+    lock = threading.Lock()
+
+    def one(name):
+        row = run_export_row(name, families[name], steps, workdir, log_dir)
+        print(json.dumps({key: row.get(key) for key in ["experiment"] + EXPORT_KEYS}), flush=True)
+        with lock:  # Each row as it ends: a stopped run keeps the rows it finished.
+            write_export_results(path, [row], steps)
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        rows = list(pool.map(one, names))
+    print(f"results: {path} (export checks of {len(rows)} experiments, logs in {log_dir})",
+          file=sys.stderr)
     return 0
 
 

@@ -45,6 +45,12 @@ def _eval(row) -> str:
     return f"{_mark(row['same_eval'])} ({names})"
 
 
+def _export(row) -> str:
+    """The export check's answer (bench/model_garden_zoo/export.py): "-" where it was not run."""
+    return {None: "-", "serves": "serves", "no module": "no module"}.get(row.get("export"),
+                                                                       "**fails**")
+
+
 def render(results) -> str:
     rows = results["rows"]
     trained = sum(bool(r["trains"]) for r in rows)
@@ -94,20 +100,23 @@ def render(results) -> str:
         "python -m bench.model_garden_zoo --experiments=retinanet_resnetfpn_coco --steps=6",
         "```",
         "",
-        '<div class="compact-table" markdown>',  # Nine columns: narrower cells (docs/stylesheets/extra.css).
+        '<div class="compact-table" markdown>',  # Ten columns: narrower cells (docs/stylesheets/extra.css).
         "",
         "| experiment | family | trains | same loss (max rel. diff) | same eval | same weights "
-        "| ctl s/step | train_lib s/step | reason |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| export | ctl s/step | train_lib s/step | reason |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         reason = "; ".join(filter(None, [row.get("reason"), row.get("weights_difference") and
-                                         f"weights differ: {row['weights_difference']}"]))
+                                         f"weights differ: {row['weights_difference']}",
+                                         row.get("export_reason") and
+                                         f"export: {row['export_reason']}"]))
         reason += f" ({row['determinism_note']})" if row.get("determinism_note") else ""
         reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "
-            f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_seconds(row['ctl_s_per_step'])} "
+            f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_export(row)} "
+            f"| {_seconds(row['ctl_s_per_step'])} "
             f"| {_seconds(row['train_lib_s_per_step'])} | {reason.replace('|', '/')} |")
     lines += [
         "",
@@ -136,6 +145,14 @@ def render(results) -> str:
         "one by the same metric (`ctl.hooks.BestCheckpoint`) and its record's value is compared.",
         "- **Weights.** The trained model's weights compared bit for bit; where they differ, the "
         "row names the first weight that does and by how much.",
+        "- **Export** (`--export`, bench/model_garden_zoo/export.py). A ctl run of the tiny variant "
+        f"({results.get('export_steps', '-')} steps from the same initial checkpoint) with "
+        "`ctl.hooks.FinalExporter`, which exports through Model Garden's own export module for the "
+        "experiment (`ctl.ModelGardenTask.serving_signatures`); the SavedModel, loaded with "
+        "`tf.saved_model.load`, must give on one eval batch what the same module gives around a "
+        "model restored from the run's final checkpoint (every output within a relative 1e-4). "
+        "\"serves\": it does; \"no module\": Model Garden has no export module for the family "
+        "(the reason says what ctl does instead); \"-\": not checked.",
         "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
         "time from the end of one train loop (of one step) to the end of the next, so the step "
         "and the trainer's own work between loops (its summaries; `train_lib`'s orbit flushes them "

@@ -47,7 +47,7 @@ import gin
 import tensorflow as tf
 
 from ctl.utils.errors import UserError, first_line
-from ctl.core.task import Task
+from ctl.core.task import ServingSignatures, Task, default_serving_signatures
 
 Override = Union[str, Mapping[str, Any]]
 # The entry of `validation_step` that hands the task's loss to its own aggregation (Model Garden's
@@ -424,6 +424,30 @@ class ModelGardenTask(Task):
         # name for it, restored in `aggregate_logs`): ctl's "loss" is the eval loss's mean.
         logs = {name: value for name, value in logs.items() if name not in {m.name for m in metrics}}
         return {**own, **({} if loss is None else {TASK_LOSS: loss}), **logs}
+
+    def serving_signatures(self, model) -> Dict[str, Any]:
+        """Model Garden's own export module for the experiment, around `model`: the signatures its
+        export gives the model (`ctl.adapters.model_garden_serving`); for a family without an
+        export module, the model's Keras inputs, or one line saying it has neither.
+
+        Args:
+            model: the model exported (the evaluated one: the moving average with `ema_decay`).
+        """
+        from ctl.adapters import model_garden_serving
+
+        module = model_garden_serving.serving_module(self.params, self.garden_task, model)
+        if module is not None:
+            return ServingSignatures(model_garden_serving.signatures(module),
+                                     model_garden_serving.saved_objects(module, model))
+        try:
+            return default_serving_signatures(model)
+        except UserError as error:
+            raise UserError(
+                f"ctl.ModelGardenTask: experiment {self.experiment!r}: Model Garden has no export "
+                f"module for its task ({type(self.params.task).__name__}) and "
+                f"{type(model).__name__} has no Keras inputs to serve from; subclass "
+                "ctl.ModelGardenTask and override serving_signatures(model), or drop the "
+                "exporters.") from error
 
     def aggregates_logs(self) -> bool:  # Per task: whether its class aggregates.
         from official.core import base_task

@@ -396,6 +396,20 @@ def loss_and_ignored_aux(task: Task, labels, outputs, aux_losses):
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY  # "serving_default"
 
 
+class ServingSignatures(dict):
+    """Serving signatures by name, with the `tf.Module` that tracks everything they read (the
+    model's variables, a tokenizer's resource): an export saves that module in place of the model.
+
+    Args:
+        signatures: the signatures by name (`tf.function`s with an input signature, or concrete functions).
+        module: the `tf.Module` tracking what they read; None: the model does.
+    """
+
+    def __init__(self, signatures: Dict[str, Callable], module: Optional[tf.Module] = None):
+        super().__init__(signatures)
+        self.module = module
+
+
 def default_serving_signatures(model) -> Dict[str, Callable]:
     """One `serving_default` signature from the model's Keras inputs.
 

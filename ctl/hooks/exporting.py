@@ -20,9 +20,10 @@ All of this runs eagerly on the host, on the chief (or on a sidecar evaluator,
 which binds its own model and step; see docs/comforts.md).
 """
 
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gin
+import numpy as np
 import tensorflow as tf
 
 from ctl.hooks.best import BEST_RECORD_FILE, BestMetric
@@ -51,8 +52,10 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
     """Writes `model` with `signatures` to `export_dir`, published whole; None if it was.
 
     Args:
-        model: the model to export (its variables are tracked by the SavedModel).
-        signatures: the serving signatures by name (`tf.function`s with an input signature).
+        model: the model to export (tracked by the SavedModel, unless `signatures` name what is).
+        signatures: the serving signatures by name (`tf.function`s with an input signature, or
+            concrete functions); a `ctl.core.task.ServingSignatures` with a `module` saves that
+            module in place of the model.
         export_dir: the export's directory; written to a temporary one beside it and published whole.
 
     Returns:
@@ -61,7 +64,11 @@ def export_saved_model(model, signatures: Dict[str, Callable], export_dir: str) 
     if is_published(export_dir):
         return None
     module = tf.Module()
-    module.model = model  # Tracks the variables the signatures read.
+    owner = getattr(signatures, "module", None)  # `ctl.core.task.ServingSignatures`:
+    if owner is not None:
+        module.serving = owner  # what they read, saved in place of the model.
+    else:
+        module.model = model  # Tracks the variables the signatures read.
     with publishing(export_dir, last=["saved_model.pb"]) as temp:
         tf.saved_model.save(module, temp, signatures=signatures)
     return export_dir
@@ -242,3 +249,98 @@ class FinalExporter(Exporter):
             unused_logs: the last evaluation's (or train loop's) results (not read).
         """
         self.export()
+
+
+# The check that an export serves: its signatures, loaded, give what they give in memory.
+
+SENTENCE = "the export serves this sentence"  # A text input, where the features hold no text.
+
+
+def check_served(signatures: Dict[str, Callable], export_dir: str, features,
+                 rtol: float = 1e-4, atol: float = 1e-5) -> Dict[str, Dict[str, Any]]:
+    """Loads the SavedModel in `export_dir` and checks that each of `signatures` serves there what it
+    gives in memory on one input made from `features`.
+
+    Each signature input is the feature of its name, else the features in order (one batch of a
+    task's eval dataset, `Task.features`); a feature of another dtype is cast (a float image served
+    as uint8 is first scaled to 0-255), and a text input without a feature is one sentence per example.
+
+    Args:
+        signatures: the signatures exported (`serving_signatures`), by name.
+        export_dir: the SavedModel's directory.
+        features: the model's features on one batch.
+        rtol: relative tolerance of each output.
+        atol: absolute tolerance of each output.
+
+    Returns:
+        Per signature, its served outputs as NumPy arrays.
+
+    Raises:
+        AssertionError: a signature missing from the SavedModel, or an output that differs.
+    """
+    loaded = tf.saved_model.load(export_dir)
+    served_all = {}
+    for name, function in signatures.items():
+        if name not in loaded.signatures:
+            raise AssertionError(f"signature {name!r} missing from the exported SavedModel")
+        served_signature = loaded.signatures[name]
+        named = _named_specs(function, served_signature)
+        values = _inputs(named, features)
+        served = served_signature(**{key: value for (key, _), value in zip(named, values)})
+        expected = function(*values)
+        expected = expected if isinstance(expected, dict) else {"outputs": expected}
+        if set(served) != set(expected):
+            raise AssertionError(f"signature {name!r} serves {sorted(served)}, in memory "
+                                 f"{sorted(expected)}")
+        for key, value in expected.items():
+            np.testing.assert_allclose(served[key].numpy(), np.asarray(value), rtol=rtol, atol=atol,
+                                       err_msg=f"signature {name!r} output {key!r}")
+        served_all[name] = {key: value.numpy() for key, value in served.items()}
+    return served_all
+
+
+def _named_specs(function, served) -> List[Tuple[str, tf.TensorSpec]]:
+    """`function`'s inputs in the order it takes them, each with its name in the SavedModel's
+    signature (`served`): its spec's name, else the signature's next unclaimed name."""
+    if isinstance(function, tf.types.experimental.ConcreteFunction):
+        specs = [s for s in tf.nest.flatten(function.structured_input_signature)
+                 if isinstance(s, tf.TensorSpec)]
+    else:
+        specs = list(function.input_signature)
+    names = sorted(served.structured_input_signature[1])
+    free = [n for n in names if n not in {spec.name for spec in specs}]
+    named = []
+    for spec in specs:
+        name = spec.name if spec.name in names else free.pop(0)
+        named.append((name, spec))
+    return named
+
+
+def _inputs(named: List[Tuple[str, tf.TensorSpec]], features) -> List[tf.Tensor]:
+    flat = tf.nest.flatten(features)
+    by_name = isinstance(features, dict) and all(
+        name in features for name, spec in named if spec.dtype != tf.string)
+    if not by_name and len(flat) != len(named):
+        raise AssertionError(f"the serving signature takes {len(named)} inputs "
+                             f"({', '.join(n for n, _ in named)}), the eval features have {len(flat)}")
+    batch = int(tf.shape(flat[0])[0]) if flat and tf.rank(flat[0]) > 0 else 1
+    values = []
+    for k, (name, spec) in enumerate(named):
+        value = features[name] if by_name and name in features else None
+        if value is None and not by_name:
+            value = flat[k]
+        values.append(_as_spec(value, spec, batch))
+    return values
+
+
+def _as_spec(value, spec: tf.TensorSpec, batch: int) -> tf.Tensor:
+    if spec.dtype == tf.string and (value is None or tf.as_dtype(value.dtype) != tf.string):
+        return tf.constant([SENTENCE] * batch)
+    value = tf.convert_to_tensor(value)
+    if value.dtype == spec.dtype:
+        return value
+    if spec.dtype == tf.uint8 and value.dtype.is_floating:  # An image, normalized for the model.
+        low, high = tf.reduce_min(value), tf.reduce_max(value)
+        value = (value - low) * 255.0 / tf.maximum(high - low, 1e-6)
+        return tf.cast(tf.round(value), tf.uint8)
+    return tf.cast(value, spec.dtype)

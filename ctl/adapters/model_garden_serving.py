@@ -1,0 +1,178 @@
+"""The serving signatures of a Model Garden model: Model Garden's own export modules around it.
+
+`ctl.ModelGardenTask.serving_signatures(model)` picks the export module Model
+Garden's own export tools pick for the experiment, and serves ctl's model (the
+evaluated one) through it, so ctl's exporters (`ctl.hooks.LatestExporter`,
+`BestExporter`, `FinalExporter`, `CheckpointExporter`) and `--mode=smoke`
+write the SavedModel Model Garden's export writes:
+
+- vision, by the class of the experiment's task config, as
+  `official.vision.serving.export_saved_model_lib.export_inference_graph`
+  picks: image classification, RetinaNet and Mask R-CNN (detection), semantic
+  segmentation, video classification; input type `image_tensor` (uint8
+  images, of any size for images, of the experiment's clip shape for video)
+  as `serving_default`, batch size free, at the image size the experiment's
+  model takes;
+- NLP, by the class of the experiment's task, from
+  `official.nlp.serving.export_savedmodel.SERVING_MODULES` (sentence
+  prediction, masked LM, question answering, tagging, translation): the
+  module's `serve` (translation: `serve_text`) as `serving_default`, with the
+  module's default parameters (translation: the task's SentencePiece model;
+  masked LM: the model's first classification head).
+
+Other families (ranking, ELECTRA pretraining, the mock) have no export module
+in Model Garden: their models are served from their Keras inputs where they
+have them, else the export ends in one line saying so.
+"""
+
+import functools
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+VISION_INPUT_TYPE = "image_tensor"  # Model Garden's `--input_type` default.
+NLP_FUNCTION_KEY = "serve"
+NLP_FUNCTION_KEYS = {"Translation": "serve_text"}  # The module's one signature where `serve` is not.
+
+
+def vision_modules() -> Dict[type, type]:
+    """{task config class: export module class}, as Model Garden's vision export picks them
+    (`official.vision.serving.export_saved_model_lib.export_inference_graph`)."""
+    from official.vision import configs
+    from official.vision.serving import (detection, image_classification, semantic_segmentation,
+                                         video_classification)
+
+    return {configs.image_classification.ImageClassificationTask:
+            image_classification.ClassificationModule,
+            configs.retinanet.RetinaNetTask: detection.DetectionModule,
+            configs.maskrcnn.MaskRCNNTask: detection.DetectionModule,
+            configs.semantic_segmentation.SemanticSegmentationTask:
+            semantic_segmentation.SegmentationModule,
+            configs.video_classification.VideoClassificationTask:
+            video_classification.VideoClassificationModule}
+
+
+def nlp_modules() -> Dict[type, type]:
+    """{task class: export module class}: Model Garden's NLP export's own table
+    (`official.nlp.serving.export_savedmodel.SERVING_MODULES`)."""
+    from official.nlp.serving import export_savedmodel
+
+    return dict(export_savedmodel.SERVING_MODULES)
+
+
+def export_module_class(params, garden_task) -> Optional[type]:
+    """The export module Model Garden's export tools use for this experiment; None without one.
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+        garden_task: its Model Garden task (`official.core.base_task.Task`).
+    """
+    if type(params.task).__module__.startswith("official.vision."):
+        for config_class, module_class in vision_modules().items():
+            if isinstance(params.task, config_class):
+                return module_class
+        return None
+    if type(garden_task).__module__.startswith("official.nlp."):
+        return nlp_modules().get(type(garden_task))
+    return None
+
+
+def image_size(params) -> Tuple[List[int], int]:
+    """`(input_image_size, num_channels)` of a vision experiment, as its export module takes them:
+    `[frames, height, width]` of `task.train_data.feature_shape` for video, else the height and
+    width of `task.model.input_size`, or of `task.validation_data.output_size` where the model
+    takes any size (segmentation's).
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+    """
+    task = params.task
+    clip = getattr(task.train_data, "feature_shape", None)
+    if clip:  # Video: (frames, height, width, channels).
+        return [int(x) for x in clip[:-1]], int(clip[-1])
+    size = list(getattr(task.model, "input_size", None) or [])
+    channels = int(size[-1]) if size and size[-1] else 3
+    if len(size) == 3 and None not in size[:2]:
+        return [int(x) for x in size[:2]], channels
+    output = list(getattr(task.validation_data, "output_size", None) or [])
+    return [int(x) for x in output[:2]], channels
+
+
+def serving_module(params, garden_task, model):
+    """Model Garden's export module for this experiment, serving `model`; None without one.
+
+    A vision module is made as Model Garden's export makes it (which builds a model of its
+    own and reads settings such as a video's frames as it does), then serves `model` in place
+    of that one; an NLP module takes `model` as Model Garden's export gives it one.
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+        garden_task: its Model Garden task.
+        model: the model to serve (its variables are the ones exported).
+    """
+    import tf_keras
+
+    module_class = export_module_class(params, garden_task)
+    if module_class is None:
+        return None
+    if module_class in vision_modules().values():
+        size, channels = image_size(params)
+        module = module_class(params=params, batch_size=None, input_image_size=size,
+                              input_type=VISION_INPUT_TYPE, num_channels=channels)
+        module.model = model  # Model Garden's ExportModule.__init__, for this model:
+        module.inference_step = (model.call if isinstance(model, tf_keras.Model)
+                                 else functools.partial(model.__call__, training=False))
+        return module
+    return module_class(params=module_class.Params(**nlp_serving_params(module_class, params)),
+                        model=model)
+
+
+def nlp_serving_params(module_class, params) -> Dict[str, Any]:
+    """The NLP module's parameters that the experiment decides (the others keep Model Garden's
+    defaults): translation's SentencePiece model, masked LM's classification head.
+
+    Args:
+        module_class: the export module class.
+        params: the experiment's `ExperimentConfig`.
+    """
+    fields = set(module_class.Params().as_dict())
+    values: Dict[str, Any] = {}
+    if "sentencepiece_model_path" in fields:
+        values["sentencepiece_model_path"] = params.task.sentencepiece_model_path
+    heads = list(getattr(params.task.model, "cls_heads", None) or [])
+    if "cls_head_name" in fields and heads:
+        values["cls_head_name"] = heads[0].name
+    return values
+
+
+def saved_objects(module, model) -> tf.Module:
+    """What an export of `module`'s signatures saves: the model's variables and the module's own
+    resources (translation's tokenizer), not the Keras model itself, whose own SavedModel
+    serialization would trace its training call (which Mask R-CNN's cannot run without labels).
+
+    Args:
+        module: an export module (`serving_module`).
+        model: the model it serves.
+    """
+    import tf_keras
+
+    saved = tf.Module()
+    saved.model_variables = list(model.variables)
+    saved.resources = [value for value in vars(module).values()
+                       if isinstance(value, tf.Module) and value is not model
+                       and not isinstance(value, tf_keras.layers.Layer)]
+    return saved
+
+
+def signatures(module) -> Dict[str, Any]:
+    """The module's `serving_default` (concrete functions), as Model Garden's export names it.
+
+    Args:
+        module: an export module (`serving_module`).
+    """
+    if type(module).__module__.startswith("official.vision."):
+        key = VISION_INPUT_TYPE
+    else:
+        key = NLP_FUNCTION_KEYS.get(type(module).__name__, NLP_FUNCTION_KEY)
+    return dict(module.get_inference_signatures({key: DEFAULT_SIGNATURE}))
