@@ -95,6 +95,7 @@ def _python(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
 TF_INFO_LINE = re.compile(r"^\S+ \S+: I \S+:\d+\] ", re.MULTILINE)
 
 
+@pytest.mark.slow  # A Python process of its own.
 def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets_it(tmp_path):
     # oneDNN's notice at import is an INFO line on every x86 CPU once oneDNN is asked for (TensorFlow
     # turns it on by itself only on CPUs with AVX-512 or AMX).
@@ -114,6 +115,7 @@ def test_import_ctl_leaves_tensorflows_log_level_to_the_process_and_the_cli_sets
     assert not TF_INFO_LINE.search(result.stderr), result.stderr
 
 
+@pytest.mark.slow  # A Python process of its own.
 def test_the_tools_that_need_no_tensorflow_start_without_it():
     """`import ctl`, the launcher and the report's flag handling leave TensorFlow unimported."""
     result = _python("import sys, ctl, ctl.launch, ctl.report; "
@@ -123,12 +125,14 @@ def test_the_tools_that_need_no_tensorflow_start_without_it():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # A Python process of its own.
 def test_the_first_public_name_imports_the_whole_api():
     result = _python("import ctl; ctl.Task; import gin; "
                      "print(gin.get_configurable('ctl.with_warmup'), gin.get_configurable('ctl.hooks.Profile'))")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow  # A Python process of its own.
 def test_ctl_run_knows_every_ctl_configurable_before_it_parses(tmp_path):
     """A binding of a configurable no imported module touched (ctl.with_warmup) is not 'unknown'."""
     result = _python(None, "-m", "ctl.run", "--mode=train", f"--model_dir={tmp_path / 'run'}",
@@ -154,15 +158,27 @@ def test_the_top_level_reads_as_the_concepts_and_the_hooks_are_ctl_hooks():
     assert gin.get_configurable("ctl.with_warmup") is ctl.with_warmup
 
 
-def _habits(root: str, cache: str) -> list:
-    """`ruff check` and `mypy` on `root`'s ctl/, with `root`'s pyproject.toml: the failed ones' output."""
-    failed = []
-    for command in ([sys.executable, "-m", "ruff", "check", "--no-cache", "ctl"],
-                    [sys.executable, "-m", "mypy", "--cache-dir", cache]):
-        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            failed.append(done.stdout + done.stderr)
-    return failed
+def _ruff(root: str) -> subprocess.CompletedProcess:
+    """`ruff check` on `root`'s ctl/, with `root`'s pyproject.toml (a second: the fast tier runs it)."""
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "ctl"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _mypy(root: str, cache: str) -> subprocess.CompletedProcess:
+    """`mypy` on `root`'s ctl/, with `root`'s pyproject.toml (tens of seconds: `slow`)."""
+    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", cache], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _ctl_copy_with_mistakes(tmp_path) -> str:
+    """A copy of ctl/ (and pyproject.toml) whose utils/errors.py has an unused import and a
+    wrong type."""
+    shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    errors = tmp_path / "ctl" / "utils" / "errors.py"
+    errors.write_text("import json\n" + errors.read_text() + "\n\nWRONG: int = 'a string'\n")
+    return str(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -174,25 +190,34 @@ def mypy_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("mypy"))
 
 
+def test_ruff_passes_on_ctl():
+    """The level is pyproject.toml's (`[tool.ruff]`); the suite runs it so `.ci/run` stays the
+    README's one command."""
+    done = _ruff(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_unused_import_fails_ruff(tmp_path):
+    done = _ruff(_ctl_copy_with_mistakes(tmp_path))
+    assert done.returncode != 0 and "F401" in done.stdout and "`json` imported but unused" in done.stdout
+
+
 # Both in one test process (xdist), the passing run first: it fills the cache.
+@pytest.mark.slow
 @pytest.mark.xdist_group("mypy_cache")
-def test_ruff_and_mypy_pass_on_ctl(mypy_cache):
-    """The levels are pyproject.toml's (`[tool.ruff]`, `[tool.mypy]`); the suite runs them so
-    `.ci/run` stays the README's one command."""
-    assert _habits(ROOT, mypy_cache) == []
+def test_mypy_passes_on_ctl(mypy_cache):
+    """The level is pyproject.toml's (`[tool.mypy]`)."""
+    done = _mypy(ROOT, mypy_cache)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("mypy_cache")
-def test_an_unused_import_and_a_wrong_type_fail_them(tmp_path, mypy_cache):
-    shutil.copytree(os.path.join(ROOT, "ctl"), tmp_path / "ctl",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
-    errors = tmp_path / "ctl" / "utils" / "errors.py"
-    errors.write_text("import json\n" + errors.read_text() + "\n\nWRONG: int = 'a string'\n")
-    failed = _habits(str(tmp_path), mypy_cache)
-    assert len(failed) == 2
-    assert "F401" in failed[0] and "`json` imported but unused" in failed[0]
-    assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in failed[1]
+def test_a_wrong_type_fails_mypy(tmp_path, mypy_cache):
+    done = _mypy(_ctl_copy_with_mistakes(tmp_path), mypy_cache)
+    assert done.returncode != 0
+    assert ('Incompatible types in assignment (expression has type "str", variable has type "int")'
+            in done.stdout), done.stdout
 
 
 def test_every_lazy_public_name_is_imported_for_type_checkers():

@@ -107,6 +107,7 @@ def test_runner_skips_a_missing_figure_script_with_a_note(monkeypatch, tmp_path)
     assert "not in this checkout" in record["skipped"]
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_runner_rejects_an_unknown_figure():
     result = subprocess.run([sys.executable, "-m", "bench.run", "--only", "speed"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60,
@@ -116,6 +117,7 @@ def test_runner_rejects_an_unknown_figure():
     assert result.stdout == ""
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     script = tmp_path / "latency.py"
     script.write_text('import json\nprint("log line")\nprint(json.dumps({"median_s": 0.5}))\n')
@@ -127,6 +129,7 @@ def test_runner_names_and_judges_an_external_figure(monkeypatch, tmp_path):
     assert record["target"] == "median_s <= 0.2" and record["met"] is False
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_runner_runs_a_figure_in_another_checkout_and_names_it(monkeypatch, tmp_path):
     other = tmp_path / "old"
     (other / "bench").mkdir(parents=True)
@@ -193,6 +196,7 @@ def test_the_eval_twin_evaluates_ctl_s_model_on_ctl_s_data():
     ("--sidecar_intervals=", "--sidecar_intervals: expected non-negative seconds"),
     ("--rounds=0", "--rounds (0) and --train_steps (10000) must be positive"),
 ])
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_object_store_figure_rejects_bad_arguments_before_starting_anything(argument, message):
     result = subprocess.run([sys.executable, "-m", "bench.object_store", argument], cwd=ROOT,
                             capture_output=True, text=True, timeout=60,

@@ -58,6 +58,7 @@ def _hold_and_die(path, signal_name):
     assert "held" in process.stdout, process.stderr
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_lease_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path, quick):
     path = str(tmp_path / "trainer.lock")
     _hold_and_die(path, "SIGKILL")
@@ -129,6 +130,7 @@ def test_another_host_s_lease_is_refused_while_fresh_and_taken_once_stale(tmp_pa
     lease.release()
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_waiting_trainer_takes_a_lease_that_is_not_renewed_and_refuses_one_that_is(
         tmp_path, quick):
     path = str(tmp_path / "trainer.lock")
@@ -206,6 +208,7 @@ def test_eval_side_hooks_stop_once_their_lease_is_taken(tmp_path, quick):
     assert json.loads(open(path).read())["token"] == "theirs"  # Not its record: left alone.
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_sidecar_is_announced_while_its_process_lives(tmp_path, quick):
     """The evaluator role's one record (an `flock` on a local disk): a sidecar holding it is
     live to a reader while its holder lives, the record is deleted when released and not
@@ -281,6 +284,7 @@ def test_a_directory_is_published_whole_with_its_marker_last(tmp_path):
         ["variables", "saved_model.pb", "fingerprint.pb", PUBLISHED_MARKER])
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_bucket_publish_copies_the_entry_file_and_marker_last(gcs, gcs_dir, tmp_path):
     """What a reader polling the final directory sees: the bucket refuses the upload of
     `saved_model.pb` (503), and the publish stops there with every other file copied and
@@ -320,6 +324,7 @@ def _record(path):
     return json.loads(read_bytes(path))  # One whole version while its holder renews it.
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost(gcs, gcs_dir):
     """The bucket answers 503 to every read of the record: a second process takes nothing
     (refused; the trainer's waiting claim raises the store's error, a storage fault, which
@@ -376,11 +381,14 @@ def test_a_lease_released_while_a_renewal_uploads_leaves_no_record(gcs, gcs_dir,
     assert not tf.io.gfile.exists(path)
 
 
-def test_in_a_bucket_the_role_passes_from_an_in_line_trainer_to_a_sidecar(gcs_dir, quick):
+def test_in_a_bucket_the_role_passes_from_an_in_line_trainer_to_a_sidecar(gcs_dir, quick, monkeypatch):
     """The evaluator role's lease in a bucket: a trainer takes it while it evaluates in-line
     (on a thread of its own) and lets it go after its eval-side hooks; a sidecar refused
     meanwhile takes it then; the trainer runs no hook once it is taken and steps aside (its
     reads run ahead: one evaluation later at most), and evaluates in-line again after."""
+    # The role passes by release, never by staleness: a lease stale after 1.5 s (`quick`) went
+    # stale under a load of 25 before the sidecar asked (the sidecar then took it).
+    monkeypatch.setattr(leases, "STALE_SECONDS", 600.0)
     directory = ModelDir(gcs_dir)
     ran = []
     trainer = EvaluatorRole(directory, TRAINER, [lambda logs: ran.append(("trainer", logs["step"]))])

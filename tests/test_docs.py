@@ -58,6 +58,7 @@ import pytest
 from tests.support.env import ROOT, ctl_env
 from tests.support.processes import ctl_command
 from tests.support.processes import run as run_command
+from tests.support.reading import scalars
 
 PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in
                                glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
@@ -347,6 +348,32 @@ def check_inline(page: str, workdir: str, ctl_runs: List[dict]) -> None:
                              "args": ["--mode=train", "--model_dir=DIR", *flags]})
 
 
+def the_main_job_reaches_98_percent(workdir: str) -> None:
+    """The first run page's job is the README's main job, `configs/digits.gin` unchanged: evaluated
+    every 500 steps to 2,000, the last at >= 0.98 held-out accuracy (README.md, "Shipped
+    experiments"). Checked on the page's own run: the one run of the 2,000 steps in the suite."""
+    accuracy = scalars(os.path.join(workdir, "runs", "digits", "eval"))["accuracy"]
+    assert sorted(accuracy) == [500, 1000, 1500, 2000], accuracy
+    assert accuracy[2000] >= 0.98, accuracy
+
+
+# A page's check of what its runs wrote, once its blocks ran.
+WHAT_THE_RUNS_MADE = {"docs/get-started/first-run.md": the_main_job_reaches_98_percent}
+
+
+def test_build_md_lists_the_tests_of_every_guarantee():
+    """BUILD.md's table (which tests carry each guarantee) is the one guarantees.md makes."""
+    from tests.support.guarantee_table import table
+
+    with open(os.path.join(ROOT, "BUILD.md")) as f:
+        assert table() in f.read(), ("BUILD.md's table of guarantees is not the page's: run "
+                                     "`python -m tests.support.guarantee_table` to write it")
+
+
+def test_each_check_of_what_runs_made_is_of_a_page():
+    assert set(WHAT_THE_RUNS_MADE) <= set(PAGES)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_every_snippet_runs(page, tmp_path, monkeypatch, command_checker):
@@ -357,6 +384,8 @@ def test_every_snippet_runs(page, tmp_path, monkeypatch, command_checker):
         check_block(block, str(tmp_path), gin_files, ctl_runs)
     check_inline(page, str(tmp_path), ctl_runs)
     check_ctl_runs(ctl_runs, str(tmp_path), page, command_checker)
+    if page in WHAT_THE_RUNS_MADE:
+        WHAT_THE_RUNS_MADE[page](str(tmp_path))
     if gin_files:
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))

@@ -61,6 +61,7 @@ def test_the_injected_fault_answers_uploads_only(gcs, gcs_dir):
     assert tf.io.gfile.exists(f"{gcs_dir}/refused")
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_record_another_process_rewrites_reads_whole(gcs_dir):
     """TensorFlow caches a `gs://` object's size for seconds, and `GFile.read()` asks for
     that many bytes: a record another process rewrote reads cut to the old length.

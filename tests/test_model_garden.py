@@ -140,6 +140,7 @@ def test_an_ema_optimizer_gets_its_shadow_copy_of_the_model():
     np.testing.assert_allclose(average.numpy(), 0.5 * variables[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # A Model Garden training: tens of seconds.
 def test_a_loss_per_example_is_reported_as_the_mean_model_gardens_trainer_reports(tmp_path):
     # ELECTRA's pretraining loss is one per sentence pair (its next-sentence loss is not
     # reduced); Model Garden's trainer reports the mean of its elements (a Keras Mean), as the
@@ -165,6 +166,7 @@ def ema_task(data_dir):
         {"trainer": {"optimizer_config": {"ema": {"average_decay": 0.5, "dynamic_decay": False}}}}])
 
 
+@pytest.mark.slow  # A Model Garden training: tens of seconds.
 def test_evaluation_uses_an_ema_optimizers_averages_and_training_its_weights(tmp_path):
     # As Model Garden's trainer: its averages swapped into the model for each evaluation only.
     task = ema_task(tmp_path / "data")
@@ -186,6 +188,7 @@ def test_evaluation_uses_an_ema_optimizers_averages_and_training_its_weights(tmp
     assert evaluated == pytest.approx(average_loss, rel=1e-5)
 
 
+@pytest.mark.slow  # A Model Garden training: tens of seconds.
 def test_the_sidecar_evaluates_an_ema_optimizers_averages_as_in_line(tmp_path):
     # The sidecar restores the optimizer's averages too, and evaluates them.
     model_dir = str(tmp_path / "run")

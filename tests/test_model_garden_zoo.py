@@ -45,6 +45,7 @@ def test_representative_experiments_train_with_model_gardens_numbers(tmp_path):
             assert 0 < row[f"{trainer}_first_step_s"] <= row[f"{trainer}_s"], row
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_an_experiment_not_in_the_registry_is_one_line_and_exit_2(tmp_path):
     out = zoo("--experiments=image_classification,no_such/experiment", f"--results={tmp_path / 'r.json'}",
               timeout=300)

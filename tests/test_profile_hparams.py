@@ -67,6 +67,7 @@ def test_profile_trace_and_hparams_summary(tmp_path):
     assert (hparams["state"], hparams["step"]) == ("complete", "40")
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_report_compares_runs(tmp_path):
     for rate in (0.1, 0.02):
         train(tmp_path / f"lr{rate}", learning_rate=rate)

@@ -116,6 +116,7 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
     assert "trained to step 30" in longer.stdout
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_hooks_last_write_to_a_bucket_survives_the_fast_exit(gcs_dir, tmp_path):
     """A hook leaves a `tf.io.gfile.GFile` on gs:// open at the run's end: the fast exit
     (ctl.utils.process_end) closes it, so its write reaches the bucket (the GCS emulator)."""
@@ -196,6 +197,7 @@ FAST_ANSWERS = {
 
 
 @pytest.mark.parametrize("case", sorted(FAST_ANSWERS))
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_help_and_flag_and_gin_text_errors_come_before_tensorflow_is_imported(case, tmp_path):
     args, expected = FAST_ANSWERS[case]
     model_dir = str(tmp_path / "run")

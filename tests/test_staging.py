@@ -33,6 +33,7 @@ def holder(tmp):
     return proc, os.path.dirname(made)
 
 
+@pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).
 def test_a_dead_process_s_root_is_cleared_by_the_next_one_and_a_live_one_s_is_kept(tmp_path):
     live, live_root = holder(tmp_path)
     dead, dead_root = holder(tmp_path)

@@ -21,9 +21,12 @@ import time
 import pytest
 
 from tests.support.env import ROOT, ctl_env
-from tests.support.sweeps import DIGITS_GIN, TINY, write
+from tests.hold_tasks import held_step
+from tests.support.sweeps import DIGITS_GIN, HOLD_GIN, TINY, write
 
-pytestmark = pytest.mark.xdist_group("sweep")
+# The tests that read the shared sweep run in one test process (its module fixture); the others
+# go to whichever is free.
+SHARED = pytest.mark.xdist_group("the_shared_sweep")
 
 SWEEP = """\
 objective = "accuracy"
@@ -76,6 +79,32 @@ def load_trials(sweep_dir, name):
     return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
 
 
+def hold_flags(gate):
+    """The flags that hold each trial after its checkpoints while the file `gate` exists
+    (tests/hold_tasks.py): a test signals or kills trials held mid-training, however fast the host."""
+    return [f"--gin_file={HOLD_GIN}", f"--gin_bindings=HoldAtCheckpoints.gate='{gate}'"]
+
+
+def trial_log(trial_dir):
+    """What the trial's run has written to its log so far ('' before it starts)."""
+    from ctl.sweep.sweep_dir import LOG_FILE
+
+    try:
+        with open(os.path.join(trial_dir, LOG_FILE), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_while_running(process, condition, what, timeout=600):
+    """Waits until `condition()` holds; fails if `process` ends first or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the sweep ended ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"not in {timeout} s: {what}"
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """The shared sweep: 4 trials, 2 workers."""
@@ -115,12 +144,38 @@ def sweep(tmp_path_factory):
      "value = 'max'; expected one of: best, last."),
 ])
 def test_a_bad_sweep_file_is_one_line(tmp_path, text, expected):
-    """Through `python -m ctl.sweep`: one line on stderr, exit 2, no sweep dir."""
+    """The sweep file's check, in this process: one line (`python -m ctl.sweep` prints it as its
+    error and exits 2 before it makes the sweep dir: the test below)."""
+    from ctl.sweep import sweep_file
+    from ctl.utils.errors import UserError
+
+    with pytest.raises(UserError) as raised:
+        sweep_file.load(write(tmp_path / "bad.toml", text))
+    message = str(raised.value)
+    assert expected in message and "\n" not in message, message
+
+
+@pytest.mark.slow
+def test_a_bad_sweep_file_through_the_command_is_one_line_exit_2_and_no_sweep_dir(tmp_path):
+    text = 'objectiv = "accuracy"\ntrials = 2\n[space]\n"X.y" = { choice = [1] }\n'
     done = run_sweep(write(tmp_path / "bad.toml", text), str(tmp_path / "sweep"), timeout=120)
     lines = [line for line in done.stderr.splitlines() if "cuInit" not in line]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("ctl.sweep: error: ") and expected in lines[0], lines[0]
+    assert lines[0] == ("ctl.sweep: error: " + str(sweep_error(tmp_path / "bad.toml"))), lines[0]
+    assert "unknown key 'objectiv'; did you mean 'objective'?" in lines[0]
     assert not os.path.exists(tmp_path / "sweep")
+
+
+def sweep_error(path):
+    """The UserError `ctl.sweep.sweep_file.load` raises for the file at `path`."""
+    from ctl.sweep import sweep_file
+    from ctl.utils.errors import UserError
+
+    try:
+        sweep_file.load(str(path))
+    except UserError as error:
+        return error
+    raise AssertionError(f"{path} loaded")
 
 
 @pytest.mark.slow
@@ -190,6 +245,7 @@ def test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_
     assert panels["DigitsTask.learning_rate"]["xscale"] == "log"  # The file's log_uniform.
 
 
+@pytest.mark.slow
 def test_without_optuna_one_line_names_the_extra(tmp_path):
     blocker = tmp_path / "block"
     blocker.mkdir()
@@ -206,6 +262,7 @@ def test_without_optuna_one_line_names_the_extra(tmp_path):
 
 
 @pytest.mark.slow
+@SHARED
 def test_the_budget_is_exact_with_two_workers(sweep):
     trials = sweep["trials"]
     assert sorted(trials) == [0, 1, 2, 3]
@@ -221,6 +278,7 @@ def test_the_budget_is_exact_with_two_workers(sweep):
 
 
 @pytest.mark.slow
+@SHARED
 def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
     from ctl.hooks.best import best_record
     from ctl.model_dir import ModelDir, read_json_lines
@@ -246,6 +304,7 @@ def test_a_trial_is_a_ctl_run_with_its_bindings_and_its_objective(sweep):
 
 
 @pytest.mark.slow
+@SHARED
 def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
     """The trial's own run asks the pruner at its evaluation of step 20 and stops right there: its
     last train loop ends at 20, its final checkpoint is 20, it exits 0 and says why."""
@@ -269,6 +328,7 @@ def test_a_pruned_trial_stops_at_a_checkpoint_and_says_why(sweep):
 
 
 @pytest.mark.slow
+@SHARED
 def test_a_pruned_trial_run_again_stops_at_once(sweep):
     """As after a worker killed between its trial's prune and the study's update: the trial's
     command again (what the next worker runs) trains no step, stops at its pruned checkpoint and
@@ -290,6 +350,7 @@ def test_a_pruned_trial_run_again_stops_at_once(sweep):
 
 
 @pytest.mark.slow
+@SHARED
 def test_a_failed_trial_is_recorded_with_its_one_line_and_the_sweep_goes_on(sweep):
     trial = sweep["trials"][3]
     assert trial.state.name == "FAIL" and trial.params["DigitsTask.hidden_units"] == -1
@@ -319,6 +380,7 @@ def hparams_of_runs(logdir):
 
 
 @pytest.mark.slow
+@SHARED
 def test_the_sweep_dir_is_one_tensorboard_logdir_with_every_trial_its_state_and_step_in_hparams(sweep):
     """Trials 0 and 1 completed, trial 2 was pruned, trial 3 failed: each is a run of the HParams
     dashboard, with its sampled values, its state and its last step; integers as integers (their
@@ -353,6 +415,7 @@ def integers(labels):
 
 
 @pytest.mark.slow
+@SHARED
 def test_the_reports_panels_show_pruned_trials_choices_and_log_ranges(sweep, tmp_path):
     """The shared sweep (2 completed, 1 pruned, 1 failed; choices only): the pruned and the failed
     trial are drawn apart, on every panel; a choice's values are categories in the file's order; the
@@ -386,6 +449,7 @@ def test_a_sweep_in_which_every_trial_failed_exits_1_with_the_first_ones_line(tm
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # Three sweep commands, one after another, on a loaded host.
 def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp_path):
     """SIGTERM: the trial checkpoints, the worker exits 75. The same command: the trial resumes (its
     slot's orphan). kill -9 of that worker mid-trial, then a worker in another slot (the first slot
@@ -397,26 +461,29 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
                        'seed = 0\npruner = "none"\n[space]\n'
                        '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
     sweep_dir = str(tmp_path / "sweep")
-    long_run = ["--gin_bindings=TRAIN_STEPS=6000", "--gin_bindings=ctl.Schedule.steps_per_loop=100",
+    gate = str(tmp_path / "gate")  # While it exists, the trial holds after each checkpoint.
+    long_run = ["--gin_bindings=TRAIN_STEPS=1000", "--gin_bindings=ctl.Schedule.steps_per_loop=100",
                 "--gin_bindings=ctl.Schedule.checkpoint_interval=200",
-                "--gin_bindings=ctl.Schedule.eval_interval=3000",
-                "--heartbeat_seconds=1", "--grace_seconds=6"]
+                "--gin_bindings=ctl.Schedule.eval_interval=1000",
+                "--heartbeat_seconds=1", "--grace_seconds=6", *hold_flags(gate)]
     model_dir = ModelDir(os.path.join(sweep_dir, "trials", "0"))
 
-    def wait_for_checkpoint_after(step, proc, timeout=300):
-        deadline = time.monotonic() + timeout
-        while not any(n > step for n in model_dir.checkpoints()):
-            assert proc.poll() is None, f"the sweep ended ({proc.returncode}) before a checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.2)
-        return max(model_dir.checkpoints())
+    def held_after(step, proc):
+        """Waits until the trial is held at a checkpoint after `step`; returns that step."""
+        wait_while_running(proc, lambda: (held_step(gate, model_dir.path) or 0) > step,
+                           f"the trial held at a checkpoint after step {step}")
+        return held_step(gate, model_dir.path)
 
+    write(gate, "")
     with tempfile.TemporaryFile("w+") as log:
         first = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
-            step = wait_for_checkpoint_after(0, first)
+            step = held_after(0, first)
             params = load_trials(sweep_dir, "one")[0].params
             first.send_signal(signal.SIGTERM)
+            wait_while_running(first, lambda: "received SIGTERM" in trial_log(model_dir.path),
+                               "the trial told of the signal")
+            os.remove(gate)
             assert first.wait(timeout=120) == 75
         finally:
             first.kill()
@@ -424,10 +491,11 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         assert "stopped at a checkpoint; the same command resumes it" in log.read()
     assert [t.state.name for t in load_trials(sweep_dir, "one")] == ["RUNNING"]
 
+    write(gate, "")
     with tempfile.TemporaryFile("w+") as log:
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
-            step = wait_for_checkpoint_after(max(model_dir.checkpoints()), second)
+            step = held_after(max(model_dir.checkpoints()), second)
             from ctl.faults.lock import TRAINER_LOCK_FILE
 
             with open(model_dir.file(TRAINER_LOCK_FILE)) as f:
@@ -444,6 +512,7 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
             second.kill()
         log.seek(0)
         assert "trial 0: resuming it" in log.read()
+    os.remove(gate)
 
     with open(os.path.join(sweep_dir, "workers", "0.lock"), "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # Slot 0's worker "never returns".
@@ -455,8 +524,8 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
     assert trials[0].params == params
     steps = [r["step"] for r in read_json_lines(model_dir.metrics_file) if r["kind"] == "train"]
     assert steps.count(100) == 1, steps  # Each run resumed from a checkpoint, none from step 0.
-    assert steps[-1] == 6000 and step < 6000
-    assert model_dir.final_checkpoint_number() == 6000
+    assert steps[-1] == 1000 and step < 1000
+    assert model_dir.final_checkpoint_number() == 1000
     # Its time on the console is the report's: from its start (by the first command) to its end.
     from ctl.sweep import progress
 
@@ -627,23 +696,23 @@ def test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumab
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
                        '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
     sweep_dir = str(tmp_path / "sweep")
-    args = [f"--workers={workers}", f"--fork_trials={fork}", "--gin_bindings=TRAIN_STEPS=1000",
+    gate = write(tmp_path / "gate", "")  # Each trial holds at its first checkpoint until it goes.
+    args = [f"--workers={workers}", f"--fork_trials={fork}", "--gin_bindings=TRAIN_STEPS=300",
             "--gin_bindings=ctl.Schedule.steps_per_loop=50",
             "--gin_bindings=ctl.Schedule.checkpoint_interval=100",
-            "--gin_bindings=ctl.Schedule.eval_interval=1000"]
+            "--gin_bindings=ctl.Schedule.eval_interval=300", *hold_flags(gate)]
     dirs = [ModelDir(os.path.join(sweep_dir, "trials", str(n))) for n in range(workers)]
     with tempfile.TemporaryFile("w+") as log:
         sweep = subprocess.Popen(sweep_command(sweep_file, sweep_dir, *args), cwd=ROOT,
                                  env=ctl_env(), stdout=log, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)  # A terminal's foreground group.
         try:
-            deadline = time.monotonic() + 300
-            while not all(d.exists() and d.checkpoints() and max(d.checkpoints()) > 0
-                          for d in dirs):
-                assert sweep.poll() is None, f"the sweep ended ({sweep.returncode}) early"
-                assert time.monotonic() < deadline, "the trials did not train in time"
-                time.sleep(0.2)
+            wait_while_running(sweep, lambda: all(held_step(gate, d.path) for d in dirs),
+                               "every trial held at a checkpoint")
             os.killpg(sweep.pid, signum)
+            wait_while_running(sweep, lambda: all(
+                "received SIG" in trial_log(d.path) for d in dirs), "every trial told of the signal")
+            os.remove(gate)
             assert sweep.wait(timeout=180) == 75
         finally:
             if sweep.poll() is None:
@@ -660,7 +729,7 @@ def test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumab
     assert [t.state.name for t in load_trials(sweep_dir, "group")] == ["COMPLETE"] * workers
     for directory in dirs:
         steps = [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "train"]
-        assert steps.count(50) == 1 and steps[-1] == 1000, steps  # Resumed, not restarted.
+        assert steps.count(50) == 1 and steps[-1] == 300, steps  # Resumed, not restarted.
 
 
 @pytest.mark.slow
@@ -677,18 +746,19 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
                        'sampler = "random"\nseed = 0\npruner = "none"\n[space]\n'
                        '"DigitsTask.learning_rate" = { log_uniform = [1e-3, 1e-2] }\n')
     sweep_dir = str(tmp_path / "sweep")
+    gate = write(tmp_path / "gate", "")  # Each trial holds at its first checkpoint until it goes.
     args = ["--heartbeat_seconds=1", "--grace_seconds=5", "--gin_bindings=TRAIN_STEPS=400",
             "--gin_bindings=ctl.Schedule.steps_per_loop=20",
             "--gin_bindings=ctl.Schedule.checkpoint_interval=40",
-            "--gin_bindings=ctl.Schedule.eval_interval=400"]
+            "--gin_bindings=ctl.Schedule.eval_interval=400", *hold_flags(gate)]
     dirs = [ModelDir(os.path.join(sweep_dir, "trials", str(n))) for n in range(5)]
     dead = [start_sweep(sweep_file, sweep_dir, "--fork_trials=false", *args)  # Slots 0, 1, 2.
             for _ in range(3)]
     try:
         deadline, killed = time.monotonic() + 900, set()
-        while len(killed) < 3:  # Each worker dies once its trial has a checkpoint: none completes.
+        while len(killed) < 3:  # Each worker dies while its trial is held: none completes.
             for directory in dirs[:3]:
-                if directory.exists() and any(n > 0 for n in directory.checkpoints()):
+                if held_step(gate, directory.path):
                     worker = parent_of_process_running(f"--model_dir={directory.path}")
                     if worker is not None and worker not in killed:
                         os.kill(worker, signal.SIGKILL)  # kill -9: its trial dies with it.
@@ -701,6 +771,7 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
         for process in dead:
             process.kill()  # kill -9: their trials die with them (PR_SET_PDEATHSIG).
             process.wait(timeout=60)
+    os.remove(gate)
     assert [t.state.name for t in load_trials(sweep_dir, "stale")] == ["RUNNING"] * 3 + ["WAITING"] * 2
     from ctl.sweep.study import heartbeat_age
 

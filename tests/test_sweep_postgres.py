@@ -23,7 +23,7 @@ from ctl.launch import free_ports
 from tests.support.env import ROOT, ctl_env
 from tests.support.sweeps import DIGITS_GIN, TINY, write
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]
+pytestmark = pytest.mark.slow
 
 BINARIES = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 SWEEP = """\
