@@ -5,18 +5,29 @@
     ctl.Schedule.eval_interval = 500
 
 Everything here is plain data; `ctl.train_lib` acts on it.
+
+A task whose own config holds settings of the run (`Task.config_settings`: a Model Garden
+experiment's `trainer` and `runtime`) gives them to its `Experiment`, which takes each where
+you set nothing. Precedence: a setting you give ctl (a gin binding, or in Python a value other
+than ctl's default) wins over the task's config; the task's config wins over ctl's defaults.
+`Experiment.sources` says, one line per setting away from ctl's default, where each came from;
+the run prints them at its start.
 """
 
 import dataclasses
-from typing import Annotated, Any, Optional, Sequence, Type
+import inspect
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import gin
 
+from ctl.hooks.best import BestCheckpoint
+from ctl.config import gin_config
 from ctl.config.arguments import Range, check_arguments
 from ctl.utils.errors import UserError
-from ctl.core.task import Task
+from ctl.core.task import ConfigSetting, Task
 from ctl.core.trainer import Trainer
 from ctl.faults.handler import FaultTolerance
+from ctl.sidecar.scheduler import ContinuousEval
 
 
 _POSITIVE = Range(at_least=1)
@@ -50,7 +61,7 @@ class Schedule:
         before returning.
     """
 
-    train_steps: Annotated[int, Range(at_least=0)] = gin.REQUIRED
+    train_steps: Annotated[int, Range(at_least=0)] = gin.REQUIRED  # Or the task's config's.
     steps_per_loop: Annotated[int, _POSITIVE] = 100
     eval_steps: Annotated[Optional[int], _POSITIVE] = None
     eval_interval: Annotated[Optional[int], _POSITIVE] = 1000
@@ -84,14 +95,28 @@ class Experiment:
       fault_tolerance: what to do on a NaN loss and how often to check for a stop
         request (`ctl.FaultTolerance`).
       hooks: the hooks the run binds, in order (`ctl.hooks.*` or your own
-        `ctl.hooks.Hook` subclasses), e.g. `[@ctl.hooks.BestCheckpoint()]`.
+        `ctl.hooks.Hook` subclasses), e.g. `[@ctl.hooks.BestCheckpoint()]`; then the task's
+        config's (`Task.config_hooks`, and a `ctl.hooks.BestCheckpoint` its settings ask for).
+      trainer_args: arguments `trainer_cls` is built with beyond gin's; the task's config's
+        `ctl.Trainer` settings (`Task.config_settings`) are added where gin binds none.
+      continuous_eval: the sidecar's settings (None: `ctl.ContinuousEval` as gin configures
+        it); made from the task's config's `ctl.ContinuousEval` settings when it has some.
+      sources: the lines the run's start prints: each setting away from ctl's default that
+        the task's config gave, or that yours overrode (made here; given, kept first).
+
+    `schedule` and `fault_tolerance` left None are `ctl.Schedule` and `ctl.FaultTolerance` as
+    gin configures them; in both, the task's config's settings fill every field you did not set
+    (a gin binding, or a value other than ctl's default).
     """
 
     task: Task = gin.REQUIRED
-    schedule: Schedule = dataclasses.field(default_factory=Schedule)
+    schedule: Schedule = None  # type: ignore[assignment]  # Made in __post_init__.
     trainer_cls: Type[Trainer] = Trainer
-    fault_tolerance: FaultTolerance = dataclasses.field(default_factory=FaultTolerance)
+    fault_tolerance: FaultTolerance = None  # type: ignore[assignment]  # Made in __post_init__.
     hooks: Sequence[Any] = ()
+    trainer_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    continuous_eval: Optional[ContinuousEval] = None
+    sources: Tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.task, Task):
@@ -104,4 +129,124 @@ class Experiment:
                 f"ctl.Experiment.trainer_cls must be a subclass of ctl.Trainer, got "
                 f"{self.trainer_cls!r}."
             )
+        _Settle(self).apply()
+
+
+def _gin_bound(name: str) -> bool:
+    """Whether gin binds `name` (`ctl.Schedule.train_steps`)."""
+    try:
+        gin.query_parameter(name)
+    except ValueError:
+        return False
+    return True
+
+
+class _Settle:
+    """Fills an `Experiment` in place from its task's config settings (`Task.config_settings`)."""
+
+    OWNERS = ("ctl.Schedule", "ctl.FaultTolerance", "ctl.Trainer", "ctl.ContinuousEval",
+              "ctl.hooks.BestCheckpoint")
+
+    def __init__(self, experiment: "Experiment"):
+        self.experiment = experiment
+        self.lines: List[str] = list(experiment.sources)
+        self.by_owner: Dict[str, Dict[str, ConfigSetting]] = {owner: {} for owner in self.OWNERS}
+        for setting in experiment.task.config_settings():
+            owner, _, parameter = setting.name.rpartition(".")
+            if owner in self.by_owner:
+                self.by_owner[owner][parameter] = setting
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self.experiment, name, value)
+
+    def _line(self, line: str) -> None:
+        if line not in self.lines:  # An Experiment made again from one (`dataclasses.replace`).
+            self.lines.append(line)
+
+    def _taken(self, setting: ConfigSetting, ctl_default: Any) -> None:
+        if setting.value != ctl_default:
+            self._line(f"{setting.name} = {setting.value!r}  (the experiment's {setting.source})")
+
+    def _kept(self, setting: ConfigSetting, value: Any) -> None:
+        if value != setting.value:
+            self._line(f"{setting.name} = {value!r}  (your setting; the experiment's "
+                       f"{setting.source} = {setting.value!r} is not used)")
+
+    def _split(self, owner: str, current: Mapping[str, Any], defaults: Mapping[str, Any]
+               ) -> Dict[str, Any]:
+        """The task's settings of `owner` that nothing you set overrides; lines for each."""
+        taken = {}
+        for parameter, setting in self.by_owner[owner].items():
+            if _gin_bound(setting.name):
+                self._kept(setting, current.get(parameter, gin.query_parameter(setting.name)))
+            elif parameter in current and current[parameter] != defaults.get(parameter):
+                self._kept(setting, current[parameter])
+            else:
+                taken[parameter] = setting.value
+                self._taken(setting, defaults.get(parameter))
+        return taken
+
+    def apply(self) -> None:
+        experiment = self.experiment
+        self._schedule()
+        self._fault_tolerance()
+        defaults = {name: parameter.default for name, parameter in
+                    inspect.signature(experiment.trainer_cls.__init__).parameters.items()}
+        trainer = self._split("ctl.Trainer", {}, defaults)
+        self._set("trainer_args", {**trainer, **experiment.trainer_args})
+        if self.by_owner["ctl.ContinuousEval"] and experiment.continuous_eval is None:
+            taken = self._split("ctl.ContinuousEval", {}, {"timeout": ContinuousEval.timeout})
+            self._set("continuous_eval", _made(ContinuousEval, None, taken,
+                                               self.by_owner["ctl.ContinuousEval"]))
+        self._best_checkpoint()
+        extra = [hook for hook in experiment.task.config_hooks()
+                 if not any(type(hook) is type(own) for own in experiment.hooks)]
+        if extra:
+            self._set("hooks", (*experiment.hooks, *extra))
+        self._set("sources", tuple(self.lines))
+
+    def _schedule(self) -> None:
+        schedule = self.experiment.schedule
+        defaults = {f.name: f.default for f in dataclasses.fields(Schedule)}
+        current = dataclasses.asdict(schedule) if schedule is not None else {}
+        taken = self._split("ctl.Schedule", current, defaults)
+        if schedule is None or taken:
+            schedule = _made(Schedule, schedule, taken, self.by_owner["ctl.Schedule"])
+        self._set("schedule", schedule)
+
+    def _fault_tolerance(self) -> None:
+        faults = self.experiment.fault_tolerance
+        defaults = {f.name: f.default for f in dataclasses.fields(FaultTolerance)}
+        current = dataclasses.asdict(faults) if faults is not None else {}
+        taken = self._split("ctl.FaultTolerance", current, defaults)
+        if faults is None or taken:
+            faults = _made(FaultTolerance, faults, taken, self.by_owner["ctl.FaultTolerance"])
+        self._set("fault_tolerance", faults)
+
+    def _best_checkpoint(self) -> None:
+        settings = self.by_owner["ctl.hooks.BestCheckpoint"]
+        if not settings:
+            return
+        own = [hook for hook in self.experiment.hooks if isinstance(hook, BestCheckpoint)]
+        if own:
+            for setting in settings.values():
+                self._kept(setting, getattr(own[0], setting.name.rsplit(".", 1)[1], None))
+            return
+        defaults = {"metric": "loss", "higher_is_better": False, "export_subdir": None}
+        taken = self._split("ctl.hooks.BestCheckpoint", {}, defaults)
+        self._set("hooks", (*self.experiment.hooks, BestCheckpoint(**taken)))
+
+
+def _made(cls, instance, values: Mapping[str, Any], settings: Mapping[str, ConfigSetting]):
+    """`instance` with `values` (None: `cls` as gin configures it, with `values` for the
+    parameters gin does not bind); a value it refuses is named with its source."""
+    try:
+        if instance is None:
+            return gin_config.call_configured(lambda: cls(**values))
+        return dataclasses.replace(instance, **values)
+    except UserError as error:
+        if not values:
+            raise
+        sources = ", ".join(f"{settings[name].source}={value!r}" for name, value in values.items())
+        raise UserError(f"{error} (the experiment's {sources})") from error
 

@@ -27,18 +27,15 @@ if __name__ == "__main__":  # First, so that it runs after every other exit hand
 # imported; a value the user set wins. (`import ctl` leaves the process's setting alone.)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import logging as std_logging  # noqa: E402 - after the setting above.
-import sys  # noqa: E402
-from typing import Any, Sequence  # noqa: E402
+from typing import Any, Sequence  # noqa: E402 - after the setting above.
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 import ctl  # noqa: E402
+from ctl import command  # noqa: E402
 from ctl.cluster import tf_config as cluster  # noqa: E402
-from ctl.utils import console  # noqa: E402
 from ctl.config import gin_text  # noqa: E402
-from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line  # noqa: E402
-from ctl.cluster import run_plan  # noqa: E402
+from ctl.utils.errors import UserError  # noqa: E402
 from ctl.cluster.run_plan import MODES, SMOKE  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -53,15 +50,15 @@ flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices (t
 flags.mark_flag_as_required("mode")
 
 
+COMMAND = "ctl.run"
+
+
+def _command() -> command.Command:
+    return command.Command(COMMAND, verbose=FLAGS["verbosity"].present)
+
+
 def _fail(message: str) -> None:
-    _exit(EXIT_USER_ERROR, f"error: {message}")
-
-
-def _exit(status: int, message: str) -> None:
-    """The last line, on stderr and on a line of its own (the live bar cleared for good)."""
-    console.end_bar()
-    print(f"ctl.run: {message}", file=sys.stderr)
-    sys.exit(status)
+    _command().fail(message)
 
 
 def parse_flags(argv):
@@ -76,31 +73,6 @@ def parse_flags(argv):
         _fail(f"{error}. See --helpfull.")
     except UserError as error:
         _fail(str(error))
-
-
-def _set_up_console() -> None:
-    """ctl's lines on the console; libraries' INFO lines only if `--verbosity` asks.
-
-    Library log lines go to stdout too, so that stderr holds only problems.
-    """
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    logging.get_absl_handler().python_handler.stream = sys.stdout
-    console.install(sys.stdout)
-    # TensorFlow's Python logger writes to stderr with a handler of its own;
-    # without it, its lines reach the absl handler above, on stdout.
-    tf_logger = std_logging.getLogger("tensorflow")
-    for tf_handler in list(tf_logger.handlers):
-        tf_logger.removeHandler(tf_handler)
-
-
-def _say_strategy(name: str, strategy) -> None:
-    try:
-        devices = " on " + ", ".join(strategy.extended.worker_devices)
-    except RuntimeError:  # The default strategy names no devices.
-        devices = ""
-    console.info("setup", "--strategy=%s: %d replica(s)%s", name,
-                 strategy.num_replicas_in_sync, devices)
 
 
 def main(argv, hooks: Sequence[Any] = ()):
@@ -118,66 +90,8 @@ def main(argv, hooks: Sequence[Any] = ()):
         gin_text.check(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, ctl.__all__)
     except UserError as error:
         _fail(str(error))
-    _run(hooks)
-    from ctl.core import stop  # TensorFlow is imported by now.
-    stop.exit_0_on_a_late_signal()  # The run is done.
-
-
-def _run(hooks: Sequence[Any]) -> None:
-    """Everything after the checks: TensorFlow is imported here."""
-    from ctl.utils import devices
-
-    devices.list_devices()  # First: without the CUDA wheel's cuInit line on a host with no GPU.
-    from ctl import smoke, train_lib
-    from ctl.cluster import distribute, peers
-    from ctl.config import gin_config as config
-    from ctl.model_dir import ModelDir
-    from ctl.core.stop import EXIT_PREEMPTED
-    from ctl.faults.preemption import Preempted
-    from ctl.faults.storage import EXIT_STORAGE_FAULT, storage_fault_within
-    from ctl.sidecar import continuous_eval
-    from ctl.sidecar.scheduler import ContinuousEval
-
-    _set_up_console()
-    ctl.import_api()  # A gin file may bind any `ctl.` configurable.
-    directory = ModelDir(FLAGS.model_dir) if FLAGS.model_dir else None  # The run's, once.
-    try:
-        plan = run_plan.plan(FLAGS.mode, FLAGS.strategy, cluster.read_tf_config())  # Once.
-        if plan.mode != FLAGS.mode:
-            console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
-                            "--mode=%s.", plan.cluster.task_type, plan.mode, FLAGS.mode)
-        gin_files = FLAGS.gin_file
-        if plan.sidecar and not gin_files:  # The trainer's config.
-            timeout = config.query_bindings_only(FLAGS.gin_bindings, "ctl.ContinuousEval.timeout",
-                                                 ContinuousEval.timeout)
-            ContinuousEval(timeout=timeout)  # Checks it.
-            gin_files = [continuous_eval.wait_for_config(directory, timeout)]
-        if plan.serve:
-            config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-            distribute.serve(plan.cluster)  # Until the cluster manager stops it.
-            return
-        strategy = distribute.create_strategy(plan.strategy, FLAGS.cpu_replicas, plan.cluster)
-        _say_strategy(plan.strategy, strategy)
-        config.parse(gin_files, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        if plan.mode == SMOKE:
-            smoke.run_smoke(strategy)
-        else:
-            with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan, directory, strategy, hooks=hooks)
-    except Preempted as preempted:
-        _exit(EXIT_PREEMPTED, f"preempted: {preempted}")
-    except continuous_eval.Stopped as stopped:
-        _exit(EXIT_PREEMPTED, f"stopped: {stopped}")
-    except peers.PeerLost as lost:
-        _exit(peers.EXIT_PEER_LOST, f"peer lost: {lost}")
-    except UserError as error:
-        # Gin appends "In call to configurable ..." lines; the first line is ctl's.
-        _fail(first_line(error, None))
-    except Exception as error:  # Only a storage fault is handled here.
-        fault = storage_fault_within(error, directory)
-        if fault is None:
-            raise  # A bug keeps its traceback.
-        _exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(directory)}")
+    command.execute(_command(), [FLAGS.mode], FLAGS.model_dir, FLAGS.cpu_replicas, FLAGS.gin_file,
+                    FLAGS.gin_search_paths, command.Setup(FLAGS.strategy, FLAGS.gin_bindings), hooks)
 
 
 if __name__ == "__main__":

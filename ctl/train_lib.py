@@ -48,7 +48,7 @@ from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.sidecar import continuous_eval
 
 
@@ -96,7 +96,9 @@ def run_experiment(
     require_choice("mode", plan.mode, MODES)  # Not smoke (`ctl.smoke`), not a serving task.
     if plan.sidecar:
         experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
-        return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment)
+        _say_sources(experiment, plan)
+        return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment,
+                                                     settings=experiment.continuous_eval)
     if plan.leaves_eval_to_evaluator:
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
     if not plan.train and not directory.checkpoints():
@@ -105,6 +107,7 @@ def run_experiment(
             "(--mode=train) or point --model_dir at a trained run."
         )
     experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
+    _say_sources(experiment, plan)
     if plan.writes:  # Other workers only read the model dir.
         directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
     # One trainer per model dir. Taken once the checkpoint is validated, so that a
@@ -119,6 +122,20 @@ def run_experiment(
         checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, plan.chief))
         return _run(plan, directory, strategy, experiment, stack,
                     checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher)
+
+
+def _say_sources(experiment: Experiment, plan: RunPlan) -> None:
+    """The run's start: where each setting away from ctl's default came from (the task's config,
+    or yours over it), and a strategy the task's config names that this run does not run."""
+    if not plan.chief:
+        return
+    for line in experiment.sources:
+        console.info("setup", "%s", line)
+    for setting in experiment.task.config_settings():
+        if setting.name == "--strategy" and plan.strategy and setting.value != plan.strategy:
+            console.info("setup", "--strategy=%s; the experiment's %s (%s) is not used: --strategy "
+                         "wins (python -m ctl.train takes the experiment's without it)",
+                         plan.strategy, setting.source, setting.value)
 
 
 def _with_hooks(experiment: Experiment, hooks: Sequence[Any]) -> Experiment:

@@ -77,3 +77,20 @@ def read_losses(path):
         return []
     with open(path) as f:
         return [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+
+
+@gin.configurable
+class PolicyRecorder(ctl.hooks.Hook):
+    """Writes `{layer name: compute dtype}` of the trained model's layers with weights to `path`
+    after the first train loop: what the run's Keras policy really built."""
+
+    def __init__(self, path=None):
+        self.path = path
+
+    def on_train_loop_end(self, logs):
+        if self.path and not os.path.exists(self.path):
+            import json
+
+            with open(self.path, "w") as f:
+                json.dump({layer.name: layer.compute_dtype for layer in self.run.model.layers
+                           if layer.weights}, f)

@@ -65,9 +65,9 @@ PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in
 MARKER = re.compile(r"^\s*<!-- docs-test: (file (?P<file>\S+)|run|skip \((?P<reason>[^)]+)\)) -->\s*$")
 ANY_MARKER = re.compile(r"<!-- docs-test:")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
-CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch))\b")
+CTL_COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?python3? -m (ctl\.(?:run|report|launch|train))\b")
 RUN_TIMEOUT_S = 300
-CLIS = ("ctl.run", "ctl.report", "ctl.launch", "ctl.sweep")
+CLIS = ("ctl.run", "ctl.train", "ctl.report", "ctl.launch", "ctl.sweep")
 
 
 class Block(NamedTuple):

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from ctl.hooks.best import BEST_DIR, BEST_RECORD_FILE
 from ctl.hooks.early_stopping import EARLY_STOPPING_FILE
-from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir.trainer_lock import TRAINER_LOCK_FILE
 from ctl.model_dir import EVAL_DIR
-from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
+from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
 from tests.support.env import ROOT
 from tests.support.processes import Process, run_ctl

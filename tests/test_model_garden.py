@@ -107,9 +107,15 @@ def test_ctl_and_model_gardens_train_lib_continue_each_other(tmp_path):
 
 
 def test_an_unknown_experiment_or_override_is_a_user_error():
-    with pytest.raises(ctl.UserError, match="is not registered with Model Garden's exp_factory"):
+    with pytest.raises(ctl.UserError, match="'no/such_experiment' is not a registered Model "
+                       "Garden experiment"):
         model_garden.experiment_config("no/such_experiment")
     import official.vision.registry_imports  # noqa: F401
+
+    # A typo: the nearest registered names, not "import the module".
+    with pytest.raises(ctl.UserError, match=r"'retinanet_resnetfpn_cooc' is not a registered Model "
+                       r"Garden experiment; did you mean 'retinanet_resnetfpn_coco'"):
+        model_garden.experiment_config("retinanet_resnetfpn_cooc")
 
     with pytest.raises(ctl.UserError, match="cannot apply 'task.modle.num_classes=3'"):
         model_garden.experiment_config("image_classification",

@@ -4,6 +4,7 @@ files and seeds: the same losses, eval metrics and weights, bit for bit). The wh
 table is docs/how-to/model-garden-zoo.md, generated from the committed results file."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,6 +62,9 @@ def test_the_docs_page_is_the_committed_results_rendered():
     with open(page.PAGE) as f:
         assert f.read() == page.render(results), "run `python -m bench.model_garden_zoo.page`"
     assert {row["experiment"] for row in results["rows"]} and results["registered"] == len(results["rows"])
+    # The run's record (commit, host load) is the maintainers', in bench/README.md, not the page's.
+    with open(os.path.join(page.ROOT, "bench", "README.md")) as f:
+        assert " ".join(page.record(results).split()) in " ".join(f.read().split())
 
 
 def test_generated_detection_records_hold_instance_masks_of_0_and_1_as_cocos_do(tmp_path):

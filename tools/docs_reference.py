@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLIS = ("ctl.run", "ctl.report", "ctl.launch", "ctl.sweep")
+CLIS = ("ctl.run", "ctl.train", "ctl.report", "ctl.launch", "ctl.sweep")
 EXIT_MARKER = "<!-- generated: exit-statuses -->"
 SECTION_MARKER = re.compile(r'<!-- generated: ([\w.]+) "(#+ [^"]+)" -->')
 

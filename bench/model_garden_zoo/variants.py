@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 # What a variant sets beyond size, and why (the docs page lists these).
 PINNED = {
     "runtime.mixed_precision_dtype=float32, data dtype float32":
-        "bfloat16 is for TPUs; ctl takes precision from ctl.Trainer, not the experiment's runtime",
+        "bfloat16 is for TPUs: the tiny variants compare float32 runs on a CPU",
     "trainer.optimizer_config (where the template has none): sgd, constant 0.01":
         "the base templates (`retinanet`, `image_classification`, ...) name no optimizer",
     "trainer.train_steps = K; a schedule's unset step counts: decay_steps = K, warmup_steps = K/2":

@@ -18,36 +18,44 @@ controller, sidecar, fault tolerance, exports and console; its checkpoints
 hold `global_step`, `model` and `optimizer` under those names, as Model
 Garden's trainer writes them, so either can continue the other's model dir.
 
-What ctl takes from `trainer` is the optimizer: the schedule (train steps,
-intervals) is ctl's (`ctl.Schedule`), so a run has one source for each
-setting. With an `ema` in the optimizer config (ResNet-RS's), evaluation uses
-the optimizer's moving averages, swapped into the model around each
-evaluation as Model Garden's trainer does (`averaged_optimizer`).
-`trainer_settings()` maps the experiment's trainer config onto
-`ctl.Schedule`'s names for whoever wants to bind them the same.
+The experiment's `trainer` and `runtime` settings are the run's, field by field
+(`ctl.adapters.model_garden_settings`: `config_settings()`, which `ctl.Experiment` takes where
+you set nothing; a field ctl has nothing for is refused when set), and the model dir gets what
+Model Garden's tools read (`ctl.adapters.model_garden_dir`: `params.yaml`, `validation/`; the
+best checkpoint's `best_ckpt/`). With an `ema` in the optimizer config (ResNet-RS's), evaluation
+uses the optimizer's moving averages, swapped into the model around each evaluation as Model
+Garden's trainer does (`averaged_optimizer`).
 
 Mistakes in the experiment's config are the user's to fix and end as one
 `UserError` naming the experiment, the setting and the fix, before any step:
-an override Model Garden refuses, a config its `validate()` refuses, an
-optimizer or learning-rate schedule its optimizer factory cannot build (the
-base templates set none; BERT's schedules need their step counts), and an
-`input_path` (a file, a glob such as a sharded `train-*-of-00016`, a comma
-list, a list, a dict of sources; local or `gs://`) that matches no file,
-checked when the inputs are built (`tf.io.gfile.glob`).
+an unknown experiment (with the nearest registered names), an override Model
+Garden refuses, a config its `validate()` refuses, a `trainer`/`runtime`
+setting ctl refuses, an optimizer or learning-rate schedule its optimizer
+factory cannot build (the base templates set none; BERT's schedules need their
+step counts), and a file the config names that matches nothing (`check_files`:
+any field named `input_path`, `*_path`, `*_file`; a file, a glob such as a
+sharded `train-*-of-00016`, a comma list, a list, a dict of sources; local or
+`gs://`): the task's when it is made, each data config's when its inputs are
+built (the modes that read it).
 
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """
 
+import difflib
+import importlib
 import inspect
+import re
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
 
+from ctl.adapters import model_garden_settings
+from ctl.adapters.model_garden_dir import ModelGardenFiles
 from ctl.utils.errors import UserError, first_line
-from ctl.core.task import ServingSignatures, Task, default_serving_signatures
+from ctl.core.task import ConfigSetting, ServingSignatures, Task, default_serving_signatures
 
 Override = Union[str, Mapping[str, Any]]
 # The entry of `validation_step` that hands the task's loss to its own aggregation (Model Garden's
@@ -73,9 +81,7 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
     try:
         params = exp_factory.get_exp_config(experiment)
     except LookupError as error:
-        raise UserError(f"ctl.ModelGardenTask.experiment={experiment!r} is not registered with "
-                        "Model Garden's exp_factory; import the module that registers it in the "
-                        "gin file (e.g. `import official.vision.registry_imports`).") from error
+        raise UserError(unknown_experiment(experiment)) from error
     overrides = ([params_override] if isinstance(params_override, (str, Mapping))
                  else list(params_override))
     for source in [*config_files, *overrides]:
@@ -100,6 +106,67 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
                         "ctl.ModelGardenTask.params_override or config_files.") from error
     params.lock()
     return params
+
+
+def registered_experiments() -> List[str]:
+    """The names registered with Model Garden's `exp_factory` so far (nested names joined by '/')."""
+    from official.core import exp_factory
+
+    def flatten(entries, prefix=""):
+        for key, value in entries.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}/")
+            else:
+                yield f"{prefix}{key}"
+
+    # exp_factory has no lister; its registry is a plain dict of dicts.
+    return list(flatten(getattr(exp_factory, "_REGISTERED_CONFIGS", {})))
+
+
+def unknown_experiment(experiment: str) -> str:
+    """The one line for an experiment name `exp_factory` does not hold: the nearest names.
+
+    Args:
+        experiment: the name given.
+    """
+    names = registered_experiments()
+    near = difflib.get_close_matches(experiment, names, n=3, cutoff=0.5)
+    where = f"ctl.ModelGardenTask.experiment={experiment!r}"
+    if near:
+        return (f"{where} is not a registered Model Garden experiment; did you mean "
+                f"{', '.join(repr(name) for name in near)}?")
+    return (f"{where} is not a registered Model Garden experiment ({len(names)} registered here); "
+            "check the name, or import the module that registers yours in the gin file (e.g. "
+            "`import official.vision.registry_imports`; python -m ctl.train imports Model "
+            "Garden's).")
+
+
+# Model Garden's modules whose import registers its experiments (python -m ctl.train imports them, as
+# Model Garden's vision, NLP and ranking train.py do between them); the ranking task's own module
+# needs tensorflow_recommenders (the `model_garden` extra) and is imported when its task is built.
+REGISTRIES = ("official.vision.registry_imports", "official.nlp.configs.experiment_configs",
+              "official.nlp.configs.finetuning_experiments",
+              "official.nlp.configs.pretraining_experiments",
+              "official.nlp.configs.wmt_transformer_experiments",
+              "official.recommendation.ranking.configs.config")
+
+
+def import_registries() -> None:
+    """Imports the modules that register Model Garden's experiments (`REGISTRIES`)."""
+    for name in REGISTRIES:
+        importlib.import_module(name)
+
+
+def is_ranking(params) -> bool:
+    """Whether `params` is a ranking experiment's (its module needs `TF_USE_LEGACY_KERAS=1`).
+
+    Args:
+        params: an `ExperimentConfig`.
+    """
+    return type(params.task).__module__ == RANKING_CONFIG
+
+
+RANKING_CONFIG = "official.recommendation.ranking.configs.config"
 
 
 def check_optimizer(experiment: str, params) -> None:
@@ -141,38 +208,101 @@ def check_optimizer(experiment: str, params) -> None:
         ) from error
 
 
+# A field of a config that names a file to read, by its name: `input_path`, `annotation_file`,
+# `vocab_file`, `sentencepiece_model_path`, `init_checkpoint`, ... (`tfds_data_dir`, a directory
+# TFDS may write, is not one).
+_PATH_FIELD = re.compile(r"(^|_)(path|paths|file|files|checkpoint)$")
+# Read when a fresh run initializes the model (`initialize`), not by a run that resumes.
+_READ_ON_INITIALIZE = ("init_checkpoint",)
+
+
+def _is_data_config(value) -> bool:
+    from official.core import config_definitions
+
+    return isinstance(value, config_definitions.DataConfig)
+
+
+def path_fields(config, where: str, data: bool = False):
+    """(field's name in the experiment, its value) of every field of `config` that names files,
+    walking nested configs and lists.
+
+    Args:
+        config: a Model Garden config (`params.task`, a data config).
+        where: its name in the experiment, e.g. "task".
+        data: walk into data configs too (False: skip them; `check_data_files` checks each when
+            its inputs are built, in the modes that read it).
+    """
+    from official.modeling.hyperparams import base_config
+
+    for name in getattr(config, "__dataclass_fields__", {}):
+        value = getattr(config, name)
+        path = f"{where}.{name}"
+        if _is_data_config(value) and not data:
+            continue
+        if name == "input_path" and getattr(config, "tfds_name", None):
+            continue  # Model Garden's own rules for TFDS.
+        if isinstance(value, base_config.Config) and not (
+                name == "input_path" and not _is_data_config(value)):
+            yield from path_fields(value, path, data)
+        elif isinstance(value, (list, tuple)) and value and not all(isinstance(v, str) for v in value):
+            for index, item in enumerate(value):
+                if isinstance(item, base_config.Config):
+                    yield from path_fields(item, f"{path}[{index}]", data)
+        elif _PATH_FIELD.search(name) and name not in _READ_ON_INITIALIZE and value:
+            yield path, value
+
+
+def check_files(experiment: str, config, where: str, data: bool = False) -> None:
+    """Raises `UserError` for the first field of `config` naming a file or pattern that matches
+    nothing (`path_fields`): a path, a glob such as `train-*-of-00016`, comma-separated ones, a
+    list, a dict of sources; local or in an object store.
+
+    Args:
+        experiment: the experiment's name, for the message.
+        config: the config to walk (`params.task`, or a data config).
+        where: its name in the experiment, e.g. "task" or "task.train_data".
+        data: walk into data configs too.
+    """
+    for name, value in path_fields(config, where, data):
+        sources = value.as_dict() if hasattr(value, "as_dict") else {"": value}
+        for key, source in sources.items():
+            field = f"{name}{'.' + key if key else ''}"
+            for pattern in _patterns(source):
+                _check_pattern(experiment, field, pattern)
+
+
+def _check_pattern(experiment: str, field: str, pattern: str) -> None:
+    try:
+        found = tf.io.gfile.glob(pattern)
+    except tf.errors.OpError as error:
+        raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r}: {field} "
+                        f"{pattern!r} cannot be read ({first_line(error)}); check the "
+                        "path and its permissions.") from error
+    if not found:
+        what = ("the experiment's TFRecord files" if field.split(".")[-1].startswith("input_path")
+                else "a file that exists")
+        raise UserError(
+            f"ctl.ModelGardenTask: experiment {experiment!r}: {field}={pattern!r} matches "
+            f"no file; point it at {what} in --params_override or a --config_file "
+            "(ctl.ModelGardenTask.params_override; a path, a glob such as "
+            "'train-*-of-00016', or several separated by commas).")
+
+
 def check_input_path(experiment: str, data, where: str) -> None:
-    """Raises `UserError` if `data.input_path` names a file or pattern that matches nothing.
+    """Raises `UserError` if a file a data config names (its `input_path`, a vocabulary, ...)
+    matches nothing (`check_files`).
 
     Args:
       experiment: the experiment's name, for the message.
       data: a Model Garden `DataConfig` (`task.train_data`, `task.validation_data`).
       where: its name in the experiment, e.g. "task.train_data".
     """
-    path = getattr(data, "input_path", None)
-    if not path or getattr(data, "tfds_name", None):
-        return  # Model Garden's own rules for the other sources (TFDS, synthetic data).
-    sources = path.as_dict() if hasattr(path, "as_dict") else {"": path}
-    for key, value in sources.items():
-        name = f"{where}.input_path{'.' + key if key else ''}"
-        for pattern in _patterns(value):
-            try:
-                found = tf.io.gfile.glob(pattern)
-            except tf.errors.OpError as error:
-                raise UserError(f"ctl.ModelGardenTask: experiment {experiment!r}: {name} "
-                                f"{pattern!r} cannot be read ({first_line(error)}); check the "
-                                "path and its permissions.") from error
-            if not found:
-                raise UserError(
-                    f"ctl.ModelGardenTask: experiment {experiment!r}: {name}={pattern!r} matches "
-                    f"no file; point it at the experiment's TFRecord files in "
-                    f"ctl.ModelGardenTask.params_override (a path, a glob such as "
-                    "'train-*-of-00016', or several separated by commas).")
+    check_files(experiment, data, where, data=True)
 
 
 def _patterns(value) -> List[str]:
-    """The patterns of an `input_path` as Model Garden reads it: a string of comma-separated
-    patterns, or a list of such strings."""
+    """The patterns of a path field as Model Garden reads an `input_path`: a string of
+    comma-separated patterns, or a list of such strings."""
     values = [value] if isinstance(value, str) else list(value or [])
     return [part.strip() for each in values for part in str(each).split(",") if part.strip()]
 
@@ -215,7 +345,7 @@ def garden_task(params, logging_dir: Optional[str] = None):
     """
     from official.core import task_factory
 
-    if type(params.task).__module__ == "official.recommendation.ranking.configs.config":
+    if is_ranking(params):
         # The ranking task is not in task_factory: its train.py builds it with the trainer config.
         from official.recommendation.ranking import task as ranking
 
@@ -268,7 +398,9 @@ class ModelGardenTask(Task):
                  eval_sets: Optional[Mapping[str, Override]] = None):
         self.experiment = experiment
         self.params = experiment_config(experiment, config_files, params_override)
+        model_garden_settings.check(experiment, self.params)
         check_optimizer(experiment, self.params)
+        check_files(experiment, self.params.task, "task")  # Its data configs' when they are read.
         self.eval_sets = {name: eval_set_config(experiment, self.params, name, override)
                           for name, override in (eval_sets or {}).items()}
         # Some tasks write files there as Model Garden's trainer runs them (the WMT
@@ -277,14 +409,15 @@ class ModelGardenTask(Task):
             prefix="ctl-model-garden-"))
         self._model = None
 
-    def trainer_settings(self) -> Dict[str, Any]:
-        """The experiment's trainer config under `ctl.Schedule`'s names."""
-        trainer = self.params.trainer
-        return {"train_steps": trainer.train_steps, "steps_per_loop": trainer.steps_per_loop,
-                "eval_steps": trainer.validation_steps if trainer.validation_steps > 0 else None,
-                "eval_interval": trainer.validation_interval,
-                "checkpoint_interval": trainer.checkpoint_interval,
-                "max_checkpoints": trainer.max_to_keep}
+    def config_settings(self) -> Sequence[ConfigSetting]:
+        """The experiment's `trainer` and `runtime` settings under ctl's names
+        (`ctl.adapters.model_garden_settings`), each with its field."""
+        return model_garden_settings.settings(self.params)
+
+    def config_hooks(self) -> Sequence[Any]:
+        """`params.yaml` and the evaluation summaries in Model Garden's validation subdir
+        (`ctl.adapters.model_garden_dir.ModelGardenFiles`)."""
+        return [ModelGardenFiles(self.params)]
 
     # What Model Garden's trainer would build, in the same way.
 

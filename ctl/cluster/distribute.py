@@ -22,13 +22,16 @@ MAX_CPU_REPLICAS = 64
 
 
 def create_strategy(name: str = "default", cpu_replicas: int = 0,
-                    cluster: Optional[ClusterConfig] = None) -> tf.distribute.Strategy:
+                    cluster: Optional[ClusterConfig] = None,
+                    tpu: Optional[str] = None) -> tf.distribute.Strategy:
     """Returns the strategy called `name` (one of `STRATEGIES`).
 
     Args:
         name: the strategy (`--strategy`), one of `STRATEGIES`.
         cpu_replicas: split this machine's CPU into this many logical devices (0: do not; at most `MAX_CPU_REPLICAS`).
         cluster: the validated TF_CONFIG for the cluster strategies, or None.
+        tpu: the TPU `tpu` connects to (a name or `grpc://` address, as Model Garden's `--tpu`); None: the
+            environment's (TPU_NAME, or a TPU VM's own).
 
     Raises:
         UserError: an unknown name, or a `cpu_replicas` out of range.
@@ -51,7 +54,7 @@ def create_strategy(name: str = "default", cpu_replicas: int = 0,
             raise UserError("--strategy=parameter_server needs TF_CONFIG naming chief, worker and ps tasks.")
         return tf.distribute.ParameterServerStrategy(_resolver(cluster))
     if name == "tpu":
-        return _tpu_strategy()
+        return _tpu_strategy(tpu)
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")
     if name == "one_device":
@@ -88,16 +91,17 @@ def _resolver(cluster: ClusterConfig):
     )
 
 
-def _tpu_strategy() -> tf.distribute.Strategy:
-    """A TPUStrategy on the TPU named by the environment (TPU_NAME, or a local TPU VM)."""
+def _tpu_strategy(tpu: Optional[str]) -> tf.distribute.Strategy:
+    """A TPUStrategy on `tpu`, else the TPU named by the environment (TPU_NAME, or a local TPU VM)."""
+    where = f"--tpu={tpu}" if tpu else "--strategy=tpu"
     try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, tf.errors.OpError) as error:
         raise UserError(
-            f"--strategy=tpu found no TPU ({first_line(error)}); run on a TPU VM "
-            "or set TPU_NAME."
+            f"{where} found no TPU ({first_line(error)}); run on a TPU VM, "
+            "or name a TPU this host reaches (--tpu, TPU_NAME)."
         ) from error
     return tf.distribute.TPUStrategy(resolver)
 

@@ -24,8 +24,8 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
     `eval_model` its evaluated one, `checkpoint` the evaluated state.
 
     Args:
-      experiment: the run's `ctl.Experiment`: its `trainer_cls`, `task` and `hooks`
-        (whose Keras callbacks every evaluation calls).
+      experiment: the run's `ctl.Experiment`: its `trainer_cls` (given its `trainer_args`), `task`
+        and `hooks` (whose Keras callbacks every evaluation calls).
       strategy: the strategy to build under.
       directory: the run's model dir (`Run.directory`).
       train: the Trainer builds the train input.
@@ -43,7 +43,8 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
     """
     trainer = experiment.trainer_cls(
         experiment.task, strategy=strategy, train=train, evaluate=evaluate, stop=stop,
-        guard_steps=guard_steps, eval_callbacks=eval_callbacks(experiment.hooks))
+        guard_steps=guard_steps, eval_callbacks=eval_callbacks(experiment.hooks),
+        **getattr(experiment, "trainer_args", {}))
     checkpoint = (tf.train.Checkpoint(model=trainer.eval_model, global_step=trainer.global_step)
                   if sidecar else trainer.eval_checkpoint)
     run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,

@@ -18,7 +18,7 @@ Keras inputs.
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -27,6 +27,21 @@ from ctl.core.train_step import scale_loss
 from ctl.utils.errors import UserError
 
 Logs = Dict[str, Any]
+
+
+class ConfigSetting(NamedTuple):
+    """A setting of the run that a task's own config holds (`Task.config_settings`).
+
+    Args:
+        name: ctl's setting, as gin names it: `ctl.Schedule.train_steps`, `ctl.Trainer.mixed_precision`,
+            `ctl.FaultTolerance.nan_policy`, `ctl.ContinuousEval.timeout`, `ctl.hooks.BestCheckpoint.metric`.
+        value: its value.
+        source: where the task's config holds it, for the run's start (e.g. `trainer.train_steps`).
+    """
+
+    name: str
+    value: Any
+    source: str
 
 
 class Task:
@@ -239,6 +254,20 @@ class Task:
         """
         del aggregated_logs, global_step
         return {}
+
+    def config_settings(self) -> Sequence[ConfigSetting]:
+        """Settings of the run that the task's own config holds (none by default).
+
+        `ctl.Experiment` takes each where you set nothing (a gin binding, or in Python a value
+        other than ctl's default, wins) and the run's start names each one's source:
+        `ctl.ModelGardenTask` gives its experiment's `trainer` and `runtime` settings.
+        """
+        return ()
+
+    def config_hooks(self) -> Sequence[Any]:
+        """Hooks the task's own config asks for, run after the experiment's (none by default):
+        `ctl.ModelGardenTask` writes `params.yaml` and its evaluation summaries where Model Garden does."""
+        return ()
 
     def averaged_optimizer(self, optimizer):
         """The optimizer whose moving averages evaluation uses, or None (the default).

@@ -8,13 +8,13 @@
 
 `run_experiment` wires the pieces around one train run:
 
-    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.core.stop
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.model_dir.trainer_lock, ctl.core.stop
       Trainer(..., stop=watcher, guard_steps=stop_check == 'step')   # the loop: ctl.core.loops.StepGuard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
       after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
-        model dir taken (a lease another trainer took)?  stop      # ctl.faults.lock
+        model dir taken (a lease another trainer took)?  stop      # ctl.model_dir.trainer_lock
         bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
                    returns the end at the restored step, so the
                    controller replays up to train_steps
@@ -40,7 +40,7 @@ from ctl.utils import console
 from ctl.core.runner import TrainLoopEnd
 from ctl.utils.errors import UserError, require_choice
 from ctl.faults import resume
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.core.stop import SignalWatcher
 from ctl.faults.preemption import Preempted
@@ -64,6 +64,11 @@ class FaultTolerance:
         op determinism before the model is built: then a run stopped and
         resumed any number of times ends with the same weights, bit for bit,
         as one that ran straight through.
+      loss_upper_bound: a train loop whose mean loss is above it has a bad loss, as one with a
+        NaN has (`nan_policy` decides what follows; the loop's last step names it), from step
+        `loss_bound_from_step` on, as Model Garden's trainer checks its `loss_upper_bound`
+        after each loop. None: no bound.
+      loss_bound_from_step: the global step from which `loss_upper_bound` holds.
       stop_check: where a signal and a bad loss are looked for. 'step' (the
         default): before every step, inside the train loop (the step guard):
         a signal stops training before the next step, a NaN or Inf loss at
@@ -81,6 +86,8 @@ class FaultTolerance:
     healthy_interval: int = 1000
     seed: Optional[int] = None
     stop_check: str = "step"
+    loss_upper_bound: Optional[float] = None
+    loss_bound_from_step: int = 0
 
     @property
     def guard_steps(self) -> bool:
@@ -91,12 +98,17 @@ class FaultTolerance:
     def __post_init__(self):
         require_choice("ctl.FaultTolerance.nan_policy", self.nan_policy, NAN_POLICIES)
         require_choice("ctl.FaultTolerance.stop_check", self.stop_check, STOP_CHECKS)
-        for name in ("max_recoveries", "healthy_interval"):
+        for name in ("max_recoveries", "healthy_interval", "loss_bound_from_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(
                     f"ctl.FaultTolerance.{name} ({value!r}) must be a non-negative integer."
                 )
+        if self.loss_upper_bound is not None and (
+                isinstance(self.loss_upper_bound, bool)
+                or not isinstance(self.loss_upper_bound, (int, float))):
+            raise UserError(f"ctl.FaultTolerance.loss_upper_bound ({self.loss_upper_bound!r}) "
+                            "must be a number or None.")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise UserError(f"ctl.FaultTolerance.seed ({self.seed!r}) must be an integer or None.")
 
@@ -160,10 +172,15 @@ class FaultHandler:
         # Before anything this loop would save: a trainer whose model dir another took stops.
         if self.lock is not None:
             self.lock.stop_if_taken(end.step)
-        if self.per_loop and not _finite((end.logs or {}).get("loss")):
+        loss = (end.logs or {}).get("loss")
+        above = None
+        if self.per_loop and not _finite(loss):
             end = end._replace(bad_step=end.step)  # Somewhere in the loop: named by its end.
+        elif end.bad_step is None and self._above_bound(loss, end.step):
+            above = (float(np.mean(loss)), float(self.settings.loss_upper_bound))
+            end = end._replace(bad_step=end.step)  # The loop's mean: named by its end.
         if end.bad_step is not None:
-            end = self._on_bad_loss(end.bad_step, end)
+            end = self._on_bad_loss(end.bad_step, end, above)
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         cluster_wide = self.guard is not None and self.guard.cluster_wide
         if self.guard.stopped_by_request() if cluster_wide else self.watcher.signum is not None:
@@ -185,26 +202,35 @@ class FaultHandler:
             path = self.manager.restore_directory.checkpoint_path(os.path.basename(path))
         raise Preempted(self.watcher.signum, step, path)
 
-    def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd) -> TrainLoopEnd:
+    def _above_bound(self, loss, step: Optional[int]) -> bool:
+        bound = self.settings.loss_upper_bound
+        if bound is None or loss is None or step is None or not _finite(loss):
+            return False
+        return step >= self.settings.loss_bound_from_step and float(np.mean(loss)) > bound
+
+    def _on_bad_loss(self, bad_step: int, end: TrainLoopEnd, above=None) -> TrainLoopEnd:
         path = self.manager.latest_checkpoint
+        in_loop = self.per_loop or above is not None
         if self.settings.nan_policy == "stop":
             raise NonFiniteLoss(bad_step, "ctl.FaultTolerance.nan_policy='stop'",
-                                recoverable=path is not None, in_loop_ending=self.per_loop)
+                                recoverable=path is not None, in_loop_ending=in_loop, above=above)
         if path is None:
             raise NonFiniteLoss(bad_step, "nan_policy='recover', but no checkpoint was saved "
-                                "before it", recoverable=False, in_loop_ending=self.per_loop)
+                                "before it", recoverable=False, in_loop_ending=in_loop, above=above)
         if not self.budget.spend(bad_step):
             raise NonFiniteLoss(
                 bad_step, f"{self.settings.max_recoveries} recoveries already tried, the "
                 f"limit set by ctl.FaultTolerance.max_recoveries", recoverable=False,
-                in_loop_ending=self.per_loop)
+                in_loop_ending=in_loop, above=above)
         self.manager.sync()  # In an object store: uploaded, so readable where `path` says.
         with self.input_position.detached() as checkpoint:
             checkpointing.restore(checkpoint, path, self.manager.files)
         step = int(self.trainer.global_step.numpy())
-        console.warning("nan", "loss is NaN or Inf %s step %d: restored %s, replaying from step %d "
+        console.warning("nan", "loss is %s %s step %d: restored %s, replaying from step %d "
                         "(recovery %d of at most %d in a row).",
-                        "in the loop ending at" if self.per_loop else "at", bad_step, path, step,
+                        "NaN or Inf" if above is None else
+                        f"{above[0]:g}, above ctl.FaultTolerance.loss_upper_bound={above[1]:g},",
+                        "in the loop ending at" if in_loop else "at", bad_step, path, step,
                         self.budget.used, self.settings.max_recoveries)
         self.budget.resumed_at(step)
         if self.guard is not None:

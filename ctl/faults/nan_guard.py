@@ -21,7 +21,8 @@ NAN_POLICIES = ("stop", "recover")
 class NonFiniteLoss(UserError):
     """The loss was NaN or Inf at `step` and the policy says stop."""
 
-    def __init__(self, step: int, why: str, recoverable: bool, in_loop_ending: bool = False):
+    def __init__(self, step: int, why: str, recoverable: bool, in_loop_ending: bool = False,
+                 above=None):
         """The message names the step, why, and the fix.
 
         Args:
@@ -29,15 +30,20 @@ class NonFiniteLoss(UserError):
             why: why the run stops there, e.g. "ctl.FaultTolerance.nan_policy='stop'".
             recoverable: whether nan_policy='recover' would have had a checkpoint to go back to.
             in_loop_ending: the bad step is only known to be in the loop that ended at `step`
-                (`ctl.FaultTolerance.stop_check='loop'`).
+                (`ctl.FaultTolerance.stop_check='loop'`, or a loop's mean above a bound).
+            above: (the loop's mean loss, `ctl.FaultTolerance.loss_upper_bound`) when the loss is
+                bad for being above the bound; None: NaN or Inf.
         """
         self.step = step
         retry = (", or set ctl.FaultTolerance.nan_policy = 'recover' to restore the last "
                  "checkpoint and retry" if recoverable else "")
         where = f"in the loop ending at step {step}" if in_loop_ending else f"at step {step}"
         data = "the data of those steps" if in_loop_ending else "the data of that step"
+        what = "is NaN or Inf" if above is None else (
+            f"({above[0]:g}) is above ctl.FaultTolerance.loss_upper_bound ({above[1]:g}, Model "
+            "Garden's trainer.loss_upper_bound)")
         super().__init__(
-            f"the training loss is NaN or Inf {where} ({why}); lower the learning "
+            f"the training loss {what} {where} ({why}); lower the learning "
             f"rate or check {data}{retry}."
         )
 

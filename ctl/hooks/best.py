@@ -19,11 +19,20 @@ files `tf.train.CheckpointManager` manages, so `max_checkpoints` retention
 never deletes it; a restart reads `best.json` and only replaces the best with
 a better one. Restore it with `tf.train.Checkpoint(...).read(record["path"])`.
 
+With `export_subdir` (a Model Garden experiment's `trainer.best_checkpoint_export_subdir`,
+`best_ckpt`), each new best is also written where Model Garden's `BestCheckpointExporter`
+writes it, for its tools: `<model_dir>/<export_subdir>/best_ckpt-<step>` (one kept, with its
+`checkpoint` state file) and `info.json`, the evaluation's scalars with
+`best_ckpt_global_step` (ctl's `loss` under Model Garden's name, `validation_loss`).
+
 Runs eagerly on the host, on the chief (or a sidecar evaluator).
 """
 
+import json
 import os
 from typing import Any, Dict, List, Optional
+
+import numpy as np
 
 import gin
 import tensorflow as tf
@@ -31,10 +40,15 @@ import tensorflow as tf
 from ctl.hooks.eval_results import improved, metric_value
 from ctl.utils import console
 from ctl.core.hook_protocol import Hook, Run
-from ctl.model_dir import ModelDir, entries, is_temporary, publishing, read_json, write_json
+from ctl.model_dir import (ModelDir, entries, is_temporary, publishing, read_json, write_atomically,
+                           write_json)
 
 BEST_DIR = "best"  # In the model dir: the best checkpoint (`ckpt-<step>/`) and its record.
 BEST_RECORD_FILE = "best.json"  # In BEST_DIR, and in each `BestExporter`'s `export/<name>/`.
+# Model Garden's layout (official.core.train_utils.BestCheckpointExporter).
+GARDEN_CHECKPOINT_NAME = "best_ckpt"
+GARDEN_RECORD_FILE = "info.json"
+GARDEN_NAMES = {"loss": "validation_loss"}  # ctl's eval results under Model Garden's names.
 
 
 def best_record(directory: ModelDir) -> Dict[str, Any]:
@@ -126,19 +140,24 @@ class BestCheckpoint(Hook):
     Args:
         metric: the evaluation result compared, by name (`"set/name"` for a named eval set, e.g. `"val/accuracy"`).
         higher_is_better: True when a larger value is better (accuracy), False when smaller is (loss).
+        export_subdir: also write each best where Model Garden writes it: `<model_dir>/<export_subdir>/`
+            (`best_ckpt-<step>`, `info.json`); None: ctl's `best/` only.
     """
 
-    def __init__(self, metric: str = "loss", higher_is_better: bool = False):
+    def __init__(self, metric: str = "loss", higher_is_better: bool = False,
+                 export_subdir: Optional[str] = None):
         self.metric = metric
         self.higher_is_better = higher_is_better
+        self.export_subdir = export_subdir or None
 
     def __eq__(self, other) -> bool:
         """Two keep the same checkpoint (`ctl.run`'s extra hooks skip one the experiment has)."""
         return (type(other) is type(self) and other.metric == self.metric
-                and other.higher_is_better == self.higher_is_better)
+                and other.higher_is_better == self.higher_is_better
+                and other.export_subdir == self.export_subdir)
 
     def __hash__(self) -> int:
-        return hash((type(self), self.metric, self.higher_is_better))
+        return hash((type(self), self.metric, self.higher_is_better, self.export_subdir))
 
     def bind(self, run: Run) -> None:
         """Reads the best value so far from `<model_dir>/best/best.json` (or starts without one).
@@ -161,10 +180,22 @@ class BestCheckpoint(Hook):
             return
         step = self.run.step
         path = self._write(step)
+        if self.export_subdir:
+            self._write_model_garden(logs, step)
         self.best.commit(logs, step=step, path=path)
         self._remove_all_but(step)
         console.info("best", "%s = %.6g, best so far: %s", self.metric, self.best.value, path,
                      step=step)
+
+    def _write_model_garden(self, logs, step: int) -> None:
+        """The best checkpoint and its `info.json` as Model Garden's BestCheckpointExporter writes them."""
+        directory = self.run.directory.file(self.export_subdir)
+        tf.train.CheckpointManager(self.run.checkpoint, directory, max_to_keep=1,
+                                   checkpoint_name=GARDEN_CHECKPOINT_NAME).save(checkpoint_number=step)
+        record = _scalars({GARDEN_NAMES.get(name, name): value for name, value in logs.items()})
+        record["best_ckpt_global_step"] = step
+        write_atomically(os.path.join(directory, GARDEN_RECORD_FILE),
+                         json.dumps(record, indent=4) + "\n")
 
     def _checkpoint(self, step: int) -> str:
         """`best/ckpt-<step>/ckpt`: the best checkpoint, in a directory published whole."""
@@ -189,3 +220,16 @@ class BestCheckpoint(Hook):
         for path in self._leftovers(step):
             tf.io.gfile.rmtree(path)
 
+
+
+def _scalars(logs) -> Dict[str, Any]:
+    """`logs` with its scalars as floats, nested dicts kept, other values (images) dropped."""
+    kept: Dict[str, Any] = {}
+    for name, value in logs.items():
+        if isinstance(value, dict):
+            kept[name] = _scalars(value)
+            continue
+        array = np.asarray(value)
+        if array.ndim == 0 and np.issubdtype(array.dtype, np.number):
+            kept[name] = float(array)
+    return kept

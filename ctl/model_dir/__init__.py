@@ -1,12 +1,17 @@
-"""The model dir, and the records processes keep in it to agree with each other.
+"""The model dir, and every file and record several processes share, with its rule.
 
 `layout` names every file of a model dir (`ModelDir`, one per run) and reads the
 run's records; `files` writes and reads one file (atomically, whole, JSON lines) and
 publishes directories whole; `checkpoints` tells a checkpoint's files and reads the
-state file. Across processes: `claims` (one interface, `Claim`) is a `file_lock` on a
-file system and a `lease` in an object store, with the holder's record in `holders`;
-`evaluator_role` tells who evaluates. For object stores: `staging` (a local copy per
-process), `background` (uploads off the training thread) and `at_once` (reads that do not
+state file. Across processes, each shared file's rule in one module: the primitives,
+`claims` (one interface, `Claim`: a `file_lock` on a file system, a `lease` in an
+object store, the holder's record in `holders`); one trainer per model dir
+(`trainer_lock`: `trainer.lock`); who evaluates and runs the eval-side hooks
+(`evaluator_role`: `evaluator.lock`); what a sidecar did with each checkpoint, for the
+next sidecar (`sidecar_progress`: `eval/sidecar_progress.json`); and which worker of a
+sweep runs which trial (`sweep_workers`: the slots and takeover lock of a sweep dir's
+`workers/`, a trial's owner and heartbeat). For object stores: `staging` (a local copy
+per process), `background` (uploads off the training thread) and `at_once` (reads that do not
 wait for each other).
 
 `from ctl.model_dir import ModelDir` (and the functions of `layout`, `files` and

@@ -23,8 +23,8 @@ before that loop's checkpoint, with one line and exit 2
 from typing import Callable, Optional
 
 from ctl.model_dir.claims import claim_for
+from ctl.model_dir.layout import ModelDir
 from ctl.utils.errors import UserError
-from ctl.model_dir import ModelDir
 
 TRAINER_LOCK_FILE = "trainer.lock"  # In the model dir: one trainer at a time.
 

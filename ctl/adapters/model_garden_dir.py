@@ -1,0 +1,98 @@
+"""What a Model Garden model dir holds besides ctl's files, written by ctl for its tools.
+
+`ModelGardenFiles` (a hook `ctl.ModelGardenTask.config_hooks()` gives) writes, on the chief:
+
+- `params.yaml`: the experiment's config, as Model Garden's train.py writes it in a mode that
+  trains (`official.core.train_utils.serialize_config`), after the first train loop;
+- each evaluation's scalars as summaries in `<model_dir>/<trainer.validation_summary_subdir>`
+  (Model Garden's `validation/`), beside ctl's `eval/`, ctl's `loss` under Model Garden's name
+  `validation_loss`.
+
+The best checkpoint's `best_ckpt/` and `info.json` are `ctl.hooks.BestCheckpoint`'s
+(`export_subdir`).
+"""
+
+import os
+import tempfile
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+from ctl.core.hook_protocol import Hook
+from ctl.model_dir import write_atomically
+
+PARAMS_FILE = "params.yaml"
+CTL_EVAL_SUBDIR = "eval"  # ctl's own (`ModelDir.eval_dir`): nothing to add there.
+GARDEN_NAMES = {"loss": "validation_loss"}
+
+
+def params_yaml(params) -> str:
+    """The text Model Garden's `serialize_config` writes for `params`.
+
+    Args:
+        params: an `ExperimentConfig`.
+    """
+    from official.modeling import hyperparams
+
+    with tempfile.TemporaryDirectory(prefix="ctl-params-") as directory:
+        path = os.path.join(directory, PARAMS_FILE)
+        hyperparams.save_params_dict_to_yaml(params, path)
+        with open(path) as f:
+            return f.read()
+
+
+class ModelGardenFiles(Hook):
+    """Writes `params.yaml` after the first train loop and each evaluation's summaries in Model
+    Garden's validation subdir (on the chief).
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+    """
+
+    def __init__(self, params):
+        self.params = params
+        self.subdir: str = params.trainer.validation_summary_subdir
+        self._params_written = False
+        self._writer: Optional[Any] = None
+
+    def on_train_loop_end(self, logs: Dict[str, Any]) -> None:
+        """Writes `params.yaml` once, after the first train loop.
+
+        Args:
+            logs: the loop's results (unused).
+        """
+        if self._params_written or not self.run.chief:
+            return
+        write_atomically(self.run.directory.file(PARAMS_FILE), params_yaml(self.params))
+        self._params_written = True
+
+    def on_eval_end(self, logs: Dict[str, Any]) -> None:
+        """Writes the evaluation's scalars at its step in `<model_dir>/<validation_summary_subdir>`.
+
+        Args:
+            logs: the evaluation's results (named eval sets nested, `{set: {metric: value}}`).
+        """
+        if not self.run.chief or not self.subdir or self.subdir.strip("/") == CTL_EVAL_SUBDIR:
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.run.directory.file(self.subdir))
+        with self._writer.as_default():
+            for name, value in _flat(logs).items():
+                tf.summary.scalar(GARDEN_NAMES.get(name, name), value, step=self.run.step)
+        self._writer.flush()
+
+
+def _flat(logs, prefix: str = "") -> Dict[str, float]:
+    """The scalars of `logs`, nested dicts as `a/b` (as orbit's summary manager names them)."""
+    flat: Dict[str, float] = {}
+    for name, value in logs.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{name}/"))
+            continue
+        try:
+            tensor = tf.convert_to_tensor(value)
+        except (TypeError, ValueError):
+            continue
+        if tensor.shape.rank == 0 and (tensor.dtype.is_floating or tensor.dtype.is_integer):
+            flat[f"{prefix}{name}"] = float(tensor.numpy())
+    return flat
