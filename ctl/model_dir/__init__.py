@@ -11,12 +11,14 @@ object store, the holder's record in `holders`); one trainer per model dir
 next sidecar (`sidecar_progress`: `eval/sidecar_progress.json`); and which worker of a
 sweep runs which trial (`sweep_workers`: the slots and takeover lock of a sweep dir's
 `workers/`, a trial's owner and heartbeat). For object stores: `staging` (a local copy
-per process) and `background` (uploads off the training thread).
+per process), `background` (uploads off the training thread) and `at_once` (reads that do not
+wait for each other).
 
 `from ctl.model_dir import ModelDir` (and the functions of `layout`, `files` and
 `checkpoints`) is how the layers above use it.
 """
 
+from ctl.model_dir.at_once import Ahead, at_once
 from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored, UnreadableCheckpointError,
                                        checkpoint_files, checkpoint_index)
 from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, JsonLines, entries,
@@ -28,6 +30,7 @@ from ctl.model_dir.layout import (CONFIG_FILE, EVAL_DIR, EVALUATOR_FILE, FINISHE
                                   eval_set_dir, results_of, uploaded_path)
 
 __all__ = [
+    "Ahead", "at_once",
     "CHECKPOINT_STATE_FILE", "CheckpointState", "Restored", "UnreadableCheckpointError", "checkpoint_files",
     "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "JsonLines", "entries",
     "is_object_store", "is_published", "is_temporary", "publish_directory", "publishing", "read_bytes",
