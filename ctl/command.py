@@ -15,11 +15,12 @@ import logging as std_logging
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
-from absl import logging
+from absl import flags, logging
 
 from ctl.cluster import run_plan
 from ctl.cluster import tf_config as cluster
 from ctl.cluster.run_plan import SMOKE
+from ctl.config import gin_text
 from ctl.utils import console
 from ctl.utils.errors import EXIT_USER_ERROR, UserError, first_line
 
@@ -54,6 +55,22 @@ class Command:
         console.end_bar()
         print(f"{self.name}: {message}", file=sys.stderr)
         sys.exit(status)
+
+
+def parse_flags(name: str, flag_values, argv):
+    """An entry point's flags parser: `--gin.NAME=VALUE` expanded, a mistake in one line, exit 2.
+
+    Args:
+        name: the command, as its error line names it (e.g. "ctl.run").
+        flag_values: the absl `FlagValues` that hold the command's flags.
+        argv: the command line, the program name first.
+    """
+    try:
+        return flag_values(gin_text.expand_gin_flags(argv))
+    except flags.Error as error:
+        Command(name).fail(f"{error}. See --helpfull.".replace("\n", "; "))
+    except UserError as error:
+        Command(name).fail(str(error))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -188,8 +188,8 @@ class _Settle:
 
     def apply(self) -> None:
         experiment = self.experiment
-        self._schedule()
-        self._fault_tolerance()
+        self._settings_object("schedule", Schedule, "ctl.Schedule")
+        self._settings_object("fault_tolerance", FaultTolerance, "ctl.FaultTolerance")
         defaults = {name: parameter.default for name, parameter in
                     inspect.signature(experiment.trainer_cls.__init__).parameters.items()}
         trainer = self._split("ctl.Trainer", {}, defaults)
@@ -205,23 +205,15 @@ class _Settle:
             self._set("hooks", (*experiment.hooks, *extra))
         self._set("sources", tuple(self.lines))
 
-    def _schedule(self) -> None:
-        schedule = self.experiment.schedule
-        defaults = {f.name: f.default for f in dataclasses.fields(Schedule)}
-        current = dataclasses.asdict(schedule) if schedule is not None else {}
-        taken = self._split("ctl.Schedule", current, defaults)
-        if schedule is None or taken:
-            schedule = _made(Schedule, schedule, taken, self.by_owner["ctl.Schedule"])
-        self._set("schedule", schedule)
-
-    def _fault_tolerance(self) -> None:
-        faults = self.experiment.fault_tolerance
-        defaults = {f.name: f.default for f in dataclasses.fields(FaultTolerance)}
-        current = dataclasses.asdict(faults) if faults is not None else {}
-        taken = self._split("ctl.FaultTolerance", current, defaults)
-        if faults is None or taken:
-            faults = _made(FaultTolerance, faults, taken, self.by_owner["ctl.FaultTolerance"])
-        self._set("fault_tolerance", faults)
+    def _settings_object(self, field: str, cls, owner: str) -> None:
+        """The experiment's `field` (a `cls` dataclass, gin's `owner`), with the settings it takes."""
+        instance = getattr(self.experiment, field)
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        current = dataclasses.asdict(instance) if instance is not None else {}
+        taken = self._split(owner, current, defaults)
+        if instance is None or taken:
+            instance = _made(cls, instance, taken, self.by_owner[owner])
+        self._set(field, instance)
 
     def _best_checkpoint(self) -> None:
         settings = self.by_owner["ctl.hooks.BestCheckpoint"]

@@ -67,12 +67,7 @@ def parse_flags(argv):
     Args:
         argv: the command line, the program name first.
     """
-    try:
-        return FLAGS(gin_text.expand_gin_flags(argv))
-    except flags.Error as error:
-        _fail(f"{error}. See --helpfull.")
-    except UserError as error:
-        _fail(str(error))
+    return command.parse_flags(COMMAND, FLAGS, argv)
 
 
 def main(argv, hooks: Sequence[Any] = ()):

@@ -24,20 +24,22 @@ eagerly on the host.
 """
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
 from ctl.hooks.best import best_record
 from ctl.hooks.exporting import EXPORT_DIR, export_best_record_files
 from ctl.utils import console
-from ctl.model_dir import ModelDir, read_json, results_of
+from ctl.model_dir import ModelDir, at_once, read_json, results_of
 
 KIND = "done"
 
 
-def completed_run(directory: ModelDir, train_steps: int,
-                  evaluate: bool) -> Optional[Dict[str, Any]]:
+def completed_run(directory: ModelDir, train_steps: int, evaluate: bool,
+                  marked: Optional[bool] = None,
+                  recorded: Optional[Callable[[], Dict[Any, Dict[str, Any]]]] = None
+                  ) -> Optional[Dict[str, Any]]:
     """The final results of the run in `directory` if it is already complete, else None.
 
     Complete: the trainer marked it finished at step `train_steps` or later, its
@@ -49,15 +51,17 @@ def completed_run(directory: ModelDir, train_steps: int,
         directory: the run's model dir.
         train_steps: the step the run trains to (`ctl.Schedule.train_steps`).
         evaluate: whether the mode evaluates (then an evaluation at the final step must be on record).
+        marked: whether the run-finished marker is there, if already read (None: read here).
+        recorded: `directory.evaluations_on_record`, or a function that returns what it read ahead.
     """
-    if not tf.io.gfile.exists(directory.finished_file):
+    if not (tf.io.gfile.exists(directory.finished_file) if marked is None else marked):
         return None
     final = directory.final_checkpoint_number()
     if final is None or final < train_steps or final not in directory.checkpoints():
         return None
     if not evaluate:
         return {}
-    return directory.evaluations_on_record().get(final)
+    return (recorded or directory.evaluations_on_record)().get(final)
 
 
 def say_complete(directory: ModelDir, train_steps: int, results: Dict[str, Any]) -> None:
@@ -86,18 +90,28 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
         results: the final evaluation's results; without one (`train`), the last train loop's are read.
         already: True for a run that was already complete (says less).
     """
+    # Independent reads: side by side in an object store (each a round trip).
+    found = at_once(directory.path, {
+        "loops": (lambda: directory.metrics("train")) if not results else (lambda: []),
+        "best": lambda: _best_records(directory),
+        "evaluations": directory.evaluations_on_record,  # Is the final step's evaluated?
+        "latest": lambda: directory.checkpoint_state().latest,
+        "train": lambda: tf.io.gfile.isdir(directory.train_dir),
+        "eval": lambda: tf.io.gfile.isdir(directory.eval_dir),
+        "export": lambda: tf.io.gfile.isdir(directory.file(EXPORT_DIR)),
+    })
     kind = "eval"
     if not results:
         kind = "train loop"
-        loops = directory.metrics("train")
+        loops = found["loops"]
         results = results_of(loops[-1]) if loops else {}
     final = f"final {kind}: {console.format_logs(results)}" if results else "no metrics recorded"
     if not already:
         console.info(KIND, "trained to step %d; %s", step, final, step=step)
     else:
         console.info(KIND, "%s", final, step=step)
-    records = _best_records(directory)
-    settled = not records or step in directory.evaluations_on_record()
+    records = found["best"]
+    settled = not records or step in found["evaluations"]
     for record in records:
         if settled:
             console.info(KIND, "best: %s = %.6g at step %s: %s", record.get("metric"),
@@ -107,13 +121,13 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
                          "evaluation, e.g. by the sidecar evaluator, decides the run's best)",
                          record.get("metric"), record.get("value"), record.get("step"),
                          record.get("path"), step)
-    latest = directory.checkpoint_state().latest
+    latest = found["latest"]
     where = [f"checkpoints (latest {os.path.basename(latest)})" if latest else "no checkpoint"]
-    summaries = [path for path in (directory.train_dir, directory.eval_dir)
-                 if tf.io.gfile.isdir(path)]
+    summaries = [path for path, there in ((directory.train_dir, found["train"]),
+                                          (directory.eval_dir, found["eval"])) if there]
     if summaries:
         where.append("summaries " + " ".join(f"{os.path.basename(p)}/" for p in summaries))
-    if tf.io.gfile.isdir(directory.file(EXPORT_DIR)):
+    if found["export"]:
         where.append(f"exports {EXPORT_DIR}/")
     console.info(KIND, "in %s: %s", directory.path, ", ".join(where))
     console.info(KIND, "to look: python -m ctl.report --model_dir=%s ; tensorboard --logdir %s",

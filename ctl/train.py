@@ -64,12 +64,7 @@ def parse_flags(argv):
     Args:
         argv: the command line, the program name first.
     """
-    try:
-        return FLAGS(gin_text.expand_gin_flags(argv))
-    except flags.Error as error:
-        _command().fail(f"{error}. See --helpfull.".replace("\n", "; "))
-    except UserError as error:
-        _command().fail(str(error))
+    return command.parse_flags(COMMAND, FLAGS, argv)
 
 
 def main(argv):

@@ -40,7 +40,7 @@ from ctl.utils.errors import UserError, require_choice
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.build_run import build_run
 from ctl.core.hook_protocol import Hooks
-from ctl.model_dir import ModelDir
+from ctl.model_dir import Ahead, ModelDir
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -48,7 +48,7 @@ from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
 from ctl.faults.handler import FaultHandler, FaultTolerance
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.sidecar import continuous_eval
 
 
@@ -247,6 +247,7 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
     eval_side = None
     if plan.eval_side:  # One process runs the eval-side hooks of a model dir.
         eval_side = EvaluatorRole(directory, TRAINER, hooks.actions("on_eval_end", builtin=False))
+        eval_side.read_ahead()
         eval_actions = hooks.actions("on_eval_end", builtin=True) + [eval_side]
     controller = Controller(
         strategy=strategy,
@@ -274,6 +275,13 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
          lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher],
          seeded: bool = False) -> Dict[str, Any]:
     schedule = experiment.schedule
+    # The dir's records this run reads before it trains, read while it builds and traces (in an
+    # object store, beside it: each read is a round trip). Read as late as its restore, which
+    # comes before the lock too; a trainer that wrote them since would hold the lock.
+    marked = Ahead(directory.path, lambda: tf.io.gfile.exists(directory.finished_file),
+                   name="ctl-read-finished") if plan.train else None
+    recorded = (Ahead(directory.path, directory.evaluations_on_record, name="ctl-read-evaluations")
+                if plan.in_line_eval else None)
     trainer, controller, faults, hooks, eval_side = build_controller(
         plan, directory, strategy, experiment,
         checkpoint_dir=checkpoint_dir, watcher=watcher, lock=lock, seeded=seeded,
@@ -290,23 +298,32 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                        trace_loop=not schedule.summary_interval)
     if plan.writes:
         directory.create()  # Everything is validated: the first write.
+    done: List[Optional[Dict[str, Any]]] = []
+
+    def before_writing() -> None:  # Reads only: runs while the lease settles.
+        if plan.train:
+            done.append(run_end.completed_run(
+                directory, schedule.train_steps, evaluate=plan.in_line_eval,
+                marked=marked.result(), recorded=recorded.result if recorded else None))
+            if done[0] is None:
+                faults.resume_inputs()
+
     if lock is not None:
-        lock.acquire()  # Before anything else is written; raises UserError if held.
-    if plan.train:  # Validated (config, checkpoint, lock): a run already complete ends here.
-        done = run_end.completed_run(directory, schedule.train_steps,
-                                     evaluate=plan.in_line_eval)
-        if done is not None:
-            if plan.writes:
-                run_end.say_complete(directory, schedule.train_steps, done)
-            return done
-        faults.resume_inputs()
+        lock.acquire(before_writing)  # Before anything else is written; raises UserError if held.
+    else:
+        before_writing()
+    if done and done[0] is not None:  # Validated (config, checkpoint, lock): already complete.
+        if plan.writes:
+            run_end.say_complete(directory, schedule.train_steps, done[0])
+        return done[0]
     if plan.marks_finished:
-        directory.clear_finished()
+        if marked is None or marked.result():
+            directory.clear_finished()
         config.save_config(directory)
 
     try:
-        evaluations = (_Evaluations(directory, eval_side if plan.steps_aside else None)
-                       if plan.in_line_eval else None)
+        evaluations = (_Evaluations(recorded.result(), eval_side if plan.steps_aside else None)
+                       if recorded is not None else None)
         output = _run_mode(plan, controller, schedule, evaluations)
     except EvaluationStopped:  # A signal during an in-line evaluation.
         faults.preempt(controller.step)
@@ -350,8 +367,8 @@ class _Evaluations:
     evaluation). Evaluating, the chief holds the evaluator role until the
     evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""
 
-    def __init__(self, directory: ModelDir, in_line: Optional[EvaluatorRole]):
-        self.recorded = directory.evaluations_on_record()
+    def __init__(self, recorded: Dict[Any, Dict[str, Any]], in_line: Optional[EvaluatorRole]):
+        self.recorded = recorded  # `ModelDir.evaluations_on_record()`.
         self.in_line = in_line
 
     def skip(self, step: int) -> bool:

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir.trainer_lock import TRAINER_LOCK_FILE
 from ctl.model_dir import ModelDir, read_json
 from tests.support.env import ROOT, TEST_GIN
 from tests.support.in_process import run_ctl_in_process

@@ -18,7 +18,7 @@ import tf_keras
 import ctl
 from ctl.hooks.best import best_record
 from ctl.model_dir import EVAL_DIR
-from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
+from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN

@@ -14,7 +14,7 @@ import ctl
 from ctl.config import gin_config as config
 from ctl.model_dir import ModelDir
 from ctl.faults.handler import FaultTolerance
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.faults.nan_guard import NonFiniteLoss, RecoveryBudget
 from ctl.core.stop import SignalWatcher
 from ctl.faults.preemption import Preempted

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from ctl.hooks.best import BEST_DIR, BEST_RECORD_FILE
 from ctl.hooks.early_stopping import EARLY_STOPPING_FILE
-from ctl.faults.lock import TRAINER_LOCK_FILE
+from ctl.model_dir.trainer_lock import TRAINER_LOCK_FILE
 from ctl.model_dir import EVAL_DIR
-from ctl.sidecar.continuous_eval import SIDECAR_PROGRESS_FILE
+from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
 from tests.support.env import ROOT
 from tests.support.processes import Process, run_ctl
@@ -280,3 +280,24 @@ def test_in_line_evaluation_in_a_bucket_reads_the_sidecar_announcement_ahead_off
     assert readers[0] == (threading.current_thread().name, True)
     # The fifth read, for a next evaluation, may still run.
     assert readers[1:4] == [("ctl-sidecar-read", True)] * 2 + [("ctl-sidecar-read", False)]
+
+
+def test_a_trainer_reads_the_first_evaluations_announcement_ahead(gcs_dir, monkeypatch):
+    # As its run starts (`EvaluatorRole.read_ahead`, train_lib): the first in-line evaluation's
+    # decision then waits for no read on the training thread.
+    import threading
+
+    from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
+    from ctl.model_dir import ModelDir
+    readers = []
+    read = EvaluatorRole.live_sidecar
+
+    def live_sidecar(role):
+        readers.append(threading.current_thread().name)
+        return read(role)
+
+    monkeypatch.setattr(EvaluatorRole, "live_sidecar", live_sidecar)
+    trainer = EvaluatorRole(ModelDir(gcs_dir), TRAINER)
+    trainer.read_ahead()
+    assert not trainer.steps_aside(500)
+    assert readers[0] == "ctl-sidecar-read"

@@ -18,7 +18,7 @@ from tests.support.env import ROOT, ctl_env
 # segmentation and video minutes of tracing: the committed table says where their rows stand.
 REPRESENTATIVES = ["image_classification", "mock"]
 KEYS = {"experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
-        "train_lib_s_per_step", "reason"}
+        "train_lib_s_per_step", "ctl_first_step_s", "train_lib_first_step_s", "reason"}
 
 
 def zoo(*args, timeout=900):
@@ -42,6 +42,8 @@ def test_representative_experiments_train_with_model_gardens_numbers(tmp_path):
         assert row["same_eval"] and row["eval"], row["eval"]
         assert row["same_weights"], row["experiment"]
         assert len(row["losses"]["ctl"]) == 3
+        for trainer in ("ctl", "train_lib"):  # The first step comes within the whole run.
+            assert 0 < row[f"{trainer}_first_step_s"] <= row[f"{trainer}_s"], row
 
 
 @pytest.mark.slow  # Starts a Python process (tests/support/tiers.py).

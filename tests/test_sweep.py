@@ -496,7 +496,7 @@ def test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed(tmp
         second = start_sweep(sweep_file, sweep_dir, *long_run, log=log)
         try:
             step = held_after(max(model_dir.checkpoints()), second)
-            from ctl.faults.lock import TRAINER_LOCK_FILE
+            from ctl.model_dir.trainer_lock import TRAINER_LOCK_FILE
 
             with open(model_dir.file(TRAINER_LOCK_FILE)) as f:
                 trial_pid = json.load(f)["pid"]  # The trial's ctl.run: forked by the worker's launcher.
@@ -773,7 +773,7 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
             process.wait(timeout=60)
     os.remove(gate)
     assert [t.state.name for t in load_trials(sweep_dir, "stale")] == ["RUNNING"] * 3 + ["WAITING"] * 2
-    from ctl.sweep.study import heartbeat_age
+    from ctl.model_dir.sweep_workers import heartbeat_age
 
     deadline = time.monotonic() + 60  # The grace passed: then no worker may start a new trial first.
     while not all(heartbeat_age(t) >= 5 for t in load_trials(sweep_dir, "stale")[:3]):

@@ -81,8 +81,8 @@ def test_the_objective_is_named_without_a_warning(tmp_path, recwarn):
 def test_attrs_written_by_number_are_read_by_another_storage(tmp_path):
     storage = journal(tmp_path)
     _, study_id = queue(storage, trials=2)
-    internals.set_system_attr(storage, study_id, 1, "ctl_owner", "host:dir:0")
-    internals.set_user_attr(storage, study_id, 1, "fail_reason", "why")
+    internals.set_trial_attr(storage, study_id, 1, "ctl_owner", "host:dir:0")
+    internals.set_trial_attr(storage, study_id, 1, "fail_reason", "why", user=True)
     trial = internals.frozen(journal(tmp_path), study_id, 1)
     assert trial.system_attrs["ctl_owner"] == "host:dir:0"
     assert trial.user_attrs["fail_reason"] == "why"

@@ -9,7 +9,8 @@ named) trains its tiny variant K steps with ctl and with Model Garden's
 `train_lib` from one initial checkpoint (bench/model_garden_zoo/compare.py),
 each experiment in a process of its own. Prints one JSON line per experiment:
 `{"experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval",
-"ctl_s_per_step", "train_lib_s_per_step", "reason"}`, and writes all rows,
+"ctl_s_per_step", "train_lib_s_per_step", "ctl_first_step_s", "train_lib_first_step_s", "reason"}`
+(the first-step fields: seconds from each trainer's call to its first completed step), and writes all rows,
 with the details (losses, eval metrics, weights), the commit and the host's
 load, to the results file that `python -m bench.model_garden_zoo.page` turns
 into the docs page. `--guarantees` adds ctl's four guarantees to each row
@@ -40,7 +41,7 @@ from bench.model_garden_zoo import guarantees
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
 KEYS = ["experiment", "trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
-        "train_lib_s_per_step", "reason"]
+        "train_lib_s_per_step", "ctl_first_step_s", "train_lib_first_step_s", "reason"]
 TIMEOUT_S = 2400  # One experiment, both trainers; a row that takes longer says so.
 RUN_FILE, LOADS_FILE = "zoo_run.json", "zoo_loads.txt"  # In the workdir: what --collect reads.
 

@@ -6,7 +6,9 @@ Garden's layout: `global_step`, `model`, `optimizer`), which each trainer
 restores as the run it continues. Both read the same generated files, with the
 same shuffle seed, under `tf.config.experimental.enable_op_determinism()` and
 the same global seed set before each run; both train in loops of one step (a
-loss summary per step) and evaluate the whole eval set once at step K. Where
+loss summary per step) and evaluate the whole eval set once at step K. Each trainer's time from
+its call to its first completed step (`train_lib_first_step_s`, `ctl_first_step_s`) is in the row
+beside its whole run's (`train_lib_s`, `ctl_s`); `train_lib` runs first, in the same process. Where
 their numbers differ, `train_lib` is checked against itself (bench/model_garden_zoo/repeat.py).
 
 `python -m bench.model_garden_zoo.compare NAME --steps=K --workdir=DIR` runs
@@ -15,6 +17,7 @@ a process of its own).
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -127,6 +130,27 @@ def write_initial_checkpoint(experiment: str, overrides, model_dirs: List[str]) 
     for directory in model_dirs:
         tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
     return eval_steps_of(task)
+
+
+@contextlib.contextmanager
+def first_step(owner, method: str, start: float):
+    """Within it, the yielded list gets the seconds from `start` (`time.perf_counter()`) to the
+    end of the first call of `owner.method`: a trainer's train loop, one step in a zoo row
+    (`orbit.StandardTrainer.train`, which Model Garden's trainer runs; `ctl.core.trainer.Trainer.train`)."""
+    seconds: List[float] = []
+    loop = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        result = loop(*args, **kwargs)
+        if not seconds:
+            seconds.append(time.perf_counter() - start)
+        return result
+
+    setattr(owner, method, timed)
+    try:
+        yield seconds
+    finally:
+        setattr(owner, method, loop)
 
 
 def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
@@ -281,10 +305,16 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
         return row
     # Each trainer on its own: ctl's row says whether it trains even where train_lib fails.
     garden_eval, garden_weights, garden_failed = {}, [], ""
+    import orbit
+
+    from ctl.core.trainer import Trainer
+
     try:
         start = time.perf_counter()
-        garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])
+        with first_step(orbit.StandardTrainer, "train", start) as seconds:
+            garden_eval, garden_weights = run_train_lib(params, dirs["train_lib"])
         row["train_lib_s"] = round(time.perf_counter() - start, 1)
+        row["train_lib_first_step_s"] = round(seconds[0], 1) if seconds else None
     except Exception as error:
         garden_failed = f"train_lib fails: {type(error).__name__}: {_message(error)[:300]}"
         traceback.print_exc()
@@ -293,8 +323,10 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
             return row
     try:
         start = time.perf_counter()
-        ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"], eval_steps)
+        with first_step(Trainer, "train", start) as seconds:
+            ctl_eval, ctl_weights = run_ctl(experiment, overrides, steps, dirs["ctl"], eval_steps)
         row["ctl_s"] = round(time.perf_counter() - start, 1)
+        row["ctl_first_step_s"] = round(seconds[0], 1) if seconds else None
     except Exception as error:
         row["reason"] = "; ".join(filter(None, [
             f"ctl: {type(error).__name__}: {_message(error)[:300]}", garden_failed]))

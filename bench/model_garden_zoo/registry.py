@@ -38,16 +38,9 @@ def import_all() -> Dict[str, str]:
 
 def experiments() -> List[str]:
     """The names registered with `exp_factory` (nested names joined by '/'), in registry order."""
-    from official.core import exp_factory
+    from ctl.adapters.model_garden import registered_experiments
 
-    def flatten(entries, prefix=""):
-        for key, value in entries.items():
-            if isinstance(value, dict):
-                yield from flatten(value, f"{prefix}{key}/")
-            else:
-                yield f"{prefix}{key}"
-
-    return list(flatten(exp_factory._REGISTERED_CONFIGS))  # noqa: SLF001 (exp_factory has no lister)
+    return registered_experiments()
 
 
 def family(experiment: str) -> str:

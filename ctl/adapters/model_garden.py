@@ -38,6 +38,10 @@ sharded `train-*-of-00016`, a comma list, a list, a dict of sources; local or
 `gs://`): the task's when it is made, each data config's when its inputs are
 built (the modes that read it).
 
+Its exports (ctl's exporters, `--mode=smoke`) carry the signatures of Model
+Garden's own export module for the experiment, around ctl's model
+(`serving_signatures`, `ctl.adapters.model_garden_serving`).
+
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
 """

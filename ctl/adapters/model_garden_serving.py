@@ -26,6 +26,7 @@ have them, else the export ends in one line saying so.
 """
 
 import functools
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
@@ -68,14 +69,24 @@ def export_module_class(params, garden_task) -> Optional[type]:
         params: the experiment's `ExperimentConfig`.
         garden_task: its Model Garden task (`official.core.base_task.Task`).
     """
-    if type(params.task).__module__.startswith("official.vision."):
+    # A vision task config or an NLP task is one of these classes only once their modules are
+    # imported: the other family's serving modules are not loaded for nothing.
+    if "official.vision.configs" in sys.modules:
         for config_class, module_class in vision_modules().items():
             if isinstance(params.task, config_class):
                 return module_class
-        return None
-    if type(garden_task).__module__.startswith("official.nlp."):
-        return nlp_modules().get(type(garden_task))
+    if "official.nlp.tasks" in sys.modules:
+        return nlp_modules().get(type(garden_task))  # By the exact class, as Model Garden's table.
     return None
+
+
+def is_vision(module_class: type) -> bool:
+    """Whether an export module class is one of Model Garden's vision modules (`vision_modules`).
+
+    Args:
+        module_class: an export module class.
+    """
+    return module_class in set(vision_modules().values())
 
 
 def image_size(params) -> Tuple[List[int], int]:
@@ -116,7 +127,7 @@ def serving_module(params, garden_task, model):
     module_class = export_module_class(params, garden_task)
     if module_class is None:
         return None
-    if module_class in vision_modules().values():
+    if is_vision(module_class):
         size, channels = image_size(params)
         module = module_class(params=params, batch_size=None, input_image_size=size,
                               input_type=VISION_INPUT_TYPE, num_channels=channels)
@@ -171,7 +182,7 @@ def signatures(module) -> Dict[str, Any]:
     Args:
         module: an export module (`serving_module`).
     """
-    if type(module).__module__.startswith("official.vision."):
+    if is_vision(type(module)):
         key = VISION_INPUT_TYPE
     else:
         key = NLP_FUNCTION_KEYS.get(type(module).__name__, NLP_FUNCTION_KEY)

@@ -122,7 +122,7 @@ class RunPlan:
 
     @property
     def locks(self) -> bool:
-        """Holds the trainer's claim on the model dir (`ctl.faults.lock`)."""
+        """Holds the trainer's claim on the model dir (`ctl.model_dir.trainer_lock`)."""
         return self.train and self.chief
 
     @property

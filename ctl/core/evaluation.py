@@ -175,6 +175,8 @@ class Evaluation(orbit.AbstractEvaluator):
         # A non-None state makes the loop call eval_reduce after each step.
         return [each.start() for each in self.aggregations]
 
+    # Two override points of one shape, this and `Trainer.next_train_inputs`: a subclass changes
+    # what one side reads (train-time augmentation, an eval-only feature) without the other.
     @plain
     def next_eval_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`.

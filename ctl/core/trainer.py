@@ -334,6 +334,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             host_loop.trace = step_fn.get_concrete_function  # type: ignore[attr-defined]
         return host_loop
 
+    # Two override points of one shape, this and `Evaluation.next_eval_inputs`: a subclass changes
+    # what one side reads without the other.
     @plain
     def next_train_inputs(self, iterator):
         """Returns the next inputs for the model; runs inside `tf.function`.

@@ -8,13 +8,13 @@
 
 `run_experiment` wires the pieces around one train run:
 
-    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.faults.lock, ctl.core.stop
+    with ModelDirLock(model_dir), SignalWatcher() as watcher:       # ctl.model_dir.trainer_lock, ctl.core.stop
       Trainer(..., stop=watcher, guard_steps=stop_check == 'step')   # the loop: ctl.core.loops.StepGuard
       (the Trainer's checkpoint also holds the Keras RNG states)    # ctl.faults.resume
       controller restores the latest checkpoint
       position the train input: read from the checkpoint, or skip   # ctl.faults.resume
       after each train loop (eager), end = FaultHandler(end):       # the loop's TrainLoopEnd
-        model dir taken (a lease another trainer took)?  stop      # ctl.faults.lock
+        model dir taken (a lease another trainer took)?  stop      # ctl.model_dir.trainer_lock
         bad step?  stop (NonFiniteLoss) or restore + replay:        # ctl.faults.nan_guard
                    returns the end at the restored step, so the
                    controller replays up to train_steps
@@ -40,7 +40,7 @@ from ctl.utils import console
 from ctl.core.runner import TrainLoopEnd
 from ctl.utils.errors import UserError, require_choice
 from ctl.faults import resume
-from ctl.faults.lock import ModelDirLock
+from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.faults.nan_guard import NAN_POLICIES, NonFiniteLoss, RecoveryBudget
 from ctl.core.stop import SignalWatcher
 from ctl.faults.preemption import Preempted

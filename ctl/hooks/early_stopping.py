@@ -42,6 +42,8 @@ class EarlyStopping(Hook):
         self.patience = patience
         self.min_delta = min_delta
 
+    # Alike `BestExporter.bind` in shape: each hook reads, when bound, the record it keeps across
+    # restarts. Two records: a count of evaluations without improvement here, the best value there.
     def bind(self, run: Run) -> None:
         """Reads the count a previous process kept; requests the stop at once if it had stopped.
 

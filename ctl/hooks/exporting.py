@@ -149,6 +149,9 @@ def serving_signatures(task, model) -> Dict[str, Callable]:
     return default_serving_signatures(model)
 
 
+# LatestExporter, CheckpointExporter and FinalExporter are alike but for their defaults and the event
+# they export on. Each stays a class of its own, as tf.estimator's exporters are: a gin configurable
+# with its own name and defaults (`ctl.hooks.FinalExporter.max_to_keep`), holding only its event's method.
 @gin.configurable(module="ctl.hooks")
 class LatestExporter(Exporter):
     """Exports after every evaluation.
@@ -187,6 +190,8 @@ class BestExporter(Exporter):
         self.metric = metric
         self.higher_is_better = higher_is_better
 
+    # Alike `EarlyStopping.bind` in shape: each hook reads, when bound, the record it keeps across
+    # restarts. Two records: the best value and its export here (`BestMetric`), a count there.
     def bind(self, run: Run) -> None:
         """Reads the best value so far from `<model_dir>/export/<name>/best.json` (or starts without one).
 

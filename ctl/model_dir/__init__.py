@@ -1,17 +1,24 @@
-"""The model dir, and the records processes keep in it to agree with each other.
+"""The model dir, and every file and record several processes share, with its rule.
 
 `layout` names every file of a model dir (`ModelDir`, one per run) and reads the
 run's records; `files` writes and reads one file (atomically, whole, JSON lines) and
 publishes directories whole; `checkpoints` tells a checkpoint's files and reads the
-state file. Across processes: `claims` (one interface, `Claim`) is a `file_lock` on a
-file system and a `lease` in an object store, with the holder's record in `holders`;
-`evaluator_role` tells who evaluates. For object stores: `staging` (a local copy per
-process) and `background` (uploads off the training thread).
+state file. Across processes, each shared file's rule in one module: the primitives,
+`claims` (one interface, `Claim`: a `file_lock` on a file system, a `lease` in an
+object store, the holder's record in `holders`); one trainer per model dir
+(`trainer_lock`: `trainer.lock`); who evaluates and runs the eval-side hooks
+(`evaluator_role`: `evaluator.lock`); what a sidecar did with each checkpoint, for the
+next sidecar (`sidecar_progress`: `eval/sidecar_progress.json`); and which worker of a
+sweep runs which trial (`sweep_workers`: the slots and takeover lock of a sweep dir's
+`workers/`, a trial's owner and heartbeat). For object stores: `staging` (a local copy
+per process), `background` (uploads off the training thread) and `at_once` (reads that do not
+wait for each other).
 
 `from ctl.model_dir import ModelDir` (and the functions of `layout`, `files` and
 `checkpoints`) is how the layers above use it.
 """
 
+from ctl.model_dir.at_once import Ahead, at_once
 from ctl.model_dir.checkpoints import (CHECKPOINT_STATE_FILE, CheckpointState, Restored, UnreadableCheckpointError,
                                        checkpoint_files, checkpoint_index)
 from ctl.model_dir.files import (OBJECT_STORE_SCHEMES, PUBLISHED_MARKER, TEMP_PREFIX, JsonLines, entries,
@@ -23,6 +30,7 @@ from ctl.model_dir.layout import (CONFIG_FILE, EVAL_DIR, EVALUATOR_FILE, FINISHE
                                   eval_set_dir, results_of, uploaded_path)
 
 __all__ = [
+    "Ahead", "at_once",
     "CHECKPOINT_STATE_FILE", "CheckpointState", "Restored", "UnreadableCheckpointError", "checkpoint_files",
     "checkpoint_index", "OBJECT_STORE_SCHEMES", "PUBLISHED_MARKER", "TEMP_PREFIX", "JsonLines", "entries",
     "is_object_store", "is_published", "is_temporary", "publish_directory", "publishing", "read_bytes",

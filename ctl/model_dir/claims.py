@@ -12,7 +12,7 @@ renews, `ctl.model_dir.lease`) in an object store. How a lease is taken, renewed
 what it cannot promise: docs/explanation/model-dir-records.md.
 """
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from ctl.model_dir.file_lock import FileLock
 from ctl.model_dir.files import is_object_store
@@ -33,7 +33,13 @@ class Claim(Protocol):
     @property
     def read_error(self) -> Optional[Exception]:
         """Why the last read of its record failed (a lease only): its holder is unknown."""
-    def try_acquire(self) -> bool: ...
+    def try_acquire(self, while_settling: Optional[Callable[[], None]] = None) -> bool:
+        """Takes it if no live process holds it; whether it did.
+
+        Args:
+            while_settling: work that writes nothing, run while the claim settles (a lease's
+                `SETTLE_SECONDS`), or once it is taken (a file lock).
+        """
     def held_elsewhere(self) -> bool: ...
     def release(self) -> None: ...
     def holder(self) -> str: ...

@@ -70,6 +70,12 @@ class EvaluatorRole:
 
     # The trainer's side.
 
+    def read_ahead(self) -> None:
+        """In an object store, starts now, on a thread, the read the first in-line evaluation's
+        decision takes (as each evaluation starts the next one's): a trainer calls it as its run starts."""
+        if self._in_store and self._next_read is None:
+            self._next_read = _OnThread(self.live_sidecar)
+
     def live_sidecar(self) -> Optional[str]:
         """`pid P on host H since T` of a live sidecar holding the role, or None."""
         claim = self.claim

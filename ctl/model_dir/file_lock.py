@@ -6,7 +6,7 @@ import fcntl
 import json
 import os
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ctl.model_dir import holders
 
@@ -41,7 +41,18 @@ class FileLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, while_settling: Optional[Callable[[], None]] = None) -> bool:
+        """Takes the lock if no live process holds it (a file lock settles at once).
+
+        Args:
+            while_settling: work that writes nothing, run once the lock is taken.
+        """
+        taken = self._take()
+        if taken and while_settling is not None:
+            while_settling()
+        return taken
+
+    def _take(self) -> bool:
         if self._fd is not None:
             return True
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)

@@ -2,12 +2,14 @@
 
 `ModelDir` (one per run) names the files that core writes and those its own
 readers read (`checkpoint`, `config.gin`, `metrics.jsonl`, `eval/metrics.jsonl`,
-`ctl_run_finished.json`, `evaluator.lock`, `train/`, `eval/`, ...); a file that
-only a layer above writes and reads has its name there (`TRAINER_LOCK_FILE` in
-`ctl.faults.lock`, `EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
-`ctl.hooks.best`, `EXPORT_DIR` in `ctl.hooks.exporting`, `PROFILE_DIR`,
-`SIDECAR_PROGRESS_FILE`, `REPORT_FILE`, `SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE`
-in the modules that write them), joined through `ModelDir.file`: no module joins
+`ctl_run_finished.json`, `evaluator.lock`, `train/`, `eval/`, ...); a file several
+processes share has its name with its rule, in a module of this package
+(`TRAINER_LOCK_FILE` in `ctl.model_dir.trainer_lock`, `SIDECAR_PROGRESS_FILE` in
+`ctl.model_dir.sidecar_progress`); a file that only a layer above writes and reads has
+its name there (`EARLY_STOPPING_FILE`, `BEST_DIR` and `BEST_RECORD_FILE` in
+`ctl.hooks.best`, `EXPORT_DIR` in `ctl.hooks.exporting`, `PROFILE_DIR`, `REPORT_FILE`,
+`SMOKE_EXPORT_DIR`, `SWEEP_PRUNED_FILE` in the modules that write them), each
+joined through `ModelDir.file`: no module joins
 a file name into a model dir by hand. It also reads the run's records (`metrics`,
 `sidecar_evaluations`, and `evaluations_on_record`, the one answer to "which
 steps were evaluated, with what results").

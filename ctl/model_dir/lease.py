@@ -7,12 +7,12 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
 from ctl.model_dir import holders
-from ctl.model_dir.files import read_bytes, write_atomically
+from ctl.model_dir.files import is_object_store, read_bytes, write_atomically
 from ctl.utils import console
 from ctl.utils.errors import first_line
 
@@ -47,10 +47,17 @@ class Lease:
     def held(self) -> bool:
         return self._stop is not None
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, while_settling: Optional[Callable[[], None]] = None) -> bool:
         """Takes it if there is no record or a stale one. A record that cannot be read (the
         store answers errors) is never taken: refused, or with `wait` its error is raised
-        (the trainer ends with a storage fault)."""
+        (the trainer ends with a storage fault).
+
+        Args:
+            while_settling: work that writes nothing to the store, run while the record
+                settles (`SETTLE_SECONDS`) instead of after it, whether or not it is then
+                taken; an error it raises is raised once the lease is decided (and held,
+                for its holder to release).
+        """
         if self.held:
             return True
         record = self._read()
@@ -63,9 +70,17 @@ class Lease:
                 return self._unknown()
             if not gone:
                 return False
-        tf.io.gfile.makedirs(os.path.dirname(self.path))
+        if not is_object_store(self.path):  # An object needs no directory.
+            tf.io.gfile.makedirs(os.path.dirname(self.path))
         self._write()
-        time.sleep(SETTLE_SECONDS)
+        settled = time.monotonic() + SETTLE_SECONDS
+        failed: Optional[BaseException] = None
+        if while_settling is not None:
+            try:
+                while_settling()
+            except BaseException as error:  # Raised once the lease is decided.
+                failed = error
+        time.sleep(max(0.0, settled - time.monotonic()))
         seen = self._read()
         if seen is None:  # Its record, unrenewed, goes stale.
             return self._unknown()
@@ -77,6 +92,8 @@ class Lease:
         self._renewer = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
                                          name=f"ctl-lease-{self.role}")
         self._renewer.start()
+        if failed is not None:
+            raise failed
         return True
 
     def held_elsewhere(self) -> bool:

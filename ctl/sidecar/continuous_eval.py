@@ -50,6 +50,7 @@ from ctl import model_dir as files
 from ctl.utils import console
 from ctl.core.checkpointing import UnreadableCheckpointError
 from ctl.utils.errors import UserError
+from ctl.model_dir import sidecar_progress
 from ctl.model_dir.evaluator_role import SIDECAR, EvaluatorRole
 from ctl.core.build_run import build_run
 from ctl.core.hook_protocol import eval_callbacks
@@ -57,8 +58,6 @@ from ctl.model_dir import ModelDir, checkpoint_index
 from ctl.core.stop import SignalWatcher
 from ctl.sidecar import scheduler as sidecar
 from ctl.sidecar.checkpoint_evaluator import CheckpointEvaluator
-
-SIDECAR_PROGRESS_FILE = "sidecar_progress.json"  # In the eval dir: what the sidecar did with each checkpoint.
 
 class Stopped(Exception):
     """The sidecar stopped on a signal, between two evaluations.
@@ -155,7 +154,7 @@ def evaluate_continuously(
     console.info(
         "eval", "continuous eval of %s: policy=%s, timeout=%s s, max_evaluations=%s; %d "
         "checkpoint(s) already handled (%s)", directory.path, settings.policy, settings.timeout,
-        settings.max_evaluations, len(progress.outcomes), directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE))
+        settings.max_evaluations, len(progress.outcomes), sidecar_progress.progress_file(directory))
     trainer, hooks = build_run(experiment, strategy, directory, train=False, evaluate=True,
                                sidecar=True)
     evaluator = CheckpointEvaluator(trainer, hooks, experiment.schedule.eval_steps, directory)
@@ -298,7 +297,8 @@ def _evaluate_one(evaluator: CheckpointEvaluator, number: int, path: str,
 
 
 def load_progress(directory: ModelDir) -> sidecar.Progress:
-    """The progress record, plus every evaluation `eval/metrics.jsonl` records.
+    """The progress record, plus every evaluation `eval/metrics.jsonl` records
+    (`ctl.model_dir.sidecar_progress`: how the two files are shared).
 
     A progress record that cannot be read is ignored (one WARNING): the
     metrics file still says which checkpoints were evaluated.
@@ -306,9 +306,10 @@ def load_progress(directory: ModelDir) -> sidecar.Progress:
     Args:
         directory: the model dir.
     """
-    progress = sidecar.Progress.from_record(files.read_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE)))
-    for record in directory.sidecar_evaluations():
-        progress.record(int(record["number"]), sidecar.EVALUATED)
+    record, evaluated = sidecar_progress.read_progress(directory)
+    progress = sidecar.Progress.from_record(record)
+    for number in evaluated:
+        progress.record(number, sidecar.EVALUATED)
     return progress
 
 
@@ -319,4 +320,4 @@ def save_progress(directory: ModelDir, progress: sidecar.Progress) -> None:
         directory: the model dir.
         progress: what the sidecar has handled.
     """
-    files.write_json(directory.file(files.EVAL_DIR, SIDECAR_PROGRESS_FILE), progress.to_record())
+    sidecar_progress.write_progress(directory, progress.to_record())

@@ -147,13 +147,14 @@ def _check(sweep) -> None:
 
 
 def _work(opened, sweep, sweep_dir: str) -> int:
-    from ctl.sweep import progress, study, worker
+    from ctl.model_dir.sweep_workers import take_slot
+    from ctl.sweep import progress, worker
     from ctl.sweep.storage import write_record
     from ctl.sweep.sweep_dir import trials_path
 
     trials_dir = trials_path(FLAGS.trials_dir)
     write_record(sweep_dir, sweep, FLAGS.storage, trials_dir)
-    slot = study.take_slot(sweep_dir)
+    slot = take_slot(sweep_dir)
     one = worker.Worker(opened, sweep, sweep_dir, slot, FLAGS.gin_file, FLAGS.gin_bindings,
                         FLAGS.gin_search_paths, FLAGS.heartbeat_seconds, FLAGS.grace_seconds,
                         FLAGS.storage, trials_dir, fork_trials=FLAGS.fork_trials and worker.FORKS)

@@ -19,18 +19,17 @@ fails when a release breaks one.
 - `name_objective`: `Study.set_metric_names`, experimental in Optuna 5 (its
   warning silenced).
 - Reads and writes of one trial by its number (`trial_id`, `frozen`,
-  `set_system_attr`, `set_user_attr`): `BaseStorage` methods, which Optuna's
+  `set_trial_attr`): `BaseStorage` methods, which Optuna's
   documentation reserves for its own use.
 - `exclusive`: a lock of the study's storage, so that of two workers that find
   the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
   PostgreSQL: a transaction-scoped advisory lock, through `RDBStorage.engine`
-  (MySQL: `GET_LOCK`); the journal file and SQLite: a `flock` on a file beside
-  it (`ctl.model_dir.file_lock.FileLock`). A worker killed while it holds one releases
+  (MySQL: `GET_LOCK`); the journal file and SQLite: the sweep dir's takeover lock
+  (`ctl.model_dir.sweep_workers.takeover_lock`). A worker killed while it holds one releases
   it (its connection or its file closes).
 """
 
 import contextlib
-import time
 import warnings
 import zlib
 from typing import Any, Iterator, Optional
@@ -64,9 +63,9 @@ def frozen(storage: optuna.storages.BaseStorage, study_id: int,
     return storage.get_trial(trial_id(storage, study_id, number))
 
 
-def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
-                    value: Any) -> None:
-    """Sets a system attribute of trial `number`.
+def set_trial_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
+                   value: Any, user: bool = False) -> None:
+    """Sets a system attribute of trial `number` (a user attribute, what optuna-dashboard shows, with `user`).
 
     Args:
         storage: the study's Optuna storage.
@@ -74,22 +73,13 @@ def set_system_attr(storage: optuna.storages.BaseStorage, study_id: int, number:
         number: the trial's number.
         key: the attribute.
         value: its value (JSON).
+        user: a user attribute; False: a system attribute.
     """
-    storage.set_trial_system_attr(trial_id(storage, study_id, number), key, value)
-
-
-def set_user_attr(storage: optuna.storages.BaseStorage, study_id: int, number: int, key: str,
-                  value: Any) -> None:
-    """Sets a user attribute of trial `number`.
-
-    Args:
-        storage: the study's Optuna storage.
-        study_id: the study's id in the storage.
-        number: the trial's number.
-        key: the attribute.
-        value: its value (JSON).
-    """
-    storage.set_trial_user_attr(trial_id(storage, study_id, number), key, value)
+    trial = trial_id(storage, study_id, number)
+    if user:
+        storage.set_trial_user_attr(trial, key, value)
+    else:
+        storage.set_trial_system_attr(trial, key, value)
 
 
 def add_waiting(storage: optuna.storages.BaseStorage, study_id: int) -> None:
@@ -177,12 +167,7 @@ def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
                 finally:
                     connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
         return
-    from ctl.model_dir.file_lock import FileLock
+    from ctl.model_dir.sweep_workers import takeover_lock
 
-    lock = FileLock(lock_file, "sweep takeover")
-    while not lock.try_acquire():
-        time.sleep(0.05)
-    try:
+    with takeover_lock(lock_file):
         yield
-    finally:
-        lock.release()

@@ -20,36 +20,13 @@ naming the first difference, before a trial is added or claimed
 (`check_existing` does it first, before TensorFlow is imported). Only `trials`
 and `timeout` may change on an existing study.
 
-Ownership. A claimed trial records its owner (`host:sweep_dir:slot`, a worker
-slot: a `ctl.model_dir.file_lock.FileLock` on `<sweep_dir>/workers/<slot>.lock`, held
-while the worker lives), its model dir and a heartbeat (a time, renewed every
-`heartbeat` seconds). A worker that starts in a slot resumes the RUNNING trials
-of its slot (its predecessor died: kill -9, a reboot). Before it starts a new
-trial, a worker takes over another's RUNNING trial whose heartbeat is `grace`
-seconds old: under a lock of the study's storage
-(`ctl.sweep.optuna_internals.exclusive`) it reads the trial again and, still
-stale, writes itself as the owner with a fresh heartbeat; a second worker then
-finds it fresh. One worker takes each stale trial over.
-
-Why not ctl's other cross-process records. The slot is a `FileLock`: a worker
-holds it for its life and the kernel drops it when the worker dies, as a
-trainer's lock. The heartbeat is not a `ctl.model_dir.lease.Lease`: a lease is a
-file beside a model dir, and a trial's owner must be found where every machine
-of the sweep looks, the study (the database); its grace is the user's
-(`--grace_seconds`); and a takeover is decided under the storage's lock, not by
-a lease's write-then-read-back (two workers whose writes land within the
-settling time could both believe they own the trial). Nor is it Optuna's
-heartbeat (`RDBStorage(heartbeat_interval=, grace_period=)`, PostgreSQL only,
-with `RetryFailedTrialCallback`): Optuna ends a stale trial FAIL and retries
-its values as a new trial, with a new number beyond the budget and a new
-model dir, where a sweep's trial resumes from its own checkpoints under its
-number. The heartbeat is the worker's clock: machines' clocks must agree to
-well within `grace` (cloud VMs keep theirs within a second).
+Ownership. Which worker runs which trial (its slot, the owner and heartbeat a claimed trial
+records, the takeover of a stale one) is a rule of the files and records the sweep's processes
+share: `ctl.model_dir.sweep_workers` states it; `Study` reads and writes those records (`own`,
+`beat`, `orphans`, `take_over_stale`, `owner`).
 """
 
-import dataclasses
 import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
@@ -64,10 +41,9 @@ from ctl.sweep.sweep_file import SweepFile, check_same_study, identity
 
 if TYPE_CHECKING:
     from ctl.model_dir import ModelDir
+    from ctl.model_dir.sweep_workers import Slot
 
-# Trial system attributes.
-OWNER = "ctl_owner"
-HEARTBEAT = "ctl_heartbeat"
+# Trial system attributes (the owner's and the heartbeat's: `ctl.model_dir.sweep_workers`).
 MODEL_DIR = "ctl_model_dir"
 FAIL_REASON = "ctl_fail_reason"
 STARTED = "ctl_started"  # The study's user attribute: when it was created (time.time()).
@@ -137,7 +113,7 @@ class Study:
         self.budget = sweep.trials
         self.timeout = sweep.timeout
         self.name = sweep.study
-        self.lock_file = layout.takeover_lock_file(sweep_dir or ".")
+        self.lock_file = _workers().takeover_lock_file(sweep_dir or ".")
         sampler = make_sampler(sweep)
         try:
             self.optuna = optuna.create_study(storage=storage, study_name=sweep.study,
@@ -220,25 +196,16 @@ class Study:
         waiting = sorted(t.number for t in self.trials((TrialState.WAITING,)))
         return internals.pop_waiting(self.storage, self.study_id, iter(waiting))
 
-    def set_attr(self, number: int, key: str, value: Any) -> None:
-        """Sets a system attribute of trial `number`.
+    def set_attr(self, number: int, key: str, value: Any, user: bool = False) -> None:
+        """Sets a system attribute of trial `number` (a user attribute, what optuna-dashboard shows, with `user`).
 
         Args:
             number: the trial's number.
             key: the attribute.
             value: its value (JSON).
+            user: a user attribute; False: a system attribute.
         """
-        internals.set_system_attr(self.storage, self.study_id, number, key, value)
-
-    def set_user_attr(self, number: int, key: str, value: Any) -> None:
-        """Sets a user attribute of trial `number` (what optuna-dashboard shows).
-
-        Args:
-            number: the trial's number.
-            key: the attribute.
-            value: its value (JSON).
-        """
-        internals.set_user_attr(self.storage, self.study_id, number, key, value)
+        internals.set_trial_attr(self.storage, self.study_id, number, key, value, user=user)
 
     def beat(self, number: int) -> None:
         """Records a heartbeat of trial `number` (now).
@@ -246,7 +213,7 @@ class Study:
         Args:
             number: the trial's number.
         """
-        self.set_attr(number, HEARTBEAT, time.time())
+        self.set_attr(number, _workers().HEARTBEAT, time.time())
 
     def own(self, number: int, slot: "Slot", model_dir: "ModelDir") -> None:
         """Marks trial `number` as this slot's, with its model dir, and beats.
@@ -256,7 +223,7 @@ class Study:
             slot: the worker's slot.
             model_dir: the trial's model dir.
         """
-        self.set_attr(number, OWNER, slot.key)
+        self.set_attr(number, _workers().OWNER, slot.key)
         self.set_attr(number, MODEL_DIR, model_dir.path)
         self.beat(number)
 
@@ -266,8 +233,8 @@ class Study:
         Args:
             slot: the worker's slot.
         """
-        return [t for t in self.trials((TrialState.RUNNING,))
-                if t.system_attrs.get(OWNER) == slot.key]
+        owner = _workers().OWNER
+        return [t for t in self.trials((TrialState.RUNNING,)) if t.system_attrs.get(owner) == slot.key]
 
     def take_over_stale(self, slot: "Slot",
                         grace: float) -> Optional[Tuple[optuna.trial.FrozenTrial, float]]:
@@ -279,16 +246,17 @@ class Study:
             slot: the worker's slot, the trial's new owner.
             grace: seconds a heartbeat may be old before the trial is stale.
         """
+        workers = _workers()
         stale = [t.number for t in self.trials((TrialState.RUNNING,))
-                 if t.system_attrs.get(OWNER) != slot.key and heartbeat_age(t) >= grace]
+                 if t.system_attrs.get(workers.OWNER) != slot.key and workers.heartbeat_age(t) >= grace]
         if not stale:
             return None
         with internals.exclusive(self.storage, self.name, self.lock_file):
             for number in sorted(stale):
                 again = self.trial(number)  # Another worker may have taken it meanwhile.
-                age = heartbeat_age(again)
+                age = workers.heartbeat_age(again)
                 if again.state == TrialState.RUNNING and age >= grace:
-                    self.set_attr(number, OWNER, slot.key)
+                    self.set_attr(number, workers.OWNER, slot.key)
                     self.beat(number)
                     return again, age
         return None
@@ -299,7 +267,7 @@ class Study:
         Args:
             number: the trial's number.
         """
-        return self.trial(number).system_attrs.get(OWNER)
+        return self.trial(number).system_attrs.get(_workers().OWNER)
 
     def counts(self) -> Dict[str, int]:
         """Trials of the budget by state name (complete, pruned, fail, running, waiting)."""
@@ -325,45 +293,9 @@ def best_of(trials, direction: str) -> Optional[optuna.trial.FrozenTrial]:
     return (max if direction == "maximize" else min)(done, key=lambda t: t.value)
 
 
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """A worker slot of this machine's sweep dir, held while its worker lives.
+def _workers():
+    """`ctl.model_dir.sweep_workers` (slots, owners, heartbeats), imported at first use: the model
+    dir's package imports TensorFlow, and `check_existing` answers before it."""
+    from ctl.model_dir import sweep_workers
 
-    Args:
-        index: the slot's number.
-        key: the slot's name in the study's records (host, sweep dir, index).
-        lock: the slot's lock (a `FileLock`), held while the worker lives.
-    """
-
-    index: int
-    key: str  # host:sweep_dir:index, the owner a trial records.
-    lock: Any  # ctl.model_dir.file_lock.FileLock
-
-
-def take_slot(sweep_dir: str) -> Slot:
-    """The lowest free worker slot of `sweep_dir` (held until the process ends).
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-    """
-    from ctl.model_dir.file_lock import FileLock
-
-    index = 0
-    while True:
-        lock = FileLock(layout.slot_lock_file(sweep_dir, index), f"sweep worker {index}")
-        if lock.try_acquire():
-            return Slot(index, f"{socket.gethostname()}:{os.path.abspath(sweep_dir)}:{index}", lock)
-        index += 1
-
-
-def heartbeat_age(trial: optuna.trial.FrozenTrial) -> float:
-    """Seconds since the trial's last heartbeat (since its start without one).
-
-    Args:
-        trial: a trial of the study.
-    """
-    beat = trial.system_attrs.get(HEARTBEAT)
-    if beat is None:
-        start = trial.datetime_start
-        beat = start.timestamp() if start else 0.0
-    return time.time() - beat
+    return sweep_workers

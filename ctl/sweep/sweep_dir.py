@@ -7,7 +7,7 @@
       trials/<number>/        each trial's model dir (`ctl.model_dir`), plus
         sweep_trial.log         the trial's run's output (always here, on this machine)
         sweep_pruned.json       why it was pruned (`ctl.sweep.pruning`)
-      workers/<slot>.lock     held (flock) by the worker in that slot
+      workers/<slot>.lock     held (flock) by the worker in that slot (`ctl.model_dir.sweep_workers`)
       workers/takeover.lock   held (flock) while a worker takes a stale trial over
       report.png              `python -m ctl.report`'s figure
 
@@ -26,8 +26,6 @@ RECORD_FILE = "sweep.json"
 JOURNAL_FILE = "study.journal"
 TRIALS_DIR = "trials"
 LOG_FILE = "sweep_trial.log"
-WORKERS_DIR = "workers"
-TAKEOVER_LOCK = "takeover.lock"
 
 
 def is_sweep_dir(path: str) -> bool:
@@ -103,25 +101,6 @@ def check_trials_dir(trials_dir: str) -> None:
                                 f"or cannot be read; {fix}.")
     except tf.errors.OpError as error:
         raise UserError(f"--trials_dir={trials_dir}: {first_line(error)}; {fix}.") from None
-
-
-def slot_lock_file(sweep_dir: str, index: int) -> str:
-    """The lock file of worker slot `index`.
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-        index: the slot's number.
-    """
-    return os.path.join(sweep_dir, WORKERS_DIR, f"{index}.lock")
-
-
-def takeover_lock_file(sweep_dir: str) -> str:
-    """Held while a worker takes a stale trial over (a journal file's study).
-
-    Args:
-        sweep_dir: the sweep dir (local: the study's journal, the record, the workers' slots, the trial logs).
-    """
-    return os.path.join(sweep_dir, WORKERS_DIR, TAKEOVER_LOCK)
 
 
 def write_record(sweep_dir: str, record: Dict[str, Any]) -> None:

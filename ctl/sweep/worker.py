@@ -26,19 +26,20 @@ from optuna.trial import TrialState
 
 from ctl.sweep import progress, runner
 from ctl.sweep.launcher import FORKS, Launcher
-from ctl.sweep.study import FAIL_REASON, MODEL_DIR, OWNER, Slot, Study
+from ctl.sweep.study import FAIL_REASON, MODEL_DIR, Study
 from ctl.sweep.sweep_dir import trial_dir
 from ctl.sweep.sweep_file import SweepFile
 
 if TYPE_CHECKING:
     from ctl.model_dir import ModelDir
+    from ctl.model_dir.sweep_workers import Slot
 
 EXIT_PREEMPTED = runner.EXIT_PREEMPTED
 IDLE_POLL_S = 2.0
 
 
 class Worker:
-    def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: Slot,
+    def __init__(self, study: Study, sweep: SweepFile, sweep_dir: str, slot: "Slot",
                  gin_files: Sequence[str], gin_bindings: Sequence[str],
                  search_paths: Sequence[str], heartbeat_s: float, grace_s: float,
                  storage: Optional[str] = None, trials_dir: Optional[str] = None,
@@ -118,6 +119,8 @@ class Worker:
             return number
         taken = self.study.take_over_stale(self.slot, self.grace_s)
         if taken is not None:
+            from ctl.model_dir.sweep_workers import OWNER
+
             stale, age = taken
             self.say(f"trial {stale.number}: taking it over (its heartbeat is {age:.0f} s old, "
                      f"grace {self.grace_s:g} s; owner {stale.system_attrs.get(OWNER)})")
@@ -153,7 +156,7 @@ class Worker:
             return
         if outcome.state == "failed":
             self.study.set_attr(number, FAIL_REASON, outcome.message)
-            self.study.set_user_attr(number, "fail_reason", outcome.message)
+            self.study.set_attr(number, "fail_reason", outcome.message, user=True)
             self._tell(number, None, TrialState.FAIL)
         elif outcome.state == "pruned":
             self._tell(number, None, TrialState.PRUNED)

@@ -12,7 +12,8 @@ token answers the auth hosts, and every other host gets a 502: nothing leaves 12
 The control file (JSON, written by `GcsService`, read at each request) holds
 `latency_ms`, added before every request is answered, and `faults`: the first rule that
 matches a request holds it for the rule's `delay_ms`, then answers it with the rule's
-`status`, if it has one (see `GcsService.inject_faults`).
+`status`, if it has one (see `GcsService.inject_faults`); and `log`, a file each request
+is appended to as one JSON line once answered (`GcsService.log_requests`).
 
 What the emulator lacks, added here (a wrapper, not an edit of the installed package,
 so a fresh install behaves the same):
@@ -115,8 +116,17 @@ class _Handler(emulator.RequestHandler):
         self._serve("DELETE")
 
     def _serve(self, method):
-        body = self._read_body()
+        started = time.time()
         control = self.settings.control()
+        try:
+            self._answer_request(method, control)
+        finally:
+            if control.get("log"):
+                _log(control["log"], {"start": started, "end": time.time(), "method": method,
+                                      "host": self.tunnel_host, "path": self.path})
+
+    def _answer_request(self, method, control):
+        body = self._read_body()
         latency_ms = control.get("latency_ms", self.settings.latency_ms)
         if latency_ms:
             time.sleep(latency_ms / 1000)
@@ -188,6 +198,14 @@ class _Unbuffered(io.RawIOBase):
     def write(self, data):
         self._sock.sendall(data)
         return len(data)
+
+
+_LOG_LOCK = threading.Lock()
+
+
+def _log(path: str, record: dict) -> None:
+    with _LOG_LOCK, open(path, "a") as log:
+        log.write(json.dumps(record) + "\n")
 
 
 def _matching_fault(rules, method, path):

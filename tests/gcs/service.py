@@ -103,6 +103,19 @@ class GcsService:
         self._control["latency_ms"] = int(latency_ms)
         self._write_control()
 
+    def log_requests(self, path):
+        """From the next request on, each is appended to `path` as one JSON line once answered:
+        `start` and `end` (time.time()), `method`, `host`, `path` (with the query). None stops.
+
+        Args:
+            path: the log file (appended to), or None.
+        """
+        if path is None:
+            self._control.pop("log", None)
+        else:
+            self._control["log"] = os.path.abspath(path)
+        self._write_control()
+
     def reset(self):
         """No faults, and the latency the service started with."""
         self._control = {}

@@ -20,9 +20,11 @@ before that loop's checkpoint, with one line and exit 2
 (`ModelDirLock.stop_if_taken`, `ModelDirTaken`).
 """
 
+from typing import Callable, Optional
+
 from ctl.model_dir.claims import claim_for
+from ctl.model_dir.layout import ModelDir
 from ctl.utils.errors import UserError
-from ctl.model_dir import ModelDir
 
 TRAINER_LOCK_FILE = "trainer.lock"  # In the model dir: one trainer at a time.
 
@@ -70,8 +72,14 @@ class ModelDirLock:
         if self._claim.held_elsewhere():
             self._refuse()
 
-    def acquire(self) -> None:
-        if not self._claim.try_acquire():
+    def acquire(self, while_settling: Optional[Callable[[], None]] = None) -> None:
+        """Takes it; raises `UserError` if another live trainer holds it.
+
+        Args:
+            while_settling: work that writes nothing, run while a lease's record settles
+                (`ctl.model_dir.lease.SETTLE_SECONDS`; after a file lock is taken).
+        """
+        if not self._claim.try_acquire(while_settling):
             self._refuse()
 
     def _refuse(self) -> None:
