@@ -47,7 +47,7 @@ from ctl.core.stop import SignalWatcher
 from ctl.core.trainer import Trainer
 from ctl.experiment import Experiment
 from ctl.faults import resume
-from ctl.faults.handler import FaultHandler
+from ctl.faults.handler import FaultHandler, FaultTolerance
 from ctl.model_dir.trainer_lock import ModelDirLock
 from ctl.sidecar import continuous_eval
 
@@ -99,6 +99,7 @@ def run_experiment(
         _say_sources(experiment, plan)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment,
                                                      settings=experiment.continuous_eval)
+    seed = _seed_before_building() if experiment is None else None
     if plan.leaves_eval_to_evaluator:
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
     if not plan.train and not directory.checkpoints():
@@ -107,6 +108,7 @@ def run_experiment(
             "(--mode=train) or point --model_dir at a trained run."
         )
     experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
+    seeded = seed is not None and experiment.fault_tolerance.seed == seed
     _say_sources(experiment, plan)
     if plan.writes:  # Other workers only read the model dir.
         directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
@@ -121,7 +123,20 @@ def run_experiment(
         watcher = stack.enter_context(SignalWatcher()) if plan.train else None
         checkpoint_dir = stack.enter_context(_checkpoint_directory(directory, plan.chief))
         return _run(plan, directory, strategy, experiment, stack,
-                    checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher)
+                    checkpoint_dir=checkpoint_dir, lock=lock, watcher=watcher, seeded=seeded)
+
+
+def _seed_before_building() -> Optional[int]:
+    """Seeds the process with `ctl.FaultTolerance.seed`, if gin sets one, before the gin-configured
+    experiment (its task) is built; returns the seed (None: none set).
+
+    A task may make TensorFlow resources as it is built (Model Garden's WMT task, its
+    SentencePiece tokenizer), which a seed set later would drop: `tf.random.set_seed` clears
+    TensorFlow's kernel cache. And its random draws are then the same in every run."""
+    seed = config.call_configured(FaultTolerance).seed
+    if seed is not None:
+        resume.seed_everything(seed)
+    return seed
 
 
 def _say_sources(experiment: Experiment, plan: RunPlan) -> None:
@@ -186,7 +201,7 @@ class Built(NamedTuple):
 def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                      experiment: Experiment, *, checkpoint_dir: Optional[ModelDir] = None,
                      watcher: Optional[SignalWatcher] = None,
-                     lock: Optional[ModelDirLock] = None) -> Built:
+                     lock: Optional[ModelDirLock] = None, seeded: bool = False) -> Built:
     """Builds the trainer, fault handler, hooks and Controller that `run_experiment` drives.
 
     Restores the latest checkpoint in `directory` (or initializes); writes
@@ -201,9 +216,11 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
         checkpoint_dir: where checkpoints are saved (a multi-worker non-chief's scratch dir; None: `directory`).
         watcher: the run's signal watcher (needed to train).
         lock: the trainer's claim on the model dir, or None.
+        seeded: the process was seeded with the experiment's seed before it was built
+            (`run_experiment`): seeding again would drop what its task made.
     """
     schedule = experiment.schedule
-    if experiment.fault_tolerance.seed is not None:
+    if experiment.fault_tolerance.seed is not None and not seeded:
         resume.seed_everything(experiment.fault_tolerance.seed)
     # ctl's JSON metrics and (training) HParams summary, on the chief, before the experiment's.
     builtin = ([MetricsLog()] + ([HParamsSummary()] if plan.hparams else [])) if plan.writes else []
@@ -255,7 +272,8 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
 
 def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
          experiment: Experiment, stack: contextlib.ExitStack, *, checkpoint_dir: ModelDir,
-         lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher]) -> Dict[str, Any]:
+         lock: Optional[ModelDirLock], watcher: Optional[SignalWatcher],
+         seeded: bool = False) -> Dict[str, Any]:
     schedule = experiment.schedule
     # The dir's records this run reads before it trains, read while it builds and traces (in an
     # object store, beside it: each read is a round trip). Read as late as its restore, which
@@ -266,7 +284,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                 if plan.in_line_eval else None)
     trainer, controller, faults, hooks, eval_side = build_controller(
         plan, directory, strategy, experiment,
-        checkpoint_dir=checkpoint_dir, watcher=watcher, lock=lock,
+        checkpoint_dir=checkpoint_dir, watcher=watcher, lock=lock, seeded=seeded,
     )
     stack.callback(uploads().wait)  # Last: what the run wrote to an object store is there.
     stack.callback(controller.summary_manager.close)  # Object stores: their staging dirs go.

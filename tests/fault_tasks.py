@@ -195,3 +195,15 @@ class ProgressTrainer(ctl.Trainer):
         if progress:
             tf.print(self.global_step + 1, output_stream=f"file://{progress}")
         return super().train_step(iterator)
+
+
+@gin.configurable
+class DrawsWhenBuilt(RegressionTask):
+    """Draws a number from TensorFlow's global random stream as it is built (as a task that
+    makes random tables, or TensorFlow resources, when it is built): in `drawn`."""
+
+    drawn = []
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        DrawsWhenBuilt.drawn.append(float(tf.random.uniform([])))

@@ -26,13 +26,16 @@ class RecordedModelGardenTask(ctl.ModelGardenTask):
       steps_file: where each train step appends `step loss_bits`.
       hold_at_step, held_file, release_file: step `hold_at_step` writes `held_file`, then waits
         until `release_file` exists before it runs.
+      inputs_file: where each train step appends `step sum_bits`: the float64 sum of its (each
+        replica's) numeric input tensors, its bits as an int64.
       **kwargs: ctl.ModelGardenTask's.
     """
 
     def __init__(self, steps_file=None, hold_at_step=None, held_file=None, release_file=None,
-                 **kwargs):
+                 inputs_file=None, **kwargs):
         super().__init__(**kwargs)
         self.steps_file, self.hold_at_step = steps_file, hold_at_step
+        self.inputs_file = inputs_file
         self.held_file, self.release_file = held_file, release_file
         self.global_step = None  # Given by StepTrainer.
 
@@ -47,6 +50,12 @@ class RecordedModelGardenTask(ctl.ModelGardenTask):
         if self.steps_file:
             tf.print(step, tf.bitcast(tf.cast(logs["loss"], tf.float32), tf.int32),
                      output_stream=f"file://{self.steps_file}")
+        if self.inputs_file:  # What the step read: each replica its own line.
+            numbers = [tf.reduce_sum(tf.cast(t, tf.float64)) for t in tf.nest.flatten(inputs)
+                       if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_integer)]
+            total = tf.add_n(numbers) if numbers else tf.constant(0.0, tf.float64)
+            tf.print(step, tf.bitcast(total, tf.int64),
+                     output_stream=f"file://{self.inputs_file}")
         return logs
 
     def _hold(self, step):
@@ -69,6 +78,20 @@ class StepTrainer(ctl.Trainer):
     def __init__(self, task, *args, **kwargs):
         super().__init__(task, *args, **kwargs)
         task.global_step = self.global_step
+
+
+def read_input_sums(path):
+    """step -> the sum of what the step read (its replicas' lines added) of an `inputs_file`."""
+    import numpy as np
+
+    sums = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    step, bits = (int(x) for x in line.split())
+                    sums[step] = sums.get(step, 0.0) + float(np.array([bits], np.int64).view(np.float64)[0])
+    return sums
 
 
 def read_losses(path):

@@ -43,3 +43,28 @@ def test_restore_refuses_a_checkpoint_of_another_model(tmp_path):
     with pytest.raises(ctl.UserError, match="checkpoint of a different model"):
         CheckpointManager(other, ModelDir(str(tmp_path)), max_to_keep=1,
                           step_counter=tf.Variable(0)).restore_or_initialize()
+
+
+def test_a_run_resumed_between_loop_ends_finishes_its_loop_first(tmp_path):
+    # A signal's checkpoint falls mid-loop (step 3 of loops of 2): the resumed run's first loop
+    # ends at 4, so its loops, summaries and checkpoints, and any state a loop resets (a model's
+    # own metrics, Model Garden's ranking models'), fall where an uninterrupted run's do.
+    from ctl.core.controller import Checkpoints, Controller
+
+    class Steps:  # An orbit trainer: moves the global step, says how far each loop went.
+        def __init__(self, global_step):
+            self.global_step, self.loops = global_step, []
+
+        def train(self, num_steps):
+            self.loops.append(int(num_steps))
+            self.global_step.assign_add(int(num_steps))
+
+    global_step = tf.Variable(3, dtype=tf.int64)
+    trainer = Steps(global_step)
+    manager = CheckpointManager(tf.train.Checkpoint(step=global_step), ModelDir(str(tmp_path)),
+                                max_to_keep=10, step_counter=global_step, checkpoint_interval=2)
+    controller = Controller(global_step=global_step, trainer=trainer, steps_per_loop=2,
+                            checkpoints=Checkpoints(manager=manager))
+    controller.train(8)
+    assert trainer.loops == [1, 2, 2]
+    assert [int(p.rsplit("-", 1)[1]) for p in manager.checkpoints] == [4, 6, 8]

@@ -114,3 +114,37 @@ def test_the_a_a_check_finds_a_dataset_that_yields_other_batches_when_built_agai
     assert "loss 4.2 vs 4.1" in said and "accuracy" not in said and "from batch 3" in said
     assert repeat.reason({"max_rel_loss_diff": 0.0, "eval": {"loss": [4.2, 4.2]},
                           "first_differing_batch": None}, tolerance=1e-5) == ""
+
+
+def test_a_guarantee_that_does_not_hold_says_why_and_an_unchecked_row_says_not_run(tmp_path):
+    # The guarantee columns (bench/model_garden_zoo/guarantees.py): the first differing step or
+    # weight is the row's line; a row never checked is "not run", never a silent "yes".
+    import numpy as np
+    import tensorflow as tf
+
+    from bench.model_garden_zoo import guarantees, guarantees_page
+
+    reference = {1: 10, 2: 11, 3: 12}
+    assert guarantees.same_steps(reference, [("killed", [(1, 10)]), ("restarted", [(2, 11), (3, 12)])],
+                                 [[1], [2, 3]]) == ""
+    said = guarantees.same_steps(reference, [("killed", [(1, 10)]), ("restarted", [(2, 11), (3, 99)])],
+                                 [[1], [2, 3]])
+    assert said.startswith("step 3's loss") and "restarted" in said
+    assert "ran steps [2]" in guarantees.same_steps(reference, [("restarted", [(2, 11)])], [[2, 3]])
+    paths = []
+    for k, value in enumerate([1.0, 1.0, 1.0 + 1e-6]):
+        checkpoint = tf.train.Checkpoint(w=tf.Variable(np.full([4], value, np.float32)))
+        paths.append(checkpoint.write(str(tmp_path / f"c{k}")))
+    assert guarantees.checkpoint_difference(paths[0], paths[1]) == ("", 0.0)
+    first, worst = guarantees.checkpoint_difference(paths[0], paths[2])
+    assert first.startswith("w/.ATTRIBUTES/VARIABLE_VALUE: 4 of 4 values differ") and 0 < worst < 1e-5
+    assert guarantees.checkpoint_difference(paths[0], paths[2], tolerance=1e-3) == ("", worst)
+    row = {"guarantees": {
+        "kill_9": {"holds": True, "detail": "bit for bit"},
+        "sigterm": {"holds": False, "detail": "exit 1 after SIGTERM, not 75: boom"},
+        "sidecar": {"holds": None, "detail": "not run: the trainer beside it failed"},
+        "new_replicas": {"holds": True, "max_rel_loss_diff": 2e-7, "max_rel_weight_diff": 3e-6}}}
+    assert guarantees_page.cells(row) == "yes | **no** | - | yes (loss 2e-07, weights 3e-06)"
+    assert guarantees_page.reason(row) == ("SIGTERM: exit 1 after SIGTERM, not 75: boom; "
+                                           "sidecar: not run: the trainer beside it failed")
+    assert guarantees_page.cells({}) == "not run | not run | not run | not run"

@@ -99,14 +99,15 @@ def test_train_batches_without_a_static_size_are_named_in_a_warning(tmp_path, ca
     assert any("DynamicBatchTask's train batches have no static size" in w for w in warnings)
 
 
-def test_sparse_features_train_and_evaluate(tmp_path):
+def test_sparse_features_train_and_evaluate(strategy, tmp_path):
     # Before any step ctl traces the train step on the dataset's element spec; a SparseTensor
     # there has its static shape as its dense_shape, as the train loop's iterator gives it
-    # (Model Garden's DCN v2 failed the check, and trained under its own trainer). Its eval
+    # (Model Garden's DCN v2 failed the check, and trained under its own trainer; at two
+    # replicas too: each replica's SparseTensors, inside the replica function). Its eval
     # step waits for the inputs' component tensors.
     experiment = ctl.Experiment(task=tasks.SparseFeaturesTask(), schedule=ctl.Schedule(
         train_steps=2, steps_per_loop=2, eval_interval=2, checkpoint_interval=2))
-    results = ctl.run_experiment("train_and_eval", str(tmp_path), experiment=experiment)
+    results = ctl.run_experiment("train_and_eval", str(tmp_path), strategy, experiment)
     assert np.isfinite(results["loss"]) and results["examples"] == 10
 
 

@@ -2,6 +2,7 @@
 
     python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
                                      [--jobs=N] [--longest_first] [--export]
+                                     [--guarantees[=only]]
 
 Lists Model Garden's registry at run time, and for each experiment (or those
 named) trains its tiny variant K steps with ctl and with Model Garden's
@@ -12,7 +13,10 @@ each experiment in a process of its own. Prints one JSON line per experiment:
 (the first-step fields: seconds from each trainer's call to its first completed step), and writes all rows,
 with the details (losses, eval metrics, weights), the commit and the host's
 load, to the results file that `python -m bench.model_garden_zoo.page` turns
-into the docs page.
+into the docs page. `--guarantees` adds ctl's four guarantees to each row
+(kill -9, SIGTERM, the sidecar, a new replica count:
+bench/model_garden_zoo/guarantees.py); `--guarantees=only` runs those alone and
+keeps the rest of each row as the results file has it.
 
 With `--export`, each experiment instead gets the export check of
 bench/model_garden_zoo/export.py (a ctl run of K steps with
@@ -31,6 +35,8 @@ import tempfile
 import threading
 import time
 from typing import Any, Dict, List
+
+from bench.model_garden_zoo import guarantees
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results", "model_garden_zoo.json")  # The docs keep theirs.
@@ -206,6 +212,9 @@ def main(argv=None) -> int:
     parser.add_argument("--longest_first", action="store_true",
                         help="start the rows that took longest in the --results file first "
                         "(default: each family's rows early)")
+    parser.add_argument("--guarantees", nargs="?", const="with", default="", choices=["with", "only"],
+                        help="add ctl's guarantees to each row (bench/model_garden_zoo/guarantees.py); "
+                        "=only: run those alone, the rest of each row kept from --results")
     parser.add_argument("--export", action="store_true",
                         help="run the export check of each experiment (bench/model_garden_zoo/export.py) "
                         "and write its fields into the rows the --results file has")
@@ -242,7 +251,14 @@ def main(argv=None) -> int:
     _write_data(names, workdir)  # Once, before rows that share files run at once.
 
     def one(name):
-        row = run_row(name, families[name], args.steps, workdir, log_dir)
+        if args.guarantees == "only":
+            row = guarantees.kept_row(args.results, name, families[name])
+        else:
+            row = run_row(name, families[name], args.steps, workdir, log_dir)
+        if args.guarantees:
+            row.update(guarantees.row_columns(guarantees.run_in_process(
+                name, families[name], workdir, log_dir, _env(families[name] == "ranking"),
+                TIMEOUT_S), _commit()))
         loads.append(os.getloadavg()[0])
         print(json.dumps({key: row.get(key) for key in KEYS}), flush=True)
         return row
@@ -261,7 +277,7 @@ def main(argv=None) -> int:
         rows = list(pool.map(one, names))
     done.set()
     write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
-                  partial=bool(args.experiments), jobs=max(1, args.jobs))
+                  partial=bool(args.experiments) or args.guarantees == "only", jobs=max(1, args.jobs))
     print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
     return 0
 

@@ -15,6 +15,7 @@ import re
 import sys
 
 from bench.model_garden_zoo import compare, variants
+from bench.model_garden_zoo import guarantees_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_RESULTS = os.path.join(ROOT, "docs", "how-to", "model-garden-zoo.json")
@@ -58,7 +59,7 @@ def render(results) -> str:
     same = sum(bool(r["trains"] and r["same_loss"] and r["same_eval"]) for r in rows)
     lines = [
         "---",
-        "# The table's nine columns take the page's width: no navigation beside it (mkdocs-material).",
+        "# The table's fourteen columns take the page's width: no navigation beside it (mkdocs-material).",
         "hide:",
         "  - navigation",
         "  - toc",
@@ -99,11 +100,11 @@ def render(results) -> str:
         "python -m bench.model_garden_zoo --experiments=retinanet_resnetfpn_coco --steps=6",
         "```",
         "",
-        '<div class="compact-table" markdown>',  # Ten columns: narrower cells (docs/stylesheets/extra.css).
+        '<div class="compact-table" markdown>',  # Fourteen columns: narrower cells (docs/stylesheets/extra.css).
         "",
         "| experiment | family | trains | same loss (max rel. diff) | same eval | same weights "
-        "| export | ctl s/step | train_lib s/step | reason |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| export | ctl s/step | train_lib s/step | kill -9 | SIGTERM | sidecar | 2 replicas | reason |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         reason = "; ".join(filter(None, [row.get("reason"), row.get("weights_difference") and
@@ -111,15 +112,16 @@ def render(results) -> str:
                                          row.get("export_reason") and
                                          f"export: {row['export_reason']}"]))
         reason += f" ({row['determinism_note']})" if row.get("determinism_note") else ""
+        reason = "; ".join(filter(None, [reason, guarantees_page.reason(row)]))
         reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "
             f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_export(row)} "
             f"| {_seconds(row['ctl_s_per_step'])} "
-            f"| {_seconds(row['train_lib_s_per_step'])} | {reason.replace('|', '/')} |")
+            f"| {_seconds(row['train_lib_s_per_step'])} | {guarantees_page.cells(row)} "
+            f"| {reason.replace('|', '/')} |")
+    lines += ["", "</div>", "", *guarantees_page.section(rows)]
     lines += [
-        "",
-        "</div>",
         "",
         "## How a row is measured",
         "",

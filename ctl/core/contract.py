@@ -288,10 +288,16 @@ def _probe(trainer, spec, replica_step):
     """A trace of `replica_step` on every replica, on a batch of `spec`, in a function of its own."""
     strategy = trainer.strategy
 
-    def step_fn(inputs):
+    def as_iterated_step(replica_inputs):
         # A copy of the nest: a step may pop entries of its dict (Model Garden's translation
-        # task does), which a traced function's own arguments do not allow.
-        strategy.run(replica_step, args=(tf.nest.map_structure(_as_iterated, inputs),))
+        # task does), which a traced function's own arguments do not allow. Made in the replica
+        # function: under a strategy of several replicas `inputs` are per-replica values,
+        # each replica's SparseTensors of its own static shape. (A def, not a lambda:
+        # autograph took a lambda over two lines for another function.)
+        return replica_step(tf.nest.map_structure(_as_iterated, replica_inputs))
+
+    def step_fn(inputs):
+        strategy.run(as_iterated_step, args=(inputs,))
 
     return lambda: tf.function(step_fn).get_concrete_function(spec)
 

@@ -252,10 +252,13 @@ class Controller:
         return end.step
 
     def _loop_steps(self, step: int) -> int:
-        """The steps of the train loop that starts at `step` (`steps_per_loop`)."""
+        """The steps of the train loop that starts at `step`: up to the next multiple of
+        `steps_per_loop` (or what its function says). A run resumed between multiples (a
+        signal's checkpoint) first runs the rest of its loop, so that its loops end, and its
+        summaries, checkpoints and per-loop metric states fall, where an uninterrupted run's do."""
         if callable(self.steps_per_loop):
             return self.steps_per_loop(step)
-        return self.steps_per_loop
+        return self.steps_per_loop - step % self.steps_per_loop
 
     def _checkpoint_may_be_due(self, step: int) -> bool:
         """Whether to ask the manager for a save at `step`: ctl's says without a TensorFlow op

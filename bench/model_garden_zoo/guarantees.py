@@ -1,0 +1,772 @@
+"""ctl's four guarantees on one experiment's tiny variant, each through `python -m ctl.run`.
+
+    python -m bench.model_garden_zoo.guarantees NAME [--workdir=DIR] [--random_ops]
+                                                [--train_lib_at_two_replicas]
+
+The run is seeded as a user seeds theirs: `ctl.FaultTolerance.seed = 1` in the gin file (which
+seeds Python, NumPy, TensorFlow and Keras, turns on op determinism and makes tf_keras draw
+dropout from generators the checkpoint holds). The experiment runs with its real pipeline and
+augmentations (the zoo's variant: bench/model_garden_zoo/variants.py) by the recorded task of
+tests/model_garden_tasks.py, which writes each train step's loss bits from inside the graph and
+can hold a step until told to go on, so that a process is stopped mid-loop, in a step it knows.
+`STEPS` steps in loops of `LOOP`, a checkpoint after each loop:
+
+- `kill_9`: killed (SIGKILL) while held in step `HOLD_AT`, after the checkpoint of step `LOOP`,
+  then the same command: every step's loss and the final checkpoint bit for bit those of an
+  uninterrupted run;
+- `sigterm`: SIGTERM while held in step `HOLD_AT`: exit 75 before any further step, with a
+  checkpoint of that step; then the same command: bit for bit again;
+- `sidecar`: `--mode=continuous_eval` beside the killed and restarted trainer evaluates each
+  checkpoint once, in order, with the experiment's metrics, exits 0 after the last one, and its
+  results for the last one are the uninterrupted run's in-line evaluation of the same weights;
+- `new_replicas`: the SIGTERM-stopped run resumed with `--cpu_replicas=2 --strategy=mirrored`:
+  it goes on at the next step, its checkpoint's `train_examples` record counts the examples of the
+  uninterrupted run, and its losses and weights differ from that run's by the reduction order
+  only (the largest relative differences are reported).
+
+Each prints `{"holds": bool, "detail": "..."}`: where one does not hold, the detail is the line a
+user can check (the first differing step or weight, the exit status and the last line said).
+Prints `ZOO-GUARANTEES {json}`; `python -m bench.model_garden_zoo --guarantees` runs it per row.
+"""
+
+import argparse
+import importlib
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+STEPS, LOOP, HOLD_AT = 6, 2, 3  # Loops 1-2, 3-4, 5-6; held in step 3, after ckpt-2.
+WAIT_S = 1200  # Bound on every wait for a process of the row (the 2-core host is shared).
+REPLICA_TOLERANCE = 1e-3  # Relative: a difference beyond it at two replicas is more than the order.
+INPUT_TOLERANCE = 1e-12  # Relative: a step's input sum, added in float64 by one replica or two.
+EVAL_TOLERANCE = 1e-5
+COLUMNS = ("kill_9", "sigterm", "sidecar", "new_replicas")
+
+
+def _family_modules(family: str) -> List[str]:
+    """The modules whose import registers the experiments of `family` (for the gin file)."""
+    from bench.model_garden_zoo import registry
+
+    if family == "ranking":
+        return list(registry.RANKING)
+    if family == "nlp":
+        return registry._nlp_config_modules()  # noqa: SLF001 (the zoo's own module)
+    return [registry.VISION]
+
+
+def write_gin(path: str, experiment: str, family: str, data_dir: str) -> str:
+    """The run's gin file: the zoo's variant, recorded steps, the seed, the schedule.
+
+    Args:
+      path: where to write it.
+      experiment: a registered experiment's name.
+      family: its family (registry.family).
+      data_dir: the zoo's generated files.
+    """
+    from bench.model_garden_zoo import data, variants
+
+    from official.core import exp_factory
+
+    overrides = variants.overrides(experiment, STEPS) + data.data_overrides(experiment, data_dir)
+    if getattr(exp_factory.get_exp_config(experiment).task, "init_checkpoint", ""):
+        # A random start: its default checkpoint is in a public bucket (nothing is downloaded).
+        overrides.append({"task": {"init_checkpoint": ""}})
+    lines = [*(f"import {module}" for module in _family_modules(family)),
+             "import tests.model_garden_tasks",
+             "ctl.Experiment.task = @RecordedModelGardenTask()",
+             "ctl.Experiment.trainer_cls = @StepTrainer",
+             f"RecordedModelGardenTask.experiment = {experiment!r}",
+             f"RecordedModelGardenTask.params_override = {overrides!r}",
+             "ctl.FaultTolerance.seed = 1",
+             f"ctl.Schedule.train_steps = {STEPS}", f"ctl.Schedule.steps_per_loop = {LOOP}",
+             f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {STEPS}", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+class _Row:
+    """One experiment's runs, in `workdir/guarantees/NAME/`."""
+
+    def __init__(self, experiment: str, family: str, workdir: str):
+        self.experiment, self.family, self.workdir = experiment, family, workdir
+        self.root = os.path.join(workdir, "guarantees", experiment.replace("/", "_"))
+        shutil.rmtree(self.root, ignore_errors=True)  # A fresh start (a row may be run again).
+        os.makedirs(self.root)
+        self.gin = write_gin(self.path("experiment.gin"), experiment, family,
+                             os.path.join(workdir, "data"))
+        self.env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+        if family == "ranking":  # tensorflow_recommenders refuses Keras 3 as tf.keras.
+            self.env["TF_USE_LEGACY_KERAS"] = "1"
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def trainer(self, mode: str, model_dir: str, steps_file: str, *flags: str, hold: bool = False,
+                env: Optional[Dict[str, str]] = None):
+        from tests.support.processes import Process, ctl_command
+
+        bindings = [f"RecordedModelGardenTask.steps_file='{steps_file}'",
+                    f"RecordedModelGardenTask.inputs_file='{steps_file}.inputs'"]
+        if hold:
+            bindings += [f"RecordedModelGardenTask.hold_at_step={HOLD_AT}",
+                         f"RecordedModelGardenTask.held_file='{self.path('held')}'",
+                         f"RecordedModelGardenTask.release_file='{self.path('release')}'"]
+        return Process(ctl_command(f"--mode={mode}", f"--model_dir={model_dir}",
+                                   f"--gin_file={self.gin}", *flags,
+                                   *(f"--gin_bindings={b}" for b in bindings)),
+                       env={**self.env, **(env or {})})
+
+    def held(self, process) -> None:
+        """Waits until `process` is held in step HOLD_AT (the hold is armed again after)."""
+        if not process.wait_until(lambda: os.path.exists(self.path("held")), timeout=WAIT_S):
+            raise Failed(f"the run ended before step {HOLD_AT}: {_last_words(process)}")
+        os.remove(self.path("held"))
+
+
+class Failed(Exception):
+    """A guarantee that does not hold, with the line that says why."""
+
+
+def _last_words(process) -> str:
+    """The process's exit status and the last line of ctl's (its whole output is kept beside its
+    model dir, in `<model_dir>.log`, for the user to read)."""
+    from tests.support.reading import ctl_stderr_lines
+
+    model_dir = [a.split("=", 1)[1] for a in process.proc.args if a.startswith("--model_dir=")]
+    if model_dir:
+        with open(model_dir[0] + ".log", "w") as f:
+            f.write(process.stdout() + "\n--- stderr ---\n" + process.stderr())
+    lines = [line for line in ctl_stderr_lines(process.stderr() + process.stdout())
+             if not line.lstrip().startswith(("ckpt |", "train |", "eval |"))]
+    where = f" (its output: {model_dir[0]}.log)" if model_dir else ""
+    return f"exit {process.returncode}: {(lines or ['no output'])[-1][:300]}{where}"
+
+
+def _finished(process, what: str) -> None:
+    result = process.finish(timeout=WAIT_S)
+    if result.returncode != 0:
+        raise Failed(f"{what} {_last_words(process)}")
+
+
+def read_input_sums(path: str) -> Dict[int, float]:
+    from tests.model_garden_tasks import read_input_sums as read
+
+    return read(path)
+
+
+def read_losses(path: str) -> List[Tuple[int, int]]:
+    from tests.model_garden_tasks import read_losses as read
+
+    return read(path)
+
+
+def _bits_to_float(bits: int) -> float:
+    import numpy as np
+
+    return float(np.array([bits], np.int32).view(np.float32)[0])
+
+
+def same_steps(reference: Dict[int, int], runs: List[Tuple[str, List[Tuple[int, int]]]],
+               expected: List[List[int]]) -> str:
+    """'' where each run recorded the `expected` steps with the reference's loss bits, else why.
+
+    Args:
+      reference: step -> loss bits of the uninterrupted run.
+      runs: (name, recorded (step, bits)) of each process of the interrupted run.
+      expected: the steps each process should have recorded.
+    """
+    for (name, recorded), steps in zip(runs, expected):
+        if [s for s, _ in recorded] != steps:
+            return f"the {name} process ran steps {[s for s, _ in recorded]}, not {steps}"
+        for step, bits in recorded:
+            if bits != reference.get(step):
+                return (f"step {step}'s loss {_bits_to_float(bits)!r} ({name} process) vs "
+                        f"{_bits_to_float(reference[step])!r} uninterrupted")
+    return ""
+
+
+def _why_other_losses(row: "_Row", difference: str, steps_file: str) -> str:
+    """`difference`, and where it is a step's loss on the same data (its inputs' sum), which
+    stateful random ops the train step draws from (checked once per row)."""
+    if not difference.startswith("step "):
+        return difference
+    step = int(difference.split()[1].rstrip("'s"))
+    ours = read_input_sums(steps_file + ".inputs").get(step)
+    theirs = read_input_sums(row.path("reference.steps.inputs")).get(step)
+    if ours is None or ours != theirs:
+        return difference + f" (its inputs' sum {ours!r} vs {theirs!r}: other data)"
+    if getattr(row, "random_ops", None) is None:
+        row.random_ops = stateful_random_ops(row)
+    return difference + f", on the same data (its inputs' sum): {row.random_ops}"
+
+
+def checkpoint_difference(path_a: str, path_b: str, tolerance: float = 0.0,
+                          ignore: Tuple[str, ...] = ()) -> Tuple[str, float]:
+    """('' or the first variable that differs by more than `tolerance`, the largest relative
+    difference of any value) between two checkpoints.
+
+    Args:
+      path_a, path_b: checkpoint prefixes.
+      tolerance: relative; 0: bit for bit.
+      ignore: prefixes of variables left out.
+    """
+    import numpy as np
+
+    from tests.support.reading import checkpoint_values
+
+    a, b = ({k: v for k, v in checkpoint_values(p).items() if not (ignore and k.startswith(ignore))}
+            for p in (path_a, path_b))
+    if sorted(a) != sorted(b):
+        return f"variables {sorted(set(a) ^ set(b))[:5]} are in one checkpoint only", math.inf
+    worst, first = 0.0, ""
+    for name in sorted(a):
+        x, y = a[name], b[name]
+        if x is None or x.tobytes() == y.tobytes():
+            continue
+        if x.dtype.kind not in "fc":
+            rel = math.inf
+        else:
+            x64, y64 = x.astype(np.float64), y.astype(np.float64)
+            scale = max(float(np.abs(x64).max(initial=0.0)), float(np.abs(y64).max(initial=0.0)), 1e-12)
+            rel = float(np.abs(x64 - y64).max(initial=0.0)) / scale
+        worst = max(worst, rel)
+        if rel > tolerance and not first:
+            differ = int((x != y).sum()) if x.shape == y.shape else x.size
+            first = f"{name}: {differ} of {x.size} values differ (relative {rel:.2g})"
+    return first, worst
+
+
+def _latest(model_dir: str) -> str:
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(model_dir) or ""
+
+
+def _step(path: str) -> int:
+    return int(path.rsplit("-", 1)[1]) if path else 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _relative(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def reference_and_kill_9(row: _Row) -> Dict[str, Dict[str, Any]]:
+    """The uninterrupted run beside the killed one (with the sidecar beside that): the `kill_9`
+    and `sidecar` columns; the reference's losses and dir are kept on `row`."""
+    from tests.support.processes import Process
+
+    from ctl.model_dir import ModelDir
+
+    reference, chaos = row.path("reference"), row.path("kill_9")
+    steps = {name: row.path(f"{name}.steps") for name in ("reference", "kill_9")}
+    # The trainer leaves evaluation to the evaluator TF_CONFIG names: the sidecar.
+    tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{_free_port()}"],
+                                        "evaluator": [f"127.0.0.1:{_free_port()}"]},
+                            "task": {"type": "chief", "index": 0}})
+    out: Dict[str, Dict[str, Any]] = {}
+    with row.trainer("train_and_eval", reference, steps["reference"]) as straight, \
+            Process.ctl("--mode=continuous_eval", f"--model_dir={chaos}", merge_stderr=True,
+                        env=row.env) as sidecar:
+        try:
+            with row.trainer("train_and_eval", chaos, steps["kill_9"], hold=True,
+                             env={"TF_CONFIG": tf_config}) as first:
+                row.held(first)
+                first.kill()
+            killed_at = _step(_latest(chaos))
+            before = read_losses(steps["kill_9"])
+            open(row.path("release"), "w").close()  # The same command: its hold passes now.
+            with row.trainer("train_and_eval", chaos, steps["kill_9"], hold=True,
+                             env={"TF_CONFIG": tf_config}) as again:
+                _finished(again, "the restarted run:")
+            os.remove(row.path("release"))
+            after = read_losses(steps["kill_9"])[len(before):]
+            out["kill_9"] = {"killed_after_checkpoint": killed_at}
+        except Failed as failed:
+            out["kill_9"] = {"holds": False, "detail": str(failed)}
+            sidecar.kill()  # It would wait for a final checkpoint that never comes.
+            out["sidecar"] = {"holds": None, "detail": "not run: the trainer beside it failed"}
+        _finished(straight, "the uninterrupted run:")
+        row.reference = reference
+        row.losses = dict(read_losses(steps["reference"]))
+        if "holds" not in out["kill_9"]:
+            difference = same_steps(row.losses, [("killed", before), ("restarted", after)],
+                                    [list(range(1, HOLD_AT + 0)), list(range(LOOP + 1, STEPS + 1))])
+            difference = _why_other_losses(row, difference, steps["kill_9"])
+            if killed_at != LOOP:
+                difference = f"killed with checkpoint {killed_at} the latest, not {LOOP}"
+            if not difference:
+                difference, _ = checkpoint_difference(_latest(reference), _latest(chaos))
+                difference = difference and f"final checkpoint: {difference}"
+            out["kill_9"] = {"holds": not difference, "detail": difference or (
+                f"killed in step {HOLD_AT} after ckpt-{LOOP}; steps {LOOP + 1}-{STEPS} again: "
+                f"every loss and the final checkpoint bit for bit")}
+        if "sidecar" not in out:
+            try:
+                status = sidecar.wait(timeout=WAIT_S)
+            except Exception:  # noqa: BLE001 (a hang is the column's finding)
+                status = None
+            out["sidecar"] = _sidecar(status, sidecar, ModelDir(chaos), ModelDir(reference))
+            said = out["sidecar"]["detail"]
+            if out["kill_9"].get("holds") is False and (
+                    said.startswith("checkpoints") or said.endswith(SIDECAR_VALUES)):
+                out["sidecar"] = not_comparable(out["sidecar"])
+    return out
+
+
+SIDECAR_VALUES = "differ from the in-line evaluation"
+
+
+def not_comparable(sidecar: Dict[str, Any]) -> Dict[str, Any]:
+    """The sidecar column where the killed run's checkpoints are not the uninterrupted run's: its
+    results cannot be held against that run's in-line evaluation.
+
+    Args:
+      sidecar: the column as `_sidecar` found it (each checkpoint once, in order, exit 0).
+    """
+    return {"holds": None, "detail": "each checkpoint once, in order, exit 0; its results not "
+            "comparable with the uninterrupted run's in-line evaluation, as the killed run's "
+            "checkpoints differ from that run's (kill -9): " + sidecar["detail"]}
+
+
+def _sidecar(status, sidecar, chaos, reference) -> Dict[str, Any]:
+    evaluations = chaos.sidecar_evaluations()
+    numbers = [r["number"] for r in evaluations]
+    wanted = list(range(LOOP, STEPS + 1, LOOP))
+    if status != 0:
+        last = [line for line in sidecar.stdout().splitlines() if line.strip()][-1:] or ["no output"]
+        return {"holds": False, "detail": f"the sidecar exited {status} after evaluating "
+                f"{numbers}: {last[0][:300]}"}
+    if numbers != wanted:
+        return {"holds": False, "detail": f"the sidecar evaluated checkpoints {numbers}, not {wanted}"}
+    inline = [r for r in reference.metrics("eval") if r.get("step") == STEPS]
+    if not inline:
+        return {"holds": False, "detail": f"the uninterrupted run has no evaluation of step {STEPS}"}
+    theirs = evaluations[-1]["results"]
+    shared = sorted(k for k, v in inline[-1].items() if k in theirs and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and k not in ("step", "time", "steps"))
+    if not shared:
+        return {"holds": False, "detail": f"no metric in both: sidecar {sorted(theirs)}, "
+                f"in-line {sorted(inline[-1])}"}
+    diffs = {k: _relative(float(theirs[k]), float(inline[-1][k])) for k in shared}
+    off = {k: d for k, d in diffs.items() if not d <= EVAL_TOLERANCE}
+    if off:
+        return {"holds": False, "detail": "ckpt-%d: %s differ from the in-line evaluation" % (
+            STEPS, ", ".join(f"{k} {theirs[k]!r} vs {inline[-1][k]!r}" for k in off))}
+    return {"holds": True, "max_rel_diff": max(diffs.values()), "metrics": shared,
+            "detail": f"checkpoints {wanted} once each; ckpt-{STEPS}'s {', '.join(shared)} "
+                      f"{'equal' if max(diffs.values()) == 0 else 'within %.1g of' % max(diffs.values())} "
+                      "the in-line evaluation; exit 0"}
+
+
+def sigterm_and_new_replicas(row: _Row) -> Dict[str, Dict[str, Any]]:
+    """SIGTERM in step HOLD_AT, then the same command, and the stopped run resumed at two
+    replicas (a copy of its dir): the `sigterm` and `new_replicas` columns."""
+    model_dir, steps = row.path("sigterm"), row.path("sigterm.steps")
+    out: Dict[str, Dict[str, Any]] = {}
+    for name in ("held", "release"):  # The kill -9 run's restart held (and passed) step HOLD_AT too.
+        if os.path.exists(row.path(name)):
+            os.remove(row.path(name))
+    try:
+        with row.trainer("train", model_dir, steps, hold=True) as first:
+            row.held(first)
+            first.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # Taken (the process says so, once its loops can read it) while the step runs; then
+            # the step goes on.
+            if not first.wait_until(lambda: "received SIGTERM" in first.stderr() + first.stdout(),
+                                    timeout=WAIT_S):
+                raise Failed(f"the run ended without saying it received SIGTERM: {_last_words(first)}")
+            open(row.path("release"), "w").close()
+            try:
+                status = first.wait(timeout=WAIT_S)
+            except Exception:  # noqa: BLE001
+                raise Failed(f"no exit within {WAIT_S} s of the SIGTERM")
+            took = time.monotonic() - signalled
+        if status != 75:
+            raise Failed(f"exit {status} after SIGTERM, not 75: {_last_words(first)}")
+        stopped = read_losses(steps)
+        saved = _step(_latest(model_dir))
+        if [s for s, _ in stopped] != list(range(1, HOLD_AT + 1)) or saved != HOLD_AT:
+            raise Failed(f"after SIGTERM in step {HOLD_AT}: steps {[s for s, _ in stopped]} ran, "
+                         f"checkpoint {saved}")
+        shutil.copytree(model_dir, row.path("replicas"))
+        with row.trainer("train", model_dir, steps, hold=True) as again:
+            _finished(again, "the restarted run:")
+        difference = same_steps(row.losses, [("stopped", stopped),
+                                             ("restarted", read_losses(steps)[len(stopped):])],
+                                [list(range(1, HOLD_AT + 1)), list(range(HOLD_AT + 1, STEPS + 1))])
+        difference = _why_other_losses(row, difference, steps)
+        if not difference:
+            difference, _ = checkpoint_difference(_latest(row.reference), _latest(model_dir))
+            difference = difference and f"final checkpoint: {difference}"
+        out["sigterm"] = {"holds": not difference, "seconds_to_exit": round(took, 1),
+                          "detail": difference or (
+                              f"exit 75 {took:.0f} s after SIGTERM in step {HOLD_AT}, before step "
+                              f"{HOLD_AT + 1}, with ckpt-{HOLD_AT}; steps {HOLD_AT + 1}-{STEPS} "
+                              "again: every loss and the final checkpoint bit for bit")}
+    except Failed as failed:
+        out["sigterm"] = {"holds": False, "detail": str(failed)}
+        out["new_replicas"] = {"holds": None, "detail": "not run: no run stopped by SIGTERM"}
+        return out
+    if os.path.exists(row.path("release")):
+        os.remove(row.path("release"))
+    try:
+        out["new_replicas"] = _new_replicas(row)
+    except Failed as failed:
+        out["new_replicas"] = {"holds": False, "detail": str(failed)}
+    return out
+
+
+def train_examples(path: str) -> Optional[int]:
+    """The examples of the train input a checkpoint's `train_examples` record counts at its step."""
+    import tensorflow as tf
+
+    from ctl.faults import run_size
+
+    reader = tf.train.load_checkpoint(path)
+    key = run_size.TRAIN_EXAMPLES + "/.ATTRIBUTES/VARIABLE_VALUE"
+    if not reader.has_tensor(key):
+        return None
+    examples, since, pipelines, replicas, batch = (int(v) for v in reader.get_tensor(key))
+    return examples + (_step(path) - since) * pipelines * replicas * batch
+
+
+# TensorFlow's random ops whose state lives in their kernel: no checkpoint holds it (the
+# generator ops of tf.random.Generator, and the stateless ones, are not among them).
+STATEFUL_RANDOM = {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                   "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial"}
+RANDOM_OPS_CHECK = "RANDOM-OPS "
+
+
+def stateful_random_ops(row: _Row) -> str:
+    """The stateful random ops in the row's train step (a check in a process of its own), as a
+    sentence for the row."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
+         f"--family={row.family}", f"--workdir={row.workdir}", "--random_ops"],
+        cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
+        timeout=WAIT_S, check=False)
+    said = [line[len(RANDOM_OPS_CHECK):] for line in out.stdout.splitlines()
+            if line.startswith(RANDOM_OPS_CHECK)]
+    return said[-1] if said else f"the random-ops check ended without a result (exit {out.returncode})"
+
+
+def _stateful_random_ops(experiment: str, workdir: str) -> str:
+    import tensorflow as tf
+
+    import ctl
+    from bench.model_garden_zoo import data, variants
+    from ctl.faults import resume
+
+    resume.seed_everything(1)  # As the run: tf_keras' dropout draws from generators.
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
+        experiment, STEPS) + data.data_overrides(experiment, os.path.join(workdir, "data")))
+    model, optimizer = task.build_model(), task.build_optimizer()
+    metrics = task.build_metrics(training=True)
+    batch = next(iter(task.build_inputs(training=True)))
+    step = tf.function(lambda inputs: task.train_step(inputs, model, optimizer, metrics))
+    graph = step.get_concrete_function(batch).graph.as_graph_def()
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    found = sorted(ops & STATEFUL_RANDOM)
+    command = f"python -m bench.model_garden_zoo.guarantees {experiment} --random_ops"
+    if not found:
+        return f"its train step holds no stateful random op ({command})"
+    return (f"its train step draws from stateful random ops, {', '.join(found)}, whose state "
+            f"lives in their kernels, in no checkpoint: a new process draws from their start "
+            f"({command})")
+
+
+COLLECTIVE_SHAPES = "Shape mismatch in the collective instance"
+TRAIN_LIB_CHECK = "TRAIN-LIB-AT-2 "
+
+
+def train_lib_at_two_replicas(row: _Row) -> str:
+    """What Model Garden's own `train_lib` does with the row's variant at two CPU replicas, in
+    loops of LOOP steps (a `tf.while_loop`), in a process of its own: a sentence for the row."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
+         f"--family={row.family}", f"--workdir={row.workdir}", "--train_lib_at_two_replicas"],
+        cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
+        timeout=WAIT_S, check=False)
+    said = [line[len(TRAIN_LIB_CHECK):] for line in out.stdout.splitlines()
+            if line.startswith(TRAIN_LIB_CHECK)]
+    return said[-1] if said else f"Model Garden's train_lib check ended without a result (exit {out.returncode})"
+
+
+def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from official.core import train_lib
+
+    from bench.model_garden_zoo import compare
+    from ctl.adapters import model_garden
+
+    model_dir = os.path.join(workdir, "guarantees", experiment.replace("/", "_"), "train_lib_at_2")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    params = model_garden.experiment_config(experiment, params_override=compare.params_for(
+        experiment, 2 * LOOP, os.path.join(workdir, "data")) + [{"trainer": {
+            "steps_per_loop": LOOP, "checkpoint_interval": 2 * LOOP, "summary_interval": LOOP}}])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        task = model_garden.garden_task(params, logging_dir=model_dir)
+        trainer = compare._ranking_trainer(params, task)  # noqa: SLF001 (the zoo's own)
+    what = (f"Model Garden's train_lib fails the same way (its {experiment} variant, "
+            f"MirroredStrategy of 2 CPUs, loops of {LOOP} steps: python -m "
+            f"bench.model_garden_zoo.guarantees {experiment} --train_lib_at_two_replicas)")
+    try:
+        train_lib.run_experiment(distribution_strategy=strategy, task=task, mode="train",
+                                 params=params, model_dir=model_dir, trainer=trainer)
+    except Exception as error:  # noqa: BLE001 (what it says is the finding)
+        return what if COLLECTIVE_SHAPES in str(error) else (
+            f"Model Garden's train_lib fails otherwise: {type(error).__name__}: "
+            f"{compare._message(error)[:200]}")  # noqa: SLF001
+    return "Model Garden's train_lib trains there (loops of %d steps at two replicas)" % LOOP
+
+
+def _new_replicas(row: _Row) -> Dict[str, Any]:
+    from tests.support.reading import scalars
+
+    model_dir, steps = row.path("replicas"), row.path("replicas.steps")
+    shutil.copytree(model_dir, model_dir + "-stopped")  # For a second try (below).
+    flags = ["--strategy=mirrored", "--cpu_replicas=2"]
+    note = ""
+    with row.trainer("train", model_dir, steps, *flags) as run:
+        try:
+            _finished(run, "the run at two replicas:")
+        except Failed:
+            if COLLECTIVE_SHAPES not in run.stdout() + run.stderr():
+                raise
+            # TensorFlow's gather of sparse gradients (embedding tables) of other sizes on
+            # each replica, inside a tf.while_loop: is it Model Garden's own? Its train_lib, in
+            # loops of LOOP steps at two replicas; and ctl again in a host loop.
+            note = (f"in a tf.while_loop at two replicas TensorFlow's collective gather fails "
+                    f"({COLLECTIVE_SHAPES}: the sparse gradients of other sizes on each replica); "
+                    f"{train_lib_at_two_replicas(row)}; so run with "
+                    "ctl.Trainer.use_tf_while_loop=False, as here")
+    if note:
+        shutil.rmtree(model_dir)
+        shutil.copytree(model_dir + "-stopped", model_dir)
+        for name in (steps, steps + ".inputs"):
+            if os.path.exists(name):
+                os.remove(name)
+        flags.append("--gin_bindings=ctl.Trainer.use_tf_while_loop=False")
+        with row.trainer("train", model_dir, steps, *flags) as run:
+            _finished(run, "the run at two replicas in a host loop:")
+    said = [line for line in (run.stderr() + run.stdout()).splitlines()
+            if "replica" in line and "warning" in line.lower()]
+    ran = sorted({s for s, _ in read_losses(steps)})
+    if ran != list(range(HOLD_AT + 1, STEPS + 1)):
+        raise Failed(f"at two replicas the run went on with steps {ran}, not {HOLD_AT + 1}-{STEPS}")
+    final, reference = _latest(model_dir), _latest(row.reference)
+    if _step(final) != STEPS:
+        raise Failed(f"at two replicas the run ended at checkpoint {_step(final)}")
+    examples = (train_examples(final), train_examples(reference))
+    if examples[0] != examples[1]:
+        raise Failed(f"at step {STEPS} the run at two replicas counts {examples[0]} examples "
+                     f"read, the uninterrupted run {examples[1]}")
+    # What each step read: the sum of its inputs (both replicas'), the uninterrupted run's.
+    read = {p: read_input_sums(p + ".inputs") for p in (steps, row.path("reference.steps"))}
+    for step in range(HOLD_AT + 1, STEPS + 1):
+        ours, theirs = read[steps].get(step), read[row.path("reference.steps")].get(step)
+        if ours is None or theirs is None or _relative(ours, theirs) > INPUT_TOLERANCE:
+            raise Failed(f"at two replicas step {step} read other data than uninterrupted "
+                         f"(the sum of its inputs {ours!r} vs {theirs!r})")
+    ours, theirs = (scalars(os.path.join(d, "train")).get("loss", {}) for d in (model_dir, row.reference))
+    if STEPS not in ours or STEPS not in theirs:
+        raise Failed(f"no loss summary at step {STEPS}: {sorted(ours)} at two replicas, "
+                     f"{sorted(theirs)} uninterrupted")
+    loss_diff = _relative(ours[STEPS], theirs[STEPS])
+    # Each step's loss on each replica (the recorded task's lines) against the step's loss at
+    # one replica: a model whose replica loss is its share of the global batch's (summed over
+    # the replicas, as Model Garden's ranking models' is) reports half at two replicas, in ctl's
+    # summaries (their mean) as in train_lib's.
+    per_replica: Dict[int, List[float]] = {}
+    for step, bits in read_losses(steps):
+        per_replica.setdefault(step, []).append(_bits_to_float(bits))
+    sums = max(_relative(sum(v), _bits_to_float(row.losses[s])) for s, v in per_replica.items())
+    if sums < loss_diff and sums <= REPLICA_TOLERANCE:
+        loss_diff = sums
+        share = ("; the summaries' loss is the replicas' mean, and this model's replica loss is "
+                 "its share of the global batch's: the replicas' losses add up to the one "
+                 f"replica's, every step within {sums:.1g}")
+    else:
+        share = ""
+    # The run's records differ by design (the input position, the examples since the new size).
+    _, weights_diff = checkpoint_difference(final, reference, tolerance=math.inf,
+                                            ignore=("train_input", "train_examples", "rng"))
+    beyond = max(loss_diff, weights_diff) > REPLICA_TOLERANCE
+    # The states of the generators tf_keras' random ops (dropout) draw from, in the checkpoint.
+    draws, _ = checkpoint_difference(final, reference, ignore=("model", "optimizer", "train_",
+                                                               "global_step"))
+    counted = (f"{examples[0]} examples counted at step {STEPS}" if examples[0] else
+               "no examples counted (the batches have no static size: the resume skips by steps)")
+    return {"holds": True, "max_rel_loss_diff": loss_diff, "max_rel_weight_diff": weights_diff,
+            "beyond_reduction_order": beyond or bool(note), "warned": bool(said), "detail": (
+                (note + "; then: " if note else "") +
+                f"from ckpt-{HOLD_AT} of one replica, steps {HOLD_AT + 1}-{STEPS} at two, each "
+                f"reading the uninterrupted run's data (its inputs' sum), {counted}; "
+                f"the loss differs by {loss_diff:.1g}{share}, the "
+                f"weights by up to {weights_diff:.1g} (relative)" + (
+                    f": more than {REPLICA_TOLERANCE:g}, so more than a reduction order's, on the "
+                    "same data: " + (
+                        "the model's random ops drew other numbers at two replicas (its generators' "
+                        f"states in the checkpoint differ: {draws.split(':')[0]})" if draws else
+                        "the model computes otherwise at two replicas (which op is not checked)")
+                    if beyond else ": the reduction order"))}
+
+
+def check(experiment: str, family: str, workdir: str) -> Dict[str, Dict[str, Any]]:
+    """The four columns of `experiment`'s row.
+
+    Args:
+      experiment: a registered experiment's name.
+      family: its family (registry.family).
+      workdir: the zoo's workdir (its `data/` holds the generated files).
+    """
+    try:
+        for module in _family_modules(family):  # Registers the experiment (as the gin file does).
+            importlib.import_module(module)
+        row = _Row(experiment, family, workdir)
+    except Exception as error:  # noqa: BLE001 (the row says why)
+        traceback.print_exc()
+        line = f"building the run's config: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        return {c: {"holds": None, "detail": line} for c in COLUMNS}
+    try:
+        out = reference_and_kill_9(row)
+    except Failed as failed:  # The uninterrupted run failed: nothing to compare with.
+        return {c: {"holds": None, "detail": f"not run: {failed}"} for c in COLUMNS}
+    out.update(sigterm_and_new_replicas(row))
+    return out
+
+
+def run_in_process(experiment: str, family: str, workdir: str, log_dir: str,
+                   env: Dict[str, str], timeout_s: int) -> Dict[str, Any]:
+    """`check` in a process of its own (its output in `log_dir`): the row's `guarantees`.
+
+    Args:
+      experiment: a registered experiment's name.
+      family: its family.
+      workdir: the zoo's workdir.
+      log_dir: where the process's log goes (NAME-guarantees.log).
+      env: the process's environment.
+      timeout_s: how long it may take.
+    """
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    log = os.path.join(log_dir, experiment.replace("/", "_") + "-guarantees.log")
+    command = [sys.executable, "-m", "bench.model_garden_zoo.guarantees", experiment,
+               f"--family={family}", f"--workdir={workdir}"]
+    with open(log, "w") as out:
+        try:
+            subprocess.run(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                           env=env, check=False, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            pass
+    with open(log) as f:
+        lines = f.read().splitlines()
+    found = [json.loads(line[len("ZOO-GUARANTEES "):]) for line in lines
+             if line.startswith("ZOO-GUARANTEES ")]
+    if found:
+        return found[-1]
+    last = [line for line in lines if line.strip()][-1:] or ["no output"]
+    return {c: {"holds": None, "detail": f"the check ended without a result: {last[0][:300]}"}
+            for c in COLUMNS}
+
+
+def kept_row(path: str, experiment: str, family: str) -> Dict[str, Any]:
+    """`experiment`'s row as the results file at `path` has it (for `--guarantees=only`).
+
+    Args:
+      path: the zoo's results file.
+      experiment: the row's experiment.
+      family: its family (for a row the file does not have).
+    """
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            rows = [r for r in json.load(f).get("rows", []) if r["experiment"] == experiment]
+    if rows:
+        return dict(rows[0])
+    keys = ("trains", "same_loss", "max_rel_loss_diff", "same_eval", "ctl_s_per_step",
+            "train_lib_s_per_step")
+    return {"experiment": experiment, "family": family, **{k: None for k in keys},
+            "reason": "the trainers' comparison was not run"}
+
+
+def row_columns(columns: Dict[str, Any], commit: str) -> Dict[str, Any]:
+    """What `check`'s process found, as the row's keys.
+
+    Args:
+      columns: its `ZOO-GUARANTEES` record.
+      commit: the commit it ran at.
+    """
+    return {"guarantees": {c: columns[c] for c in COLUMNS}, "guarantees_commit": commit,
+            "guarantees_cpu_s": columns.get("cpu_s"), "guarantees_wall_s": columns.get("wall_s")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment")
+    parser.add_argument("--family", default="", help="the experiment's family (default: registry.family)")
+    parser.add_argument("--workdir", default="", help="data and model dirs (default: a temp dir)")
+    parser.add_argument("--random_ops", action="store_true",
+                        help="only: the stateful random ops in the variant's train step")
+    parser.add_argument("--train_lib_at_two_replicas", action="store_true",
+                        help="only: Model Garden's train_lib on the variant at two CPU replicas")
+    args = parser.parse_args(argv)
+    if not args.family:
+        from bench.model_garden_zoo import registry
+
+        registry.import_all()
+        args.family = registry.family(args.experiment)
+    if not args.workdir:
+        import tempfile
+
+        args.workdir = tempfile.mkdtemp(prefix="model_garden_guarantees-")
+    if args.random_ops:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(RANDOM_OPS_CHECK + _stateful_random_ops(args.experiment, args.workdir), flush=True)
+        return 0
+    if args.train_lib_at_two_replicas:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(TRAIN_LIB_CHECK + _train_lib_at_two_replicas(args.experiment, args.workdir), flush=True)
+        return 0
+    start = time.perf_counter()
+    columns = check(args.experiment, args.family, args.workdir)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # The row's ctl.run processes.
+    columns["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
+    columns["wall_s"] = round(time.perf_counter() - start, 1)
+    print("ZOO-GUARANTEES " + json.dumps(columns), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
