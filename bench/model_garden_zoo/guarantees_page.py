@@ -75,7 +75,7 @@ def section(rows: List[Dict[str, Any]]) -> List[str]:
         "file (it seeds Python, NumPy, TensorFlow and Keras, turns on TensorFlow's op determinism "
         "and makes tf_keras' dropout draw from generators the checkpoint holds). "
         f"{guarantees.STEPS} steps in loops of {guarantees.LOOP}, a checkpoint after each loop; a "
-        "recorded task (tests/model_garden_tasks.py) writes each step's loss bits from inside the "
+        "recorded task writes each step's loss bits from inside the "
         f"graph and holds step {guarantees.HOLD_AT} until told to go on, so that a process is "
         "stopped mid-loop in a step it knows.",
         "",
