@@ -86,6 +86,19 @@ def run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str
     return row
 
 
+def _run_logged(command: List[str], log: str, family: str) -> List[str]:
+    """Runs a row's check in its own process, its output to `log` (a hang ends at TIMEOUT_S); the
+    log's lines."""
+    with open(log, "w") as out:
+        try:
+            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                           env=_env(legacy_keras=family == "ranking"), check=False)
+        except subprocess.TimeoutExpired:
+            pass
+    with open(log) as f:
+        return f.read().splitlines()
+
+
 def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: str,
              determinism: bool) -> Dict[str, Any]:
     """One experiment's row, from its own process (a crash or a hang is its row's reason)."""
@@ -94,15 +107,8 @@ def _run_row(experiment: str, family: str, steps: int, workdir: str, log_dir: st
                f"--steps={steps}", f"--workdir={workdir}"] + ([] if determinism else ["--no_determinism"])
     start = time.perf_counter()
     commit = _commit()
-    with open(log, "w") as out:
-        try:
-            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
-                           env=_env(legacy_keras=family == "ranking"), check=False)
-        except subprocess.TimeoutExpired:
-            pass
+    lines = _run_logged(command, log, family)
     row = None
-    with open(log) as f:
-        lines = f.read().splitlines()
     for line in lines:
         if line.startswith("ZOO-ROW "):
             row = json.loads(line[len("ZOO-ROW "):])
@@ -128,14 +134,7 @@ def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_d
     command = [sys.executable, "-m", "bench.model_garden_zoo.export", experiment, f"--steps={steps}",
                f"--workdir={workdir}"]
     commit = _commit()
-    with open(log, "w") as out:
-        try:
-            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
-                           env=_env(legacy_keras=family == "ranking"), check=False)
-        except subprocess.TimeoutExpired:
-            pass
-    with open(log) as f:
-        lines = f.read().splitlines()
+    lines = _run_logged(command, log, family)
     rows = [json.loads(line[len("ZOO-EXPORT "):]) for line in lines if line.startswith("ZOO-EXPORT ")]
     if rows:
         row = rows[-1]

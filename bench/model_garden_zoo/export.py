@@ -57,8 +57,10 @@ def check_export(experiment: str, steps: int, workdir: str) -> Dict[str, Any]:
         module_class = model_garden_serving.export_module_class(task.params, task.garden_task)
         row["export_module"] = module_class and f"{module_class.__module__}.{module_class.__name__}"
         stage = "training with ctl.hooks.FinalExporter"
+        # One loop; its summaries too (the variant's trainer.summary_interval would otherwise
+        # apply, and orbit wants it a multiple of the loop).
         schedule = ctl.Schedule(train_steps=steps, steps_per_loop=steps, checkpoint_interval=steps,
-                                eval_steps=eval_steps if eval_steps > 0 else None)
+                                summary_interval=steps, eval_steps=eval_steps if eval_steps > 0 else None)
         exporter = ctl.hooks.FinalExporter()
         ctl.run_experiment("train", model_dir, experiment=ctl.Experiment(
             task=task, schedule=schedule, hooks=[exporter]))

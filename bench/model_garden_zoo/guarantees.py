@@ -455,20 +455,25 @@ STATEFUL_RANDOM = {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", 
 RANDOM_OPS_CHECK = "RANDOM-OPS "
 
 
-def stateful_random_ops(row: _Row) -> str:
-    """The stateful random ops in the row's train step (a check in a process of its own), as a
-    sentence for the row."""
+def _check_in_process(row: _Row, flag: str, marker: str, what: str) -> str:
+    """Runs this module with `flag` for the row in a process of its own; the last line it
+    printed after `marker`, or why there is none."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
         [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
-         f"--family={row.family}", f"--workdir={row.workdir}", "--random_ops"],
+         f"--family={row.family}", f"--workdir={row.workdir}", flag],
         cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
         timeout=WAIT_S, check=False)
-    said = [line[len(RANDOM_OPS_CHECK):] for line in out.stdout.splitlines()
-            if line.startswith(RANDOM_OPS_CHECK)]
-    return said[-1] if said else f"the random-ops check ended without a result (exit {out.returncode})"
+    said = [line[len(marker):] for line in out.stdout.splitlines() if line.startswith(marker)]
+    return said[-1] if said else f"{what} ended without a result (exit {out.returncode})"
+
+
+def stateful_random_ops(row: _Row) -> str:
+    """The stateful random ops in the row's train step (a check in a process of its own), as a
+    sentence for the row."""
+    return _check_in_process(row, "--random_ops", RANDOM_OPS_CHECK, "the random-ops check")
 
 
 def _stateful_random_ops(experiment: str, workdir: str) -> str:
@@ -503,17 +508,8 @@ TRAIN_LIB_CHECK = "TRAIN-LIB-AT-2 "
 def train_lib_at_two_replicas(row: _Row) -> str:
     """What Model Garden's own `train_lib` does with the row's variant at two CPU replicas, in
     loops of LOOP steps (a `tf.while_loop`), in a process of its own: a sentence for the row."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", row.experiment,
-         f"--family={row.family}", f"--workdir={row.workdir}", "--train_lib_at_two_replicas"],
-        cwd=root, capture_output=True, text=True, env={**os.environ, **row.env, "PYTHONPATH": root},
-        timeout=WAIT_S, check=False)
-    said = [line[len(TRAIN_LIB_CHECK):] for line in out.stdout.splitlines()
-            if line.startswith(TRAIN_LIB_CHECK)]
-    return said[-1] if said else f"Model Garden's train_lib check ended without a result (exit {out.returncode})"
+    return _check_in_process(row, "--train_lib_at_two_replicas", TRAIN_LIB_CHECK,
+                             "Model Garden's train_lib check")
 
 
 def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
