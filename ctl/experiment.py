@@ -211,9 +211,29 @@ class _Settle:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         current = dataclasses.asdict(instance) if instance is not None else {}
         taken = self._split(owner, current, defaults)
+        if cls is Schedule:
+            self._summaries_on_loop_ends(taken, current, defaults)
         if instance is None or taken:
             instance = _made(cls, instance, taken, self.by_owner[owner])
         self._set(field, instance)
+
+    def _summaries_on_loop_ends(self, taken: Dict[str, Any], current: Mapping[str, Any],
+                                defaults: Mapping[str, Any]) -> None:
+        """The experiment's summary interval, rounded up to a multiple of the loop you set (orbit
+        wants one; Model Garden's own YAML keeps them in step, a loop of yours need not)."""
+        every = taken.get("summary_interval")
+        if not every or "steps_per_loop" in taken:
+            return
+        if _gin_bound("ctl.Schedule.steps_per_loop"):
+            loop = current.get("steps_per_loop", gin.query_parameter("ctl.Schedule.steps_per_loop"))
+        else:
+            loop = current.get("steps_per_loop", defaults.get("steps_per_loop"))
+        if not isinstance(loop, int) or loop <= 0 or every % loop == 0:
+            return
+        taken["summary_interval"] = -(-every // loop) * loop
+        self._line(f"ctl.Schedule.summary_interval = {taken['summary_interval']!r}  (the experiment's "
+                   f"{self.by_owner['ctl.Schedule']['summary_interval'].source} = {every!r}, rounded up "
+                   f"to a multiple of your ctl.Schedule.steps_per_loop = {loop!r}, as orbit requires)")
 
     def _best_checkpoint(self) -> None:
         settings = self.by_owner["ctl.hooks.BestCheckpoint"]

@@ -289,9 +289,10 @@ def test_checkpoint_of_a_different_model_is_an_error(run_dir):
 
 
 def test_idle_timeout_ends_with_a_clear_message(run_dir):
-    os.remove(ModelDir(run_dir).finished_file)  # A trainer that vanished.
+    os.remove(ModelDir(run_dir).finished_file)  # A trainer that vanished before train_steps
     result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
-                     "--gin_bindings=ctl.ContinuousEval.timeout = 2")
+                     "--gin_bindings=ctl.ContinuousEval.timeout = 2",  # (once past it, the end is 0).
+                     "--gin_bindings=ctl.Schedule.train_steps = 100")
     assert result.returncode == 2, result.stderr[-3000:]
     assert evaluated_numbers(run_dir) == [10, 20, 30, 40]
     lines = ctl_stderr_lines(result.stderr)

@@ -71,6 +71,8 @@ def write_gin(tmp_path, family, *lines, eval_interval=STEPS):
         "ctl.FaultTolerance.seed = 1",
         f"ctl.Schedule.train_steps = {STEPS}", f"ctl.Schedule.steps_per_loop = {LOOP}",
         f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {eval_interval}",
+        # The whole generated eval set (the experiment's trainer.validation_steps counts real data's).
+        "ctl.Schedule.eval_steps = None",
         *lines, ""]))
     return str(path)
 

@@ -150,7 +150,8 @@ TRAINER: Mapping[str, Field] = {
     "steps_per_loop": Field("`ctl.Schedule.steps_per_loop`.", _to("ctl.Schedule.steps_per_loop")),
     "summary_interval": Field(
         "`ctl.Schedule.summary_interval` (summaries inside the train step; a multiple of "
-        "`steps_per_loop`, as orbit requires).", _to("ctl.Schedule.summary_interval")),
+        "`steps_per_loop`, as orbit requires: rounded up to one of a `steps_per_loop` you set, "
+        "and the run's start says so).", _to("ctl.Schedule.summary_interval")),
     "checkpoint_interval": Field("`ctl.Schedule.checkpoint_interval`.",
                                  _to("ctl.Schedule.checkpoint_interval")),
     "max_to_keep": Field("`ctl.Schedule.max_checkpoints`.", _to("ctl.Schedule.max_checkpoints")),
