@@ -59,8 +59,9 @@ def test_ctls_exporter_serves_a_detection_model_as_model_gardens_export(tmp_path
     from bench.model_garden_zoo import variants
 
     experiment = "retinanet_resnetfpn_coco"
+    # An export reads no eval data: no COCO annotation file (ctl checks the paths it names).
     task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
-        experiment, 2) + [{"task": {"init_checkpoint": ""}}])
+        experiment, 2) + [{"task": {"init_checkpoint": "", "annotation_file": ""}}])
     model = perturbed(task.build_model())
     served = exported_by_ctl(task, model, tmp_path / "ctl").signatures["serving_default"]
     # Model Garden's export module around the same model, as its export_saved_model_lib makes

@@ -129,6 +129,31 @@ def test_two_machines_split_the_budget_without_overlap(machines):
     assert all("3/3 ended" in out for out, _ in machines["outputs"])
 
 
+def test_machines_that_open_a_new_database_at_once_all_open_it(postgres):
+    """Optuna creates its tables in an empty database when a storage opens it; six machines
+    (processes) that open a new one at the same moment each get the storage, none an error
+    about a table or a key that another one has just made."""
+    import psycopg
+
+    server = postgres.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as connection:
+        connection.execute("CREATE DATABASE at_once")
+    start = time.time() + 15  # Past every process's imports: they open together.
+    opener = ("import sys, time; from ctl.sweep import storage; "
+              "time.sleep(max(0, float(sys.argv[1]) - time.time())); "
+              "storage.open_storage('unused', sys.argv[2]); print('opened')")
+    procs = [subprocess.Popen([sys.executable, "-c", opener, str(start), f"{server}/at_once"],
+                              cwd=ROOT, env=ctl_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0 and "opened" in out, err[-2000:]
+
+
 def test_the_takeover_lock_is_held_by_one_connection_at_a_time(postgres, tmp_path):
     """ctl.sweep.optuna_internals.exclusive on PostgreSQL: an advisory lock through RDBStorage's
     engine; a second storage (another machine's connection) waits until the first lets go."""

@@ -9,10 +9,11 @@ study. `<sweep_dir>/sweep.json` records where the study is (the URL without its
 password), for `python -m ctl.report`.
 """
 
+import contextlib
 import os
-import time
 import urllib.parse
-from typing import Optional
+import zlib
+from typing import Iterator, Optional
 
 import optuna
 
@@ -67,19 +68,46 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
 
         os.makedirs(sweep_dir, exist_ok=True)
         return JournalStorage(JournalFileBackend(layout.journal_file(sweep_dir)))
-    for attempt in range(5):
-        try:
+    try:
+        with _tables_made_one_at_a_time(url):
             return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-        except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
-            # Machines that start together race to create the tables: the loser sees a
-            # duplicate key, and finds the tables there when it looks again.
-            if "duplicate key" in str(error) and attempt < 4:
-                time.sleep(1 + attempt)
-                continue
-            raise UserError(f"cannot open --storage={without_password(storage)} "
-                            f"({first_line(error)}); check the server, the user and the database."
-                            ) from error
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors alike.
+        raise UserError(f"cannot open --storage={without_password(storage)} "
+                        f"({first_line(error)}); check the server, the user and the database."
+                        ) from error
+
+
+# The key of the PostgreSQL advisory lock that machines opening one database take in turn.
+_TABLES_LOCK = zlib.crc32(b"ctl.sweep.storage: Optuna's tables")
+
+
+@contextlib.contextmanager
+def _tables_made_one_at_a_time(url: str) -> Iterator[None]:
+    """Holds a PostgreSQL session lock of the database while the caller opens `RDBStorage`,
+    which creates Optuna's tables when they are missing: machines that start together would
+    race to create them (the loser fails on a table or a key that now exists). Other databases:
+    nothing to hold.
+
+    Args:
+        url: the SQLAlchemy URL.
+    """
+    if not url.startswith("postgresql"):
+        yield
+        return
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"),
+                               {"key": _TABLES_LOCK})
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": _TABLES_LOCK})
+    finally:
+        engine.dispose()
 
 
 def write_record(sweep_dir: str, sweep: SweepFile, storage: Optional[str],
