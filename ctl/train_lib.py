@@ -296,8 +296,6 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     # would its tf.summary calls write).
     contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
                        trace_loop=not schedule.summary_interval)
-    if plan.writes:
-        directory.create()  # Everything is validated: the first write.
     done: List[Optional[Dict[str, Any]]] = []
 
     def before_writing() -> None:  # Reads only: runs while the lease settles.
@@ -308,27 +306,42 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
             if done[0] is None:
                 faults.resume_inputs()
 
-    if lock is not None:
-        lock.acquire(before_writing)  # Before anything else is written; raises UserError if held.
-    else:
+    def first_writes() -> None:  # Everything is validated.
+        if plan.writes:
+            directory.create()
+        if plan.marks_finished and not (done and done[0] is not None):
+            if marked is None or marked.result():
+                directory.clear_finished()
+            config.save_config(directory)
+
+    # Before anything else is written; raises UserError if held. In an object store the
+    # lease settles beside the first train loop, which waits for it before it saves.
+    if lock is None:
         before_writing()
+        first_writes()
+    elif plan.train:
+        lock.acquire_aside(before_writing, first_writes)
+    else:
+        lock.acquire(before_writing)
+        first_writes()
     if done and done[0] is not None:  # Validated (config, checkpoint, lock): already complete.
+        if lock is not None:
+            lock.decided()
         if plan.writes:
             run_end.say_complete(directory, schedule.train_steps, done[0])
         return done[0]
-    if plan.marks_finished:
-        if marked is None or marked.result():
-            directory.clear_finished()
-        config.save_config(directory)
 
     try:
-        evaluations = (_Evaluations(recorded.result(), eval_side if plan.steps_aside else None)
+        evaluations = (_Evaluations(recorded.result(), eval_side if plan.steps_aside else None,
+                                    before=lock.decided if lock is not None else None)
                        if recorded is not None else None)
         output = _run_mode(plan, controller, schedule, evaluations)
     except EvaluationStopped:  # A signal during an in-line evaluation.
         faults.preempt(controller.step)
     finally:
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
+    if lock is not None:
+        lock.decided()  # A run that ran no train loop (its steps were done).
     if plan.marks_finished:
         directory.mark_finished(controller.step,
                                           controller.checkpoint_manager.latest_checkpoint,
@@ -367,11 +380,15 @@ class _Evaluations:
     evaluation). Evaluating, the chief holds the evaluator role until the
     evaluation's eval-side hooks ran (`EvaluatorRole.steps_aside`)."""
 
-    def __init__(self, recorded: Dict[Any, Dict[str, Any]], in_line: Optional[EvaluatorRole]):
+    def __init__(self, recorded: Dict[Any, Dict[str, Any]], in_line: Optional[EvaluatorRole],
+                 before: Optional[Callable[[], None]] = None):
         self.recorded = recorded  # `ModelDir.evaluations_on_record()`.
         self.in_line = in_line
+        self.before = before  # The trainer's claim, decided before an evaluation writes.
 
     def skip(self, step: int) -> bool:
+        if self.before is not None:
+            self.before()
         return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
 
 

@@ -110,9 +110,13 @@ def test_a_renewed_record_of_this_host_in_another_pid_namespace_is_not_taken(tmp
     assert claims.Lease(path, "sidecar evaluator", wait=True).try_acquire()  # Unrenewed: gone.
 
 
+def _foreign_record(renewed):
+    return {"role": "trainer", "pid": 4242, "host": "elsewhere", "token": "theirs",
+            "renewed": renewed, "since": "2026-11-26T00:00:00Z"}
+
+
 def _foreign(path, renewed):
-    record = {"role": "trainer", "pid": 4242, "host": "elsewhere", "token": "theirs",
-              "renewed": renewed, "since": "2026-11-26T00:00:00Z"}
+    record = _foreign_record(renewed)
     with open(path, "w") as f:
         f.write(json.dumps(record))
     return record
@@ -169,6 +173,37 @@ def test_of_two_takers_that_found_no_record_the_later_write_wins(tmp_path, quick
     assert taken == [False] and not lease.held
     assert "pid 4242 on host elsewhere" in lease.holder()
     assert json.loads(open(path).read())["token"] == "theirs"
+
+
+def test_a_trainer_takes_its_lease_beside_its_first_loop_and_writes_only_once_it_has_it(
+        gcs_dir, quick, monkeypatch):
+    """In an object store the trainer's lease settles while its first loop computes
+    (`ModelDirLock.acquire_aside` returns at once); the run's first writes wait for it. A
+    trainer whose record another trainer's overwrote meanwhile stops at its first loop's end
+    with one line naming the holder, having written nothing but its record."""
+    from ctl.model_dir.trainer_lock import ModelDirLock
+    from ctl.utils.errors import UserError
+
+    monkeypatch.setattr(leases, "SETTLE_SECONDS", 3.0)  # The window the other write lands in.
+    for other_writes in (False, True):
+        directory = ModelDir(f"{gcs_dir}/{other_writes}")
+        lock, written = ModelDirLock(directory), []
+        lock.acquire_aside(reads=lambda: None, first_writes=lambda: written.append(directory.path))
+        assert not written  # Settling: the caller goes on.
+        deadline = time.monotonic() + 30
+        while not (tf.io.gfile.exists(lock.path) and lock._claim.token in read_bytes(lock.path).decode()):
+            assert time.monotonic() < deadline and not written
+            time.sleep(0.01)
+        if other_writes:
+            with tf.io.gfile.GFile(lock.path, "w") as f:  # The other trainer's write, in the window.
+                f.write(json.dumps(_foreign_record(time.time())))
+            with pytest.raises(UserError, match="in use by another trainer .*pid 4242 on host elsewhere"):
+                lock.stop_if_taken(step=5)
+            assert not written
+        else:
+            lock.stop_if_taken(step=5)
+            assert written == [directory.path]  # Once held, before the loop's end goes on.
+        lock.release()
 
 
 def test_a_holder_that_lost_its_lease_says_so_and_stops_renewing(tmp_path, quick):

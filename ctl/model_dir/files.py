@@ -13,6 +13,7 @@ import fnmatch
 import json
 import os
 import socket
+import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -159,8 +160,8 @@ class JsonLines:
     - `background=False` (the sidecar): before `append` returns. Its line is what makes an
       evaluation done, and must be in the store before the progress record written after it.
     - `background=True` (a train loop's lines): from `ctl.model_dir.background`, off the
-      training thread, one upload queued at a time with every line so far. A SIGKILL loses the
-      lines not yet uploaded.
+      training thread, one upload queued at a time with every line so far; the file's earlier
+      lines are read there too, at the first upload. A SIGKILL loses the lines not yet uploaded.
 
     Args:
         path: the file (created with its directory on the first record).
@@ -173,6 +174,8 @@ class JsonLines:
         self._file: Optional[Any] = None  # A GFile, opened on the first record.
         self._lines: Optional[List[str]] = None  # Object stores: every line of the file.
         self._queued = False
+        self._pending: List[str] = []  # Object stores, `background`: lines not yet uploaded.
+        self._pending_lock = threading.Lock()
 
     def append(self, record: Dict[str, Any]) -> None:
         """Appends `record` (a JSON object) as one line.
@@ -199,19 +202,30 @@ class JsonLines:
             self._file = None
 
     def _append_in_store(self, line: str) -> None:
+        if self.background:  # The file's lines are read on the upload's thread too.
+            with self._pending_lock:
+                self._pending.append(line)
+                if self._queued:
+                    return
+                self._queued = True
+            uploads().submit(self._upload)
+            return
+        self._read_lines()
+        self._lines.append(line)
+        write_atomically(self.path, "".join(self._lines))
+
+    def _read_lines(self) -> None:
         if self._lines is None:
             text = read_text(self.path) or ""
             self._lines = [text + ("\n" if text and not text.endswith("\n") else "")]
-        self._lines.append(line)
-        if not self.background:
-            write_atomically(self.path, "".join(self._lines))
-        elif not self._queued:
-            self._queued = True
-            uploads().submit(self._upload)
 
     def _upload(self) -> None:
-        self._queued = False  # Lines appended from now on queue the next upload.
-        write_atomically(self.path, "".join(list(self._lines or ())))
+        self._read_lines()
+        with self._pending_lock:  # Lines appended from now on queue the next upload.
+            self._queued = False
+            self._lines.extend(self._pending)
+            self._pending = []
+        write_atomically(self.path, "".join(self._lines))
 
 
 def _mend(path: str) -> str:

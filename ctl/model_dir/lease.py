@@ -3,6 +3,7 @@ its holder renews, taken over once stale (`ctl.model_dir.claims` tells the proto
 what it cannot promise)."""
 
 import json
+import math
 import os
 import threading
 import time
@@ -40,6 +41,7 @@ class Lease:
         self.lost = False  # Another process took it while this one held it.
         self._seen: Any = {}  # The last record read.
         self.read_error: Optional[tf.errors.OpError] = None  # Why the last read failed.
+        self._written_at = -math.inf  # When this holder last wrote its record (monotonic).
         self._stop: Optional[threading.Event] = None
         self._renewer: Optional[threading.Thread] = None
 
@@ -133,8 +135,10 @@ class Lease:
                             STALE_SECONDS)
             return
         try:
-            record = self._read() or {}
-            if record.get("token") == self.token:
+            # Its own record, renewed less than half `STALE_SECONDS` ago, is still its own: no
+            # taker takes a fresh record, and the renewal read it before it wrote.
+            fresh = not self.lost and time.monotonic() - self._written_at < STALE_SECONDS / 2
+            if fresh or (self._read() or {}).get("token") == self.token:
                 tf.io.gfile.remove(self.path)
         except tf.errors.OpError as error:  # Best effort: it goes stale on its own.
             console.warning("lock", "could not delete %s (%s); it goes stale in %g s.",
@@ -173,7 +177,9 @@ class Lease:
         return None
 
     def _write(self) -> None:
+        started = time.monotonic()
         write_atomically(self.path, json.dumps(holders.holder_record(self.role, self.token)) + "\n")
+        self._written_at = started
 
     def _stale(self, record: Dict[str, Any]) -> bool:
         if record.get("token") == self.token:

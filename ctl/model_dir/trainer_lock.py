@@ -18,12 +18,20 @@ goes stale (taken): after a SIGKILL elsewhere, a restart waits at most
 was frozen or cut off longer than that) stops at the end of its next train loop,
 before that loop's checkpoint, with one line and exit 2
 (`ModelDirLock.stop_if_taken`, `ModelDirTaken`).
+
+A lease settles for a second before its holder knows it has it (`SETTLE_SECONDS`). A trainer
+takes it beside its first train loop (`acquire_aside`): the loop computes while the lease
+settles and writes nothing, and the first write of the run waits for the lease at that loop's
+end (`stop_if_taken`): a trainer that did not get it stops there with one line, having written
+nothing but its own lease record.
 """
 
+import threading
 from typing import Callable, Optional
 
 from ctl.model_dir.claims import claim_for
 from ctl.model_dir.layout import ModelDir
+from ctl.model_dir.lease import Lease
 from ctl.utils.errors import UserError
 
 TRAINER_LOCK_FILE = "trainer.lock"  # In the model dir: one trainer at a time.
@@ -49,6 +57,9 @@ class ModelDirLock:
         self.model_dir = directory.path
         self._claim = claim_for(directory.file(TRAINER_LOCK_FILE), "trainer", wait=True)
         self.path = self._claim.path
+        self._aside: Optional[threading.Thread] = None  # Taking it beside the first loop.
+        self._aside_taken = False
+        self._aside_error: Optional[BaseException] = None
 
     def stop_if_taken(self, step: int) -> None:
         """Raises `ModelDirTaken` if another process took this trainer's claim meanwhile (a
@@ -57,6 +68,7 @@ class ModelDirLock:
         Args:
             step: the step the loop ended at, for the message.
         """
+        self.decided()
         if self._claim.held and self._claim.lost:
             raise ModelDirTaken(
                 f"--model_dir={self.model_dir} was taken by another trainer "
@@ -82,6 +94,54 @@ class ModelDirLock:
         if not self._claim.try_acquire(while_settling):
             self._refuse()
 
+    def acquire_aside(self, reads: Callable[[], None], first_writes: Callable[[], None]) -> None:
+        """Takes it; in an object store beside the caller, who goes on to train (the lease
+        settles meanwhile): the run's first write waits for it (`decided`, called by
+        `stop_if_taken` after each train loop and before the run's end). On a file system
+        as `acquire`.
+
+        Args:
+            reads: work that writes nothing, run now (while the lease settles).
+            first_writes: the run's first writes to the model dir (the dir itself, its config),
+                made once the claim is held: in an object store on the claim's thread.
+        """
+        if not isinstance(self._claim, Lease):
+            self.acquire(reads)
+            first_writes()
+            return
+
+        read: list = []  # Whether `reads` returned; set once it ended.
+        reads_ended = threading.Event()
+
+        def take() -> None:
+            try:
+                self._aside_taken = self._claim.try_acquire()
+                reads_ended.wait()  # The first writes may depend on what they found.
+                if self._aside_taken and read:
+                    first_writes()
+            except BaseException as error:  # Raised by `decided`, on the caller's thread.
+                self._aside_error = error
+
+        self._aside = threading.Thread(target=take, name="ctl-lease-take", daemon=True)
+        self._aside.start()
+        try:
+            reads()
+            read.append(True)
+        finally:
+            reads_ended.set()
+
+    def decided(self) -> None:
+        """Waits for a claim taken aside (`acquire_aside`); raises `UserError` if another live
+        trainer has it, or the error taking it raised. Does nothing once decided."""
+        if self._aside is None:
+            return
+        self._aside.join()
+        self._aside = None
+        if self._aside_error is not None:
+            raise self._aside_error
+        if not self._aside_taken:
+            self._refuse()
+
     def _refuse(self) -> None:
         raise UserError(
             f"--model_dir={self.model_dir} is in use by another trainer "
@@ -90,6 +150,9 @@ class ModelDirLock:
         )
 
     def release(self) -> None:
+        if self._aside is not None:  # Still settling: let it decide, then let go.
+            self._aside.join()
+            self._aside = None
         self._claim.release()
 
     def __enter__(self) -> "ModelDirLock":
