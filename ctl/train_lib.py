@@ -292,10 +292,15 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    # Traces, runs nothing. The train loop's own trace, but under a summary writer (only there
-    # would its tf.summary calls write).
-    contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
-                       trace_loop=not schedule.summary_interval)
+    # Traces, runs nothing: the train loop's own trace, under what the loop runs under (with
+    # `Schedule.summary_interval`, the train summaries' writer, whose event file a refused run
+    # removes: it leaves the model dir as it found it).
+    try:
+        contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
+                           trace_loop=True, loop_context=controller.train_loop_context)
+    except BaseException:
+        controller.summary_manager.discard()
+        raise
     done: List[Optional[Dict[str, Any]]] = []
 
     def before_writing() -> None:  # Reads only: runs while the lease settles.

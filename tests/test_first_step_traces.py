@@ -105,13 +105,42 @@ def test_a_model_built_whole_is_traced_once(strategy, tmp_path):
     assert task.train_traces == strategy.num_replicas_in_sync
 
 
-def test_the_loop_under_a_summary_writer_checks_with_a_trace_of_its_own(tmp_path):
-    # Its trace must see the run's writer, which exists once the model dir is written.
-    task = PlainTask()
+class SummarizingTask(_Counted):
+    """Writes a summary of its own from its train step."""
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        logs = super().train_step(inputs, model, optimizer, metrics)
+        tf.summary.scalar("own_loss", logs["loss"])
+        return logs
+
+
+def test_the_loop_under_a_summary_writer_is_traced_once_and_its_summaries_are_written(tmp_path):
+    # The check traces the loop under the run's writer: the first loop runs that trace, and the
+    # step's own tf.summary calls write (at each multiple of summary_interval).
+    from tests.support.reading import scalars
+
+    task = SummarizingTask()
+    schedule = ctl.Schedule(train_steps=4, steps_per_loop=2, eval_interval=None,
+                            checkpoint_interval=4, summary_interval=2)
+    ctl.run_experiment("train", str(tmp_path), experiment=ctl.Experiment(task=task, schedule=schedule))
+    assert task.train_traces == 1
+    # At the global step the step starts from (orbit's too): 0 and 2.
+    assert sorted(scalars(str(tmp_path / "train"))["own_loss"]) == [0, 2]
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
+def test_a_bad_train_step_under_a_summary_writer_leaves_the_model_dir_as_it_was(tmp_path, exists):
+    model_dir = tmp_path / "run"
+    if exists:
+        (model_dir / "train").mkdir(parents=True)
+        (model_dir / "train" / "events.out.tfevents.1.earlier.v2").write_bytes(b"")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
     schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None,
                             checkpoint_interval=2, summary_interval=2)
-    ctl.run_experiment("train", str(tmp_path), experiment=ctl.Experiment(task=task, schedule=schedule))
-    assert task.train_traces == 2
+    with pytest.raises(ctl.UserError, match="returned a loss of shape"):
+        ctl.run_experiment("train", str(model_dir), experiment=ctl.Experiment(
+            task=contract_tasks.VectorLossTask(), schedule=schedule))
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
 def test_a_bad_train_step_still_ends_before_the_model_dir_is_written(tmp_path):

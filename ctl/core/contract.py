@@ -29,8 +29,9 @@ the task's own code while its step is traced becomes one too, its traceback
 logged on stdout. Nothing here runs a step or reads a batch.
 """
 
+import contextlib
 import traceback
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import tensorflow as tf
 
@@ -210,7 +211,8 @@ def _batch_size(spec) -> Optional[int]:
 
 
 def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
-              trace_loop: bool = False) -> None:
+              trace_loop: bool = False,
+              loop_context: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
     """The eval sets' length, and one trace of the task's steps on their element spec.
 
     Args:
@@ -219,7 +221,9 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
         train: whether the run trains (its train step is traced).
         evaluate: whether it evaluates (its eval step is traced).
         trace_loop: trace the train loop's own function (`Trainer.trace_train_loop`), which
-            its first call then runs: for a loop called outside any summary writer.
+            its first call then runs.
+        loop_context: what the train loop runs under (`Controller.train_loop_context`: its
+            summary writer), entered for that trace.
     """
     if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy):
         return  # Its steps and datasets live on the workers.
@@ -238,8 +242,10 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
                     "eval dataset, or set ctl.Schedule.eval_steps.")
     if train:
         spec = trainer.train_dataset.element_spec
-        if not (trace_loop and _trace(trainer, spec, trainer.trace_train_loop, "train_step",
-                                      "train set")):
+        with loop_context():
+            traced = trace_loop and _trace(trainer, spec, trainer.trace_train_loop, "train_step",
+                                           "train set")
+        if not traced:
             _trace(trainer, spec, _probe(trainer, spec, _train_probe(trainer)), "train_step",
                    "train set")
     if evaluate and trainer.eval_sets:

@@ -13,9 +13,10 @@ Everything runs eagerly on the host.
 Why ctl has its own, and `train_and_evaluate` as pseudo-code: docs/explanation/training-loop.md.
 """
 
+import contextlib
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -216,11 +217,7 @@ class Controller:
         """
         started = time.perf_counter()
         loop_size = self._loop_size(num_steps)
-        if self.summaries.interval:  # For tf.summary calls inside the train step.
-            with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
-                    lambda: self.global_step % self.summaries.interval == 0):
-                end = self.trainer.train(loop_size)
-        else:
+        with self.train_loop_context():
             end = self.trainer.train(loop_size)
         if not isinstance(end, TrainLoopEnd):  # Another orbit.AbstractTrainer: read the step.
             end = TrainLoopEnd(end or {}, int(self.global_step.numpy()))
@@ -250,6 +247,18 @@ class Controller:
         self.summary_manager.flush_if_due()
         self.eval_summary_manager.flush_if_due()
         return end.step
+
+    @contextlib.contextmanager
+    def train_loop_context(self) -> Iterator[None]:
+        """What a train loop runs (and is traced) under: with `Summaries.interval`, the train
+        summaries' writer as the default and a record condition on the global step, for the
+        train step's own `tf.summary` calls."""
+        if not self.summaries.interval:
+            yield
+            return
+        with self.summary_manager.summary_writer().as_default(), tf.summary.record_if(
+                lambda: self.global_step % self.summaries.interval == 0):
+            yield
 
     def _loop_steps(self, step: int) -> int:
         """The steps of the train loop that starts at `step`: up to the next multiple of

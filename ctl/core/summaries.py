@@ -28,6 +28,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from ctl.model_dir import staging
 from ctl.model_dir.background import upload, uploads
 from ctl.model_dir import eval_set_dir, is_object_store, uploaded_path
+from ctl.model_dir.files import NewFiles
 
 
 class SummaryManager:
@@ -56,6 +57,7 @@ class SummaryManager:
                        if self.enabled and is_object_store(summary_dir) else None)
         self._uploaded: Dict[str, int] = {}  # Local file -> the size uploaded (uploads thread).
         self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
+        self._made: List[NewFiles] = []  # What creating each writer found (`discard`).
 
     def summary_writer(self, relative_path: str = ""):
         """The writer of `relative_path` under the summary dir (a no-op writer if disabled).
@@ -65,11 +67,26 @@ class SummaryManager:
         """
         writer = self._writers.get(relative_path)
         if writer is None:
-            writer = (tf.summary.create_file_writer(
-                eval_set_dir(self._local or self.summary_dir, relative_path))
-                      if self.enabled else tf.summary.create_noop_writer())
+            directory = eval_set_dir(self._local or self.summary_dir, relative_path)
+            if self.enabled:
+                self._made.append(NewFiles(directory))
+                writer = tf.summary.create_file_writer(directory)
+            else:
+                writer = tf.summary.create_noop_writer()
             self._writers[relative_path] = writer
         return writer
+
+    def discard(self) -> None:
+        """Closes the writers and removes what they made (their event files, and the directories
+        they created): for a run refused before its first write, whose check traced its train
+        loop under the writer."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        self._pending.clear()
+        for made in reversed(self._made):
+            made.undo()
+        self._made.clear()
 
     def write_summaries(self, summary_dict: Dict[str, Any], step: Optional[int] = None) -> None:
         """Keeps `summary_dict` for the next flush, at `step` (default: the global step's value).
@@ -264,3 +281,4 @@ def _flattened(rows: List[Tuple[int, Dict[str, float]]]):
 
 
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+

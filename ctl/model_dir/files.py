@@ -241,6 +241,35 @@ def _mend(path: str) -> str:
         return "" if f.read(1) == b"\n" else "\n"
 
 
+class NewFiles:
+    """What a summary writer about to be created in `directory` adds: the directories missing
+    on the way to it, and its event files beside those already there (`undo` removes them).
+
+    Args:
+        directory: the writer's directory.
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.missing: List[str] = []
+        path = directory
+        while path and not tf.io.gfile.exists(path):
+            self.missing.append(path)
+            parent = os.path.dirname(path)
+            path = parent if parent != path else ""
+        self.files = set(tf.io.gfile.listdir(directory)) if not self.missing else set()
+
+    def undo(self) -> None:
+        if not tf.io.gfile.isdir(self.directory):
+            return
+        for name in tf.io.gfile.listdir(self.directory):
+            if name not in self.files and name.startswith("events.out.tfevents."):
+                tf.io.gfile.remove(os.path.join(self.directory, name))
+        for path in self.missing:  # Deepest first, each only if nothing else is in it now.
+            if tf.io.gfile.isdir(path) and not tf.io.gfile.listdir(path):
+                tf.io.gfile.rmtree(path)
+
+
 def read_json_lines(path: str) -> List[Dict[str, Any]]:
     """The records of a JSON-lines file, oldest first; a line that cannot be read is skipped.
 
