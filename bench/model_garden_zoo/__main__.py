@@ -218,7 +218,9 @@ def main(argv=None) -> int:
                         help="run the export check of each experiment (bench/model_garden_zoo/export.py) "
                         "and write its fields into the rows the --results file has")
     parser.add_argument("--collect", default="", help="write the results file from the rows a run "
-                        "in this workdir has finished so far (the others say they were not run)")
+                        "in this workdir has finished so far (the others say they were not run); "
+                        "with --guarantees=only, write the guarantee columns of the rows whose "
+                        "check ended into the rows of --results")
     args = parser.parse_args(argv)
     if args.steps < 2:
         print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
@@ -226,6 +228,8 @@ def main(argv=None) -> int:
         return 2
     listing = _registered()
     families = listing["families"]
+    if args.collect and args.guarantees == "only":
+        return guarantees.collect(args.collect, families, args.results)
     if args.collect:
         return collect(args.collect, families, listing["failed"], args.steps, args.results)
     names = [n for n in args.experiments.split(",") if n] or list(families)
@@ -246,7 +250,8 @@ def main(argv=None) -> int:
     loads = [os.getloadavg()[0]]
     start = time.time()
     with open(os.path.join(workdir, RUN_FILE), "w") as f:  # For --collect, if it is stopped.
-        json.dump({"started": start, "jobs": max(1, args.jobs), "steps": args.steps}, f)
+        json.dump({"started": start, "jobs": max(1, args.jobs), "steps": args.steps,
+                   "commit": _commit(), "guarantees": args.guarantees, "rows": len(names)}, f)
     _write_data(names, workdir)  # Once, before rows that share files run at once.
 
     def one(name):
@@ -277,6 +282,8 @@ def main(argv=None) -> int:
     done.set()
     write_results(args.results, names, rows, families, listing["failed"], args.steps, start, loads,
                   partial=bool(args.experiments) or args.guarantees == "only", jobs=max(1, args.jobs))
+    if args.guarantees:
+        guarantees.record_run(args.results, workdir, len(names), len(families))
     print(f"results: {args.results} ({len(rows)} experiments, logs in {log_dir})", file=sys.stderr)
     return 0
 

@@ -675,7 +675,7 @@ def run_in_process(experiment: str, family: str, workdir: str, log_dir: str,
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    log = os.path.join(log_dir, experiment.replace("/", "_") + "-guarantees.log")
+    log = _log(log_dir, experiment)
     command = [sys.executable, "-m", "bench.model_garden_zoo.guarantees", experiment,
                f"--family={family}", f"--workdir={workdir}"]
     with open(log, "w") as out:
@@ -684,12 +684,11 @@ def run_in_process(experiment: str, family: str, workdir: str, log_dir: str,
                            env=env, check=False, start_new_session=True)
         except subprocess.TimeoutExpired:
             pass
+    ended = _ended(log)
+    if ended is not None:
+        return ended
     with open(log) as f:
         lines = f.read().splitlines()
-    found = [json.loads(line[len("ZOO-GUARANTEES "):]) for line in lines
-             if line.startswith("ZOO-GUARANTEES ")]
-    if found:
-        return found[-1]
     last = [line for line in lines if line.strip()][-1:] or ["no output"]
     return {c: {"holds": None, "detail": f"the check ended without a result: {last[0][:300]}"}
             for c in COLUMNS}
@@ -724,6 +723,93 @@ def row_columns(columns: Dict[str, Any], commit: str) -> Dict[str, Any]:
     """
     return {"guarantees": {c: columns[c] for c in COLUMNS}, "guarantees_commit": commit,
             "guarantees_cpu_s": columns.get("cpu_s"), "guarantees_wall_s": columns.get("wall_s")}
+
+
+def _log(log_dir: str, experiment: str) -> str:
+    return os.path.join(log_dir, experiment.replace("/", "_") + "-guarantees.log")
+
+
+def _ended(log: str) -> Optional[Dict[str, Any]]:
+    """The `ZOO-GUARANTEES` record of a row's log, if its check ended."""
+    if not os.path.exists(log):
+        return None
+    with open(log) as f:
+        found = [json.loads(line[len("ZOO-GUARANTEES "):]) for line in f
+                 if line.startswith("ZOO-GUARANTEES ")]
+    return found[-1] if found else None
+
+
+def record_run(path: str, workdir: str, rows: int, registered: int) -> None:
+    """Writes into the results file at `path` what the guarantee run in `workdir` was: its commit,
+    rows at once, start, wall minutes to its last row's end, the host's load, and how many rows
+    ended (`guarantees_run`).
+
+    Args:
+      path: the zoo's results file.
+      workdir: the run's workdir (its run file, loads and logs).
+      rows: the rows the run was asked for.
+      registered: the experiments registered.
+    """
+    from bench.model_garden_zoo.__main__ import LOADS_FILE, RUN_FILE
+
+    with open(os.path.join(workdir, RUN_FILE)) as f:
+        run = json.load(f)
+    loads_file = os.path.join(workdir, LOADS_FILE)
+    loads = []
+    if os.path.exists(loads_file):
+        with open(loads_file) as f:
+            loads = [float(line) for line in f if line.strip()]
+    logs = [os.path.join(workdir, "logs", n) for n in os.listdir(os.path.join(workdir, "logs"))
+            if n.endswith("-guarantees.log")]
+    ended = [log for log in logs if _ended(log) is not None]
+    last = max((os.path.getmtime(log) for log in ended), default=run["started"])
+    with open(path) as f:
+        results = json.load(f)
+    results["guarantees_run"] = {
+        "commit": run.get("commit"), "jobs": run.get("jobs"), "rows_asked": rows,
+        "rows_ended": len(ended), "registered": registered,
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run["started"])),
+        "minutes": round((last - run["started"]) / 60, 1),
+        "load_1min": {"min": min(loads), "max": max(loads),
+                      "mean": round(sum(loads) / len(loads), 1)} if loads else None}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
+def collect(workdir: str, families: Dict[str, str], path: str) -> int:
+    """`--collect=WORKDIR --guarantees=only`: the guarantee columns of each row whose check ended
+    in the run in `workdir` (stopped or still running), written into the rows of the results
+    file at `path`; the rows not reached keep what they had.
+
+    Args:
+      workdir: the run's workdir.
+      families: the registered experiments and their families.
+      path: the zoo's results file.
+    """
+    from bench.model_garden_zoo.__main__ import RUN_FILE
+
+    with open(os.path.join(workdir, RUN_FILE)) as f:
+        commit = json.load(f).get("commit") or "unknown"
+    with open(path) as f:
+        results = json.load(f)
+    found = {name: _ended(_log(os.path.join(workdir, "logs"), name)) for name in families}
+    for row in results["rows"]:
+        columns = found.get(row["experiment"])
+        if columns is not None:
+            row.pop("guarantees_note", None)
+            row.update(row_columns(columns, commit))
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+    with open(os.path.join(workdir, RUN_FILE)) as f:
+        asked = json.load(f).get("rows", len(families))
+    record_run(path, workdir, asked, len(families))
+    ended = sum(1 for v in found.values() if v is not None)
+    print(f"results: {path} (guarantee columns of {ended} rows from {workdir})", file=sys.stderr)
+    return 0
 
 
 def main(argv=None) -> int:
