@@ -56,6 +56,25 @@ def test_an_experiment_not_in_the_registry_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_the_guarantees_page_names_the_rows_the_committed_results_hold_on():
+    """docs/explanation/guarantees.md's "*Model Garden*" items are the committed results' (each
+    guarantee's families and rows), written by `python -m bench.model_garden_zoo.page`."""
+    from bench.model_garden_zoo import guarantees, guarantees_page
+
+    with open(page.DOCS_RESULTS) as f:
+        rows = json.load(f)["rows"]
+    with open(page.GUARANTEES_PAGE) as f:
+        text = f.read()
+    written, missing = guarantees_page.docs_items(text, rows)
+    assert not missing and written == text, "run `python -m bench.model_garden_zoo.page`"
+    # Each row that holds kill -9 is named in that item, with its family.
+    item = guarantees_page.docs_item(rows, "kill_9")
+    for row in rows:
+        if (row.get("guarantees") or {}).get("kill_9", {}).get("holds"):
+            assert f"`{row['experiment']}`" in item and row["family"] in item
+    assert set(guarantees.COLUMNS) == set(guarantees_page.WHAT)
+
+
 def test_the_docs_page_is_the_committed_results_rendered():
     with open(page.DOCS_RESULTS) as f:
         results = json.load(f)

@@ -2,7 +2,8 @@
 results, as `python -m bench.model_garden_zoo.page` renders them)."""
 
 import re
-from typing import Any, Dict, List
+import textwrap
+from typing import Any, Dict, List, Tuple
 
 from bench.model_garden_zoo import guarantees
 
@@ -102,3 +103,82 @@ def section(rows: List[Dict[str, Any]]) -> List[str]:
         "",
         "Where a guarantee does not hold or could not be checked, the row's reason says why.",
     ]
+
+
+# docs/explanation/guarantees.md: each guarantee's "*Model Garden*" item, written from the results
+# (`docs_items`, by `python -m bench.model_garden_zoo.page`), ends with its column's marker.
+WHAT = {
+    "kill_9": "every step's loss and the final checkpoint after `kill -9` and the same command, bit for bit",
+    "sigterm": "SIGTERM in a step, exit 75, then the same command: bit for bit",
+    "sidecar": "each checkpoint once, in order, beside a killed and restarted trainer, equal to the "
+               "in-line evaluation",
+    "new_replicas": "one replica to two (`--cpu_replicas=2 --strategy=mirrored`) at the same step, "
+                    "every step on the uninterrupted run's data",
+}
+TABLE = "[the zoo table](../how-to/model-garden-zoo.md#ctls-guarantees-on-each-row)"
+
+
+def marker(column: str) -> str:
+    return f"<!-- zoo:{column} -->"
+
+
+def _why_not(result: Dict[str, Any]) -> str:
+    detail = result.get("detail", "")
+    if "draws from stateful random ops" in detail:
+        return "their train steps draw from stateful random ops"
+    if result.get("holds") is None and "not comparable" in detail:
+        return "not comparable: kill -9 changed the checkpoints it evaluates"
+    if "not found yet" in detail:
+        return "not explained yet"
+    return "the zoo table says why"
+
+
+def docs_item(rows: List[Dict[str, Any]], column: str) -> str:
+    """The "*Model Garden*" item of the guarantee `column` on docs/explanation/guarantees.md:
+    the families and rows it holds on, the rows it does not (grouped by why), the rows not checked.
+
+    Args:
+      rows: the results file's rows.
+      column: one of `guarantees.COLUMNS`.
+    """
+    holds: Dict[str, List[str]] = {}
+    not_held: Dict[str, List[str]] = {}
+    unchecked = 0
+    for row in rows:
+        result = (row.get("guarantees") or {}).get(column)
+        if not result or (result.get("holds") is None and "not comparable" not in result.get("detail", "")):
+            unchecked += 1
+        elif result.get("holds"):
+            holds.setdefault(row.get("family") or "other", []).append(row["experiment"])
+        else:
+            not_held.setdefault(_why_not(result), []).append(row["experiment"])
+    names = lambda found: ", ".join(f"`{n}`" for n in sorted(found))  # noqa: E731
+    text = (f"- *Model Garden* (seeded, `python -m ctl.run`, default strategy, local disk): {WHAT[column]}, "
+            f"on {sum(map(len, holds.values()))} of {len(rows)} rows: " +
+            ("; ".join(f"{family} ({names(found)})" for family, found in sorted(holds.items()))
+             or "none yet"))
+    if not_held:
+        text += "; not on " + "; ".join(f"{names(found)} ({why})" for why, found in sorted(not_held.items()))
+    if unchecked:
+        text += f"; {unchecked} rows not checked"
+    text += f": {TABLE}."
+    return textwrap.fill(text, width=116, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False) + " " + marker(column)
+
+
+def docs_items(page: str, rows: List[Dict[str, Any]]) -> Tuple[str, List[str]]:
+    """`page` (docs/explanation/guarantees.md) with each column's item written anew (`docs_item`),
+    and the columns whose marker it lacks.
+
+    Args:
+      page: the page's text.
+      rows: the results file's rows.
+    """
+    missing = []
+    for column in guarantees.COLUMNS:
+        pattern = re.compile(r"^- \*Model Garden\*(?:(?!\n- |\n\n).)*?" + re.escape(marker(column)) + "$",
+                             re.S | re.M)
+        page, count = pattern.subn(lambda _: docs_item(rows, column), page)
+        if count != 1:
+            missing.append(column)
+    return page, missing

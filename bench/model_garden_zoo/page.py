@@ -20,6 +20,8 @@ from bench.model_garden_zoo import guarantees_page
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_RESULTS = os.path.join(ROOT, "docs", "how-to", "model-garden-zoo.json")
 PAGE = os.path.join(ROOT, "docs", "how-to", "model-garden-zoo.md")
+# Its "*Model Garden*" items (`guarantees_page.docs_items`) are written from the results too.
+GUARANTEES_PAGE = os.path.join(ROOT, "docs", "explanation", "guarantees.md")
 
 
 def _mark(value) -> str:
@@ -199,6 +201,13 @@ def main(argv=None) -> int:
         results = json.load(f)
     with open(args.page, "w") as f:
         f.write(render(results))
+    with open(GUARANTEES_PAGE) as f:
+        text, missing = guarantees_page.docs_items(f.read(), results["rows"])
+    if missing:
+        print(f"{GUARANTEES_PAGE} has no item marked {missing}: not written", file=sys.stderr)
+        return 1
+    with open(GUARANTEES_PAGE, "w") as f:
+        f.write(text)
     print(f"wrote {args.page}; the run's record for bench/README.md:\n{record(results)}",
           file=sys.stderr)
     return 0
