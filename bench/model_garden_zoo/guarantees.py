@@ -87,7 +87,9 @@ def write_gin(path: str, experiment: str, family: str, data_dir: str) -> str:
              f"RecordedModelGardenTask.params_override = {overrides!r}",
              "ctl.FaultTolerance.seed = 1",
              f"ctl.Schedule.train_steps = {STEPS}", f"ctl.Schedule.steps_per_loop = {LOOP}",
-             f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {STEPS}", ""]
+             f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {STEPS}",
+             # The whole generated eval set: the experiment's validation_steps count real data.
+             "ctl.Schedule.eval_steps = None", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
     return path
