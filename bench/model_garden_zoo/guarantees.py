@@ -88,11 +88,21 @@ def write_gin(path: str, experiment: str, family: str, data_dir: str) -> str:
              "ctl.FaultTolerance.seed = 1",
              f"ctl.Schedule.train_steps = {STEPS}", f"ctl.Schedule.steps_per_loop = {LOOP}",
              f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {STEPS}",
-             # The whole generated eval set: the experiment's validation_steps count real data.
-             "ctl.Schedule.eval_steps = None", ""]
+             # The whole generated eval set (the experiment's validation_steps count real data), or
+             # the zoo's batches of one that never ends.
+             f"ctl.Schedule.eval_steps = {_eval_steps(experiment, overrides)}", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
     return path
+
+
+def _eval_steps(experiment: str, overrides) -> Optional[int]:
+    """None (the whole set) for the variant's eval set, or `compare.EVAL_STEPS` if it never ends."""
+    import ctl
+    from bench.model_garden_zoo import compare
+
+    steps = compare.eval_steps_of(ctl.ModelGardenTask(experiment=experiment, params_override=overrides))
+    return None if steps == -1 else steps
 
 
 class _Row:
