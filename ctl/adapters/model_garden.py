@@ -119,18 +119,14 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
 
 
 def registered_experiments() -> List[str]:
-    """The names registered with Model Garden's `exp_factory` so far (nested names joined by '/')."""
-    from official.core import exp_factory
+    """The names registered with Model Garden's `exp_factory` so far (nested names joined by '/').
 
-    def flatten(entries, prefix=""):
-        for key, value in entries.items():
-            if isinstance(value, dict):
-                yield from flatten(value, f"{prefix}{key}/")
-            else:
-                yield f"{prefix}{key}"
+    `exp_factory` has no lister: `ctl.compat.registered_experiments` reads its registry, and
+    raises if that moved.
+    """
+    from ctl import compat
 
-    # exp_factory has no lister; its registry is a plain dict of dicts.
-    return list(flatten(getattr(exp_factory, "_REGISTERED_CONFIGS", {})))
+    return compat.registered_experiments()
 
 
 def unknown_experiment(experiment: str, named_by: str = GIN_EXPERIMENT) -> str:
