@@ -1,4 +1,5 @@
-"""The only place where ctl touches internals of its dependencies: three entries.
+"""The only place where ctl touches internals of its dependencies (TensorFlow, Keras, orbit, gin,
+Model Garden): three entries.
 
 Everything else in ctl uses public APIs. Each entry says why no public API
 does the job, and `tests/test_compat.py` checks it against the installed
@@ -16,8 +17,15 @@ the dependency, its version and the entry.
    that each copy refreshes, and both serialize to the same value, so each
    given variable (only those of ctl's checkpoint; nothing process-wide)
    shares that twin.
-2. `registered_configurables()`: gin has no public list of registered names;
-   ctl uses it only to suggest close matches for a misspelled one.
+2. `registered_configurables()`, `registered_experiments()`: the names in a
+   registry that has no public lister: gin's configurables, and Model Garden's
+   experiments (`official.core.exp_factory` offers `register_config_factory`
+   and `get_exp_config` only; its registry is the module's
+   `_REGISTERED_CONFIGS`, a dict of dicts, which Model Garden's own API-docs
+   builder reads too). ctl reads them only to suggest close matches for a
+   misspelled name, and the zoo to list Model Garden's experiments.
+   `registered_experiments()` raises if the registry moved, rather than
+   listing nothing.
 3. `checkpoint_object_graph(reader)`: the object graph a TF2 checkpoint stores
    (which object path holds which checkpoint key). `tf.train.Checkpoint.read`
    restores through it but reports no per-variable match, which warm start's
@@ -66,6 +74,41 @@ def registered_configurables() -> List[str]:
     """Every configurable gin knows, by its full name (e.g. `ctl.Schedule`)."""
     registry = getattr(gin.config, "_REGISTRY", None)
     return sorted(getattr(registry, "_selector_map", None) or {})
+
+
+def registered_experiments() -> List[str]:
+    """Every experiment Model Garden's `exp_factory` holds so far (nested names joined by '/').
+
+    Raises:
+        RuntimeError: `exp_factory` no longer keeps its registry as a dict in `_REGISTERED_CONFIGS`.
+    """
+    from official.core import exp_factory
+
+    registry = getattr(exp_factory, "_REGISTERED_CONFIGS", None)
+    if not isinstance(registry, dict):
+        raise RuntimeError(
+            "ctl.compat.registered_experiments: Model Garden's official.core.exp_factory has no "
+            "dict _REGISTERED_CONFIGS any more (tf-models-official "
+            f"{_version('tf-models-official')}); update this entry to where it keeps its "
+            "experiments.")
+
+    def flatten(entries, prefix=""):
+        for key, value in entries.items():
+            if isinstance(value, dict):
+                yield from flatten(value, f"{prefix}{key}/")
+            else:
+                yield f"{prefix}{key}"
+
+    return list(flatten(registry))
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def checkpoint_object_graph(reader):

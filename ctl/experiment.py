@@ -42,7 +42,9 @@ class Schedule:
     Args:
       train_steps: the global step training ends at.
       steps_per_loop: steps per call of the train loop (one log line each).
-      eval_steps: batches per evaluation; `None` evaluates the whole eval set.
+      eval_steps: batches per evaluation; `None` evaluates the whole eval set. An
+        eval set that ends first ends its evaluation there, with the results over
+        the batches it had (the console's eval line says so).
       eval_interval: `train_and_eval` evaluates at each multiple of it of the
         global step, whatever step a run (re)starts from; `None` evaluates
         only at the end. A final evaluation always runs.

@@ -75,6 +75,33 @@ def test_gin_registry_lists_the_configurables():
     gin.clear_config()
 
 
+def test_model_garden_registry_lists_the_experiments():
+    pytest.importorskip("official")
+    from official.nlp.configs import wmt_transformer_experiments  # noqa: F401
+    import official.vision.registry_imports  # noqa: F401
+
+    names = compat.registered_experiments()
+    assert {"resnet_imagenet", "retinanet_resnetfpn_coco", "wmt_transformer/large"} <= set(names), (
+        f"tf-models-official {metadata.version('tf-models-official')}: "
+        "ctl.compat.registered_experiments() no longer lists Model Garden's experiments "
+        "(official.core.exp_factory._REGISTERED_CONFIGS, nested names joined by '/').")
+
+
+def test_a_model_garden_registry_that_moved_fails_loudly(monkeypatch):
+    # Not an empty list, which would read as "no experiment is registered": the did-you-mean of
+    # an unknown experiment and the zoo's list of experiments would go quietly wrong.
+    pytest.importorskip("official")
+    from official.core import exp_factory
+
+    from ctl.adapters import model_garden
+
+    monkeypatch.delattr(exp_factory, "_REGISTERED_CONFIGS")
+    with pytest.raises(RuntimeError, match=r"ctl.compat.registered_experiments: Model Garden's "
+                       r"official.core.exp_factory has no dict _REGISTERED_CONFIGS any more "
+                       r"\(tf-models-official \d"):
+        model_garden.registered_experiments()
+
+
 def test_object_graph_maps_paths_to_keys(tmp_path):
     step = tf.Variable(7, dtype=tf.int64)
     model, checkpoint = _keras3_checkpoint()

@@ -54,6 +54,36 @@ def test_named_eval_sets_in_line(tmp_path, strategy):
                                        record[f"{name}/loss"], rtol=1e-5)
 
 
+def test_eval_steps_past_the_end_of_a_set_end_at_its_end_in_line_and_on_the_sidecar(
+        tmp_path, strategy, caplog):
+    # ctl.Schedule.eval_steps (Model Garden's trainer.validation_steps) of 3: 'near' has 2
+    # batches, 'far' 3. Each set ends at its end, as Model Garden's trainer ends it, with its
+    # results over the whole set, in-line and on the sidecar; the console says what was read.
+    def three_steps():
+        return ctl.Experiment(task=TwoEvalSetsTask(), schedule=ctl.Schedule(
+            train_steps=20, steps_per_loop=5, eval_interval=10, checkpoint_interval=10,
+            eval_steps=3))
+
+    model_dir = str(tmp_path)
+    with caplog.at_level("INFO", logger="ctl"):
+        results = ctl.run_experiment("train_and_eval", model_dir, strategy, three_steps())
+    assert results["near"]["examples"] == 6 and results["far"]["examples"] == 10
+    # 'near' is batches of 4 and 2, 'far' of 4, 4 and 2: 2 + 3 steps on one device; 1 + 2 on two
+    # replicas, each step reading a batch on each (the task batches per replica).
+    read = 5 if strategy.num_replicas_in_sync == 1 else 3
+    said = [record.getMessage() for record in caplog.records]
+    ended = [line for line in said if f"the eval data ended after {read} of 6 steps" in line]
+    assert len(ended) == 2, said  # The evaluations at steps 10 and 20.
+    assert [r["near/examples"] for r in ModelDir(model_dir).metrics("eval")] == [6.0, 6.0]
+    continuous_eval.evaluate_continuously(ModelDir(model_dir), strategy, experiment=three_steps())
+    sidecar = {r["step"]: r["results"] for r in ModelDir(model_dir).sidecar_evaluations()}
+    assert sorted(sidecar) == [10, 20]
+    for record in sidecar.values():
+        assert (record["near"]["examples"], record["far"]["examples"]) == (6, 10)
+    for name in ("near", "far"):  # The final checkpoint's, as the last in-line evaluation.
+        np.testing.assert_allclose(sidecar[20][name]["loss"], results[name]["loss"], rtol=1e-5)
+
+
 def test_a_hook_naming_an_unnamed_metric_lists_the_sets(tmp_path):
     with pytest.raises(ctl.UserError, match=r"'loss' is not among the evaluation results "
                        r"\(far/examples, far/loss, near/examples, near/loss"):

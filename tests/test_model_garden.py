@@ -15,6 +15,7 @@ import ctl
 from ctl.adapters import model_garden
 from tests.support.env import ROOT
 from tests.support.in_process import run_ctl_in_process
+from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, scalars
 from tests.support.strategies import mirrored
 
@@ -107,19 +108,44 @@ def test_ctl_and_model_gardens_train_lib_continue_each_other(tmp_path):
 
 
 def test_an_unknown_experiment_or_override_is_a_user_error():
-    with pytest.raises(ctl.UserError, match="'no/such_experiment' is not a registered Model "
-                       "Garden experiment"):
+    # In a gin file, the name is the binding's.
+    with pytest.raises(ctl.UserError, match="^ctl.ModelGardenTask.experiment='no/such_experiment' "
+                       "is not a registered Model Garden experiment .*import the module that "
+                       "registers yours in the gin file"):
         model_garden.experiment_config("no/such_experiment")
     import official.vision.registry_imports  # noqa: F401
 
     # A typo: the nearest registered names, not "import the module".
-    with pytest.raises(ctl.UserError, match=r"'retinanet_resnetfpn_cooc' is not a registered Model "
-                       r"Garden experiment; did you mean 'retinanet_resnetfpn_coco'"):
+    with pytest.raises(ctl.UserError, match=r"^ctl.ModelGardenTask.experiment="
+                       r"'retinanet_resnetfpn_cooc' is not a registered Model Garden experiment; "
+                       r"did you mean 'retinanet_resnetfpn_coco'"):
         model_garden.experiment_config("retinanet_resnetfpn_cooc")
+    # Under python -m ctl.train, the flag's (which imported Model Garden's registries).
+    from ctl.adapters import model_garden_command
+
+    with pytest.raises(ctl.UserError, match=r"^--experiment='no/such_experiment' is not one of "
+                       r"the \d+ experiments Model Garden's vision, NLP and ranking modules "
+                       r"register; check the name"):
+        model_garden_command.experiment_params("no/such_experiment", [], None, None, None)
 
     with pytest.raises(ctl.UserError, match="cannot apply 'task.modle.num_classes=3'"):
         model_garden.experiment_config("image_classification",
                                        params_override="task.modle.num_classes=3")
+
+
+@pytest.mark.slow  # A python -m ctl.train process.
+def test_ctl_train_names_its_flag_for_an_unknown_experiment(tmp_path):
+    # Model Garden's own command, with the module name changed and a typo: the line names the
+    # flag the user wrote (not the gin binding) and the nearest registered names.
+    model_dir = tmp_path / "run"
+    result = run_ctl("--experiment=retinanet_resnetfpn_cooc", "--mode=train",
+                     f"--model_dir={model_dir}", module="ctl.train", timeout=600)
+    lines = ctl_stderr_lines(result.stderr)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        "ctl.train: error: --experiment='retinanet_resnetfpn_cooc' is not a registered Model "
+        "Garden experiment; did you mean 'retinanet_resnetfpn_coco'"), lines
+    assert not model_dir.exists()
 
 
 # A Model Garden experiment's mistakes through `python -m ctl.run`: one line naming the experiment,

@@ -55,6 +55,30 @@ def test_eval_sees_the_whole_eval_set_once(strategy, use_tf_while_loop):
     assert float(trainer.evaluate(tf.constant(1))["examples"]) == 8
 
 
+@pytest.mark.parametrize("use_tf_while_loop", [True, False], ids=["while_loop", "host_loop"])
+def test_an_evaluation_longer_than_its_eval_set_ends_at_the_end_of_the_set(strategy,
+                                                                         use_tf_while_loop):
+    # 10 examples in batches of 8 are 2 batches; 5 asked for (Model Garden's validation_steps,
+    # ctl.Schedule.eval_steps). orbit's loops and Model Garden's trainer end at the end of the
+    # data with the results over what they read: so does either of ctl's loops.
+    trainer = Trainer(RegressionTask(eval_examples=10), strategy=strategy,
+                      use_tf_while_loop=use_tf_while_loop)
+    whole = trainer.evaluate(tf.constant(-1))
+    assert (whole.steps, whole.steps_asked, whole.data_ended) == (2, None, False)
+    for _ in range(2):  # Each from the start of the set; the loop ended cleanly the first time.
+        logs = trainer.evaluate(tf.constant(5))
+        assert float(logs["examples"]) == 10
+        assert float(logs["loss"]) == pytest.approx(float(whole["loss"]), rel=1e-6)
+        assert (logs.steps, logs.steps_asked, logs.data_ended) == (2, 5, True)
+    exact = trainer.evaluate(tf.constant(2))
+    assert (exact.steps, exact.data_ended, float(exact["examples"])) == (2, False, 10)
+    # A task that aggregates on the host (its own loop) ends there too, with every prediction.
+    aggregating = Trainer(PredictionsTask(eval_examples=10), strategy=strategy,
+                          use_tf_while_loop=use_tf_while_loop)
+    logs = aggregating.evaluate(tf.constant(5))
+    assert logs["predicted_examples"] == 10 and (logs.steps, logs.data_ended) == (2, True)
+
+
 def test_aggregate_logs_gets_every_prediction(strategy):
     trainer = Trainer(PredictionsTask(eval_examples=10), strategy=strategy)
     logs = trainer.evaluate(tf.constant(-1))

@@ -62,19 +62,25 @@ from ctl.utils.errors import UserError, first_line
 from ctl.core.task import ConfigSetting, ServingSignatures, Task, default_serving_signatures
 
 Override = Union[str, Mapping[str, Any]]
+# Where a user names the experiment: a gin file's binding, or python -m ctl.train's flag.
+GIN_EXPERIMENT = "ctl.ModelGardenTask.experiment"
+FLAG_EXPERIMENT = "--experiment"
 # The entry of `validation_step` that hands the task's loss to its own aggregation (Model Garden's
 # trainer aggregates every entry of the task's logs, its loss too); "loss" is ctl's eval mean.
 TASK_LOSS = "model_garden_task_loss"
 
 
 def experiment_config(experiment: str, config_files: Sequence[str] = (),
-                      params_override: Union[Override, Sequence[Override]] = ()):
+                      params_override: Union[Override, Sequence[Override]] = (),
+                      named_by: str = GIN_EXPERIMENT):
     """The locked `ExperimentConfig` of a registered experiment, with overrides applied.
 
     Args:
         experiment: the experiment's `exp_factory` name, e.g. `'resnet_imagenet'`.
         config_files: YAML files applied in order.
         params_override: `a.b=v` pairs in a string, a dict, or a list of either, applied after the files.
+        named_by: where the user gave the name, for the message of an unknown one: the gin
+            binding (`GIN_EXPERIMENT`) or `python -m ctl.train`'s flag (`FLAG_EXPERIMENT`).
 
     Raises:
         UserError: an experiment that is not registered, or an override that names no key.
@@ -85,7 +91,7 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
     try:
         params = exp_factory.get_exp_config(experiment)
     except LookupError as error:
-        raise UserError(unknown_experiment(experiment)) from error
+        raise UserError(unknown_experiment(experiment, named_by)) from error
     overrides = ([params_override] if isinstance(params_override, (str, Mapping))
                  else list(params_override))
     for source in [*config_files, *overrides]:
@@ -113,32 +119,36 @@ def experiment_config(experiment: str, config_files: Sequence[str] = (),
 
 
 def registered_experiments() -> List[str]:
-    """The names registered with Model Garden's `exp_factory` so far (nested names joined by '/')."""
-    from official.core import exp_factory
+    """The names registered with Model Garden's `exp_factory` so far (nested names joined by '/').
 
-    def flatten(entries, prefix=""):
-        for key, value in entries.items():
-            if isinstance(value, dict):
-                yield from flatten(value, f"{prefix}{key}/")
-            else:
-                yield f"{prefix}{key}"
+    `exp_factory` has no lister: `ctl.compat.registered_experiments` reads its registry, and
+    raises if that moved.
+    """
+    from ctl import compat
 
-    # exp_factory has no lister; its registry is a plain dict of dicts.
-    return list(flatten(getattr(exp_factory, "_REGISTERED_CONFIGS", {})))
+    return compat.registered_experiments()
 
 
-def unknown_experiment(experiment: str) -> str:
-    """The one line for an experiment name `exp_factory` does not hold: the nearest names.
+def unknown_experiment(experiment: str, named_by: str = GIN_EXPERIMENT) -> str:
+    """The one line for an experiment name `exp_factory` does not hold, naming the setting the
+    user wrote it in: the nearest names, or how to register one.
 
     Args:
         experiment: the name given.
+        named_by: where it was given: the gin binding (`GIN_EXPERIMENT`) or the flag
+            (`FLAG_EXPERIMENT`).
     """
     names = registered_experiments()
     near = difflib.get_close_matches(experiment, names, n=3, cutoff=0.5)
-    where = f"ctl.ModelGardenTask.experiment={experiment!r}"
+    where = f"{named_by}={experiment!r}"
     if near:
         return (f"{where} is not a registered Model Garden experiment; did you mean "
                 f"{', '.join(repr(name) for name in near)}?")
+    if named_by == FLAG_EXPERIMENT:  # python -m ctl.train imported Model Garden's registries.
+        return (f"{where} is not one of the {len(names)} experiments Model Garden's vision, NLP "
+                "and ranking modules register; check the name, or run an experiment of your own "
+                "with python -m ctl.run and a gin file that imports the module registering it "
+                "(docs/how-to/model-garden.md).")
     return (f"{where} is not a registered Model Garden experiment ({len(names)} registered here); "
             "check the name, or import the module that registers yours in the gin file (e.g. "
             "`import official.vision.registry_imports`; python -m ctl.train imports Model "

@@ -88,15 +88,17 @@ def experiment_params(experiment: str, config_files: Sequence[str], tpu: Optiona
         (the `ExperimentConfig`, the overrides after the config files).
 
     Raises:
-        UserError: an unknown experiment (with the nearest names), a key no config has, a config
-            Model Garden's check refuses, a refused `trainer`/`runtime` setting.
+        UserError: an unknown experiment (naming `--experiment`, with the nearest names), a key
+            no config has, a config Model Garden's check refuses, a refused `trainer`/`runtime`
+            setting.
     """
     from ctl.adapters import model_garden, model_garden_settings
 
     model_garden.import_registries()
-    base = model_garden.experiment_config(experiment, config_files)
+    flag = model_garden.FLAG_EXPERIMENT  # The name's setting, for an unknown one.
+    base = model_garden.experiment_config(experiment, config_files, named_by=flag)
     found = overrides(base, tpu, tf_data_service, params_override)
-    params = model_garden.experiment_config(experiment, config_files, found)
+    params = model_garden.experiment_config(experiment, config_files, found, named_by=flag)
     if model_garden.is_ranking(params):
         # Its task module (tensorflow_recommenders) needs tf.keras to be tf_keras; read when
         # tf.keras is first used, which nothing has done yet in this process.

@@ -161,7 +161,8 @@ TRAINER: Mapping[str, Field] = {
         _to("ctl.ContinuousEval.timeout", lambda value, params: None if value is None else float(value))),
     "train_steps": Field("`ctl.Schedule.train_steps`.", _to("ctl.Schedule.train_steps")),
     "validation_steps": Field(
-        "`ctl.Schedule.eval_steps` (-1: the whole eval set).",
+        "`ctl.Schedule.eval_steps` (-1: the whole eval set; a count past the end of the set "
+        "ends there, as Model Garden's trainer ends it).",
         _to("ctl.Schedule.eval_steps", lambda value, params: value if value > 0 else None)),
     "validation_interval": Field("`ctl.Schedule.eval_interval`.", _to("ctl.Schedule.eval_interval")),
     "best_checkpoint_export_subdir": Field(

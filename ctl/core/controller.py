@@ -25,7 +25,7 @@ from ctl.utils import console
 from ctl.core.checkpointing import CheckpointManager, Checkpoints
 from ctl.core.stop import StopRequest
 from ctl.core.summaries import SummaryManager, Summaries
-from ctl.core.runner import TrainLoopEnd
+from ctl.core.runner import EvaluationEnd, TrainLoopEnd
 
 AfterTrainLoop = Callable[[TrainLoopEnd], TrainLoopEnd]
 Action = Callable[[dict], None]
@@ -336,7 +336,9 @@ class Controller:
         the results are kept and written with one call and one flush as that
         context ends (`SummaryManager.writing()`), so they are on disk when
         this returns. `steps_per_second` is kept for the next flush (after a
-        train loop, at a checkpoint, at the end: `flush_summaries`).
+        train loop, at a checkpoint, at the end: `flush_summaries`): over the
+        batches read, which ctl's evaluator says (`EvaluationEnd`: fewer than
+        `steps` where an eval set ended first, which the console line says too).
 
         Args:
             steps: batches to evaluate (-1: the whole eval set).
@@ -348,12 +350,15 @@ class Controller:
         summaries = self.eval_summary_manager
         start = time.perf_counter()
         with summaries.writing():  # The default for the eval steps; flushed at its end.
-            output = self.evaluator.evaluate(self._loop_size(steps))
+            end = self.evaluator.evaluate(self._loop_size(steps))
             elapsed = time.perf_counter() - start
-            output = to_numpy(output or {})
+            output = to_numpy(end or {})
             summaries.write_summaries(output, step=step)
+        # Another orbit evaluator does not say what it read: the steps asked for.
+        read = end.steps if isinstance(end, EvaluationEnd) and end.steps is not None else steps
+        ended = isinstance(end, EvaluationEnd) and end.data_ended
         # The results are on disk now; the rate is kept for the next flush (`flush_summaries`).
-        rate = {"steps_per_second": steps / elapsed} if steps > 0 else {}
+        rate = {"steps_per_second": read / elapsed} if steps > 0 else {}
         if rate:
             summaries.write_summaries(rate, step=step)
         # An async write ran beside the evaluation; actions may read the checkpoint's values
@@ -362,8 +367,10 @@ class Controller:
         for action in self.between_loops.eval_actions:
             action(output)
         output.update(rate)
-        console.info("eval", "%s | %.2f sec%s", console.format_logs(output), elapsed,
-                     f" ({steps / elapsed:.1f} steps/sec)" if rate else "", step=step)
+        console.info("eval", "%s | %.2f sec%s%s", console.format_logs(output), elapsed,
+                     f" ({read / elapsed:.1f} steps/sec)" if rate else "",
+                     f" | the eval data ended after {read} of {end.steps_asked} steps"
+                     if ended else "", step=step)
         return output
 
     def flush_summaries(self) -> None:

@@ -3,15 +3,16 @@
 ctl's `Trainer` inherits it; its override points (`eval_begin`, `next_eval_inputs`, `eval_step`,
 `eval_reduce`, `eval_end`) are overridden on a Trainer subclass. One evaluation (`evaluate`)
 runs each eval set from its start: `eval_begin` (eager), the loop of `eval_step`s (inside
-`tf.function` when it can be), `eval_reduce` after each step (eager, only if the task
-aggregates, `ctl.core.aggregation`), then `eval_end` (eager). Metrics are read, and the extra
+`tf.function` when it can be) to the steps asked for or the end of the set, whichever comes
+first, `eval_reduce` after each step (eager, only if the task aggregates,
+`ctl.core.aggregation`), then `eval_end` (eager). Metrics are read, and the extra
 logs of `validation_step` gathered, across all replicas of all workers, so every worker computes
 the same results over the whole eval set; the eval loss is a mean over examples.
 
 The loop as pseudo-code: docs/explanation/training-loop.md.
 """
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import orbit
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from ctl.core import loops
 from ctl.core.loops import plain
-from ctl.core.runner import EvaluationStopped, Logs
+from ctl.core.runner import EvaluationEnd, EvaluationStopped, Logs
 
 
 class Evaluation(orbit.AbstractEvaluator):
@@ -53,6 +54,7 @@ class Evaluation(orbit.AbstractEvaluator):
         self._scalar_logs = set()  # (name, leaf index) of extra eval logs of rank 0, found tracing.
         self._log_structures: Dict[str, Any] = {}  # name -> the nest of each extra eval log.
         self._last_eval = loops.LastResults()  # For eval_end.
+        self._eval_steps_read = loops.StepCount()  # The steps of the eval set in hand read so far.
         self._graph_eval_loop: Optional[Any] = None  # Built on first use.
         self._host_eval_parts: Optional[Any] = None
         self._eval_stop = eval_stop
@@ -64,12 +66,16 @@ class Evaluation(orbit.AbstractEvaluator):
         `requested()`), or None; fixed at construction."""
         return self._eval_stop
 
-    def evaluate(self, num_steps: tf.Tensor) -> Logs:
+    def evaluate(self, num_steps: tf.Tensor) -> EvaluationEnd:
         """One evaluation of `num_steps` batches (-1: the whole eval set) of every eval set.
 
         Returns the logs of the one unnamed set, or `{name: logs}` for the
         named sets of `Task.eval_datasets()`, each evaluated in turn from its
-        start (in-line and on the sidecar alike). A fixed number of steps
+        start (in-line and on the sidecar alike), as an `EvaluationEnd` that
+        also says how many batches were read. A set that ends before
+        `num_steps` ends its loop there, in either loop: its results are over
+        the batches it had (as orbit's loops and Model Garden's trainer end
+        it). A fixed number of steps
         runs as one `tf.function` call that also resets and reads the metrics
         (measured in bench/, figure 2). The Keras callbacks given at
         construction (`eval_callbacks`: `ctl.hooks.KerasCallbacks`, in-line and
@@ -89,10 +95,13 @@ class Evaluation(orbit.AbstractEvaluator):
         try:
             if list(self.eval_sets) == [None]:
                 return self.evaluate_set(self.eval_sets[None], num_steps)
-            return {name: self.evaluate_set(dataset, num_steps)
+            ends = {name: self.evaluate_set(dataset, num_steps)
                     for name, dataset in self.eval_sets.items()}
         finally:
             self._swap_averages()
+        asked = [end.steps_asked for end in ends.values()]
+        return EvaluationEnd(ends, steps=sum(end.steps for end in ends.values()),
+                             steps_asked=None if None in asked else sum(asked))
 
     def _swap_averages(self) -> None:
         """Swaps `averaged_optimizer`'s averages and the model's weights (eager, in the
@@ -107,28 +116,31 @@ class Evaluation(orbit.AbstractEvaluator):
                 tf.distribute.get_replica_context().merge_call(
                     lambda strategy: averaged.swap_weights())
 
-    def evaluate_set(self, dataset, num_steps: tf.Tensor) -> Logs:
-        """One evaluation of `num_steps` batches of one distributed eval `dataset`.
+    def evaluate_set(self, dataset, num_steps: tf.Tensor) -> EvaluationEnd:
+        """One evaluation of `num_steps` batches of one distributed eval `dataset`, or to its end
+        if it ends first.
 
         Args:
             dataset: one distributed eval dataset.
             num_steps: batches to evaluate (-1: the whole set).
 
         Returns:
-            The set's loss, metrics and aggregation results.
+            The set's loss, metrics and aggregation results, with the batches read.
         """
         self.eval_dataset = dataset
         callbacks = self._eval_callbacks
         for callback in callbacks:
             callback.on_test_begin()
-        logs = self._evaluate_dataset(num_steps, callbacks)
+        logs, steps = self._evaluate_dataset(num_steps, callbacks)
         if self.eval_stop is not None and self.eval_stop.requested():  # Incomplete: dropped.
             raise EvaluationStopped("the evaluation was stopped before its end")
         for callback in callbacks:
             callback.on_test_end(_python_logs(logs))
-        return logs
+        asked = int(num_steps)
+        return EvaluationEnd(logs, steps=steps, steps_asked=asked if asked >= 0 else None)
 
-    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Logs:
+    def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Tuple[Logs, int]:
+        """The set's results and the steps read; either loop ends at the end of the set."""
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
@@ -137,27 +149,38 @@ class Evaluation(orbit.AbstractEvaluator):
                 num_steps = tf.constant(steps, tf.int32)
             if self._graph_eval_loop is None:
                 self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
-            self._last_eval.logs = self._graph_eval_loop(iterator, num_steps)
+            try:
+                self._last_eval.logs, read = self._graph_eval_loop(iterator, num_steps)
+                read = int(read)
+            except tf.errors.OutOfRangeError:
+                # The set ended before `num_steps`: the call ended in the step that found no
+                # batch, which updated nothing; the metrics and the count hold the steps before.
+                self._last_eval.logs = self._eval_results()
+                read = self._eval_steps_read.read()
         else:
             if self._host_eval_parts is None:
                 self._host_eval_parts = tuple(
                     tf.function(fn) if self._use_tf_function else fn
                     for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
-            step_fn, reset, read = self._host_eval_parts
+            step_fn, reset, results = self._host_eval_parts
             reset()
-            loop = orbit.utils.create_loop_fn(loops.stoppable(
-                loops.with_batch_callbacks(step_fn, batch_callbacks), self.eval_stop))
+            self._eval_steps_read.variable.assign(0)
+            # orbit's host loop ends at the end of the set (on its OutOfRangeError) as well.
+            loop = orbit.utils.create_loop_fn(loops.stoppable(self._eval_steps_read.counted(
+                loops.with_batch_callbacks(step_fn, batch_callbacks)), self.eval_stop))
             state = loop(iterator, steps, state=state,
                          reduce_fn=self.eval_reduce if state is not None else None)
-            self._last_eval.logs = read()
+            self._last_eval.logs = results()
+            read = self._eval_steps_read.read()
         loops.end_off_path(iterator)
         del iterator
-        return self.eval_end(state) if state is not None else self.eval_end()
+        return (self.eval_end(state) if state is not None else self.eval_end()), read
 
     def _eval_loop_with_metrics(self, iterator, num_steps):
         self._reset_eval_metrics()
-        loops.graph_eval_loop(self.eval_step, self.eval_stop)(iterator, num_steps)
-        return self._eval_results()
+        end = loops.graph_eval_loop(self.eval_step, self.eval_stop, self._eval_steps_read)(
+            iterator, num_steps)
+        return self._eval_results(), end
 
     @plain
     def _reset_eval_metrics(self) -> None:

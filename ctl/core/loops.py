@@ -8,7 +8,8 @@ Built from orbit's utilities (`create_tf_while_loop_fn`, `create_loop_fn`); the 
 - `scheduled_train_loop`: parameter servers, one scheduled closure per step;
 - `StepGuard`: a train loop that ends early, at a step boundary, on a stop request or a NaN loss
   (cluster-wide under `MultiWorkerMirroredStrategy`);
-- `graph_eval_loop`, `stoppable`, `with_batch_callbacks`, `metric_results`: the eval loops' parts;
+- `graph_eval_loop`, `StepCount`, `stoppable`, `with_batch_callbacks`, `metric_results`: the eval
+  loops' parts;
 - `end_off_path`: a finished eval iterator ended on a thread of its own.
 
 The loops as pseudo-code, and why the guard is built as it is: docs/explanation/training-loop.md.
@@ -316,26 +317,77 @@ def host_train_loop(step_fn, guard: Optional[StepGuard], reset, read):
 
 # Evaluation.
 
-def graph_eval_loop(step_fn, eval_stop):
-    """`loop_fn(iterator, num_steps)` as one `tf.while_loop`, for inside `tf.function`; with an
-    `eval_stop`, it also ends before the next step once a stop is requested.
+class StepCount:
+    """The steps an eval loop has read, in a host variable (`ctl_eval_steps_read`).
+
+    An eval set that ends before the steps asked for ends its loop with an
+    `OutOfRangeError` in the step that finds no batch; inside one `tf.function`
+    call (`graph_eval_loop`) that error ends the call and drops what it would
+    return, so the loop keeps its count here as it goes. A plain holder, as
+    `LastResults`: a variable set on the trainer itself would be tracked as one
+    of its own.
+    """
+
+    def __init__(self):
+        self.variable = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                    name="ctl_eval_steps_read")
+
+    def read(self) -> int:
+        """The steps counted (eager)."""
+        return int(self.variable.numpy())
+
+    def counted(self, step_fn):
+        """`step_fn` for the host loop, counting each step that ran (eager).
+
+        The count after a step is a separate op after the step's call: a step that
+        found no batch raised, or (orbit runs its host loop in an async scope) left
+        the executor in its error state, which skips the count.
+
+        Args:
+            step_fn: the step function, `step_fn(iterator)`.
+        """
+        variable = self.variable
+
+        def step(iterator):
+            outputs = step_fn(iterator)
+            variable.assign_add(1)
+            return outputs
+
+        return step
+
+
+def graph_eval_loop(step_fn, eval_stop, count: StepCount):
+    """`loop_fn(iterator, num_steps) -> steps` as one `tf.while_loop`, for inside `tf.function`;
+    with an `eval_stop`, it also ends before the next step once a stop is requested.
+
+    Returns the steps it ran. Before each step it sets `count` to the steps run
+    so far: the step's ops (its read of the inputs first) wait for that, and it
+    waits for the step before (a loop body's result waits for all its stateful
+    ops). So when the eval set ends in a step, and the `OutOfRangeError` ends the
+    call, `count` holds the steps read, and the metrics hold their updates.
 
     Args:
         step_fn: the step function, `step_fn(iterator)`.
         eval_stop: the stop source that ends an evaluation early, or None.
+        count: where the loop keeps its count as it goes.
     """
-    if eval_stop is None:
-        return orbit.utils.create_tf_while_loop_fn(step_fn)
-    stop = eval_stop.stop_requested
+    stop = None if eval_stop is None else eval_stop.stop_requested
+    steps_read = count.variable
 
     def loop(iterator, num_steps):
+        def cond(i):
+            if stop is None:
+                return i < num_steps
+            return tf.logical_and(i < num_steps, tf.logical_not(stop.read_value()))
+
         def body(i):
-            with tf.name_scope(""):
+            with tf.name_scope(""), tf.control_dependencies(
+                    [steps_read.assign(tf.cast(i, tf.int64))]):
                 step_fn(iterator)
             return (i + 1,)
 
-        tf.while_loop(lambda i: tf.logical_and(i < num_steps, tf.logical_not(stop.read_value())),
-                      body, (tf.constant(0, num_steps.dtype),))
+        end, = tf.while_loop(cond, body, (tf.constant(0, num_steps.dtype),))
+        return end
 
     return loop
 

@@ -1,10 +1,11 @@
-"""The runner contract: what a train loop hands back, and how an evaluation says it was stopped.
+"""The runner contract: what a train loop and an evaluation hand back, and how an evaluation says it was stopped.
 
 The Trainer (`ctl.core.trainer`) implements orbit's runner protocol
 (`train(num_steps)`, `evaluate(num_steps)`); these are the few pieces around
 it that other layers name: the `TrainLoopEnd` a train loop returns (the
-Controller, the fault handler), and `EvaluationStopped`, raised by an
-evaluation that the Trainer's stop source ended before its end.
+Controller, the fault handler), the `EvaluationEnd` an evaluation returns (the
+Controller), and `EvaluationStopped`, raised by an evaluation that the
+Trainer's stop source ended before its end.
 """
 
 from typing import Any, Dict, Optional
@@ -62,6 +63,36 @@ class TrainLoopEnd(dict):
             ("step", self.step), ("bad_step", self.bad_step), ("restored", self.restored))
             if value is not None)
         return f"TrainLoopEnd({dict(self)!r}, {fields})" if fields else repr(dict(self))
+
+
+class EvaluationEnd(dict):
+    """What one evaluation hands back (`Evaluation.evaluate`): its results, and how many batches it read.
+
+    A dict of the results, as `orbit.AbstractEvaluator.evaluate` returns
+    (`{name: results}` for named eval sets), that also says `steps`, the batches
+    read over all eval sets, and `steps_asked`, the batches asked for (the
+    steps of the evaluation times the eval sets; None: each set to its end).
+    An eval set that ends before the steps asked for ends its evaluation there,
+    as orbit's loops and Model Garden's trainer end it, with the results over
+    what was read: then `steps < steps_asked`. Built without arguments (as
+    `tf.nest` copies a dict) it knows no steps.
+
+    Args:
+        logs: the results; None: empty.
+        steps: the batches read, over all eval sets (None: unknown).
+        steps_asked: the batches asked for, over all eval sets (None: each set to its end).
+    """
+
+    def __init__(self, logs: Optional[Logs] = None, steps: Optional[int] = None,
+                 steps_asked: Optional[int] = None):
+        super().__init__(logs or {})
+        self.steps = steps
+        self.steps_asked = steps_asked
+
+    @property
+    def data_ended(self) -> bool:
+        """Whether an eval set ended before the steps asked for."""
+        return None not in (self.steps, self.steps_asked) and self.steps < self.steps_asked
 
 
 class EvaluationStopped(Exception):
