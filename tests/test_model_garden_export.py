@@ -4,7 +4,7 @@
 classifier (the zoo's variants), exports through `ctl.ModelGardenTask.serving_signatures`. The
 SavedModel, loaded, takes the inputs Model Garden's export module declares and gives, on one
 input, what that module gives around the model in memory (RetinaNet: its detections; BERT: the
-model's own logits)."""
+model's own logits; a WMT Transformer: its translations, where the module can export it)."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.core.hook_protocol import Run
+from ctl.hooks import exporting
 from ctl.model_dir import ModelDir
 
 STEP = 3  # The global step the export is named by.
@@ -107,6 +108,54 @@ def test_ctls_exporter_serves_a_bert_classifier_as_model_gardens_export(tmp_path
                     "input_type_ids": tf.zeros_like(words)}, training=False)
     assert_same_outputs(served(input_word_ids=words), {"outputs": logits})
     assert_same_outputs(garden(input_word_ids=words), {"outputs": logits})
+
+
+@pytest.mark.slow
+def test_a_translation_model_that_decodes_padded_exports_as_model_gardens_module_can(tmp_path):
+    """`wmt_transformer/large` decodes with `padded_decode`, which needs a fixed batch size that
+    Model Garden's `Translation` module, with its defaults, leaves free: Model Garden's own
+    module fails on the model, and ctl's export says so in one line. With `padded_decode`
+    off, which the line names, ctl's exporter serves what that module gives in memory."""
+    from official.nlp.configs import wmt_transformer_experiments  # noqa: F401
+    from official.nlp.serving import serving_modules
+
+    from bench.model_garden_zoo import data, variants
+
+    experiment = "wmt_transformer/large"
+    overrides = variants.overrides(experiment, 2) + data.data_overrides(
+        experiment, str(tmp_path / "data"))
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    model = task.build_model()
+    assert task.params.task.model.padded_decode
+    params = serving_modules.Translation.Params(
+        sentencepiece_model_path=task.params.task.sentencepiece_model_path)
+    with pytest.raises(TypeError, match=r"Failed to convert elements of \[None, 1\] to Tensor"):
+        serving_modules.Translation(params=params, model=model).get_inference_signatures(
+            {"serve_text": "serving_default"})
+    with pytest.raises(ctl.UserError, match=r"experiment 'wmt_transformer/large': its model "
+                       r"decodes with task.model.padded_decode=True, which needs a fixed batch "
+                       r"size, .*Model Garden's own export of this model fails the same way; set "
+                       r"task.model.padded_decode=false") as raised:
+        exported_by_ctl(task, model, tmp_path / "ctl")
+    assert "\n" not in str(raised.value)
+
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides + [
+        {"task": {"model": {"padded_decode": False}}}])
+    model = perturbed(task.build_model())
+    served = exported_by_ctl(task, model, tmp_path / "unpadded").signatures["serving_default"]
+    garden = serving_modules.Translation(params=params, model=model).get_inference_signatures(
+        {"serve_text": "serving_default"})["serving_default"]
+    assert inputs_of(served) == inputs_of(garden) == {"text": ([None], tf.string)}
+    text = tf.constant(["ba ke mo", "ti su", "lo"])  # Any batch size.
+    translated = served(text=text)
+    assert set(translated) == {"output_0"}  # Model Garden's serve_text returns the text alone.
+    np.testing.assert_array_equal(translated["output_0"].numpy(), garden(text).numpy())
+    # `--mode=smoke`'s and the zoo's check of an export, on one eval batch, passes too.
+    features = task.features(next(iter(task.build_inputs(training=False))))
+    served = exporting.check_served(task.serving_signatures(model),
+                                    str(tmp_path / "unpadded" / "export" / "final" / str(STEP)),
+                                    features)
+    assert set(served["serving_default"]) == {"output_0"}
 
 
 def test_a_family_without_an_export_module_says_so_in_one_line():

@@ -575,13 +575,19 @@ class ModelGardenTask(Task):
     def serving_signatures(self, model) -> Dict[str, Any]:
         """Model Garden's own export module for the experiment, around `model`: the signatures its
         export gives the model (`ctl.adapters.model_garden_serving`); for a family without an
-        export module, the model's Keras inputs, or one line saying it has neither.
+        export module, the model's Keras inputs, or one line saying it has neither. A model
+        Model Garden's module cannot export either (a translation model that decodes with
+        `padded_decode`) ends in one line saying so (`model_garden_serving.export_problem`).
 
         Args:
             model: the model exported (the evaluated one: the moving average with `ema_decay`).
         """
         from ctl.adapters import model_garden_serving
 
+        module_class = model_garden_serving.export_module_class(self.params, self.garden_task)
+        problem = module_class and model_garden_serving.export_problem(self.params, module_class)
+        if problem:
+            raise UserError(f"ctl.ModelGardenTask: experiment {self.experiment!r}: {problem}.")
         module = model_garden_serving.serving_module(self.params, self.garden_task, model)
         if module is not None:
             return ServingSignatures(model_garden_serving.signatures(module),

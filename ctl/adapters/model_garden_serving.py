@@ -18,7 +18,10 @@ write the SavedModel Model Garden's export writes:
   prediction, masked LM, question answering, tagging, translation): the
   module's `serve` (translation: `serve_text`) as `serving_default`, with the
   module's default parameters (translation: the task's SentencePiece model;
-  masked LM: the model's first classification head).
+  masked LM: the model's first classification head). A translation model that
+  decodes with `padded_decode` (`wmt_transformer/large`) needs a fixed batch
+  size the module leaves free: its export ends in one line saying so, as
+  Model Garden's own export of it fails (`export_problem`).
 
 Other families (ranking, ELECTRA pretraining, the mock) have no export module
 in Model Garden: their models are served from their Keras inputs where they
@@ -137,6 +140,34 @@ def serving_module(params, garden_task, model):
         return module
     return module_class(params=module_class.Params(**nlp_serving_params(module_class, params)),
                         model=model)
+
+
+def export_problem(params, module_class) -> Optional[str]:
+    """Why Model Garden's export module, with the parameters ctl gives it (Model Garden's
+    defaults), cannot export the experiment's model; None if it can.
+
+    A translation model that decodes with `task.model.padded_decode` (padded to
+    `decode_max_length`, for TPUs; `wmt_transformer/large` sets it) needs a fixed batch size,
+    which the `Translation` module's `serve_text` leaves free (its `batch_size`, None by
+    default): tracing it fails in the beam search (`TypeError: Failed to convert elements of
+    [None, 1] to Tensor`), in Model Garden's own export of that model as in ctl's
+    (tests/test_model_garden_export.py checks both).
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+        module_class: its export module class (`export_module_class`).
+    """
+    fields = module_class.Params().as_dict() if hasattr(module_class, "Params") else {}
+    if ("batch_size" in fields and fields["batch_size"] is None
+            and getattr(params.task.model, "padded_decode", False)):
+        return (f"its model decodes with task.model.padded_decode=True, which needs a fixed batch "
+                f"size, and Model Garden's export module ({module_class.__module__}."
+                f"{module_class.__name__}) leaves it free (its batch_size is unset by default): "
+                "Model Garden's own export of this model fails the same way; set "
+                "task.model.padded_decode=false (--params_override, or "
+                "ctl.ModelGardenTask.params_override) to export a model that takes any batch "
+                "size (its weights are the same), or drop the exporters")
+    return None
 
 
 def nlp_serving_params(module_class, params) -> Dict[str, Any]:

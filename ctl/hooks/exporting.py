@@ -293,13 +293,18 @@ def check_served(signatures: Dict[str, Callable], export_dir: str, features,
         values = _inputs(named, features)
         served = served_signature(**{key: value for (key, _), value in zip(named, values)})
         expected = function(*values)
-        expected = expected if isinstance(expected, dict) else {"outputs": expected}
+        if not isinstance(expected, dict):  # Named as a SavedModel names them (`output_0`, ...).
+            expected = {f"output_{k}": value for k, value in enumerate(tf.nest.flatten(expected))}
         if set(served) != set(expected):
             raise AssertionError(f"signature {name!r} serves {sorted(served)}, in memory "
                                  f"{sorted(expected)}")
         for key, value in expected.items():
-            np.testing.assert_allclose(served[key].numpy(), np.asarray(value), rtol=rtol, atol=atol,
-                                       err_msg=f"signature {name!r} output {key!r}")
+            got, want = served[key].numpy(), np.asarray(value)
+            if got.dtype.kind in "OSU":  # Text (a translation): the same strings.
+                np.testing.assert_array_equal(got, want, err_msg=f"signature {name!r} output {key!r}")
+            else:
+                np.testing.assert_allclose(got, want, rtol=rtol, atol=atol,
+                                           err_msg=f"signature {name!r} output {key!r}")
         served_all[name] = {key: value.numpy() for key, value in served.items()}
     return served_all
 
