@@ -13,7 +13,7 @@ docs/reference/exit-statuses.md.
 import dataclasses
 import logging as std_logging
 import sys
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from absl import flags, logging
 
@@ -81,11 +81,15 @@ class Setup:
         strategy: the strategy's name (one of `ctl.cluster.tf_config.STRATEGIES`).
         gin_bindings: gin bindings, applied after the files.
         tpu: the TPU to connect to under the `tpu` strategy (None: the environment's).
+        finetuning: fine-tune from each checkpoint of another run, each fine-tune the one mode
+            given (`ctl.sidecar.continuous_finetune.Finetuning`: `ctl.train`'s
+            `--mode=continuous_train_and_eval`); None: run the modes once.
     """
 
     strategy: str
     gin_bindings: Sequence[str]
     tpu: Optional[str] = None
+    finetuning: Optional[Any] = None
 
 
 def set_up_console(verbose: bool) -> None:
@@ -120,8 +124,9 @@ def execute(command: Command, modes: Sequence[str], model_dir: Optional[str], cp
             gin_files: Sequence[str], search_paths: Sequence[str],
             setup: Union[Setup, Callable[[], Setup]], hooks: Sequence[Any] = (), *,
             config_in_bindings: bool = False) -> None:
-    """Runs `modes` one after the other (each one of `ctl.MODES`, or `smoke`), then ends a
-    late signal's wait; a mistake, a preemption, a lost peer or a storage fault ends the process.
+    """Runs `modes` one after the other (each one of `ctl.MODES`, or `smoke`), or with
+    `Setup.finetuning` the one mode once per fine-tune, then ends a late signal's wait; a
+    mistake, a preemption, a lost peer or a storage fault ends the process.
 
     Args:
         command: the command, for its messages.
@@ -165,6 +170,10 @@ def execute(command: Command, modes: Sequence[str], model_dir: Optional[str], cp
                 console.warning("setup", "TF_CONFIG names this task the %s: running --mode=%s, not "
                                 "--mode=%s.", plan.cluster.task_type, plan.mode, mode)
         plans = plans[:1] if plans[0].mode != modes[0] else plans
+        if setup.finetuning is not None and plans[0].cluster is not None:
+            raise UserError("--mode=continuous_train_and_eval runs in one process, and TF_CONFIG "
+                            "names a cluster; unset TF_CONFIG (--strategy=mirrored uses every GPU "
+                            "of the host).")
         gin_files = list(gin_files)
         if plans[0].sidecar and not gin_files and not config_in_bindings:  # The trainer's config.
             timeout = config.query_bindings_only(gin_bindings, "ctl.ContinuousEval.timeout",
@@ -179,12 +188,17 @@ def execute(command: Command, modes: Sequence[str], model_dir: Optional[str], cp
                                              tpu=setup.tpu)
         _say_strategy(plans[0].strategy, created)
         config.parse(gin_files, gin_bindings, search_paths)
-        for plan in plans:
-            if plan.mode == SMOKE:
-                smoke.run_smoke(created)
-                continue
-            with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster, plan.strategy):
-                train_lib.run_experiment(plan, directory, created, hooks=hooks)
+        if setup.finetuning is not None:
+            _finetune_continuously(setup.finetuning, plans[0], directory, created, gin_files,
+                                   gin_bindings, search_paths, hooks)
+        else:
+            for plan in plans:
+                if plan.mode == SMOKE:
+                    smoke.run_smoke(created)
+                    continue
+                with peers.reported_as_peer_loss(plan.cluster), peers.watched(plan.cluster,
+                                                                               plan.strategy):
+                    train_lib.run_experiment(plan, directory, created, hooks=hooks)
     except Preempted as preempted:
         command.exit(EXIT_PREEMPTED, f"preempted: {preempted}")
     except continuous_eval.Stopped as stopped:
@@ -200,3 +214,30 @@ def execute(command: Command, modes: Sequence[str], model_dir: Optional[str], cp
             raise  # A bug keeps its traceback.
         command.exit(EXIT_STORAGE_FAULT, f"storage error: {fault.message(directory)}")
     exit_0_on_a_late_signal()  # The run is done.
+
+
+def _finetune_continuously(finetuning, plan, directory, strategy, gin_files: Sequence[str],
+                           gin_bindings: Sequence[str], search_paths: Sequence[str],
+                           hooks: Sequence[Any]) -> None:
+    """Each fine-tune of `finetuning` (`ctl.sidecar.continuous_finetune`): `plan`'s mode in its own
+    model dir, under gin parsed again with its bindings after the run's."""
+    import gin
+
+    from ctl import train_lib
+    from ctl.config import gin_config as config
+    from ctl.experiment import Experiment
+    from ctl.sidecar import continuous_finetune
+    from ctl.sidecar.scheduler import ContinuousEval
+
+    # The experiment as the run's config makes it, once before any wait: a mistake in it ends
+    # the job at once, and its settings are the watcher's (the experiment's timeout).
+    experiment = config.call_configured(Experiment)
+    settings = experiment.continuous_eval or config.call_configured(ContinuousEval)
+    del experiment
+
+    def finetune(pretrained) -> Dict[str, Any]:
+        gin.clear_config()  # The run's config again, with this fine-tune's bindings after it.
+        config.parse(gin_files, [*gin_bindings, *finetuning.bindings(pretrained)], search_paths)
+        return train_lib.run_experiment(plan, pretrained.directory, strategy, hooks=hooks)
+
+    continuous_finetune.finetune_continuously(directory, finetuning, finetune, settings)

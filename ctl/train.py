@@ -11,9 +11,12 @@ It takes the flags of Model Garden's vision, NLP and ranking train.py (`official
 itself; ctl's own: --strategy (default: the experiment's `runtime.distribution_strategy`),
 --cpu_replicas, --gin_bindings. The experiment's config is built and checked
 (`ctl.adapters.model_garden_command`), then run as `ctl.ModelGardenTask` with the experiment's
-`trainer` and `runtime` settings (`ctl.adapters.model_garden_settings`). TensorFlow is imported
-only once the flags are checked: `--help` and a flag mistake answer at once; a mistake ends in
-one line on stderr, exit status 2.
+`trainer` and `runtime` settings (`ctl.adapters.model_garden_settings`). Every mode of Model
+Garden's open-source train.py runs (`train_and_validate`, which its train_lib does not run either,
+is refused); `--mode=continuous_train_and_eval` fine-tunes from each checkpoint of the directory
+`task.init_checkpoint` names, once each, in order (`ctl.sidecar.continuous_finetune`; with
+`--pretrain_steps`). TensorFlow is imported only once the flags are checked: `--help` and a flag
+mistake answer at once; a mistake ends in one line on stderr, exit status 2.
 """
 
 import os
@@ -45,7 +48,9 @@ def define_flags() -> None:
     garden_flags.define_flags()
     flags.DEFINE_bool("enable_async_checkpointing", True, "Write checkpoints on a background "
                       "thread (ctl.Schedule.async_checkpointing), as Model Garden's train.py.")
-    flags.DEFINE_integer("pretrain_steps", None, "Model Garden NLP's continuous fine-tuning only.")
+    flags.DEFINE_integer("pretrain_steps", None, "--mode=continuous_train_and_eval: the "
+                         "pretraining run's last step; the job waits past the timeout until a "
+                         "checkpoint of it was fine-tuned.")
     flags.DEFINE_enum("strategy", None, STRATEGIES, "tf.distribute strategy (default: the "
                       "experiment's runtime.distribution_strategy).")
     flags.DEFINE_integer("cpu_replicas", 0, "Split the CPU into N logical devices.")
@@ -93,7 +98,17 @@ def main(argv):
         own = garden.bindings(FLAGS.experiment, FLAGS.config_file or [], overrides,
                               FLAGS.model_dir, FLAGS.enable_async_checkpointing)
         return command.Setup(garden.strategy(params, FLAGS.strategy), own + bindings,
-                             tpu=params.runtime.tpu)
+                             tpu=params.runtime.tpu, finetuning=finetuning(params, overrides))
+
+    def finetuning(params, overrides):
+        if FLAGS.mode != garden.CONTINUOUS_FINETUNE:
+            return None
+        from ctl.sidecar.continuous_finetune import Finetuning
+
+        return Finetuning(garden.watched_directory(params),
+                          garden.finetune_bindings(params, overrides),
+                          garden.finetune_records(params, FLAGS.model_dir),
+                          pretrain_steps=FLAGS.pretrain_steps)
 
     command.execute(run, modes, FLAGS.model_dir, FLAGS.cpu_replicas, FLAGS.gin_file or [],
                     FLAGS.gin_search_paths, setup, config_in_bindings=True)

@@ -5,6 +5,7 @@ the graph, what each train step did: for the kill -9 tests of tests/test_model_g
 the integer of its float32 bits (`tf.print` would round it); step `hold_at_step` first writes
 `held_file` and then waits (up to 120 s) until `release_file` exists, so that a test may kill the
 process there, mid-loop. `StepTrainer` gives the task the global step it counts steps by.
+`HoldAfterCheckpoint` (a hook) holds the same way after a checkpoint of one model dir.
 """
 
 import os
@@ -61,14 +62,35 @@ class RecordedModelGardenTask(ctl.ModelGardenTask):
     def _hold(self, step):
         if int(step) != self.hold_at_step:
             return 0.0
-        with open(self.held_file, "w") as f:
-            f.write(str(int(step)))
-        deadline = time.monotonic() + HOLD_S
-        while not os.path.exists(self.release_file):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.release_file} did not appear in {HOLD_S} s")
-            time.sleep(0.02)
+        _hold(self.held_file, self.release_file, str(int(step)))
         return 0.0
+
+
+def _hold(held_file, release_file, text):
+    """Writes `text` to `held_file`, then waits (up to HOLD_S) until `release_file` exists."""
+    with open(held_file, "w") as f:
+        f.write(text)
+    deadline = time.monotonic() + HOLD_S
+    while not os.path.exists(release_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{release_file} did not appear in {HOLD_S} s")
+        time.sleep(0.02)
+
+
+@gin.configurable
+class HoldAfterCheckpoint(ctl.hooks.Hook):
+    """After checkpoint `name` is written in a model dir named `directory_name`, writes the
+    checkpoint's path to `held_file` and waits until `release_file` exists (a test kills the
+    process there): for the kill -9 test of continuous fine-tuning."""
+
+    def __init__(self, directory_name=None, name=None, held_file=None, release_file=None):
+        self.directory_name, self.name = directory_name, name
+        self.held_file, self.release_file = held_file, release_file
+
+    def on_checkpoint_end(self, path):
+        if (os.path.basename(self.run.directory.path.rstrip("/")) == self.directory_name
+                and os.path.basename(path) == self.name):
+            _hold(self.held_file, self.release_file, path)
 
 
 @gin.configurable

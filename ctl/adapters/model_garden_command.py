@@ -10,26 +10,29 @@ the registered experiment, each `--config_file`, `--tpu` (`runtime.tpu`), `--tf_
 (the data configs' `tf_data_service_address`), then `--params_override`; checked before anything
 runs. The run is `ctl.ModelGardenTask` with those, as gin bindings (`bindings`), so the experiment's
 `trainer` and `runtime` settings reach ctl as they do from a gin file (`ctl.adapters.model_garden_settings`).
+`--mode=continuous_train_and_eval` fine-tunes from each checkpoint of the directory
+`task.init_checkpoint` names (`ctl.sidecar.continuous_finetune`): `watched_directory` checks it,
+`finetune_bindings` makes each fine-tune's, `finetune_records` writes Model Garden's records of each.
 
 Importing this module imports neither TensorFlow nor Model Garden: `modes` checks `--mode` first.
 """
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ctl.utils.errors import UserError
 
 EVAL, TRAIN = "eval", "train"  # ctl.cluster.run_plan's modes (adapters import no subsystem)
 
-# Model Garden's `--mode` values (official.common.flags) -> the ctl modes run in order.
+# Model Garden's `--mode` values (official.common.flags) -> the ctl modes run in order
+# (`continuous_train_and_eval`: the mode of each fine-tune, `finetuning`).
 MODES = {"train": (TRAIN,), "eval": (EVAL,), "train_and_eval": ("train_and_eval",),
-         "continuous_eval": ("continuous_eval",), "train_and_post_eval": (TRAIN, EVAL)}
+         "continuous_eval": ("continuous_eval",), "train_and_post_eval": (TRAIN, EVAL),
+         "continuous_train_and_eval": ("train_and_eval",)}
+CONTINUOUS_FINETUNE = "continuous_train_and_eval"
 REFUSED_MODES = {
     "train_and_validate": "is not implemented in Model Garden's open-source release either (its "
                           "train_lib raises NotImplementedError); use train_and_eval",
-    "continuous_train_and_eval": "(Model Garden NLP's continuous fine-tuning of each new "
-                                 "checkpoint of task.init_checkpoint's directory) is not run by "
-                                 "ctl.train; run python -m official.nlp.train for it",
 }
 
 
@@ -138,3 +141,62 @@ def bindings(experiment: str, config_files: Sequence[str], found: Sequence[Any],
             f"ctl.ModelGardenTask.params_override = {list(found)!r}",
             f"ctl.ModelGardenTask.logging_dir = {model_dir!r}",
             f"ctl.Schedule.async_checkpointing = {bool(async_checkpointing)!r}"]
+
+
+def watched_directory(params) -> str:
+    """The directory `--mode=continuous_train_and_eval` fine-tunes from: `task.init_checkpoint`.
+
+    Args:
+        params: the experiment's config.
+
+    Raises:
+        UserError: the task has no `init_checkpoint`, or it is not set.
+    """
+    path = getattr(params.task, "init_checkpoint", None)
+    if not path:
+        where = "is not set" if path is not None else "is not a field of its task config"
+        raise UserError(f"--mode={CONTINUOUS_FINETUNE} fine-tunes from each checkpoint of the "
+                        f"directory task.init_checkpoint names, which {where}; set it to the "
+                        "pretraining run's model dir in --config_file or --params_override.")
+    return path
+
+
+def finetune_bindings(params, found: Sequence[Any]):
+    """The gin bindings of each fine-tune, as Model Garden's `continuous_finetune_lib` replaces
+    the config: `task.init_checkpoint` the pretraining checkpoint, the best checkpoint's subdir
+    (`trainer.best_checkpoint_export_subdir`, when set) suffixed with the pretraining step, and
+    the task's files in the fine-tune's model dir.
+
+    Args:
+        params: the experiment's config.
+        found: the overrides after the config files (`overrides`).
+
+    Returns:
+        A function of the `ctl.sidecar.continuous_finetune.Pretrained` to the bindings.
+    """
+    subdir = params.trainer.best_checkpoint_export_subdir
+
+    def bindings(pretrained) -> List[str]:
+        override: Dict[str, Any] = {"task": {"init_checkpoint": pretrained.path}}
+        if subdir:
+            override["trainer"] = {"best_checkpoint_export_subdir": f"{subdir}_{pretrained.step}"}
+        return [f"ctl.ModelGardenTask.params_override = {[*found, override]!r}",
+                f"ctl.ModelGardenTask.logging_dir = {pretrained.directory.path!r}"]
+
+    return bindings
+
+
+def finetune_records(params, model_dir: str):
+    """What Model Garden writes after each fine-tune (`ctl.adapters.model_garden_dir.PretrainRecords`),
+    under its name for the task (its `task.name`, from the task made once, at the first).
+
+    Args:
+        params: the experiment's config.
+        model_dir: `--model_dir`.
+    """
+    from ctl.adapters import model_garden
+    from ctl.adapters.model_garden_dir import PretrainRecords
+    from ctl.model_dir import ModelDir
+
+    return PretrainRecords(params, ModelDir(model_dir),
+                           task_name=lambda: model_garden.garden_task(params).name)

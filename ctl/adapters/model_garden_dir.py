@@ -10,11 +10,17 @@
 
 The best checkpoint's `best_ckpt/` and `info.json` are `ctl.hooks.BestCheckpoint`'s
 (`export_subdir`).
+
+`PretrainRecords` writes what Model Garden's continuous fine-tuning
+(`official.nlp.continuous_finetune_lib`, `--mode=continuous_train_and_eval`) writes in its model
+dir after each fine-tune: `metrics-<pretraining step>.json` (`train_utils.write_json_summary`),
+the results as summaries in `eval/` at the pretraining step, and `params.yaml`.
 """
 
+import json
 import os
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
@@ -22,6 +28,8 @@ from ctl.core.hook_protocol import Hook
 from ctl.model_dir import write_atomically
 
 PARAMS_FILE = "params.yaml"
+# Continuous fine-tuning's JSON summary (Model Garden's `continuous_finetune_lib`), in the job's model dir.
+PRETRAIN_METRICS_FILE = "metrics-{step}.json"
 CTL_EVAL_SUBDIR = "eval"  # ctl's own (`ModelDir.eval_dir`): nothing to add there.
 GARDEN_NAMES = {"loss": "validation_loss"}
 
@@ -82,12 +90,60 @@ class ModelGardenFiles(Hook):
         self._writer.flush()
 
 
-def _flat(logs, prefix: str = "") -> Dict[str, float]:
-    """The scalars of `logs`, nested dicts as `a/b` (as orbit's summary manager names them)."""
+class PretrainRecords:
+    """After each fine-tune of continuous fine-tuning, Model Garden's records in the model dir:
+    `metrics-<step>.json` (each result as a string, as `train_utils.write_json_summary` writes
+    them), the results as scalars in `eval/` at the pretraining step, named
+    `<model dir's name>_<task's name>/<result>` (nested results joined by "-"), and once,
+    `params.yaml` (the experiment's config: `task.init_checkpoint` the watched directory). ctl's
+    `loss` is under Model Garden's name, `validation_loss`.
+
+    Args:
+        params: the experiment's `ExperimentConfig`.
+        directory: the job's model dir.
+        task_name: gives the Model Garden task's name (its `name`), asked once, at the first
+            fine-tune's end.
+    """
+
+    def __init__(self, params, directory, task_name: Callable[[], str]):
+        self.params = params
+        self.directory = directory
+        self.task_name = task_name
+        self._group: Optional[str] = None
+        self._writer: Optional[Any] = None
+
+    def __call__(self, pretrained, results: Dict[str, Any]) -> None:
+        """Writes the records of one fine-tune.
+
+        Args:
+            pretrained: the pretraining checkpoint it started from
+                (`ctl.sidecar.continuous_finetune.Pretrained`: its `step`).
+            results: its final evaluation's results.
+        """
+        if self._group is None:
+            write_atomically(self.directory.file(PARAMS_FILE), params_yaml(self.params))
+            self._group = f"{os.path.basename(self.directory.path.rstrip('/'))}_{self.task_name()}"
+            # Model Garden's `eval/`, which is ctl's eval dir.
+            self._writer = tf.summary.create_file_writer(self.directory.eval_dir)
+        results = _flat(results, separator="-")
+        text = json.dumps({GARDEN_NAMES.get(name, name): str(value)
+                           for name, value in results.items()}, indent=4)
+        write_atomically(self.directory.file(PRETRAIN_METRICS_FILE.format(step=pretrained.step)),
+                         text + "\n")
+        with self._writer.as_default():
+            for name, value in results.items():
+                tf.summary.scalar(f"{self._group}/{GARDEN_NAMES.get(name, name)}", value,
+                                  step=pretrained.step)
+        self._writer.flush()
+
+
+def _flat(logs, prefix: str = "", separator: str = "/") -> Dict[str, float]:
+    """The scalars of `logs`, nested dicts as `a/b` (as orbit's summary manager names them; or
+    joined by `separator`)."""
     flat: Dict[str, float] = {}
     for name, value in logs.items():
         if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{name}/"))
+            flat.update(_flat(value, f"{prefix}{name}{separator}", separator))
             continue
         try:
             tensor = tf.convert_to_tensor(value)

@@ -5,7 +5,9 @@ or skipped), and each evaluation's line in `eval/metrics.jsonl` before it. A sid
 (a restart, a preempted evaluator VM, another host) reads both: a checkpoint whose line is there
 counts as evaluated even when a kill came between the line and this file, and a damaged file
 counts as empty (the metrics file still says what was evaluated). What each outcome means is the
-sidecar's (`ctl.sidecar.scheduler.Progress`); where the file is and how it is shared, here.
+sidecar's (`ctl.sidecar.scheduler.Progress`); where the file is and how it is shared, here. A
+continuous fine-tuning job (`ctl.sidecar.continuous_finetune`) keeps its record of the watched
+run's checkpoints in its own model dir the same way, a fine-tune for an evaluation.
 """
 
 from typing import Any, Dict, List, Tuple

@@ -65,12 +65,15 @@ class Stopped(Exception):
     Args:
         signum: the signal that stopped the sidecar.
         evaluations: evaluations done before it, or None.
+        what: what stopped.
+        unit: what `evaluations` counts.
     """
 
-    def __init__(self, signum: int, evaluations: Optional[int] = None):
+    def __init__(self, signum: int, evaluations: Optional[int] = None,
+                 what: str = "the evaluator", unit: str = "evaluation(s)"):
         self.signum = signum
-        done = "" if evaluations is None else f" after {evaluations} evaluation(s)"
-        super().__init__(f"{signal.Signals(signum).name} stopped the evaluator{done}; nothing is "
+        done = "" if evaluations is None else f" after {evaluations} {unit}"
+        super().__init__(f"{signal.Signals(signum).name} stopped {what}{done}; nothing is "
                          "lost. Run the same command again to go on.")
 
 
