@@ -121,6 +121,8 @@ def test_each_pretraining_checkpoint_is_fine_tuned_once_in_order_across_a_kill_9
     assert result.returncode == 0, result.stderr[-4000:]
     assert "fine-tuning from ckpt-10" in first.stdout()
     assert "fine-tuning from ckpt-10" not in result.stdout
+    assert f"restored model from {model_dir / 'finetune' / 'ckpt-20' / 'ckpt-1'}" in result.stdout
+    assert "initialized the model" not in result.stdout
     assert "no new checkpoint in" in result.stdout  # It ended on the timeout.
     records = directory.sidecar_evaluations()
     assert [(r["number"], r["step"]) for r in records] == [(10, 10), (20, 20)]
