@@ -167,3 +167,82 @@ def test_a_guarantee_that_does_not_hold_says_why_and_an_unchecked_row_says_not_r
     assert guarantees_page.reason(row) == ("SIGTERM: exit 1 after SIGTERM, not 75: boom; "
                                            "sidecar: not run: the trainer beside it failed")
     assert guarantees_page.cells({}) == "not run | not run | not run | not run"
+
+
+def test_the_command_check_expects_model_gardens_steps_and_says_which_differ():
+    # `--command` (bench/model_garden_zoo/command.py): the YAML's trainer settings give the steps
+    # Model Garden's trainer ends loops, evaluates, saves and keeps checkpoints at, for a run that
+    # restores the initial checkpoint of step 0, which max_to_keep retires like any other.
+    from bench.model_garden_zoo import command
+
+    expected = command.schedule(command.TRAINER)
+    assert expected == {"loops": [2, 4, 6, 8], "evaluations": [6, 8], "checkpoints": [4, 8],
+                        "kept": [4, 8]}
+    assert command.schedule(dict(command.TRAINER, train_steps=7, max_to_keep=5)) == {
+        "loops": [2, 4, 6, 7], "evaluations": [6, 7], "checkpoints": [4, 7], "kept": [0, 4, 7]}
+    same = {"kept": [4, 8], "evaluations": [6, 8]}
+    assert command.step_reasons(expected, {"ctl": same, "train_lib": same}) == {
+        "checkpoints": "", "evaluations": ""}
+    every_loop = {"kept": [6, 8], "evaluations": [8]}
+    assert command.step_reasons(expected, {"ctl": every_loop, "train_lib": same}) == {
+        "checkpoints": "checkpoints kept ctl [6, 8], the YAML's [4, 8]",
+        "evaluations": "evaluations at steps ctl [8], the YAML's [6, 8]"}
+    # The variant's overrides as one YAML: later ones win, nested dicts merge, lists are replaced.
+    assert command.merged([{"task": {"model": {"a": 1, "b": [1, 2]}}, "trainer": {"x": 1}},
+                           {"task": {"model": {"b": [3], "c": (4,)}}}]) == {
+        "task": {"model": {"a": 1, "b": [3], "c": [4]}}, "trainer": {"x": 1}}
+    # The best checkpoint: the experiment's own, else the eval loss, else the first metric.
+    own = {"best_checkpoint_export_subdir": "best_ckpt", "best_checkpoint_eval_metric": "accuracy",
+           "best_checkpoint_metric_comp": "higher"}
+    assert command.best_checkpoint(own, ["validation_loss"]) == own
+    assert command.best_checkpoint({}, ["accuracy", "validation_loss"])[
+        "best_checkpoint_eval_metric"] == "validation_loss"
+    assert command.best_checkpoint({}, ["total_loss", "AP"])["best_checkpoint_metric_comp"] == "lower"
+    assert command.best_checkpoint({}, ["final_f1"])["best_checkpoint_metric_comp"] == "higher"
+    assert command.best_checkpoint({}, []) == {}
+
+
+def test_the_ctl_train_column_appears_once_a_row_is_checked_and_a_failure_says_why():
+    with open(page.DOCS_RESULTS) as f:
+        results = json.load(f)
+    assert "ctl.train" not in page.render(results)  # No row checked: the page as committed.
+    results["rows"][0].update(command=False, command_reason="checkpoints kept ctl [6, 8], the YAML's [4, 8]")
+    results["rows"][1].update(command=True, command_reason="")
+    rendered = page.render(results)
+    table = [line for line in rendered.splitlines() if line.startswith("| ")]
+    assert {line.count(" | ") for line in table} == {14}  # Fifteen cells in every line.
+    header, rows = table[0], table[2:]  # table[1]: the line under the header.
+    assert header.split(" | ")[7] == "ctl.train"
+    assert rows[0].split(" | ")[7] == "**no**" and rows[1].split(" | ")[7] == "yes"
+    assert rows[2].split(" | ")[7] == "-"
+    assert "ctl.train: checkpoints kept ctl [6, 8], the YAML's [4, 8]" in rows[0]
+    assert "**ctl.train**" in rendered and "ctl.FaultTolerance.seed=1" in rendered
+
+
+@pytest.mark.slow  # Imports Model Garden and writes the variant's generated files.
+def test_the_command_checks_yaml_is_the_variant_model_garden_builds_from_its_overrides(tmp_path):
+    # The YAML a user would keep holds what the zoo's rows apply as a list of overrides: Model
+    # Garden's own parser (its train.py's) builds the same config from it.
+    import argparse
+
+    from official.core import train_utils
+
+    from bench.model_garden_zoo import command, data, registry, variants
+    from ctl.adapters import model_garden
+
+    registry.import_all()
+    for experiment in ("image_classification", "bert/sentence_prediction"):
+        config = command.config(experiment, str(tmp_path / "data"), ["validation_loss"], eval_steps=2)
+        path = command.write_yaml(str(tmp_path / f"{experiment.replace('/', '_')}.yaml"), config)
+        parsed = train_utils.parse_configuration(argparse.Namespace(
+            experiment=experiment, config_file=[path], tpu=None, tf_data_service=None,
+            params_override=None), print_return=False)
+        overrides = (variants.overrides(experiment, command.TRAINER["train_steps"])
+                     + data.data_overrides(experiment, str(tmp_path / "data"))
+                     + [{"trainer": config["trainer"]}])
+        if "init_checkpoint" in config["task"]:
+            overrides.append({"task": {"init_checkpoint": ""}})
+        assert parsed.as_dict() == model_garden.experiment_config(
+            experiment, params_override=overrides).as_dict()
+        assert parsed.trainer.checkpoint_interval == 4 and parsed.trainer.validation_steps == 2
+        assert parsed.trainer.best_checkpoint_export_subdir == "best_ckpt"

@@ -1,8 +1,8 @@
 """`python -m bench.model_garden_zoo`: every registered Model Garden experiment, on ctl and on train_lib.
 
     python -m bench.model_garden_zoo [--experiments=NAME,NAME] [--steps=K] [--results=FILE]
-                                     [--jobs=N] [--longest_first] [--export]
-                                     [--guarantees[=only]]
+                                     [--jobs=N] [--longest_first] [--export] [--command]
+                                     [--guarantees[=only]] [--timeout_s=S]
 
 Lists Model Garden's registry at run time, and for each experiment (or those
 named) trains its tiny variant K steps with ctl and with Model Garden's
@@ -23,6 +23,13 @@ bench/model_garden_zoo/export.py (a ctl run of K steps with
 `ctl.hooks.FinalExporter`, its SavedModel loaded and compared with the model
 restored from the run's final checkpoint), and its `export` fields are written
 into the row the results file already has.
+
+With `--command`, each experiment instead runs as a user runs it (bench/model_garden_zoo/command.py):
+its tiny variant as a YAML file with trainer settings of its own, through `python -m ctl.train`
+and through Model Garden's trainer, each in its own process from one initial checkpoint; its
+`command` fields (the same losses and evaluations, checkpoints, evaluations and the best
+checkpoint at the YAML's steps; `--steps` is not used) are written into the row the results file
+already has.
 """
 
 import argparse
@@ -146,18 +153,67 @@ def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_d
     return row
 
 
+COMMAND_KEYS = ["command", "command_checks", "command_reason"]
+COMMAND_ALL = COMMAND_KEYS + ["command_best", "command_line", "command_max_rel_loss_diff",
+                              "command_losses", "command_found", "command_commit", "command_cpu_s"]
+
+
+def run_command_row(experiment: str, family: str, metrics: List[str], workdir: str,
+                    log_dir: str) -> Dict[str, Any]:
+    """One experiment through `python -m ctl.train` and Model Garden's trainer
+    (bench/model_garden_zoo/command.py), from its own process.
+
+    Args:
+      experiment: a registered experiment's name.
+      family: its family (the ranking experiments' process needs `TF_USE_LEGACY_KERAS=1`).
+      metrics: the eval metrics its row says Model Garden reports (the best checkpoint's metric).
+      workdir: the zoo's workdir (its generated data).
+      log_dir: for the row's log.
+    """
+    log = os.path.join(log_dir, experiment.replace("/", "_") + "-command.log")
+    command = [sys.executable, "-m", "bench.model_garden_zoo.command", experiment,
+               f"--workdir={workdir}", f"--metrics={','.join(metrics)}",
+               f"--budget_s={TIMEOUT_S - 100}"]  # Its trainers end before it is stopped.
+    commit = _commit()
+    lines = _run_logged(command, log, family)
+    rows = [json.loads(line[len("ZOO-COMMAND "):]) for line in lines if line.startswith("ZOO-COMMAND ")]
+    if rows:
+        row = rows[-1]
+    else:
+        last = [line for line in lines if line.strip()][-1:] or ["no output"]
+        row = {"experiment": experiment, "command": False,
+               "command_reason": f"the process ended without a result: {last[0][:300]}"}
+    row["command_commit"] = commit
+    return row
+
+
 def write_export_results(path: str, rows: List[Dict[str, Any]], steps: int) -> None:
     """Writes each export check's fields into its experiment's row of the results file."""
+    _write_fields(path, rows, EXPORT_KEYS + ["export_commit", "export_cpu_s"],
+                  {"export_steps": steps})
+
+
+def write_command_results(path: str, rows: List[Dict[str, Any]]) -> None:
+    """Writes each command check's fields into its experiment's row of the results file."""
+    from bench.model_garden_zoo import command
+
+    _write_fields(path, rows, COMMAND_ALL, {"command_trainer": command.TRAINER})
+
+
+def _write_fields(path: str, rows: List[Dict[str, Any]], keys: List[str],
+                  run: Dict[str, Any]) -> None:
+    """Replaces `keys` in each of `rows`' experiments' rows of the results file by the row's
+    fields, and sets the file's `run` entries."""
     with open(path) as f:
         results = json.load(f)
     checked = {row["experiment"]: row for row in rows}
     for row in results["rows"]:
         if row["experiment"] in checked:
-            for key in EXPORT_KEYS + ["export_commit", "export_cpu_s"]:
+            for key in keys:
                 row.pop(key, None)
             row.update({key: value for key, value in checked[row["experiment"]].items()
                         if key != "experiment"})
-    results["export_steps"] = steps
+    results.update(run)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
@@ -202,6 +258,7 @@ def _commit() -> str:
 
 
 def main(argv=None) -> int:
+    global TIMEOUT_S  # --timeout_s: every row's processes' bound.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiments", default="", help="comma-separated names (default: all)")
     parser.add_argument("--steps", type=int, default=6, help="training steps each way (K)")
@@ -217,11 +274,18 @@ def main(argv=None) -> int:
     parser.add_argument("--export", action="store_true",
                         help="run the export check of each experiment (bench/model_garden_zoo/export.py) "
                         "and write its fields into the rows the --results file has")
+    parser.add_argument("--command", action="store_true",
+                        help="run each experiment's YAML through python -m ctl.train and Model "
+                        "Garden's trainer (bench/model_garden_zoo/command.py) and write its "
+                        "fields into the rows the --results file has")
+    parser.add_argument("--timeout_s", type=int, default=TIMEOUT_S,
+                        help="seconds a row may take (its processes are stopped then)")
     parser.add_argument("--collect", default="", help="write the results file from the rows a run "
                         "in this workdir has finished so far (the others say they were not run); "
                         "with --guarantees=only, write the guarantee columns of the rows whose "
                         "check ended into the rows of --results")
     args = parser.parse_args(argv)
+    TIMEOUT_S = args.timeout_s
     if args.steps < 2:
         print(f"--steps={args.steps}: give at least 2 (the first step traces; s/step needs a second)",
               file=sys.stderr)
@@ -246,6 +310,8 @@ def main(argv=None) -> int:
     os.makedirs(log_dir, exist_ok=True)
     if args.export:
         return export_main(names, families, args.steps, workdir, log_dir, args.jobs, args.results)
+    if args.command:
+        return command_main(names, families, workdir, log_dir, args.jobs, args.results)
     rows: List[Dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
     start = time.time()
@@ -309,6 +375,33 @@ def export_main(names: List[str], families: Dict[str, str], steps: int, workdir:
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
         rows = list(pool.map(one, names))
     print(f"results: {path} (export checks of {len(rows)} experiments, logs in {log_dir})",
+          file=sys.stderr)
+    return 0
+
+
+def command_main(names: List[str], families: Dict[str, str], workdir: str, log_dir: str,
+                 jobs: int, path: str) -> int:
+    """`--command`: each of `names` through `python -m ctl.train`, written into the results file's
+    rows."""
+    if not os.path.exists(path):
+        print(f"--command writes into the rows of --results={path}, which does not exist; run the "
+              "zoo without --command first", file=sys.stderr)
+        return 2
+    with open(path) as f:  # The metrics each row's evaluation reported: the best checkpoint's.
+        metrics = {row["experiment"]: list(row.get("eval") or {}) for row in json.load(f)["rows"]}
+    _write_data(names, workdir)
+    lock = threading.Lock()
+
+    def one(name):
+        row = run_command_row(name, families[name], metrics.get(name, []), workdir, log_dir)
+        print(json.dumps({key: row.get(key) for key in ["experiment"] + COMMAND_KEYS}), flush=True)
+        with lock:  # Each row as it ends: a stopped run keeps the rows it finished.
+            write_command_results(path, [row])
+        return row
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        rows = list(pool.map(one, names))
+    print(f"results: {path} (command checks of {len(rows)} experiments, logs in {log_dir})",
           file=sys.stderr)
     return 0
 

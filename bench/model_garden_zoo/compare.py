@@ -173,7 +173,7 @@ def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
         # clears TensorFlow's kernel cache, and with it resources that tasks made (the WMT task's
         # SentencePiece tokenizer).
         task = model_garden.garden_task(params, logging_dir=model_dir)
-        trainer = _ranking_trainer(params, task)
+        trainer = _ranking_trainer(params, task, model_dir)
     model, _ = train_lib.run_experiment(
         distribution_strategy=strategy, task=task, mode="train_and_eval",
         params=params, model_dir=model_dir, trainer=trainer)
@@ -182,8 +182,9 @@ def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
     return {tag: values[step] for tag, values in found.items() if step in values}, _weights(model)
 
 
-def _ranking_trainer(params, task):
-    """The ranking experiments' own trainer, as their train.py builds it (others: None, train_lib's)."""
+def _ranking_trainer(params, task, model_dir: str):
+    """The ranking experiments' own trainer, as their train.py builds it (others: None, train_lib's),
+    its best checkpoint (where the config keeps one) in `model_dir`."""
     if type(task).__name__ != "RankingTask":
         return None
     import tensorflow as tf
@@ -199,7 +200,7 @@ def _ranking_trainer(params, task):
     return RankingTrainer(config=params, task=task, model=model, optimizer=model.optimizer,
                           train=True, evaluate=True, train_dataset=dataset(params.task.train_data),
                           validation_dataset=dataset(params.task.validation_data),
-                          checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, ""))
+                          checkpoint_exporter=train_utils.maybe_create_best_ckpt_exporter(params, model_dir))
 
 
 def _weights(model) -> List[Any]:

@@ -542,7 +542,7 @@ def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         task = model_garden.garden_task(params, logging_dir=model_dir)
-        trainer = compare._ranking_trainer(params, task)  # noqa: SLF001 (the zoo's own)
+        trainer = compare._ranking_trainer(params, task, model_dir)  # noqa: SLF001 (the zoo's own)
     what = (f"Model Garden's train_lib fails the same way (its {experiment} variant, "
             f"MirroredStrategy of 2 CPUs, loops of {LOOP} steps: python -m "
             f"bench.model_garden_zoo.guarantees {experiment} --train_lib_at_two_replicas)")

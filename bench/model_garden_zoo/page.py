@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from bench.model_garden_zoo import compare, variants
+from bench.model_garden_zoo import command, compare, variants
 from bench.model_garden_zoo import guarantees_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,13 +55,21 @@ def _export(row) -> str:
                                                                        "**fails**")
 
 
+def _command(row) -> str:
+    """The command check's answer (bench/model_garden_zoo/command.py): "-" where it was not run."""
+    return {None: "-", True: "yes"}.get(row.get("command"), "**no**")
+
+
 def render(results) -> str:
     rows = results["rows"]
+    # The `ctl.train` column once any row has been run through the command (`--command`).
+    commands = any("command" in row for row in rows)
     trained = sum(bool(r["trains"]) for r in rows)
     same = sum(bool(r["trains"] and r["same_loss"] and r["same_eval"]) for r in rows)
     lines = [
         "---",
-        "# The table's fourteen columns take the page's width: no navigation beside it (mkdocs-material).",
+        f"# The table's {'fifteen' if commands else 'fourteen'} columns take the page's width: no "
+        "navigation beside it (mkdocs-material).",
         "hide:",
         "  - navigation",
         "  - toc",
@@ -102,23 +110,27 @@ def render(results) -> str:
         "python -m bench.model_garden_zoo --experiments=retinanet_resnetfpn_coco --steps=6",
         "```",
         "",
-        '<div class="compact-table" markdown>',  # Fourteen columns: narrower cells (docs/stylesheets/extra.css).
+        '<div class="compact-table" markdown>',  # 14-15 columns: narrower cells (docs/stylesheets/extra.css).
         "",
         "| experiment | family | trains | same loss (max rel. diff) | same eval | same weights "
-        "| export | ctl s/step | train_lib s/step | kill -9 | SIGTERM | sidecar | 2 replicas | reason |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| export" + (" | ctl.train" if commands else "") + " | ctl s/step | train_lib s/step "
+        "| kill -9 | SIGTERM | sidecar | 2 replicas | reason |",
+        "|" + " --- |" * (15 if commands else 14),
     ]
     for row in rows:
         reason = "; ".join(filter(None, [row.get("reason"), row.get("weights_difference") and
                                          f"weights differ: {row['weights_difference']}",
                                          row.get("export_reason") and
-                                         f"export: {row['export_reason']}"]))
+                                         f"export: {row['export_reason']}",
+                                         row.get("command_reason") and
+                                         f"ctl.train: {row['command_reason']}"]))
         reason += f" ({row['determinism_note']})" if row.get("determinism_note") else ""
         reason = "; ".join(filter(None, [reason, guarantees_page.reason(row)]))
         reason = re.sub(r"https?://\S+", "(link)", reason)  # A cell names the problem, not its web page.
         lines.append(
             f"| `{row['experiment']}` | {row.get('family', '')} | {_mark(row['trains'])} | {_loss(row)} "
             f"| {_eval(row)} | {_mark(row.get('same_weights'))} | {_export(row)} "
+            + (f"| {_command(row)} " if commands else "") +
             f"| {_seconds(row['ctl_s_per_step'])} "
             f"| {_seconds(row['train_lib_s_per_step'])} | {guarantees_page.cells(row)} "
             f"| {reason.replace('|', '/')} |")
@@ -156,6 +168,7 @@ def render(results) -> str:
         "model restored from the run's final checkpoint (every output within a relative 1e-4). "
         "\"serves\": it does; \"no module\": Model Garden has no export module for the family "
         "(the reason says what ctl does instead); \"-\": not checked.",
+        *([_command_bullet(results)] if commands else []),
         "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
         "time from the end of one train loop (of one step) to the end of the next, so the step "
         "and the trainer's own work between loops (its summaries; `train_lib`'s orbit flushes them "
@@ -176,6 +189,28 @@ def render(results) -> str:
     ]
     lines += [f"- {setting}: {why}." for setting, why in variants.PINNED.items()]
     return "\n".join(lines) + "\n"
+
+
+def _command_bullet(results) -> str:
+    """What the ctl.train column checks (bench/model_garden_zoo/command.py)."""
+    trainer = results.get("command_trainer") or command.TRAINER
+    return (
+        "- **ctl.train** (`--command`, bench/model_garden_zoo/command.py). The tiny variant as one "
+        "YAML file with trainer settings of its own (" + ", ".join(
+            f"`{key}: {value}`" for key, value in trainer.items()) + "; a best checkpoint in "
+        "`best_ckpt/` by the experiment's own metric, else `validation_loss`, else the first "
+        "metric its evaluation reports), run by `python -m ctl.train --experiment=NAME "
+        "--mode=train_and_eval --model_dir=DIR --config_file=NAME.yaml` and by Model Garden's "
+        "train.py steps on the same flags, each in its own process, from one initial checkpoint "
+        "(with the states of the generators a seeded ctl run's dropout draws from, `rng`, which "
+        f"Model Garden's trainer does not read). ctl's one flag more, `{command.SEED_BINDING}`, "
+        "seeds it: a YAML holds no seed; Model Garden's side is seeded the same way. \"yes\": "
+        f"the training loss at each loop's end within a relative {compare.LOSS_TOLERANCE:g} of "
+        f"Model Garden's, every evaluation's metrics in `validation/` within "
+        f"{compare.EVAL_TOLERANCE:g}, and the checkpoints kept (and the last one's top-level "
+        "objects), the steps evaluated and the best checkpoint's step, top-level objects and "
+        "`info.json` those of Model Garden's run and of the YAML; \"**no**\": the reason says "
+        "which are not; \"-\": not checked.")
 
 
 def record(results) -> str:
