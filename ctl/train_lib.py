@@ -347,6 +347,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     if done and done[0] is not None:  # Validated (config, checkpoint, lock): already complete.
         if lock is not None:
             lock.decided()
+        _discard_summaries(controller)  # The checks' traces made writers; this run writes nothing.
         if plan.writes:
             run_end.say_complete(directory, schedule.train_steps, done[0])
         return done[0]
