@@ -292,15 +292,30 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     stack.callback(controller.checkpoint_manager.close)
     if eval_side is not None:
         stack.callback(eval_side.release)
-    # Traces, runs nothing: the train loop's own trace, under what the loop runs under (with
-    # `Schedule.summary_interval`, the train summaries' writer, whose event file a refused run
-    # removes: it leaves the model dir as it found it).
+    # Traces, runs nothing: the loops' own traces, under what the loops run under (the summaries'
+    # writers, whose event files a refused run removes: it leaves the model dir as it found it).
+    # The eval step's trace runs beside the first train loop of a one-process train_and_eval run:
+    # its first write waits for it (`ModelDirLock.acquire_aside`), and a refusal stops it there.
+    eval_beside = plan.in_line_eval and plan.one_process and lock is not None
     try:
         contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
-                           trace_loop=True, loop_context=controller.train_loop_context)
+                           trace_loop=True, loop_context=controller.train_loop_context,
+                           eval_context=controller.eval_summary_manager.writing,
+                           trace_eval=not eval_beside)
     except BaseException:
-        controller.summary_manager.discard()
+        _discard_summaries(controller)
         raise
+    refused: List[bool] = []
+
+    def check_eval() -> None:  # On the claim's thread, beside the first train loop.
+        try:
+            contract.check_eval(trainer, schedule.eval_steps,
+                                controller.eval_summary_manager.writing)
+        except BaseException:
+            refused.append(True)
+            raise
+
+    stack.callback(lambda: refused and _discard_summaries(controller))
     done: List[Optional[Dict[str, Any]]] = []
 
     def before_writing() -> None:  # Reads only: runs while the lease settles.
@@ -325,13 +340,14 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         before_writing()
         first_writes()
     elif plan.train:
-        lock.acquire_aside(before_writing, first_writes)
+        lock.acquire_aside(before_writing, first_writes, check_eval if eval_beside else None)
     else:
         lock.acquire(before_writing)
         first_writes()
     if done and done[0] is not None:  # Validated (config, checkpoint, lock): already complete.
         if lock is not None:
             lock.decided()
+        _discard_summaries(controller)  # The checks' traces made writers; this run writes nothing.
         if plan.writes:
             run_end.say_complete(directory, schedule.train_steps, done[0])
         return done[0]
@@ -355,6 +371,13 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     if plan.marks_finished:
         run_end.say_done(directory, controller.step, output if plan.evaluate else None)
     return output
+
+
+def _discard_summaries(controller: Controller) -> None:
+    """Removes what the summaries' writers made for a run refused before its first write (the
+    eval writer's first: it was made second, in the dir the train writer may have made)."""
+    controller.eval_summary_manager.discard()
+    controller.summary_manager.discard()
 
 
 def _run_mode(plan: RunPlan, controller: Controller, schedule,

@@ -148,3 +148,68 @@ def test_a_bad_train_step_still_ends_before_the_model_dir_is_written(tmp_path):
     with pytest.raises(ctl.UserError, match="returned a loss of shape"):
         _first_loop(contract_tasks.VectorLossTask(), None, model_dir)
     assert not os.path.exists(model_dir)
+
+
+# The eval step: its check is the evaluation's own trace, run beside the first train loop.
+
+
+def _train_and_eval(task, strategy, model_dir: str, **schedule) -> dict:
+    schedule = ctl.Schedule(**{**dict(train_steps=2, steps_per_loop=2, eval_interval=None,
+                                      checkpoint_interval=2), **schedule})
+    return ctl.run_experiment("train_and_eval", model_dir, strategy,
+                              ctl.Experiment(task=task, schedule=schedule))
+
+
+@pytest.mark.parametrize("eval_steps", [None, 2], ids=["host_loop", "one_call"])
+def test_a_train_and_eval_run_traces_its_eval_step_once(strategy, tmp_path, eval_steps):
+    # Whole eval sets run the host loop (a tf.function step per batch); a fixed number of
+    # steps one tf.function call with the metrics' reset and read: the check traces each.
+    task = PlainTask()
+    _train_and_eval(task, strategy, str(tmp_path), eval_steps=eval_steps)
+    assert task.eval_traces == strategy.num_replicas_in_sync
+    assert task.train_traces == strategy.num_replicas_in_sync
+
+
+class SummarizingEvalTask(_Counted):
+    """Writes a summary of its own from its eval step."""
+
+    def validation_step(self, inputs, model, metrics):
+        logs = super().validation_step(inputs, model, metrics)
+        tf.summary.scalar("own_eval_loss", logs["loss"], step=7)
+        return logs
+
+
+def test_the_eval_steps_own_summaries_are_written_by_the_traced_evaluation(tmp_path):
+    # Traced beside the first loop under the eval summaries' writer: the evaluation runs that
+    # trace, and the eval step's tf.summary calls write to eval/.
+    from tests.support.reading import scalars
+
+    task = SummarizingEvalTask()
+    _train_and_eval(task, None, str(tmp_path), eval_steps=2)
+    assert task.eval_traces == 1
+    assert sorted(scalars(str(tmp_path / "eval"))["own_eval_loss"]) == [7]
+
+
+class VectorEvalLossTask(RegressionTask):
+    """Its validation_step returns the per-example loss; its train step is right."""
+
+    def validation_step(self, inputs, model, metrics):
+        features, labels = inputs
+        return {"loss": tf.reduce_mean(tf.square(labels - model(features)), axis=-1)}
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
+def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
+    # Found beside the first train loop: the run stops at that loop's end, before its
+    # checkpoint, having taken no lock and written nothing (the first loop's summaries go).
+    model_dir = tmp_path / "run"
+    if exists:
+        (model_dir / "train").mkdir(parents=True)
+        (model_dir / "train" / "events.out.tfevents.1.earlier.v2").write_bytes(b"")
+        (model_dir / "config.gin").write_text("# an earlier run's\n")
+    before = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    with pytest.raises(ctl.UserError, match=r"VectorEvalLossTask.validation_step returned a loss "
+                                            r"of shape \(\w+,\), not a scalar"):
+        _train_and_eval(VectorEvalLossTask(), None, str(model_dir), summary_interval=2)
+    after = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    assert after == before

@@ -20,9 +20,12 @@ be (docs/guide/writing-a-task.md lists every check and its message):
       the datasets' element spec, each replica's: it returns {"loss": scalar},
       the train step applies gradients, and the user's code traces at all
       (a mismatch of model, data, loss or metrics fails here, not at step 1).
-      The train step's trace is the train loop's own (Trainer.trace_train_loop:
-      the first loop runs it, not a second trace), but for a loop that has no
-      function or runs under a summary writer: those trace a step of their own.
+      Each trace is the loop's own (Trainer.trace_train_loop,
+      Evaluation.trace_eval_loop: the first loop runs it, not a second trace),
+      but for a loop without a tf.function, which traces a step of its own.
+    check_eval (train_lib, beside the first train loop of a one-process
+      train_and_eval run, whose first write waits for it; else in check_run):
+      the validation_step's trace.
 
 A mistake raises `UserError` (exit 2, one line on stderr); an error raised by
 the task's own code while its step is traced becomes one too, its traceback
@@ -212,18 +215,23 @@ def _batch_size(spec) -> Optional[int]:
 
 def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
               trace_loop: bool = False,
-              loop_context: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
+              loop_context: Callable[[], ContextManager[None]] = contextlib.nullcontext,
+              eval_context: Callable[[], ContextManager[None]] = contextlib.nullcontext,
+              trace_eval: bool = True) -> None:
     """The eval sets' length, and one trace of the task's steps on their element spec.
 
     Args:
         trainer: the built Trainer.
         eval_steps: `ctl.Schedule.eval_steps` (None: whole eval sets, which must end).
         train: whether the run trains (its train step is traced).
-        evaluate: whether it evaluates (its eval step is traced).
+        evaluate: whether it evaluates (its eval sets' lengths are checked, its eval step
+            traced).
         trace_loop: trace the train loop's own function (`Trainer.trace_train_loop`), which
             its first call then runs.
         loop_context: what the train loop runs under (`Controller.train_loop_context`: its
             summary writer), entered for that trace.
+        eval_context: what an evaluation runs under (its summaries' writer), for `check_eval`.
+        trace_eval: trace the eval step here (False: the caller runs `check_eval` itself).
     """
     if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy):
         return  # Its steps and datasets live on the workers.
@@ -248,8 +256,31 @@ def check_run(trainer, eval_steps: Optional[int], train: bool, evaluate: bool,
         if not traced:
             _trace(trainer, spec, _probe(trainer, spec, _train_probe(trainer)), "train_step",
                    "train set")
-    if evaluate and trainer.eval_sets:
-        spec = next(iter(trainer.eval_sets.values())).element_spec
+    if evaluate and trace_eval:
+        check_eval(trainer, eval_steps, eval_context)
+
+
+def check_eval(trainer, eval_steps: Optional[int],
+               eval_context: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
+    """One trace of the task's `validation_step` on the first eval set's element spec: the
+    evaluation's own function (`Evaluation.trace_eval_loop`, which the first evaluation then
+    runs), else a trace of its own. Runs no step. Safe on a thread of its own beside a train
+    loop that is already traced (`ctl.train_lib` runs it beside the first loop).
+
+    Args:
+        trainer: the built Trainer (its train loop traced, if it trains: the model's variables
+            exist).
+        eval_steps: `ctl.Schedule.eval_steps` (None: whole eval sets).
+        eval_context: what an evaluation runs under (`SummaryManager.writing` of the eval
+            summaries: the eval step's own `tf.summary` calls write there), entered for the trace.
+    """
+    if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy) or not trainer.eval_sets:
+        return
+    spec = next(iter(trainer.eval_sets.values())).element_spec
+    with eval_context():
+        traced = _trace(trainer, spec, lambda: trainer.trace_eval_loop(eval_steps or -1),
+                        "validation_step", "eval set")
+    if not traced:
         _trace(trainer, spec, _probe(trainer, spec, _eval_probe(trainer)), "validation_step",
                "eval set")
 

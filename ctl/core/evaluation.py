@@ -18,7 +18,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from ctl.core import loops
+from ctl.core import contract, loops
 from ctl.core.loops import plain
 from ctl.core.runner import EvaluationEnd, EvaluationStopped, Logs
 
@@ -139,18 +139,62 @@ class Evaluation(orbit.AbstractEvaluator):
         asked = int(num_steps)
         return EvaluationEnd(logs, steps=steps, steps_asked=asked if asked >= 0 else None)
 
+    def trace_eval_loop(self, steps: int) -> bool:
+        """Traces the function an evaluation of `steps` batches runs, on the first eval set,
+        before its first call.
+
+        Runs no step and reads no batch: the first `evaluate(steps)` then finds
+        the function traced (called as `ctl.core.controller.Controller` does,
+        under the eval summaries' writer, which the caller makes the default for
+        this trace too). Returns False for an evaluation without a `tf.function`
+        (`use_tf_function=False`).
+
+        Args:
+            steps: the batches each evaluation reads (-1: the whole set).
+
+        Returns:
+            Whether the evaluation's function was traced.
+        """
+        if not self._use_tf_function or not self.eval_sets:
+            return False
+        iterator = tf.nest.map_structure(iter, next(iter(self.eval_sets.values())))
+        if self._runs_in_one_call(steps, self.eval_begin()):
+            self._eval_loop().get_concrete_function(iterator, loops.LOOP_SIZE)
+        else:
+            self._host_parts()[0].get_concrete_function(iterator)
+        loops.end_off_path(iterator)
+        del iterator
+        return True
+
+    def _runs_in_one_call(self, steps: int, state) -> bool:
+        """Whether an evaluation of `steps` batches runs as one `tf.function` call (metrics reset
+        and read in it); else the host loop calls the eval step once per batch."""
+        return state is None and steps >= 0 and self._use_tf_while_loop and not self._eval_callbacks
+
+    def _eval_loop(self):
+        if self._graph_eval_loop is None:
+            self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+        return self._graph_eval_loop
+
+    def _host_parts(self):
+        """The host loop's eval step, metrics reset and metrics read, each a `tf.function`
+        with `use_tf_function`."""
+        if self._host_eval_parts is None:
+            self._host_eval_parts = tuple(
+                tf.function(fn) if self._use_tf_function else fn
+                for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
+        return self._host_eval_parts
+
     def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Tuple[Logs, int]:
         """The set's results and the steps read; either loop ends at the end of the set."""
         state = self.eval_begin()
         iterator = tf.nest.map_structure(iter, self.eval_dataset)
         steps = int(num_steps)
-        if state is None and steps >= 0 and self._use_tf_while_loop and not batch_callbacks:
+        if self._runs_in_one_call(steps, state):
             if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
                 num_steps = tf.constant(steps, tf.int32)
-            if self._graph_eval_loop is None:
-                self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
             try:
-                self._last_eval.logs, read = self._graph_eval_loop(iterator, num_steps)
+                self._last_eval.logs, read = self._eval_loop()(iterator, num_steps)
                 read = int(read)
             except tf.errors.OutOfRangeError:
                 # The set ended before `num_steps`: the call ended in the step that found no
@@ -158,11 +202,7 @@ class Evaluation(orbit.AbstractEvaluator):
                 self._last_eval.logs = self._eval_results()
                 read = self._eval_steps_read.read()
         else:
-            if self._host_eval_parts is None:
-                self._host_eval_parts = tuple(
-                    tf.function(fn) if self._use_tf_function else fn
-                    for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
-            step_fn, reset, results = self._host_eval_parts
+            step_fn, reset, results = self._host_parts()
             reset()
             self._eval_steps_read.variable.assign(0)
             # orbit's host loop ends at the end of the set (on its OutOfRangeError) as well.
@@ -228,9 +268,9 @@ class Evaluation(orbit.AbstractEvaluator):
                 return replica_step(inputs)
 
         def replica_step(inputs):
-            logs = dict(
-                self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
-            )
+            logs = self.task.validation_step(inputs, model=self.eval_model, metrics=self.eval_metrics)
+            contract.check_step_logs(self.task, logs, "validation_step")  # As it is traced.
+            logs = dict(logs)
             # Weigh each batch by its size, so that the remainder batch (and the
             # empty batch a replica gets when the eval set runs out) count right.
             examples = tf.shape(tf.nest.flatten(inputs)[0])[0]

@@ -27,6 +27,9 @@ import tensorflow as tf
 
 from ctl.core.runner import NO_BAD_STEP, Logs
 
+# A loop's `num_steps` (train or eval), as `ctl.core.controller.Controller` passes it.
+LOOP_SIZE = tf.TensorSpec((), tf.int32)
+
 # ctl's own graph code with no Python control flow on tensors and no user code
 # in it: autograph need not convert it (converting these helpers took most of
 # the autograph time of the digits job's tracing). Keras' own fit does not

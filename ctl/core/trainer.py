@@ -319,7 +319,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
                 return end
 
             graph_loop.trace = lambda iterator: loop.get_concrete_function(  # type: ignore[attr-defined]
-                iterator, _LOOP_SIZE)
+                iterator, loops.LOOP_SIZE)
             return graph_loop
         parts = (self.train_step, self._reset_train_metrics, self._train_results)
         if self._use_tf_function:
@@ -451,10 +451,6 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         if scale is not None:
             logs["loss_scale"] = scale
         return logs
-
-
-# A train loop's `num_steps`, as `ctl.core.controller.Controller` passes it.
-_LOOP_SIZE = tf.TensorSpec((), tf.int32)
 
 
 @plain

@@ -23,7 +23,9 @@ A lease settles for a second before its holder knows it has it (`SETTLE_SECONDS`
 takes it beside its first train loop (`acquire_aside`): the loop computes while the lease
 settles and writes nothing, and the first write of the run waits for the lease at that loop's
 end (`stop_if_taken`): a trainer that did not get it stops there with one line, having written
-nothing but its own lease record.
+nothing but its own lease record. A check that must pass before the run writes (the eval
+step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well, before the
+claim is taken: a run it refuses stops at the same point having taken and written nothing.
 """
 
 import threading
@@ -94,18 +96,22 @@ class ModelDirLock:
         if not self._claim.try_acquire(while_settling):
             self._refuse()
 
-    def acquire_aside(self, reads: Callable[[], None], first_writes: Callable[[], None]) -> None:
-        """Takes it; in an object store beside the caller, who goes on to train (the lease
-        settles meanwhile): the run's first write waits for it (`decided`, called by
-        `stop_if_taken` after each train loop and before the run's end). On a file system
-        as `acquire`.
+    def acquire_aside(self, reads: Callable[[], None], first_writes: Callable[[], None],
+                      checks: Optional[Callable[[], None]] = None) -> None:
+        """Takes it; in an object store, or with `checks`, beside the caller, who goes on to
+        train (the lease settles, the checks run meanwhile): the run's first write waits for
+        it (`decided`, called by `stop_if_taken` after each train loop and before the run's
+        end). On a file system without checks as `acquire`.
 
         Args:
             reads: work that writes nothing, run now (while the lease settles).
             first_writes: the run's first writes to the model dir (the dir itself, its config),
-                made once the claim is held: in an object store on the claim's thread.
+                made once the claim is held and the checks passed, on the claim's thread.
+            checks: work that must end without an error before the claim is taken and
+                anything written (the eval step's trace, `ctl.core.contract.check_eval`): its
+                error is raised by `decided`, the claim untaken (a file lock's file unmade).
         """
-        if not isinstance(self._claim, Lease):
+        if checks is None and not isinstance(self._claim, Lease):
             self.acquire(reads)
             first_writes()
             return
@@ -115,6 +121,8 @@ class ModelDirLock:
 
         def take() -> None:
             try:
+                if checks is not None:
+                    checks()
                 self._aside_taken = self._claim.try_acquire()
                 reads_ended.wait()  # The first writes may depend on what they found.
                 if self._aside_taken and read:
