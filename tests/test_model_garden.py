@@ -50,12 +50,13 @@ class Weights(ctl.hooks.Hook):
         self.trained = [w.numpy() for w in self.run.model.weights]
 
 
-def train_with_ctl(task, model_dir, steps):
-    """Returns the `Weights` of the run."""
+def train_with_ctl(task, model_dir, steps, seed=None):
+    """Returns the `Weights` of the run (seeded with `ctl.FaultTolerance.seed`, if given)."""
     weights = Weights()
     schedule = ctl.Schedule(train_steps=steps, steps_per_loop=2, checkpoint_interval=2)
     ctl.run_experiment("train", str(model_dir), experiment=ctl.Experiment(
-        task=task, schedule=schedule, hooks=[weights]))
+        task=task, schedule=schedule, hooks=[weights],
+        fault_tolerance=ctl.FaultTolerance(seed=seed)))
     return weights
 
 
@@ -93,7 +94,10 @@ def test_ctl_and_model_gardens_train_lib_continue_each_other(tmp_path):
     garden_trained = train_with_model_garden(task, model_dir, 2 * STEPS)
     assert checkpoint_step(str(model_dir)) == 2 * STEPS
     task = configured_task(tmp_path / "data")
-    ctl_run = train_with_ctl(task, model_dir, 3 * STEPS)  # Restores Model Garden's checkpoint.
+    # Restores Model Garden's checkpoint, seeded as `python -m ctl.train` runs: its dropout layers
+    # draw from generators whose state Model Garden's checkpoint does not hold (they start from
+    # the seed; a line says so).
+    ctl_run = train_with_ctl(task, model_dir, 3 * STEPS, seed=1)
     assert_same_weights(ctl_run.restored, garden_trained)
     assert checkpoint_step(str(model_dir)) == 3 * STEPS
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))

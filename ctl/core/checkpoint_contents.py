@@ -66,8 +66,9 @@ def build_checkpoint(global_step: tf.Variable, model, optimizer,
                      ema=None) -> tf.train.Checkpoint:
     """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`.
 
-    A checkpoint written without `rng` (an older ctl) does not restore into a
-    model that has RNG states.
+    A checkpoint written without `rng` (Model Garden's trainer, an older ctl)
+    restores into a model that has RNG states, which keep the values the seed gave
+    them (`ctl.core.checkpointing.restore` says so).
 
     Args:
         global_step: the step variable.

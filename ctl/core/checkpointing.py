@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+from ctl.core import checkpoint_contents
 from ctl.utils import console
 from ctl.model_dir import staging
 from ctl.model_dir.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
@@ -335,7 +336,11 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
     status = None
     try:
         status = checkpoint.restore(path)
-        status.assert_existing_objects_matched()
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError:
+            if not _lacks_only_random_state(checkpoint, path):
+                raise
         # Every object of this program got its value. Values it has no object for
         # (the train input's position, read by an evaluator) stay unread without
         # TensorFlow's warnings at exit.
@@ -354,6 +359,30 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
             deleted=isinstance(error, tf.errors.NotFoundError),
         ) from error
     return status
+
+
+def _lacks_only_random_state(checkpoint, path: str) -> bool:
+    """Whether the checkpoint at `path` holds every variable of `checkpoint` but its RNG states
+    (`rng`: written by Model Garden's trainer, Keras or a ctl before `rng`); says so if it does.
+
+    Those states then keep the values the seed gave them: the run goes on from the checkpoint's
+    weights, optimizer and step, and draws other dropout numbers than a run that never stopped.
+    """
+    states = getattr(checkpoint, checkpoint_contents.RNG, None)
+    if not states:
+        return False
+    graph = checkpoint_contents.SavedGraph(tf.train.load_checkpoint(path))
+    if checkpoint_contents.RNG in graph.root_children():
+        return False
+    ids = {id(state) for state in states}
+    missing = [variable for name, variable in checkpoint_contents.variable_paths(checkpoint).items()
+               if name != "save_counter" and graph.key(graph.node(name)) is None]
+    if not all(id(variable) in ids for variable in missing):
+        return False
+    console.info("restore", "%s holds no random state (its writer saves none): the model's %d "
+                 "random generators start from the seed, so its dropout draws differ from those of "
+                 "a run that never stopped", os.path.basename(path), len(states))
+    return True
 
 
 def restore_model(model, model_dir: str):
