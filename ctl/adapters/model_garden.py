@@ -367,6 +367,7 @@ def garden_task(params, logging_dir: Optional[str] = None):
     return task_factory.get_task(params.task, logging_dir=logging_dir)
 
 
+@tf.autograph.experimental.do_not_convert  # One op: nothing for autograph to convert.
 def reported_loss(loss) -> tf.Tensor:
     """The loss Model Garden's trainer reports for a step: the mean of every element of the task's loss.
 

@@ -368,6 +368,7 @@ def _as_iterated(value):
     return tf.identity(value)
 
 
+@tf.autograph.experimental.do_not_convert  # Static checks: nothing for autograph to convert.
 def check_step_logs(task, logs, step: str) -> None:
     """Raises `UserError` unless a step returned a dict with a scalar float loss under `"loss"`.
 

@@ -293,6 +293,7 @@ class Evaluation(orbit.AbstractEvaluator):
         # Concatenated over all replicas of all workers, with each replica's size.
         return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)
 
+    @plain
     def _with_size(self, leaf, value):
         value = tf.convert_to_tensor(value)
         if value.shape.rank == 0:

@@ -172,6 +172,7 @@ class GradientPipeline:
         """Context for one replica's task step: yields the recorder of its gradients."""
         return _Recording(self._recording)
 
+    @_plain
     def recorded(self, recording, task_name: str):
         """The gradients a replica's step recorded; None where the model applied its update itself.
 
