@@ -165,8 +165,8 @@ def test_a_generator_made_in_the_first_trace_is_saved_and_restored(tmp_path):
             task=LateDropoutTask(), schedule=schedule))
         return tf.train.latest_checkpoint(str(model_dir))
 
-    straight = run(tmp_path / "straight", 6)
+    straight = run(tmp_path / "straight", 4)
     run(tmp_path / "resumed", 2)
-    resumed = run(tmp_path / "resumed", 6)
+    resumed = run(tmp_path / "resumed", 4)
     assert_bit_equal(straight, resumed)
     assert [n for n in checkpoint_values(straight) if n.startswith("rng/")]
