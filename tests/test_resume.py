@@ -11,10 +11,11 @@ import tensorflow as tf
 import ctl
 from ctl import train_lib
 from ctl.core.stop import SignalWatcher
-from tests.support.reading import checkpoint_values
+from tests.support.reading import assert_bit_equal, checkpoint_values
 from ctl.model_dir import ModelDir
 from ctl.cluster.run_plan import RunPlan
 from tests.fault_tasks import ProbeTask
+from tests.tasks import RegressionTask
 
 
 def _experiment(task, train_steps, **fault_tolerance):
@@ -121,3 +122,51 @@ def test_an_unsavable_pipeline_skips_and_a_checkpoint_without_position_still_rec
     assert final["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 30
     # Positions saved after that skip fit a freshly built pipeline.
     assert _resumed(tmp_path, ProbeTask())[1] == "checkpoint"
+
+
+class LateDropoutTask(RegressionTask):
+    """A tf_keras model whose head, a Dropout and a Dense, is built on its first call, as BERT's
+    pretrainer's next-sentence head is: its dropout's generator is made as the train step is
+    traced, after the Trainer built its checkpoint."""
+
+    def __init__(self):
+        super().__init__(flavor="tf_keras")
+
+    def build_model(self):
+        k = self.k
+
+        class LateHead(k.Model):
+            def __init__(self):
+                super().__init__()
+                self.body = k.layers.Dense(3, kernel_initializer="identity")
+                self.body.build((None, 3))
+                # A generator of its own (as `ctl.FaultTolerance.seed` makes every tf_keras
+                # layer draw from), without switching it on for the rest of the session.
+                self.dropout = k.layers.Dropout(0.5, seed=7, rng_type="stateful")
+                self.head = k.layers.Dense(1, kernel_initializer="ones")
+
+            def call(self, inputs, training=None):
+                return self.head(self.dropout(self.body(inputs), training=training))
+
+        return LateHead()
+
+    def build_optimizer(self):  # Model Garden's kind: makes its slots as it goes.
+        return self.k.optimizers.legacy.SGD(self.learning_rate)
+
+
+def test_a_generator_made_in_the_first_trace_is_saved_and_restored(tmp_path):
+    # A resumed run restores its checkpoint before it traces the step that makes the head's
+    # generator: the generator still gets its saved state, so the resumed steps draw the masks
+    # an uninterrupted run draws (a fresh generator would start its stream over).
+    def run(model_dir, steps):
+        schedule = ctl.Schedule(train_steps=steps, steps_per_loop=2, checkpoint_interval=2,
+                                eval_interval=None)
+        ctl.run_experiment("train", str(model_dir), experiment=ctl.Experiment(
+            task=LateDropoutTask(), schedule=schedule))
+        return tf.train.latest_checkpoint(str(model_dir))
+
+    straight = run(tmp_path / "straight", 4)
+    run(tmp_path / "resumed", 2)
+    resumed = run(tmp_path / "resumed", 4)
+    assert_bit_equal(straight, resumed)
+    assert [n for n in checkpoint_values(straight) if n.startswith("rng/")]

@@ -17,6 +17,8 @@ that is part of the model's `variables` but not of its `weights`, and that
 `rng`, so that a resumed run draws the numbers an uninterrupted one would.
 tf_keras models keep theirs out of checkpoints: with `ctl.FaultTolerance.seed`
 their layers draw from `tf.random.Generator`s, whose states ctl adds to `rng`.
+A layer built on the model's first call makes its state as the train step is
+traced: the Trainer adds it then (`track_new_rng_states`), before a step draws.
 
 Reading what a checkpoint holds goes through its object graph (`SavedGraph`),
 the graph `tf.train.Checkpoint` restores through: object paths such as
@@ -60,6 +62,32 @@ def _random_generators(model) -> List[tf.random.Generator]:
                 if isinstance(candidate, tf.random.Generator):
                     found.setdefault(id(candidate), candidate)
     return list(found.values())
+
+
+def track_new_rng_states(checkpoint: tf.train.Checkpoint, model) -> int:
+    """Adds to `checkpoint`'s `rng` the model's RNG states it does not hold yet; returns how many.
+
+    A layer built on its first call (a head that a subclassed model calls in `call`, as BERT's
+    pretrainer calls its next-sentence head) makes its RNG state as the train step is traced,
+    after the checkpoint was built. The new states go after those already held, in the order
+    `rng_state_variables` finds them, so each process of a run numbers them alike; a checkpoint
+    restored before they existed gives each its saved value as it is added (TensorFlow restores
+    an object added to a restored one from the checkpoint still being read).
+
+    Args:
+        checkpoint: the run's checkpoint (`build_checkpoint`).
+        model: the model it holds.
+    """
+    held = getattr(checkpoint, RNG, None)
+    known = {id(state) for state in held} if held is not None else set()
+    new = [state for state in rng_state_variables(model) if id(state) not in known]
+    if not new:
+        return 0
+    if held is None:
+        setattr(checkpoint, RNG, new)
+    else:
+        held.extend(new)
+    return len(new)
 
 
 def build_checkpoint(global_step: tf.Variable, model, optimizer,

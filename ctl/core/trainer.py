@@ -258,9 +258,12 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             UserError: a user's mistake found while the step is traced or compiled.
         """
         self.train_loop_begin()
-        if self._train_loop is None:
-            self._train_loop = self.create_train_loop_fn()
         try:
+            if self._train_loop is None:
+                # Traced before it runs, so that what its trace builds (a layer's RNG state) is
+                # in the checkpoint, restored, before a step draws from it.
+                self.trace_train_loop()
+            self.track_new_rng_states()
             end = self._train_loop(self.train_iterator, num_steps)
         except Exception as error:  # Re-raised unless it is the user's.
             explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
@@ -424,7 +427,14 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         if trace is None:
             return False
         trace(self.train_iterator)
+        self.track_new_rng_states()
         return True
+
+    def track_new_rng_states(self) -> None:
+        """Adds to the checkpoint the model's RNG states made since it was built (a layer built
+        on its first call, in a trace of the step), which a restore before then gives their saved
+        values now (`checkpoint_contents.track_new_rng_states`)."""
+        checkpoint_contents.track_new_rng_states(self.checkpoint, self.model)
 
     def train_loop_begin(self) -> None:
         """Called eagerly before each train loop; does nothing by default."""
