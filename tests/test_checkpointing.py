@@ -68,3 +68,36 @@ def test_a_run_resumed_between_loop_ends_finishes_its_loop_first(tmp_path):
     controller.train(8)
     assert trainer.loops == [1, 2, 2]
     assert [int(p.rsplit("-", 1)[1]) for p in manager.checkpoints] == [4, 6, 8]
+
+
+def test_a_checkpoint_without_the_state_of_a_late_generator_restores_and_says_so(tmp_path, caplog):
+    # A ctl before the states of layers built on the model's first call were saved wrote the
+    # early dropout's state only; restored after the step's trace (a NaN's recovery), where the
+    # late one is in the checkpoint too, every other variable matches: the late one keeps its
+    # state, and a line says so (not "a checkpoint of a different model").
+    import logging
+
+    from ctl.core import checkpointing
+    from tests.test_resume import LateDropoutTask
+
+    class EarlyAndLate(LateDropoutTask):
+        def build_model(self):
+            model = super().build_model()
+            model.early = self.k.layers.Dropout(0.5, seed=5, rng_type="stateful")
+            model.early.build((None, 3))  # Makes its generator now.
+            return model
+
+    written = ctl.Trainer(EarlyAndLate(), evaluate=False)
+    assert len(written.checkpoint.rng) == 1
+    written.train(tf.constant(1))
+    path = tf.train.Checkpoint(  # As that ctl wrote it: the states it found when it was built.
+        global_step=written.global_step, model=written.model, optimizer=written.optimizer,
+        rng=list(written.checkpoint.rng)[:1]).save(str(tmp_path / "ckpt"))
+    trainer = ctl.Trainer(EarlyAndLate(), evaluate=False)
+    trainer.trace_train_loop()
+    assert len(trainer.checkpoint.rng) == 2
+    trainer.checkpoint.rng[0].assign_add(tf.ones_like(trainer.checkpoint.rng[0]))
+    with caplog.at_level(logging.INFO, logger="ctl"):
+        checkpointing.restore(trainer.checkpoint, path, ModelDir(str(tmp_path)))
+    assert trainer.checkpoint.rng[0].numpy().tolist() == written.checkpoint.rng[0].numpy().tolist()
+    assert "holds 1 of the model's 2 random states" in caplog.text

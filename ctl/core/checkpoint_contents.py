@@ -94,7 +94,8 @@ def build_checkpoint(global_step: tf.Variable, model, optimizer,
                      ema=None) -> tf.train.Checkpoint:
     """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`.
 
-    A checkpoint written without `rng` (Model Garden's trainer, an older ctl)
+    A checkpoint written without `rng` (Model Garden's trainer, an older ctl), or
+    without the states of layers built on the model's first call (an older ctl),
     restores into a model that has RNG states, which keep the values the seed gave
     them (`ctl.core.checkpointing.restore` says so).
 

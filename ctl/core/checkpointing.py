@@ -362,26 +362,29 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, directory: ModelDir,
 
 
 def _lacks_only_random_state(checkpoint, path: str) -> bool:
-    """Whether the checkpoint at `path` holds every variable of `checkpoint` but its RNG states
-    (`rng`: written by Model Garden's trainer, Keras or a ctl before `rng`); says so if it does.
+    """Whether the checkpoint at `path` holds every variable of `checkpoint` but some of its RNG
+    states (`rng`: none, written by Model Garden's trainer, Keras or a ctl before `rng`; not
+    those of layers built on the model's first call, written by a ctl before it saved them);
+    says so if it does.
 
-    Those states then keep the values the seed gave them: the run goes on from the checkpoint's
-    weights, optimizer and step, and draws other dropout numbers than a run that never stopped.
+    Those states then keep the values they have (from the seed): the run goes on from the
+    checkpoint's weights, optimizer and step, and draws other dropout numbers than a run that
+    never stopped.
     """
     states = getattr(checkpoint, checkpoint_contents.RNG, None)
     if not states:
         return False
     graph = checkpoint_contents.SavedGraph(tf.train.load_checkpoint(path))
-    if checkpoint_contents.RNG in graph.root_children():
-        return False
     ids = {id(state) for state in states}
     missing = [variable for name, variable in checkpoint_contents.variable_paths(checkpoint).items()
                if name != "save_counter" and graph.key(graph.node(name)) is None]
-    if not all(id(variable) in ids for variable in missing):
+    if not missing or not all(id(variable) in ids for variable in missing):
         return False
-    console.info("restore", "%s holds no random state (its writer saves none): the model's %d "
-                 "random generators start from the seed, so its dropout draws differ from those of "
-                 "a run that never stopped", os.path.basename(path), len(states))
+    held = "no random state" if len(missing) == len(states) else (
+        f"{len(states) - len(missing)} of the model's {len(states)} random states")
+    console.info("restore", "%s holds %s (its writer saved fewer): the model's %d random "
+                 "generators without one start from the seed, so its dropout draws differ from "
+                 "those of a run that never stopped", os.path.basename(path), held, len(missing))
     return True
 
 
