@@ -7,9 +7,7 @@ with a seed and an epoch is not a multiple of the checkpoint interval, so a
 resume that restarted the input (or lost the dropout RNG) ends elsewhere.
 """
 
-import os
 import sys
-import time
 
 import gin
 import keras
@@ -17,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import ctl
+from tests.support.processes import wait_for_file
 from tests.tasks import RegressionTask
 
 
@@ -136,11 +135,7 @@ class ProbeTask(RegressionTask):
 
     def _hold(self, step, hold_at=None):
         if int(step) == (self.hold_at_step if hold_at is None else hold_at):
-            deadline = time.monotonic() + 120
-            while not os.path.exists(self.hold_file):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.hold_file} did not appear in 120 s")
-                time.sleep(0.01)
+            wait_for_file(self.hold_file, 120)
         return tf.constant(1.0)
 
     def _poison(self, step):

@@ -140,17 +140,8 @@ def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_d
     log = os.path.join(log_dir, experiment.replace("/", "_") + "-export.log")
     command = [sys.executable, "-m", "bench.model_garden_zoo.export", experiment, f"--steps={steps}",
                f"--workdir={workdir}"]
-    commit = _commit()
-    lines = _run_logged(command, log, family)
-    rows = [json.loads(line[len("ZOO-EXPORT "):]) for line in lines if line.startswith("ZOO-EXPORT ")]
-    if rows:
-        row = rows[-1]
-    else:
-        last = [line for line in lines if line.strip()][-1:] or ["no output"]
-        row = {"experiment": experiment, "export": "fails",
-               "export_reason": f"the process ended without a result: {last[0][:300]}"}
-    row["export_commit"] = commit
-    return row
+    return _side_check_row(command, log, family, "ZOO-EXPORT ", "export",
+                           {"experiment": experiment, "export": "fails"})
 
 
 COMMAND_KEYS = ["command", "command_checks", "command_reason"]
@@ -174,16 +165,24 @@ def run_command_row(experiment: str, family: str, metrics: List[str], workdir: s
     command = [sys.executable, "-m", "bench.model_garden_zoo.command", experiment,
                f"--workdir={workdir}", f"--metrics={','.join(metrics)}",
                f"--budget_s={TIMEOUT_S - 100}"]  # Its trainers end before it is stopped.
+    return _side_check_row(command, log, family, "ZOO-COMMAND ", "command",
+                           {"experiment": experiment, "command": False})
+
+
+def _side_check_row(command: List[str], log: str, family: str, prefix: str, column: str,
+                    failed: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields of a row's export or command check, run in its own process (`_run_logged`): the last
+    line it printed that starts with `prefix`, or `failed` with `<column>_reason` naming its last line;
+    `<column>_commit` is the commit checked."""
     commit = _commit()
     lines = _run_logged(command, log, family)
-    rows = [json.loads(line[len("ZOO-COMMAND "):]) for line in lines if line.startswith("ZOO-COMMAND ")]
+    rows = [json.loads(line[len(prefix):]) for line in lines if line.startswith(prefix)]
     if rows:
         row = rows[-1]
     else:
         last = [line for line in lines if line.strip()][-1:] or ["no output"]
-        row = {"experiment": experiment, "command": False,
-               "command_reason": f"the process ended without a result: {last[0][:300]}"}
-    row["command_commit"] = commit
+        row = {**failed, f"{column}_reason": f"the process ended without a result: {last[0][:300]}"}
+    row[f"{column}_commit"] = commit
     return row
 
 
