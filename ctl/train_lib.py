@@ -315,7 +315,11 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
             refused.append(True)
             raise
 
-    stack.callback(lambda: refused and _discard_summaries(controller))
+    def discard_if_refused() -> None:
+        if refused:
+            _discard_summaries(controller)
+
+    stack.callback(discard_if_refused)
     done: List[Optional[Dict[str, Any]]] = []
 
     def before_writing() -> None:  # Reads only: runs while the lease settles.

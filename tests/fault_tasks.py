@@ -7,9 +7,7 @@ with a seed and an epoch is not a multiple of the checkpoint interval, so a
 resume that restarted the input (or lost the dropout RNG) ends elsewhere.
 """
 
-import os
 import sys
-import time
 
 import gin
 import keras
@@ -17,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import ctl
+from tests.support.processes import wait_for_file
 from tests.tasks import RegressionTask
 
 
@@ -136,11 +135,7 @@ class ProbeTask(RegressionTask):
 
     def _hold(self, step, hold_at=None):
         if int(step) == (self.hold_at_step if hold_at is None else hold_at):
-            deadline = time.monotonic() + 120
-            while not os.path.exists(self.hold_file):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.hold_file} did not appear in 120 s")
-                time.sleep(0.01)
+            wait_for_file(self.hold_file, 120)
         return tf.constant(1.0)
 
     def _poison(self, step):
@@ -207,3 +202,33 @@ class DrawsWhenBuilt(RegressionTask):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         DrawsWhenBuilt.drawn.append(float(tf.random.uniform([])))
+
+
+class LateDropoutTask(RegressionTask):
+    """A tf_keras model whose head, a Dropout and a Dense, is built on its first call, as BERT's
+    pretrainer's next-sentence head is: its dropout's generator is made as the train step is
+    traced, after the Trainer built its checkpoint."""
+
+    def __init__(self):
+        super().__init__(flavor="tf_keras")
+
+    def build_model(self):
+        k = self.k
+
+        class LateHead(k.Model):
+            def __init__(self):
+                super().__init__()
+                self.body = k.layers.Dense(3, kernel_initializer="identity")
+                self.body.build((None, 3))
+                # A generator of its own (as `ctl.FaultTolerance.seed` makes every tf_keras
+                # layer draw from), without switching it on for the rest of the session.
+                self.dropout = k.layers.Dropout(0.5, seed=7, rng_type="stateful")
+                self.head = k.layers.Dense(1, kernel_initializer="ones")
+
+            def call(self, inputs, training=None):
+                return self.head(self.dropout(self.body(inputs), training=training))
+
+        return LateHead()
+
+    def build_optimizer(self):  # Model Garden's kind: makes its slots as it goes.
+        return self.k.optimizers.legacy.SGD(self.learning_rate)

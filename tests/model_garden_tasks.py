@@ -9,12 +9,12 @@ process there, mid-loop. `StepTrainer` gives the task the global step it counts 
 """
 
 import os
-import time
 
 import gin
 import tensorflow as tf
 
 import ctl
+from tests.support.processes import wait_for_file
 
 HOLD_S = 120
 
@@ -70,11 +70,7 @@ def _hold(held_file, release_file, text):
     """Writes `text` to `held_file`, then waits (up to HOLD_S) until `release_file` exists."""
     with open(held_file, "w") as f:
         f.write(text)
-    deadline = time.monotonic() + HOLD_S
-    while not os.path.exists(release_file):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{release_file} did not appear in {HOLD_S} s")
-        time.sleep(0.02)
+    wait_for_file(release_file, HOLD_S, poll_s=0.02)
 
 
 @gin.configurable

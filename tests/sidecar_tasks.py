@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tests.support.processes import wait_for_file
 from tests.tasks import RegressionTask, regression_data
 
 
@@ -45,14 +46,6 @@ class TwoEvalSetsTask(RegressionTask):
             features = features * 3.0
             targets = targets * 3.0
         return tf.data.Dataset.from_tensor_slices((features, targets)).batch(4)
-
-
-def wait_for_file(path, timeout=240):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in {timeout} s")
-        time.sleep(0.01)
 
 
 @gin.configurable

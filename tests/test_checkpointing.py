@@ -78,7 +78,7 @@ def test_a_checkpoint_without_the_state_of_a_late_generator_restores_and_says_so
     import logging
 
     from ctl.core import checkpointing
-    from tests.test_resume import LateDropoutTask
+    from tests.fault_tasks import LateDropoutTask
 
     class EarlyAndLate(LateDropoutTask):
         def build_model(self):

@@ -402,7 +402,7 @@ def test_hooks_name_a_named_eval_sets_metric_as_set_slash_name():
 
 
 def test_best_trackers_write_nothing_until_there_is_a_best(tmp_path):
-    """Why ctl keeps its own BestMetric (BUILD.md): orbit's `NewBestMetric` and
+    """Why ctl keeps its own BestMetric (docs/explanation/architecture.md): orbit's `NewBestMetric` and
     `JSONPersistedValue` write their file as soon as they are built, so binding a
     hook to a model dir that is then refused would leave a file behind, and their
     record holds only the value, not the step and path that BestExporter,
@@ -455,7 +455,7 @@ class DirectoryEvents:
 
 
 def test_an_export_appears_whole_and_once_per_step(tmp_path):
-    """Why ctl keeps its own exporter (BUILD.md): orbit's `ExportSavedModel` writes
+    """Why ctl keeps its own exporter (docs/explanation/architecture.md): orbit's `ExportSavedModel` writes
     into the final directory (a reader or a crash can see half a SavedModel) and, on
     a restart, exports the same step again under the next counter."""
     parent = os.path.join(tmp_path, "export", "latest")

@@ -58,7 +58,7 @@ class OrbitArguments(Controller):
 CTL_CONTROLLER_MODULE = types.SimpleNamespace(**{**vars(orbit.controller),
                                                   "Controller": OrbitArguments})
 
-# The tests ctl's Controller fails by design, and why (BUILD.md lists them).
+# The tests ctl's Controller fails by design, and why (docs/explanation/architecture.md lists them).
 EXPECTED_DIFFERENCES = {
     "test_evaluate_only": "it ends in `evaluate_continuously`, which ctl's Controller does not "
                           "have: ctl evaluates a model dir's checkpoints with its sidecar "

@@ -14,8 +14,7 @@ from ctl.core.stop import SignalWatcher
 from tests.support.reading import assert_bit_equal, checkpoint_values
 from ctl.model_dir import ModelDir
 from ctl.cluster.run_plan import RunPlan
-from tests.fault_tasks import ProbeTask
-from tests.tasks import RegressionTask
+from tests.fault_tasks import LateDropoutTask, ProbeTask
 
 
 def _experiment(task, train_steps, **fault_tolerance):
@@ -122,36 +121,6 @@ def test_an_unsavable_pipeline_skips_and_a_checkpoint_without_position_still_rec
     assert final["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 30
     # Positions saved after that skip fit a freshly built pipeline.
     assert _resumed(tmp_path, ProbeTask())[1] == "checkpoint"
-
-
-class LateDropoutTask(RegressionTask):
-    """A tf_keras model whose head, a Dropout and a Dense, is built on its first call, as BERT's
-    pretrainer's next-sentence head is: its dropout's generator is made as the train step is
-    traced, after the Trainer built its checkpoint."""
-
-    def __init__(self):
-        super().__init__(flavor="tf_keras")
-
-    def build_model(self):
-        k = self.k
-
-        class LateHead(k.Model):
-            def __init__(self):
-                super().__init__()
-                self.body = k.layers.Dense(3, kernel_initializer="identity")
-                self.body.build((None, 3))
-                # A generator of its own (as `ctl.FaultTolerance.seed` makes every tf_keras
-                # layer draw from), without switching it on for the rest of the session.
-                self.dropout = k.layers.Dropout(0.5, seed=7, rng_type="stateful")
-                self.head = k.layers.Dense(1, kernel_initializer="ones")
-
-            def call(self, inputs, training=None):
-                return self.head(self.dropout(self.body(inputs), training=training))
-
-        return LateHead()
-
-    def build_optimizer(self):  # Model Garden's kind: makes its slots as it goes.
-        return self.k.optimizers.legacy.SGD(self.learning_rate)
 
 
 def test_a_generator_made_in_the_first_trace_is_saved_and_restored(tmp_path):

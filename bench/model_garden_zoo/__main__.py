@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from bench.model_garden_zoo import guarantees
 
@@ -140,17 +140,8 @@ def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_d
     log = os.path.join(log_dir, experiment.replace("/", "_") + "-export.log")
     command = [sys.executable, "-m", "bench.model_garden_zoo.export", experiment, f"--steps={steps}",
                f"--workdir={workdir}"]
-    commit = _commit()
-    lines = _run_logged(command, log, family)
-    rows = [json.loads(line[len("ZOO-EXPORT "):]) for line in lines if line.startswith("ZOO-EXPORT ")]
-    if rows:
-        row = rows[-1]
-    else:
-        last = [line for line in lines if line.strip()][-1:] or ["no output"]
-        row = {"experiment": experiment, "export": "fails",
-               "export_reason": f"the process ended without a result: {last[0][:300]}"}
-    row["export_commit"] = commit
-    return row
+    return _side_check_row(command, log, family, "ZOO-EXPORT ", "export",
+                           {"experiment": experiment, "export": "fails"})
 
 
 COMMAND_KEYS = ["command", "command_checks", "command_reason"]
@@ -174,16 +165,24 @@ def run_command_row(experiment: str, family: str, metrics: List[str], workdir: s
     command = [sys.executable, "-m", "bench.model_garden_zoo.command", experiment,
                f"--workdir={workdir}", f"--metrics={','.join(metrics)}",
                f"--budget_s={TIMEOUT_S - 100}"]  # Its trainers end before it is stopped.
+    return _side_check_row(command, log, family, "ZOO-COMMAND ", "command",
+                           {"experiment": experiment, "command": False})
+
+
+def _side_check_row(command: List[str], log: str, family: str, prefix: str, column: str,
+                    failed: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields of a row's export or command check, run in its own process (`_run_logged`): the last
+    line it printed that starts with `prefix`, or `failed` with `<column>_reason` naming its last line;
+    `<column>_commit` is the commit checked."""
     commit = _commit()
     lines = _run_logged(command, log, family)
-    rows = [json.loads(line[len("ZOO-COMMAND "):]) for line in lines if line.startswith("ZOO-COMMAND ")]
+    rows = [json.loads(line[len(prefix):]) for line in lines if line.startswith(prefix)]
     if rows:
         row = rows[-1]
     else:
         last = [line for line in lines if line.strip()][-1:] or ["no output"]
-        row = {"experiment": experiment, "command": False,
-               "command_reason": f"the process ended without a result: {last[0][:300]}"}
-    row["command_commit"] = commit
+        row = {**failed, f"{column}_reason": f"the process ended without a result: {last[0][:300]}"}
+    row[f"{column}_commit"] = commit
     return row
 
 
@@ -362,21 +361,8 @@ def export_main(names: List[str], families: Dict[str, str], steps: int, workdir:
               "zoo without --export first", file=sys.stderr)
         return 2
     _write_data(names, workdir)
-
-    lock = threading.Lock()
-
-    def one(name):
-        row = run_export_row(name, families[name], steps, workdir, log_dir)
-        print(json.dumps({key: row.get(key) for key in ["experiment"] + EXPORT_KEYS}), flush=True)
-        with lock:  # Each row as it ends: a stopped run keeps the rows it finished.
-            write_export_results(path, [row], steps)
-        return row
-
-    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-        rows = list(pool.map(one, names))
-    print(f"results: {path} (export checks of {len(rows)} experiments, logs in {log_dir})",
-          file=sys.stderr)
-    return 0
+    return _check_each(names, jobs, lambda name: run_export_row(name, families[name], steps, workdir, log_dir),
+                       EXPORT_KEYS, lambda rows: write_export_results(path, rows, steps), path, "export", log_dir)
 
 
 def command_main(names: List[str], families: Dict[str, str], workdir: str, log_dir: str,
@@ -390,18 +376,27 @@ def command_main(names: List[str], families: Dict[str, str], workdir: str, log_d
     with open(path) as f:  # The metrics each row's evaluation reported: the best checkpoint's.
         metrics = {row["experiment"]: list(row.get("eval") or {}) for row in json.load(f)["rows"]}
     _write_data(names, workdir)
+    return _check_each(
+        names, jobs, lambda name: run_command_row(name, families[name], metrics.get(name, []), workdir, log_dir),
+        COMMAND_KEYS, lambda rows: write_command_results(path, rows), path, "command", log_dir)
+
+
+def _check_each(names: List[str], jobs: int, check: Callable[[str], Dict[str, Any]], keys: List[str],
+                write: Callable[[List[Dict[str, Any]]], None], path: str, what: str, log_dir: str) -> int:
+    """Runs `check` on each of `names`, `jobs` at a time, printing each row's `keys` and writing it into
+    the results file (`write`) as it ends: a stopped run keeps the rows it finished."""
     lock = threading.Lock()
 
     def one(name):
-        row = run_command_row(name, families[name], metrics.get(name, []), workdir, log_dir)
-        print(json.dumps({key: row.get(key) for key in ["experiment"] + COMMAND_KEYS}), flush=True)
-        with lock:  # Each row as it ends: a stopped run keeps the rows it finished.
-            write_command_results(path, [row])
+        row = check(name)
+        print(json.dumps({key: row.get(key) for key in ["experiment"] + keys}), flush=True)
+        with lock:
+            write([row])
         return row
 
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
         rows = list(pool.map(one, names))
-    print(f"results: {path} (command checks of {len(rows)} experiments, logs in {log_dir})",
+    print(f"results: {path} ({what} checks of {len(rows)} experiments, logs in {log_dir})",
           file=sys.stderr)
     return 0
 

@@ -217,12 +217,10 @@ def run_train_lib(experiment: str, config_file: str, model_dir: str) -> None:
       config_file: `--config_file`.
       model_dir: `--model_dir`.
     """
-    from official.common import distribute_utils
     from official.core import train_lib, train_utils
     from official.modeling import performance
     from official.vision.utils import summary_manager
 
-    from ctl.adapters import model_garden
     from ctl.faults import resume
 
     flags = argparse.Namespace(experiment=experiment, config_file=[config_file], tpu=None,
@@ -234,13 +232,7 @@ def run_train_lib(experiment: str, config_file: str, model_dir: str) -> None:
     # As `ctl.FaultTolerance.seed` seeds ctl's process before its task is built: Python, NumPy,
     # TensorFlow and tf_keras (whose dropout then draws from generators), and op determinism.
     resume.seed_everything(SEED)
-    strategy = distribute_utils.get_distribution_strategy(
-        distribution_strategy=params.runtime.distribution_strategy,
-        all_reduce_alg=params.runtime.all_reduce_alg, num_gpus=params.runtime.num_gpus,
-        tpu_address=params.runtime.tpu)
-    with strategy.scope():
-        task = model_garden.garden_task(params, logging_dir=model_dir)
-        trainer = compare._ranking_trainer(params, task, model_dir)  # The ranking train.py's.
+    strategy, task, trainer = compare.train_py_setup(params, model_dir)
     train_lib.run_experiment(
         distribution_strategy=strategy, task=task, mode="train_and_eval", params=params,
         model_dir=model_dir, trainer=trainer, summary_manager=None,

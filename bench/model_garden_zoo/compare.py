@@ -155,31 +155,48 @@ def first_step(owner, method: str, start: float):
 
 def run_train_lib(params, model_dir: str) -> Dict[str, Any]:
     import tf_keras
-    from official.common import distribute_utils
     from official.core import train_lib
 
-    from ctl.adapters import model_garden
-
     tf_keras.utils.set_random_seed(1)
-    # Under the strategy Model Garden's train.py makes from the experiment's runtime (on this
-    # host a MirroredStrategy of the one CPU), as its users run it: its trainer needs one for
-    # some configs (swapping in the moving average of an `ema` optimizer before each eval).
-    strategy = distribute_utils.get_distribution_strategy(
-        distribution_strategy=params.runtime.distribution_strategy,
-        all_reduce_alg=params.runtime.all_reduce_alg, num_gpus=params.runtime.num_gpus,
-        tpu_address=params.runtime.tpu)
-    with strategy.scope():
-        # Not reseeded as it builds its model (the restore sets every weight): tf.random.set_seed
-        # clears TensorFlow's kernel cache, and with it resources that tasks made (the WMT task's
-        # SentencePiece tokenizer).
-        task = model_garden.garden_task(params, logging_dir=model_dir)
-        trainer = _ranking_trainer(params, task, model_dir)
+    # Not reseeded as it builds its model (the restore sets every weight): tf.random.set_seed
+    # clears TensorFlow's kernel cache, and with it resources that tasks made (the WMT task's
+    # SentencePiece tokenizer).
+    strategy, task, trainer = train_py_setup(params, model_dir)
     model, _ = train_lib.run_experiment(
         distribution_strategy=strategy, task=task, mode="train_and_eval",
         params=params, model_dir=model_dir, trainer=trainer)
     found = _scalars(os.path.join(model_dir, "validation"))
     step = params.trainer.train_steps
     return {tag: values[step] for tag, values in found.items() if step in values}, _weights(model)
+
+
+def train_py_setup(params, model_dir: str, strategy=None):
+    """What Model Garden's train.py builds before `train_lib.run_experiment`: the strategy it makes from
+    the experiment's runtime (on this host a MirroredStrategy of the one CPU), as its users run it (its
+    trainer needs one for some configs: swapping in the moving average of an `ema` optimizer before
+    each eval), and under it the task and the trainer (`_ranking_trainer`).
+
+    Args:
+      params: the experiment's config.
+      model_dir: the run's model dir.
+      strategy: a strategy of the caller's (None: the one train.py makes from `params.runtime`).
+
+    Returns:
+      (strategy, task, trainer).
+    """
+    from official.common import distribute_utils
+
+    from ctl.adapters import model_garden
+
+    if strategy is None:
+        strategy = distribute_utils.get_distribution_strategy(
+            distribution_strategy=params.runtime.distribution_strategy,
+            all_reduce_alg=params.runtime.all_reduce_alg, num_gpus=params.runtime.num_gpus,
+            tpu_address=params.runtime.tpu)
+    with strategy.scope():
+        task = model_garden.garden_task(params, logging_dir=model_dir)
+        trainer = _ranking_trainer(params, task, model_dir)
+    return strategy, task, trainer
 
 
 def _ranking_trainer(params, task, model_dir: str):

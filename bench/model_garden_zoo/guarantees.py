@@ -539,10 +539,8 @@ def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
     params = model_garden.experiment_config(experiment, params_override=compare.params_for(
         experiment, 2 * LOOP, os.path.join(workdir, "data")) + [{"trainer": {
             "steps_per_loop": LOOP, "checkpoint_interval": 2 * LOOP, "summary_interval": LOOP}}])
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        task = model_garden.garden_task(params, logging_dir=model_dir)
-        trainer = compare._ranking_trainer(params, task, model_dir)  # noqa: SLF001 (the zoo's own)
+    strategy, task, trainer = compare.train_py_setup(
+        params, model_dir, strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
     what = (f"Model Garden's train_lib fails the same way (its {experiment} variant, "
             f"MirroredStrategy of 2 CPUs, loops of {LOOP} steps: python -m "
             f"bench.model_garden_zoo.guarantees {experiment} --train_lib_at_two_replicas)")

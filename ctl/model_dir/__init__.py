@@ -9,8 +9,8 @@ object store, the holder's record in `holders`); one trainer per model dir
 (`trainer_lock`: `trainer.lock`); who evaluates and runs the eval-side hooks
 (`evaluator_role`: `evaluator.lock`); what a sidecar did with each checkpoint, for the
 next sidecar (`sidecar_progress`: `eval/sidecar_progress.json`); and which worker of a
-sweep runs which trial (`sweep_workers`: the slots and takeover lock of a sweep dir's
-`workers/`, a trial's owner and heartbeat). For object stores: `staging` (a local copy
+sweep runs which trial (`sweep_workers`: the slots of a sweep dir's `workers/`, the takeover
+lock, the study database's or a file there, a trial's owner and heartbeat). For object stores: `staging` (a local copy
 per process), `background` (uploads off the training thread) and `at_once` (reads that do not
 wait for each other).
 

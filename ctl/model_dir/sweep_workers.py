@@ -10,11 +10,16 @@ and a heartbeat in the study (trial system attributes, where every machine of th
 
 A worker that starts in a slot resumes the RUNNING trials of its slot (its predecessor died: kill
 -9, a reboot). Before it starts a new trial, a worker takes over another's RUNNING trial whose
-heartbeat is `grace` seconds old (`heartbeat_age`): under a lock of the study's storage (a
-database's own lock, `ctl.sweep.optuna_internals.exclusive`; for a journal file, `takeover_lock`
-here) it reads the trial again and, still stale, writes itself as the owner with a fresh
-heartbeat; a second worker then finds it fresh. One worker takes each stale trial over
-(`ctl.sweep.study.Study.take_over_stale`).
+heartbeat is `grace` seconds old (`heartbeat_age`): under the takeover lock (`takeover_lock`: the
+study's database's own lock, or for a journal file the sweep dir's `takeover.lock`) it reads the
+trial again and, still stale, writes itself as the owner with a fresh heartbeat; a second worker
+then finds it fresh. One worker takes each stale trial over (`ctl.sweep.study.Study.take_over_stale`;
+`ctl.sweep.optuna_internals.exclusive` finds the database's engine in Optuna's storage).
+
+One rule of the sweep's processes is not here: machines that open a new PostgreSQL study together
+take turns creating Optuna's tables (`ctl.sweep.storage`, an advisory lock held while Optuna's
+`RDBStorage` opens). It is Optuna's tables, not a record of ctl's, and it is taken before a sweep
+refuses a changed sweep file, which answers without TensorFlow (this package imports it).
 
 Why not the model dir's claims (`ctl.model_dir.claims`). The slot is a `FileLock`: a worker holds
 it for its life and the kernel drops it when the worker dies, as a trainer's lock. The heartbeat is
@@ -35,6 +40,7 @@ import dataclasses
 import os
 import socket
 import time
+import zlib
 from typing import Any, Iterator
 
 from ctl.model_dir.file_lock import FileLock
@@ -95,13 +101,33 @@ def take_slot(sweep_dir: str) -> Slot:
 
 
 @contextlib.contextmanager
-def takeover_lock(lock_file: str) -> Iterator[None]:
-    """Held by one worker at a time: the takeover lock of a journal file's (or SQLite's) study,
-    waited for. A worker killed while it holds it releases it (its file closes).
+def takeover_lock(lock_file: str, engine: Any = None, study_name: str = "") -> Iterator[None]:
+    """Held by one worker at a time among those of a study, waited for: with the study's database
+    (a PostgreSQL or MySQL `engine`), the database's own lock keyed by `study_name` (PostgreSQL: a
+    transaction-scoped advisory lock; MySQL: `GET_LOCK`); else (a journal file's or SQLite's study)
+    `lock_file`'s. A worker killed while it holds one releases it (its connection or its file closes).
 
     Args:
-        lock_file: the lock file (`takeover_lock_file`).
+        lock_file: the lock file (`takeover_lock_file`) of a study in a journal file or SQLite.
+        engine: the study's SQLAlchemy engine (None: a journal file's study).
+        study_name: the study's name (the database lock's key).
     """
+    dialect = engine.dialect.name if engine is not None else None
+    if dialect in ("postgresql", "mysql"):
+        from sqlalchemy import text
+
+        key = zlib.crc32(f"ctl.sweep:{study_name}".encode())
+        with engine.begin() as connection:
+            if dialect == "postgresql":  # Released at the transaction's end, or its connection's.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+                yield
+            else:
+                connection.execute(text("SELECT GET_LOCK(:key, -1)"), {"key": str(key)})
+                try:
+                    yield
+                finally:
+                    connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
+        return
     lock = FileLock(lock_file, "sweep takeover")
     while not lock.try_acquire():
         time.sleep(0.05)

@@ -21,18 +21,14 @@ fails when a release breaks one.
 - Reads and writes of one trial by its number (`trial_id`, `frozen`,
   `set_trial_attr`): `BaseStorage` methods, which Optuna's
   documentation reserves for its own use.
-- `exclusive`: a lock of the study's storage, so that of two workers that find
-  the same stale trial, one takes it over (`ctl.sweep.study.Study.take_over_stale`).
-  PostgreSQL: a transaction-scoped advisory lock, through `RDBStorage.engine`
-  (MySQL: `GET_LOCK`); the journal file and SQLite: the sweep dir's takeover lock
-  (`ctl.model_dir.sweep_workers.takeover_lock`). A worker killed while it holds one releases
-  it (its connection or its file closes).
+- `exclusive`: the sweep workers' takeover lock (`ctl.model_dir.sweep_workers.takeover_lock`,
+  where the rule is: a database's own lock, or the sweep dir's for a journal file),
+  so that of two workers that find the same stale trial, one takes it over
+  (`ctl.sweep.study.Study.take_over_stale`); the database is `RDBStorage.engine`.
 """
 
-import contextlib
 import warnings
-import zlib
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import optuna
 from optuna.trial import TrialState
@@ -139,35 +135,16 @@ def trial_of(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id
     return optuna.Trial(study, trial_id(storage, study_id, number))
 
 
-@contextlib.contextmanager
 def exclusive(storage: optuna.storages.BaseStorage, study_name: str,
-              lock_file: str) -> Iterator[None]:
-    """Held by one process at a time among those on `storage`'s study `study_name`.
-    `lock_file`: where the journal file's (and SQLite's) lock is, beside the study.
+              lock_file: str) -> ContextManager[None]:
+    """Held by one process at a time among those on `storage`'s study `study_name`: the sweep
+    workers' takeover lock, on the study's database (`RDBStorage.engine`) or on `lock_file`.
 
     Args:
         storage: the study's Optuna storage.
         study_name: the study's name.
         lock_file: the lock file for a journal file's (and SQLite's) study.
     """
-    engine = getattr(storage, "engine", None)
-    dialect = engine.dialect.name if engine is not None else None
-    if dialect in ("postgresql", "mysql"):
-        from sqlalchemy import text
-
-        key = zlib.crc32(f"ctl.sweep:{study_name}".encode())
-        with engine.begin() as connection:
-            if dialect == "postgresql":  # Released at the transaction's end, or its connection's.
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-                yield
-            else:
-                connection.execute(text("SELECT GET_LOCK(:key, -1)"), {"key": str(key)})
-                try:
-                    yield
-                finally:
-                    connection.execute(text("SELECT RELEASE_LOCK(:key)"), {"key": str(key)})
-        return
     from ctl.model_dir.sweep_workers import takeover_lock
 
-    with takeover_lock(lock_file):
-        yield
+    return takeover_lock(lock_file, engine=getattr(storage, "engine", None), study_name=study_name)

@@ -77,7 +77,9 @@ def open_storage(sweep_dir: str, storage: Optional[str]) -> optuna.storages.Base
                         ) from error
 
 
-# The key of the PostgreSQL advisory lock that machines opening one database take in turn.
+# The key of the PostgreSQL advisory lock that machines opening one database take in turn. The sweep's other
+# cross-process rules are in ctl.model_dir.sweep_workers; this one stays beside the opening it guards, which
+# `check_existing` does before TensorFlow is imported (that package imports it): its docstring says so.
 _TABLES_LOCK = zlib.crc32(b"ctl.sweep.storage: Optuna's tables")
 
 

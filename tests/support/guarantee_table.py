@@ -1,9 +1,10 @@
-"""BUILD.md's table of which tests carry each guarantee, made from docs/explanation/guarantees.md.
+"""Which tests carry each guarantee, as one table, made from docs/explanation/guarantees.md.
 
 Each guarantee of that page (a `{#anchor}` line) cites its tests in a closed block after it
 (`??? quote "Tests"`, its lines indented); the table
 has a row per guarantee with those tests, in the page's order (`::name` is a test of the file
-cited before it). tests/test_docs.py checks that BUILD.md holds the table this makes.
+cited before it). `python -m tests.support.guarantee_table` prints it; tests/test_docs.py checks that
+every guarantee cites a test.
 """
 
 import os
@@ -31,22 +32,11 @@ def rows() -> List[Tuple[str, str]]:
 
 
 def table() -> str:
-    """The Markdown table BUILD.md holds."""
+    """The Markdown table: a row per guarantee, its anchor and its tests."""
     lines = ["| Guarantee (docs/explanation/guarantees.md) | Its tests |", "| --- | --- |"]
     lines += [f"| `#{anchor}` | {tests} |" for anchor, tests in rows()]
     return "\n".join(lines) + "\n"
 
 
-def rewrite_build_md() -> None:
-    """Puts `table()` in BUILD.md in place of the table there (after a change to guarantees.md)."""
-    path = os.path.join(ROOT, "BUILD.md")
-    with open(path) as f:
-        text = f.read()
-    start = text.index(table().split("\n", 1)[0])
-    end = text.index("\n\n", start)
-    with open(path, "w") as f:
-        f.write(text[:start] + table().rstrip("\n") + text[end:])
-
-
 if __name__ == "__main__":  # python -m tests.support.guarantee_table
-    rewrite_build_md()
+    print(table(), end="")

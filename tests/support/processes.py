@@ -38,6 +38,22 @@ def run_ctl(*args, module="ctl.run", timeout=300, env=None, wrapper=()):
     return run(ctl_command(*args, module=module, wrapper=wrapper), timeout=timeout, env=env)
 
 
+def wait_for_file(path, timeout=240, poll_s=0.01):
+    """Waits until `path` exists (a test's signal to a process it started, or the process's to the
+    test); TimeoutError after `timeout` seconds.
+
+    Args:
+        path: the file waited for.
+        timeout: seconds to wait at most.
+        poll_s: seconds between looks.
+    """
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout} s")
+        time.sleep(poll_s)
+
+
 class _Output:
     """What one of a process's streams said, read on a thread as it comes: the text, and each
     line with the time (time.monotonic) it arrived."""
