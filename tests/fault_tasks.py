@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import ctl
 from tests.support.processes import wait_for_file
-from tests.tasks import RegressionTask
+from tests.tasks import LateHeadTask, RegressionTask
 
 
 @gin.configurable
@@ -204,31 +204,10 @@ class DrawsWhenBuilt(RegressionTask):
         DrawsWhenBuilt.drawn.append(float(tf.random.uniform([])))
 
 
-class LateDropoutTask(RegressionTask):
+class LateDropoutTask(LateHeadTask):
     """A tf_keras model whose head, a Dropout and a Dense, is built on its first call, as BERT's
     pretrainer's next-sentence head is: its dropout's generator is made as the train step is
     traced, after the Trainer built its checkpoint."""
 
     def __init__(self):
-        super().__init__(flavor="tf_keras")
-
-    def build_model(self):
-        k = self.k
-
-        class LateHead(k.Model):
-            def __init__(self):
-                super().__init__()
-                self.body = k.layers.Dense(3, kernel_initializer="identity")
-                self.body.build((None, 3))
-                # A generator of its own (as `ctl.FaultTolerance.seed` makes every tf_keras
-                # layer draw from), without switching it on for the rest of the session.
-                self.dropout = k.layers.Dropout(0.5, seed=7, rng_type="stateful")
-                self.head = k.layers.Dense(1, kernel_initializer="ones")
-
-            def call(self, inputs, training=None):
-                return self.head(self.dropout(self.body(inputs), training=training))
-
-        return LateHead()
-
-    def build_optimizer(self):  # Model Garden's kind: makes its slots as it goes.
-        return self.k.optimizers.legacy.SGD(self.learning_rate)
+        super().__init__("tf_keras", dropout=0.5, head_init="ones")

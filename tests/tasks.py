@@ -96,3 +96,46 @@ class WideTask(RegressionTask):
 
     def build_model(self):
         return self.k.Sequential([self.k.Input((3,)), self.k.layers.Dense(4), self.k.layers.Dense(1)])
+
+
+class LateHeadTask(RegressionTask):
+    """A tf_keras model whose head, a Dense(1) (after a Dropout with `dropout`), is made on its first call,
+    as BERT's pretrainer's heads are, with a legacy optimizer (Model Garden's kind: makes its slots as it
+    goes; Keras 3's and tf_keras' new ones are built for the variables there are).
+
+    Args:
+        flavor: the Keras of the model (`tf_keras`: its legacy optimizer).
+        dropout: the rate of a Dropout before the head, with a generator of its own made as the train step
+            is traced, after the Trainer built its checkpoint (as BERT's next-sentence head's is); None: none.
+        head_init: the head's kernel initializer.
+        **kwargs: RegressionTask's.
+    """
+
+    def __init__(self, flavor="tf_keras", dropout=None, head_init="zeros", **kwargs):
+        super().__init__(flavor, **kwargs)
+        self.dropout, self.head_init = dropout, head_init
+
+    def build_model(self):
+        k, rate, head_init = self.k, self.dropout, self.head_init
+
+        class LateHead(k.Model):
+            def __init__(self):
+                super().__init__()
+                self.body = k.layers.Dense(3, kernel_initializer="identity")
+                self.body.build((None, 3))
+                if rate is not None:
+                    # A generator of its own (as `ctl.FaultTolerance.seed` makes every tf_keras
+                    # layer draw from), without switching it on for the rest of the session.
+                    self.dropout = k.layers.Dropout(rate, seed=7, rng_type="stateful")
+                self.head = k.layers.Dense(1, kernel_initializer=head_init)
+
+            def call(self, inputs, training=None):
+                hidden = self.body(inputs)
+                if rate is not None:
+                    hidden = self.dropout(hidden, training=training)
+                return self.head(hidden)
+
+        return LateHead()
+
+    def build_optimizer(self):
+        return self.k.optimizers.legacy.SGD(self.learning_rate)

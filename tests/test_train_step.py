@@ -19,7 +19,7 @@ from ctl.core.runner import NO_BAD_STEP
 from ctl.sidecar.continuous_eval import evaluate_continuously
 from ctl.model_dir import ModelDir
 from tests.sidecar_tasks import SlowRegressionTask
-from tests.tasks import FLAVORS, RegressionTask, regression_data
+from tests.tasks import FLAVORS, LateHeadTask, RegressionTask, regression_data
 from tests.support.reading import assert_bit_equal
 
 FLAVOR_NAMES = sorted(FLAVORS)
@@ -279,33 +279,10 @@ def test_a_model_that_applies_its_update_refuses_clipping():
 # A model that makes variables on its first call.
 
 
-class _LateHeadTask(RegressionTask):
-    """A tf_keras model whose head (Dense(1)) is made on its first call, as BERT's pretrainer's are,
-    with a legacy optimizer (Keras 3's and tf_keras' new ones are built for the variables there are)."""
-
-    def build_model(self):
-        k = self.k
-
-        class LateHead(k.Model):
-            def __init__(self):
-                super().__init__()
-                self.body = k.layers.Dense(3, kernel_initializer="identity")
-                self.body.build((None, 3))
-                self.head = k.layers.Dense(1, kernel_initializer="zeros")
-
-            def call(self, inputs, training=None):
-                return self.head(self.body(inputs))
-
-        return LateHead()
-
-    def build_optimizer(self):  # Model Garden's kind: makes its slots as it goes (no `build`).
-        return self.k.optimizers.legacy.SGD(self.learning_rate)
-
-
 def test_variables_a_model_makes_on_its_first_call_are_trained(strategy):
     """One SGD step: the late head moves by -lr * g (the body is the identity), the body too."""
     learning_rate = 0.1
-    trainer = Trainer(_LateHeadTask("tf_keras", learning_rate=learning_rate), strategy=strategy)
+    trainer = Trainer(LateHeadTask("tf_keras", learning_rate=learning_rate), strategy=strategy)
     assert len(trainer.model.trainable_variables) == 2  # The head is not there yet.
     train(trainer, steps=1)
     assert len(trainer.model.trainable_variables) == 4
@@ -317,7 +294,7 @@ def test_variables_a_model_makes_on_its_first_call_are_trained(strategy):
 
 
 def test_accumulation_refuses_variables_made_after_the_trainer():
-    trainer = Trainer(_LateHeadTask("tf_keras"), accumulation_steps=2)
+    trainer = Trainer(LateHeadTask("tf_keras"), accumulation_steps=2)
     with pytest.raises(ctl.UserError, match=r"made variables on its first call"):
         trainer.train(tf.constant(1))
 
