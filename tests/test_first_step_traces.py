@@ -83,10 +83,11 @@ def _bare_traces(task_type, strategy) -> int:
     return task.train_traces
 
 
-def _first_loop(task, strategy, model_dir: str) -> None:
-    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None,
-                            checkpoint_interval=2)
-    ctl.run_experiment("train", model_dir, strategy, ctl.Experiment(task=task, schedule=schedule))
+def _first_loop(task, strategy, model_dir: str, mode: str = "train", **schedule) -> dict:
+    """One loop of two steps in `mode` (`schedule` overrides), its results."""
+    schedule = ctl.Schedule(**{**dict(train_steps=2, steps_per_loop=2, eval_interval=None,
+                                      checkpoint_interval=2), **schedule})
+    return ctl.run_experiment(mode, model_dir, strategy, ctl.Experiment(task=task, schedule=schedule))
 
 
 def test_a_model_that_builds_on_its_first_call_is_traced_as_often_as_by_a_bare_function(
@@ -153,19 +154,12 @@ def test_a_bad_train_step_still_ends_before_the_model_dir_is_written(tmp_path):
 # The eval step: its check is the evaluation's own trace, run beside the first train loop.
 
 
-def _train_and_eval(task, strategy, model_dir: str, **schedule) -> dict:
-    schedule = ctl.Schedule(**{**dict(train_steps=2, steps_per_loop=2, eval_interval=None,
-                                      checkpoint_interval=2), **schedule})
-    return ctl.run_experiment("train_and_eval", model_dir, strategy,
-                              ctl.Experiment(task=task, schedule=schedule))
-
-
 @pytest.mark.parametrize("eval_steps", [None, 2], ids=["host_loop", "one_call"])
 def test_a_train_and_eval_run_traces_its_eval_step_once(strategy, tmp_path, eval_steps):
     # Whole eval sets run the host loop (a tf.function step per batch); a fixed number of
     # steps one tf.function call with the metrics' reset and read: the check traces each.
     task = PlainTask()
-    _train_and_eval(task, strategy, str(tmp_path), eval_steps=eval_steps)
+    _first_loop(task, strategy, str(tmp_path), "train_and_eval", eval_steps=eval_steps)
     assert task.eval_traces == strategy.num_replicas_in_sync
     assert task.train_traces == strategy.num_replicas_in_sync
 
@@ -185,7 +179,7 @@ def test_the_eval_steps_own_summaries_are_written_by_the_traced_evaluation(tmp_p
     from tests.support.reading import scalars
 
     task = SummarizingEvalTask()
-    _train_and_eval(task, None, str(tmp_path), eval_steps=2)
+    _first_loop(task, None, str(tmp_path), "train_and_eval", eval_steps=2)
     assert task.eval_traces == 1
     assert sorted(scalars(str(tmp_path / "eval"))["own_eval_loss"]) == [7]
 
@@ -210,6 +204,7 @@ def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
     before = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
     with pytest.raises(ctl.UserError, match=r"VectorEvalLossTask.validation_step returned a loss "
                                             r"of shape \(\w+,\), not a scalar"):
-        _train_and_eval(VectorEvalLossTask(), None, str(model_dir), summary_interval=2)
+        _first_loop(VectorEvalLossTask(), None, str(model_dir), "train_and_eval",
+                    summary_interval=2)
     after = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
     assert after == before
