@@ -158,6 +158,24 @@ def variable_paths(obj) -> Dict[str, Any]:
     return paths
 
 
+def checkpoint_variable_paths(checkpoint) -> Dict[str, Any]:
+    """`variable_paths(checkpoint)`, each variable of its `model` at its path under `model`.
+
+    A task's items (`build_checkpoint`'s `items`) hold parts of the model at the
+    top level as well, where a checkpoint written without them has nothing: the
+    path under `model` is the one every ctl checkpoint (and Model Garden's) has.
+
+    Args:
+        checkpoint: a run's checkpoint (`build_checkpoint`).
+    """
+    paths = variable_paths(checkpoint)
+    model = getattr(checkpoint, MODEL, None)
+    if model is None:
+        return paths
+    under_model = {id(v): f"{MODEL}/{path}" for path, v in variable_paths(model).items()}
+    return {under_model.get(id(v), path): v for path, v in paths.items()}
+
+
 def _is_variable(obj) -> bool:
     return isinstance(obj, tf.Variable) or hasattr(obj, "assign") and hasattr(obj, "trainable")
 
