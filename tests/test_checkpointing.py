@@ -78,7 +78,7 @@ def test_a_checkpoint_without_the_tasks_items_nor_rng_restores_and_says_so(tmp_p
     import logging
 
     from ctl.core import checkpointing
-    from tests.test_resume import LateDropoutTask
+    from tests.fault_tasks import LateDropoutTask
 
     class WithBody(LateDropoutTask):
         def checkpoint_items(self, model):
