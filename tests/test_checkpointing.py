@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import ctl
+from ctl.core import checkpoint_contents
 from ctl.core.checkpointing import CheckpointManager, interval_crossed
 from ctl.model_dir import ModelDir
 
@@ -68,6 +69,35 @@ def test_a_run_resumed_between_loop_ends_finishes_its_loop_first(tmp_path):
     controller.train(8)
     assert trainer.loops == [1, 2, 2]
     assert [int(p.rsplit("-", 1)[1]) for p in manager.checkpoints] == [4, 6, 8]
+
+
+def test_a_checkpoint_without_the_tasks_items_nor_rng_restores_and_says_so(tmp_path, caplog):
+    # A task's `checkpoint_items` (Model Garden's `backbone`) are parts of the model held at the
+    # checkpoint's top level too: one written without them and without `rng` (an older ctl's)
+    # restores, each variable found under `model`, with the line on the random states.
+    import logging
+
+    from ctl.core import checkpointing
+    from tests.fault_tasks import LateDropoutTask
+
+    class WithBody(LateDropoutTask):
+        def checkpoint_items(self, model):
+            return {"body": model.body}
+
+    written = ctl.Trainer(WithBody(), evaluate=False)
+    written.train(tf.constant(1))
+    assert "body" in checkpoint_contents.SavedGraph(tf.train.load_checkpoint(
+        written.checkpoint.write(str(tmp_path / "new" / "ckpt")))).root_children()
+    path = tf.train.Checkpoint(  # As an older ctl wrote it: no items, no random state.
+        global_step=written.global_step, model=written.model,
+        optimizer=written.optimizer).save(str(tmp_path / "ckpt"))
+    trainer = ctl.Trainer(WithBody(), evaluate=False)
+    trainer.trace_train_loop()
+    assert len(trainer.checkpoint.rng) == 1
+    with caplog.at_level(logging.INFO, logger="ctl"):
+        checkpointing.restore(trainer.checkpoint, path, ModelDir(str(tmp_path)))
+    assert trainer.model.body.kernel.numpy().tolist() == written.model.body.kernel.numpy().tolist()
+    assert "holds no random state" in caplog.text
 
 
 def test_a_checkpoint_without_the_state_of_a_late_generator_restores_and_says_so(tmp_path, caplog):

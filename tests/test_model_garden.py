@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import ctl
 from ctl.adapters import model_garden
+from ctl.core import checkpoint_contents
 from tests.support.env import ROOT
 from tests.support.in_process import run_ctl_in_process
 from tests.support.processes import run_ctl
@@ -109,6 +110,119 @@ def test_ctl_and_model_gardens_train_lib_continue_each_other(tmp_path):
     rates = scalars(os.path.join(model_dir, "train"))["learning_rate"]
     assert {2, 8, 12} <= set(rates), rates  # ctl's steps 2 and 12, Model Garden's 8.
     assert all(rate == pytest.approx(0.05) for rate in rates.values()), rates
+
+
+class Backbone(ctl.hooks.Hook):
+    """The backbone's weights as the run ended."""
+
+    trained = None
+
+    def on_trial_close(self, unused_logs):
+        self.trained = [w.numpy() for w in self.run.model.backbone.weights]
+
+
+@pytest.mark.slow  # A Model Garden training: tens of seconds.
+def test_model_gardens_init_checkpoint_modules_reads_the_backbone_of_a_ctl_checkpoint(tmp_path):
+    # Model Garden's trainer holds the model's `checkpoint_items` (the classifier's `backbone`) at
+    # its checkpoint's top level, where a fine-tune's `init_checkpoint_modules: backbone` reads it
+    # (`tf.train.Checkpoint(backbone=...)`, every variable matched): ctl's checkpoint holds it too.
+    from ctl.core import checkpointing
+    from ctl.model_dir import ModelDir
+
+    task = configured_task(tmp_path / "data")
+    backbone = Backbone()
+    ctl.run_experiment("train", str(tmp_path / "run"), experiment=ctl.Experiment(
+        task=task, schedule=ctl.Schedule(train_steps=2, steps_per_loop=2), hooks=[backbone]))
+    path = tf.train.latest_checkpoint(str(tmp_path / "run"))
+    roots = checkpoint_contents.SavedGraph(tf.train.load_checkpoint(path)).root_children()
+    assert {"global_step", "model", "optimizer", "backbone"} <= set(roots), roots
+    params = model_garden.experiment_config("image_classification", params_override=[
+        task.params.as_dict(), {"task": {"init_checkpoint": str(tmp_path / "run"),
+                                         "init_checkpoint_modules": "backbone"}}])
+    garden = model_garden.garden_task(params, logging_dir=str(tmp_path / "garden"))
+    model = garden.build_model()
+    garden.initialize(model)  # Model Garden's own: raises if a backbone variable is not there.
+    assert_same_weights([w.numpy() for w in model.backbone.weights], backbone.trained)
+    # A checkpoint of an older ctl, without the items, still restores (the same variables,
+    # under `model`), and the one with them holds the model's values under `backbone/`.
+    step = tf.Variable(0, dtype=tf.int64)
+    older = checkpoint_contents.build_checkpoint(step, model, garden.create_optimizer(
+        params.trainer.optimizer_config, params.runtime))
+    written = tf.train.CheckpointManager(older, str(tmp_path / "older"), 1).save(0)
+    again = ctl.ModelGardenTask(experiment="image_classification",
+                                params_override=[params.as_dict()])
+    fresh = again.build_model()
+    items = again.checkpoint_items(fresh)
+    assert list(items) == ["backbone"]
+    checkpoint = checkpoint_contents.build_checkpoint(
+        tf.Variable(5, dtype=tf.int64), fresh, again.build_optimizer(), items=items)
+    checkpointing.restore(checkpoint, written, ModelDir(str(tmp_path / "older")))
+    assert_same_weights([w.numpy() for w in fresh.weights], [w.numpy() for w in model.weights])
+
+
+def test_a_tasks_checkpoint_items_may_not_take_ctls_names():
+    with pytest.raises(ctl.UserError, match=r"checkpoint_items\(model\) names \['model'\]"):
+        checkpoint_contents.build_checkpoint(tf.Variable(0), tf.Module(), None,
+                                             items={"model": tf.Module()})
+
+
+# Model Garden's `mock` experiment: its aggregation reduces a `loss` of its own (the sum over
+# steps), beside the eval loss's mean that its trainer calls `validation_loss`.
+MOCK = {"trainer": {
+    "train_steps": 4, "steps_per_loop": 2, "summary_interval": 2, "checkpoint_interval": 2,
+    "validation_interval": 2, "validation_steps": 3, "best_checkpoint_export_subdir": "best_ckpt",
+    "best_checkpoint_eval_metric": "acc", "best_checkpoint_metric_comp": "higher",
+    "optimizer_config": {"optimizer": {"type": "sgd"}, "learning_rate": {
+        "type": "constant", "constant": {"learning_rate": 0.1}}}}}
+
+
+@pytest.mark.slow  # Two trainings, ctl's and Model Garden's.
+def test_a_task_that_reduces_its_own_loss_gets_model_gardens_names_in_validation_and_info_json(
+        tmp_path):
+    from official.core import train_lib
+    from official.utils.testing import mock_task  # noqa: F401  (registers `mock`)
+
+    gin.clear_config()
+    ctl.run_experiment("train_and_eval", str(tmp_path / "ctl"), experiment=ctl.Experiment(
+        task=ctl.ModelGardenTask(experiment="mock", params_override=[MOCK])))
+    params = model_garden.experiment_config("mock", params_override=[MOCK])
+    train_lib.run_experiment(
+        distribution_strategy=tf.distribute.get_strategy(), mode="train_and_eval",
+        task=model_garden.garden_task(params, logging_dir=str(tmp_path / "garden")),
+        params=params, model_dir=str(tmp_path / "garden"))
+    ours, theirs = (scalars(str(tmp_path / name / "validation")) for name in ("ctl", "garden"))
+    # Model Garden's own record of the best, and its speed, are its trainer's alone.
+    theirs = {name: values for name, values in theirs.items()
+              if not name.startswith("best_") and name != "steps_per_second"}
+    assert {"loss", "validation_loss", "counter", "acc"} <= set(theirs)
+    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+    for name, values in theirs.items():
+        assert ours[name] == pytest.approx(values, rel=1e-6), name
+    # ctl's own eval/: the task's `loss`, and the mean beside it.
+    evaluated = scalars(str(tmp_path / "ctl" / "eval"))
+    assert evaluated["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+    assert evaluated["mean_loss"] == pytest.approx(theirs["validation_loss"], rel=1e-6)
+    infos = [json.loads((tmp_path / name / "best_ckpt" / "info.json").read_text())
+             for name in ("ctl", "garden")]
+    assert set(infos[0]) == set(infos[1]), infos
+    assert infos[0] == pytest.approx(infos[1], rel=1e-6)
+
+
+def test_ctl_train_sets_tf_use_legacy_keras_for_a_ranking_experiment_and_refuses_it_off(
+        monkeypatch):
+    # Before Model Garden's registries use tf.keras (tests/test_model_garden_train.py runs the
+    # command): for a ranking experiment only, and a value that turns it off is one line.
+    monkeypatch.delenv(model_garden.LEGACY_KERAS, raising=False)
+    import official.vision.registry_imports  # noqa: F401
+
+    model_garden.legacy_keras_for("image_classification")
+    assert model_garden.LEGACY_KERAS not in os.environ
+    model_garden.legacy_keras_for("dcn_criteo")
+    assert os.environ[model_garden.LEGACY_KERAS] == "1"
+    monkeypatch.setenv(model_garden.LEGACY_KERAS, "0")
+    with pytest.raises(ctl.UserError, match=r"^TF_USE_LEGACY_KERAS='0' in the environment, but "
+                       r"experiment 'dcn_criteo' is a ranking experiment.*set it to 1\.$"):
+        model_garden.legacy_keras_for("dcn_criteo")
 
 
 def test_an_unknown_experiment_or_override_is_a_user_error():

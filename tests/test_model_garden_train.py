@@ -10,12 +10,14 @@ bfloat16; Model Garden's own `--mode=continuous_eval` then evaluates ctl's model
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
 import yaml
 
+from tests.support.env import ROOT, ctl_env
 from tests.support.processes import run, run_ctl
 from tests.support.reading import scalars
 
@@ -97,3 +99,28 @@ def test_the_users_command_trains_as_its_yaml_says_and_model_garden_evaluates_th
         str(model_dir / "validation" / written.pop()))
         for value in event.summary.value if value.tag == "AP"}
     assert steps == {4}
+
+
+RANKING = "dcn_criteo"
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_a_ranking_experiment_trains_without_tf_use_legacy_keras_in_the_environment(tmp_path):
+    """Model Garden's ranking module (tensorflow_recommenders) needs tf.keras to be tf_keras:
+    `ctl.train` sets `TF_USE_LEGACY_KERAS=1` itself, before Model Garden's registries use tf.keras
+    (which reads it once), so the user's command needs nothing in the environment."""
+    import official.recommendation.ranking.configs.config  # noqa: F401  (registers it)
+    from bench.model_garden_zoo import command, data, variants
+
+    config = tmp_path / "ranking.yaml"  # The zoo's tiny DCN (16-id vocabularies) on its files.
+    config.write_text(yaml.safe_dump(command.merged(
+        variants.overrides(RANKING, 2) + data.data_overrides(RANKING, str(tmp_path / "data"))
+        + [{"trainer": {"steps_per_loop": 2, "checkpoint_interval": 2}}])))
+    env = {name: value for name, value in ctl_env({"TF_CPP_MIN_LOG_LEVEL": "2"}).items()
+           if name != "TF_USE_LEGACY_KERAS"}
+    result = subprocess.run([sys.executable, "-m", "ctl.train", f"--experiment={RANKING}",
+                             "--mode=train", f"--model_dir={tmp_path / 'run'}",
+                             f"--config_file={config}"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")

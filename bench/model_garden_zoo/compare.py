@@ -376,8 +376,8 @@ def compare(experiment: str, steps: int, workdir: str, determinism: bool = True)
                      "train_lib": [garden_losses.get(s) for s in range(1, steps + 1)]}
     evals = {}
     # train_lib's eval loss mean is `validation_loss`, ctl's `loss`; a task whose aggregation
-    # reports a `loss` of its own (Model Garden's mock) has it as `loss` on both sides, and
-    # ctl's mean under it is replaced, as the page says.
+    # reports a `loss` of its own (Model Garden's mock) has it as `loss` on both sides (ctl's
+    # mean is then its `mean_loss`), as the page says.
     own_loss = "loss" in garden_eval
     for key, value in garden_eval.items():
         if key == "steps_per_second" or (key == "validation_loss" and own_loss):

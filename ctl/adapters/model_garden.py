@@ -15,7 +15,8 @@ task (`task_factory.get_task`) provides everything: `build_model`,
 `aggregate_logs` / `reduce_aggregated_logs`, `initialize`, and the optimizer
 (`task.create_optimizer(trainer.optimizer_config, runtime)`). ctl brings its
 controller, sidecar, fault tolerance, exports and console; its checkpoints
-hold `global_step`, `model` and `optimizer` under those names, as Model
+hold `global_step`, `model` and `optimizer` under those names, and the
+model's `checkpoint_items` (`backbone`, `encoder`) at the top level, as Model
 Garden's trainer writes them, so either can continue the other's model dir.
 
 The experiment's `trainer` and `runtime` settings are the run's, field by field
@@ -49,6 +50,7 @@ two); importing `ctl` does not load them.
 import difflib
 import importlib
 import inspect
+import os
 import re
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -181,6 +183,38 @@ def is_ranking(params) -> bool:
 
 
 RANKING_CONFIG = "official.recommendation.ranking.configs.config"
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # Read once, when something first uses tf.keras.
+LEGACY_KERAS_ON = ("1", "true", "True")  # The values TensorFlow reads as on.
+
+
+def legacy_keras_for(experiment: str) -> None:
+    """Sets `TF_USE_LEGACY_KERAS=1` in this process when `experiment` is a ranking experiment
+    (its task's module, through tensorflow_recommenders, needs tf.keras to be tf_keras), before
+    Model Garden's other registries are imported: they use tf.keras, which reads the variable
+    once, at its first use. Only the ranking registry is imported here (it uses no tf.keras).
+
+    Args:
+        experiment: the experiment's `exp_factory` name (one not registered by the ranking
+            registry: nothing is set).
+
+    Raises:
+        UserError: the environment sets `TF_USE_LEGACY_KERAS` to a value TensorFlow reads as off.
+    """
+    from official.core import exp_factory
+
+    importlib.import_module(RANKING_CONFIG)
+    try:
+        params = exp_factory.get_exp_config(experiment)
+    except LookupError:  # Another registry's, or unknown (said once they are all imported).
+        return
+    if not is_ranking(params):
+        return
+    value = os.environ.setdefault(LEGACY_KERAS, "1")
+    if value not in LEGACY_KERAS_ON:
+        raise UserError(f"{LEGACY_KERAS}={value!r} in the environment, but experiment "
+                        f"{experiment!r} is a ranking experiment, whose Model Garden module "
+                        "(tensorflow_recommenders) needs tf.keras to be tf_keras; unset "
+                        f"{LEGACY_KERAS} or set it to 1.")
 
 
 def check_optimizer(experiment: str, params) -> None:
@@ -517,6 +551,15 @@ class ModelGardenTask(Task):
             inputs: one element (or batch) of a `build_inputs` dataset.
         """
         return inputs[0] if isinstance(inputs, tuple) and len(inputs) == 2 else inputs
+
+    def checkpoint_items(self, model) -> Dict[str, Any]:
+        """The model's `checkpoint_items` (e.g. `backbone`, BERT's `encoder`), which Model Garden's
+        trainer holds at its checkpoint's top level and its `init_checkpoint_modules` reads there.
+
+        Args:
+            model: the built model.
+        """
+        return dict(getattr(model, "checkpoint_items", None) or {})
 
     def initialize(self, model) -> None:
         """The Model Garden task's `initialize` (its `init_checkpoint`), on a fresh run.

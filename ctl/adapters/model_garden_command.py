@@ -17,7 +17,6 @@ runs. The run is `ctl.ModelGardenTask` with those, as gin bindings (`bindings`),
 Importing this module imports neither TensorFlow nor Model Garden: `modes` checks `--mode` first.
 """
 
-import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ctl.utils.errors import UserError
@@ -78,7 +77,8 @@ def overrides(params, tpu: Optional[str], tf_data_service: Optional[str],
 def experiment_params(experiment: str, config_files: Sequence[str], tpu: Optional[str],
                       tf_data_service: Optional[str], params_override: Optional[str]):
     """The experiment's checked config and the overrides that make it (`overrides`); imports
-    Model Garden's registries first, and a ranking experiment's module with `TF_USE_LEGACY_KERAS=1`.
+    Model Garden's registries first, after setting `TF_USE_LEGACY_KERAS=1` for a ranking
+    experiment (`model_garden.legacy_keras_for`).
 
     Args:
         experiment: `--experiment`.
@@ -91,21 +91,19 @@ def experiment_params(experiment: str, config_files: Sequence[str], tpu: Optiona
         (the `ExperimentConfig`, the overrides after the config files).
 
     Raises:
-        UserError: an unknown experiment (naming `--experiment`, with the nearest names), a key
+        UserError: `TF_USE_LEGACY_KERAS` set off for a ranking experiment, an unknown
+            experiment (naming `--experiment`, with the nearest names), a key
             no config has, a config Model Garden's check refuses, a refused `trainer`/`runtime`
             setting.
     """
     from ctl.adapters import model_garden, model_garden_settings
 
+    model_garden.legacy_keras_for(experiment)  # Before the registries use tf.keras.
     model_garden.import_registries()
     flag = model_garden.FLAG_EXPERIMENT  # The name's setting, for an unknown one.
     base = model_garden.experiment_config(experiment, config_files, named_by=flag)
     found = overrides(base, tpu, tf_data_service, params_override)
     params = model_garden.experiment_config(experiment, config_files, found, named_by=flag)
-    if model_garden.is_ranking(params):
-        # Its task module (tensorflow_recommenders) needs tf.keras to be tf_keras; read when
-        # tf.keras is first used, which nothing has done yet in this process.
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     model_garden_settings.check(experiment, params)
     return params, found
 

@@ -5,8 +5,8 @@
 - `params.yaml`: the experiment's config, as Model Garden's train.py writes it in a mode that
   trains (`official.core.train_utils.serialize_config`), after the first train loop;
 - each evaluation's scalars as summaries in `<model_dir>/<trainer.validation_summary_subdir>`
-  (Model Garden's `validation/`), beside ctl's `eval/`, ctl's `loss` under Model Garden's name
-  `validation_loss`.
+  (Model Garden's `validation/`), beside ctl's `eval/`, under Model Garden's names
+  (`ctl.core.evaluation.model_garden_names`: the eval loss's mean is `validation_loss`).
 
 The best checkpoint's `best_ckpt/` and `info.json` are `ctl.hooks.BestCheckpoint`'s
 (`export_subdir`).
@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
+from ctl.core.evaluation import model_garden_names
 from ctl.core.hook_protocol import Hook
 from ctl.model_dir import write_atomically
 
@@ -31,7 +32,6 @@ PARAMS_FILE = "params.yaml"
 # Continuous fine-tuning's JSON summary (Model Garden's `continuous_finetune_lib`), in the job's model dir.
 PRETRAIN_METRICS_FILE = "metrics-{step}.json"
 CTL_EVAL_SUBDIR = "eval"  # ctl's own (`ModelDir.eval_dir`): nothing to add there.
-GARDEN_NAMES = {"loss": "validation_loss"}
 
 
 def params_yaml(params) -> str:
@@ -85,8 +85,8 @@ class ModelGardenFiles(Hook):
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.run.directory.file(self.subdir))
         with self._writer.as_default():
-            for name, value in _flat(logs).items():
-                tf.summary.scalar(GARDEN_NAMES.get(name, name), value, step=self.run.step)
+            for name, value in _flat(model_garden_names(logs)).items():
+                tf.summary.scalar(name, value, step=self.run.step)
         self._writer.flush()
 
 
@@ -95,8 +95,8 @@ class PretrainRecords:
     `metrics-<step>.json` (each result as a string, as `train_utils.write_json_summary` writes
     them), the results as scalars in `eval/` at the pretraining step, named
     `<model dir's name>_<task's name>/<result>` (nested results joined by "-"), and once,
-    `params.yaml` (the experiment's config: `task.init_checkpoint` the watched directory). ctl's
-    `loss` is under Model Garden's name, `validation_loss`.
+    `params.yaml` (the experiment's config: `task.init_checkpoint` the watched directory), under
+    Model Garden's names (the eval loss's mean is `validation_loss`).
 
     Args:
         params: the experiment's `ExperimentConfig`.
@@ -125,15 +125,13 @@ class PretrainRecords:
             self._group = f"{os.path.basename(self.directory.path.rstrip('/'))}_{self.task_name()}"
             # Model Garden's `eval/`, which is ctl's eval dir.
             self._writer = tf.summary.create_file_writer(self.directory.eval_dir)
-        results = _flat(results, separator="-")
-        text = json.dumps({GARDEN_NAMES.get(name, name): str(value)
-                           for name, value in results.items()}, indent=4)
+        results = _flat(model_garden_names(results), separator="-")
+        text = json.dumps({name: str(value) for name, value in results.items()}, indent=4)
         write_atomically(self.directory.file(PRETRAIN_METRICS_FILE.format(step=pretrained.step)),
                          text + "\n")
         with self._writer.as_default():
             for name, value in results.items():
-                tf.summary.scalar(f"{self._group}/{GARDEN_NAMES.get(name, name)}", value,
-                                  step=pretrained.step)
+                tf.summary.scalar(f"{self._group}/{name}", value, step=pretrained.step)
         self._writer.flush()
 
 

@@ -35,8 +35,8 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
       guard_steps: with a `stop`, train loops look at it before every step.
       builtin: ctl's own hooks, bound before the experiment's.
       sidecar: a sidecar evaluator, which restores only the model (and its moving
-        average): `Run.checkpoint` then holds the evaluated model and the step, not
-        an optimizer it never reads.
+        average): `Run.checkpoint` then holds the evaluated model and the step (and the
+        task's `checkpoint_items`), not an optimizer it never reads.
 
     Returns:
       The Trainer, and the bound `Hooks` (their `Run` is `hooks.run`).
@@ -45,7 +45,11 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
         experiment.task, strategy=strategy, train=train, evaluate=evaluate, stop=stop,
         guard_steps=guard_steps, eval_callbacks=eval_callbacks(experiment.hooks),
         **getattr(experiment, "trainer_args", {}))
-    checkpoint = (tf.train.Checkpoint(model=trainer.eval_model, global_step=trainer.global_step)
+    # The sidecar's best checkpoint holds the task's items too (parts of the evaluated model,
+    # unless that is the moving average).
+    items = getattr(trainer, "checkpoint_items", {}) if trainer.eval_model is trainer.model else {}
+    checkpoint = (tf.train.Checkpoint(model=trainer.eval_model, global_step=trainer.global_step,
+                                      **items)
                   if sidecar else trainer.eval_checkpoint)
     run = Run(directory=directory, model=trainer.model, eval_model=trainer.eval_model,
               checkpoint=checkpoint, global_step=trainer.global_step, task=experiment.task,

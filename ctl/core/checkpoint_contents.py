@@ -10,6 +10,11 @@ it too:
     rng           the model's Keras 3 RNG states (seed generators), if it has any
     ema           the moving average of the weights (`ctl.core.ema`: `ema/model`,
                   `ema/updates`), with `ctl.Trainer.ema_decay`
+    ...           the task's `checkpoint_items(model)`: parts of the model that tools read by
+                  name (Model Garden's `checkpoint_items`, e.g. `backbone`, BERT's `encoder`,
+                  which its `init_checkpoint_modules` and its trainer's checkpoint hold at the
+                  top level). Their variables are the model's: a checkpoint written without
+                  them (an older ctl) restores into one with them.
 
 Keras 3 keeps a `SeedGenerator`'s state (Dropout, noise layers) in a variable
 that is part of the model's `variables` but not of its `weights`, and that
@@ -33,9 +38,11 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from ctl import compat
+from ctl.utils.errors import UserError
 
 
 GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA = "global_step", "model", "optimizer", "rng", "ema"
+OWN = (GLOBAL_STEP, MODEL, OPTIMIZER, RNG, EMA)  # ctl's names: a task's items take others.
 
 
 def rng_state_variables(model) -> List:
@@ -91,21 +98,32 @@ def track_new_rng_states(checkpoint: tf.train.Checkpoint, model) -> int:
 
 
 def build_checkpoint(global_step: tf.Variable, model, optimizer,
-                     ema=None) -> tf.train.Checkpoint:
-    """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`.
+                     ema=None, items: Optional[Dict[str, Any]] = None) -> tf.train.Checkpoint:
+    """The checkpoint of a run: `global_step`, `model`, `optimizer` and, if any, `rng`, `ema`
+    and the task's `items`.
 
     A checkpoint written without `rng` (Model Garden's trainer, an older ctl), or
     without the states of layers built on the model's first call (an older ctl),
     restores into a model that has RNG states, which keep the values the seed gave
-    them (`ctl.core.checkpointing.restore` says so).
+    them (`ctl.core.checkpointing.restore` says so); one written without `items`
+    restores too (their variables are the model's, found under `model`).
 
     Args:
         global_step: the step variable.
         model: the trained model.
         optimizer: its optimizer.
         ema: the `ctl.core.ema.MovingAverage`, or None without `ema_decay`.
+        items: more top-level objects by name (`Task.checkpoint_items(model)`), parts of
+            `model`; None: none.
+
+    Raises:
+        UserError: an item takes one of ctl's names (`OWN`).
     """
-    objects = {GLOBAL_STEP: global_step, MODEL: model, OPTIMIZER: optimizer}
+    taken = sorted(set(items or {}) & set(OWN))
+    if taken:
+        raise UserError(f"Task.checkpoint_items(model) names {taken}, which ctl's checkpoint "
+                        f"holds itself ({', '.join(OWN)}); give the items other names.")
+    objects = {**(items or {}), GLOBAL_STEP: global_step, MODEL: model, OPTIMIZER: optimizer}
     states = rng_state_variables(model)
     if states:
         objects[RNG] = states
@@ -138,6 +156,24 @@ def variable_paths(obj) -> Dict[str, Any]:
                 paths[child_path] = child
             queue.append((child, child_path))
     return paths
+
+
+def checkpoint_variable_paths(checkpoint) -> Dict[str, Any]:
+    """`variable_paths(checkpoint)`, each variable of its `model` at its path under `model`.
+
+    A task's items (`build_checkpoint`'s `items`) hold parts of the model at the
+    top level as well, where a checkpoint written without them has nothing: the
+    path under `model` is the one every ctl checkpoint (and Model Garden's) has.
+
+    Args:
+        checkpoint: a run's checkpoint (`build_checkpoint`).
+    """
+    paths = variable_paths(checkpoint)
+    model = getattr(checkpoint, MODEL, None)
+    if model is None:
+        return paths
+    under_model = {id(v): f"{MODEL}/{path}" for path, v in variable_paths(model).items()}
+    return {under_model.get(id(v), path): v for path, v in paths.items()}
 
 
 def _is_variable(obj) -> bool:

@@ -376,7 +376,8 @@ def _lacks_only_random_state(checkpoint, path: str) -> bool:
         return False
     graph = checkpoint_contents.SavedGraph(tf.train.load_checkpoint(path))
     ids = {id(state) for state in states}
-    missing = [variable for name, variable in checkpoint_contents.variable_paths(checkpoint).items()
+    missing = [variable for name, variable in
+               checkpoint_contents.checkpoint_variable_paths(checkpoint).items()
                if name != "save_counter" and graph.key(graph.node(name)) is None]
     if not missing or not all(id(variable) in ids for variable in missing):
         return False

@@ -22,6 +22,9 @@ from ctl.core import contract, loops
 from ctl.core.loops import plain
 from ctl.core.runner import EvaluationEnd, EvaluationStopped, Logs
 
+# The eval loss's mean, where the task's aggregation reports a `loss` of its own (`eval_end`).
+MEAN_LOSS = "mean_loss"
+
 
 class Evaluation(orbit.AbstractEvaluator):
     """Evaluates what a Trainer built, every eval set in turn; the override points a subclass overrides.
@@ -326,6 +329,10 @@ class Evaluation(orbit.AbstractEvaluator):
     def eval_end(self, aggregated_logs=None) -> Logs:
         """The eval loss and metrics, and the results of the task's aggregations.
 
+        A result of the task's aggregations named `loss` (the task's own loss, as Model
+        Garden's `mock` reduces it) is the results' `loss`; the eval loss's mean is then
+        `mean_loss` (`MEAN_LOSS`).
+
         Args:
             aggregated_logs: the aggregations' states after the last step (None: none).
         """
@@ -334,9 +341,27 @@ class Evaluation(orbit.AbstractEvaluator):
             logs.pop(self.eval_loss.name, None)
         if aggregated_logs is not None:
             step = int(self.global_step.numpy())
+            own: Logs = {}
             for each, state in zip(self.aggregations, aggregated_logs):
-                logs.update(each.results(state, step))
+                own.update(each.results(state, step))
+            if self.eval_loss.name in own and self.eval_loss.name in logs:
+                # The task's own `loss` takes the name; the mean stays, under another.
+                logs[MEAN_LOSS] = logs[self.eval_loss.name]
+            logs.update(own)
         return logs
+
+
+def model_garden_names(logs: Logs) -> Logs:
+    """An evaluation's results under the names Model Garden's trainer gives them: the eval loss's
+    mean is its `validation_loss`; every other result keeps the name its task gave it (a task's
+    own `loss`, from its aggregation, stays `loss`), and wins over the mean's.
+
+    Args:
+        logs: the results of `eval_end` (named eval sets nested: their names are kept).
+    """
+    logs = dict(logs)
+    mean = logs.pop(MEAN_LOSS if MEAN_LOSS in logs else "loss", None)
+    return {**({} if mean is None else {"validation_loss": mean}), **logs}
 
 
 def _python_logs(logs) -> Logs:

@@ -50,7 +50,7 @@ class Task:
     Required: `build_model`, `build_optimizer`, `build_inputs`, `build_losses`.
     Optional: `build_metrics`, `train_step`, `validation_step`,
     `aggregate_logs`, `reduce_aggregated_logs`, `initialize`,
-    `eval_datasets`, `serving_signatures`.
+    `eval_datasets`, `serving_signatures`, `checkpoint_items`.
 
     All `build_*` methods are called inside the distribution strategy's scope,
     so variables they create are placed correctly. Models may be Keras 3
@@ -283,6 +283,23 @@ class Task:
         """
         del optimizer
         return None
+
+    def checkpoint_items(self, model) -> Dict[str, Any]:
+        """Parts of the model that a checkpoint holds at its top level as well, by name (none by
+        default).
+
+        Tools that read one part of a model find it there, e.g.
+        `tf.train.Checkpoint(backbone=model.backbone).read(path)`: `ctl.ModelGardenTask`
+        returns the model's `checkpoint_items`, which Model Garden's trainer adds to its
+        checkpoints and its `init_checkpoint_modules` reads. The parts' variables are the
+        model's, so a checkpoint written without them still restores. The names must not be
+        ctl's own (`global_step`, `model`, `optimizer`, `rng`, `ema`).
+
+        Args:
+            model: the model, built.
+        """
+        del model
+        return {}
 
     def initialize(self, model) -> None:
         """Called once when the model dir holds no checkpoint yet.

@@ -43,7 +43,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
     The checkpoint (`self.checkpoint`) holds `global_step`, `model` and
     `optimizer` under those names, so Keras' SidecarEvaluator and Model Garden
     tools can read it, `rng`: the Keras 3 RNG states of the model, if any
-    (`ctl.faults.resume`), and `ema`: the moving average, with `ema_decay`.
+    (`ctl.faults.resume`), `ema`: the moving average, with `ema_decay`, and
+    the task's `checkpoint_items(model)` (Model Garden's `backbone`, `encoder`).
     Subclass and override one of its override points to change one part of
     the loop (the train loop's here, the evaluation's of `ctl.core.evaluation.Evaluation`);
     point gin's `ctl.Experiment.trainer_cls` at the subclass. (Objects that watch a run
@@ -186,9 +187,11 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
                 "ParameterServerStrategy trains only; evaluate with the sidecar evaluator "
                 "(--mode=continuous_eval, the \"evaluator\" task of TF_CONFIG)."
             )
+        # Parts of the model a checkpoint holds at its top level too (Model Garden's `backbone`).
+        self.checkpoint_items: Dict[str, Any] = dict(task.checkpoint_items(self.model) or {})
         self.checkpoint = checkpoint_contents.build_checkpoint(
             self.global_step, self.model, self.optimizer,
-            ema=self.ema.state if self.ema is not None else None)
+            ema=self.ema.state if self.ema is not None else None, items=self.checkpoint_items)
         # Distributed datasets; setting one (e.g. a resume's) makes the next loop iterate it anew.
         self.train_dataset = (
             self.distribute_dataset(self.checked_inputs, training=True, announce=True)

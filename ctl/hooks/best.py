@@ -23,7 +23,8 @@ With `export_subdir` (a Model Garden experiment's `trainer.best_checkpoint_expor
 `best_ckpt`), each new best is also written where Model Garden's `BestCheckpointExporter`
 writes it, for its tools: `<model_dir>/<export_subdir>/best_ckpt-<step>` (one kept, with its
 `checkpoint` state file) and `info.json`, the evaluation's scalars with
-`best_ckpt_global_step` (ctl's `loss` under Model Garden's name, `validation_loss`).
+`best_ckpt_global_step`, under Model Garden's names (`ctl.core.evaluation.model_garden_names`:
+the eval loss's mean is `validation_loss`).
 
 Runs eagerly on the host, on the chief (or a sidecar evaluator).
 """
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from ctl.hooks.eval_results import improved, metric_value
 from ctl.utils import console
+from ctl.core.evaluation import model_garden_names
 from ctl.core.hook_protocol import Hook, Run
 from ctl.model_dir import (ModelDir, entries, is_temporary, publishing, read_json, write_atomically,
                            write_json)
@@ -48,7 +50,6 @@ BEST_RECORD_FILE = "best.json"  # In BEST_DIR, and in each `BestExporter`'s `exp
 # Model Garden's layout (official.core.train_utils.BestCheckpointExporter).
 GARDEN_CHECKPOINT_NAME = "best_ckpt"
 GARDEN_RECORD_FILE = "info.json"
-GARDEN_NAMES = {"loss": "validation_loss"}  # ctl's eval results under Model Garden's names.
 
 
 def best_record(directory: ModelDir) -> Dict[str, Any]:
@@ -192,7 +193,7 @@ class BestCheckpoint(Hook):
         directory = self.run.directory.file(self.export_subdir)
         tf.train.CheckpointManager(self.run.checkpoint, directory, max_to_keep=1,
                                    checkpoint_name=GARDEN_CHECKPOINT_NAME).save(checkpoint_number=step)
-        record = _scalars({GARDEN_NAMES.get(name, name): value for name, value in logs.items()})
+        record = _scalars(model_garden_names(logs))
         record["best_ckpt_global_step"] = step
         write_atomically(os.path.join(directory, GARDEN_RECORD_FILE),
                          json.dumps(record, indent=4) + "\n")
