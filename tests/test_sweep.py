@@ -802,3 +802,112 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
     for directory in dirs[:3]:
         steps = [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "train"]
         assert steps.count(20) == 1 and steps[-1] == 400, steps  # Resumed, not restarted.
+
+
+# The study, the pruner, a worker and the sweep's end, in this process on a journal file (the
+# commands above run them in processes of their own).
+
+IN_PROCESS_SWEEP = """\
+objective = "accuracy"
+trials = 3
+sampler = "random"
+seed = 1
+pruner = { name = "median", startup_trials = 0 }
+[space]
+"X.y" = { choice = [1, 2] }
+"""
+
+
+def open_study(tmp_path):
+    """The study of IN_PROCESS_SWEEP in `<tmp_path>/sweep` (created, or opened again)."""
+    from ctl.sweep import pruning, study, sweep_file
+    from ctl.sweep.storage import open_storage
+
+    sweep = sweep_file.load(write(tmp_path / "s.toml", IN_PROCESS_SWEEP))
+    sweep_dir = str(tmp_path / "sweep")
+    return study.Study(open_storage(sweep_dir, None), sweep, pruning.make_pruner(sweep.pruner),
+                       wait_s=0, sweep_dir=sweep_dir), sweep, sweep_dir
+
+
+def test_the_budget_is_a_queue_handed_out_once_and_the_pruner_is_the_sweep_files(tmp_path):
+    opened, unused_sweep, unused_dir = open_study(tmp_path)
+    assert [opened.claim_next() for _ in range(4)] == [0, 1, 2, None]
+    again, unused_sweep, unused_dir = open_study(tmp_path)  # Opened again: no trial added.
+    assert [t.number for t in again.all_trials()] == [0, 1, 2]
+    assert again.counts() == {"complete": 0, "pruned": 0, "fail": 0, "running": 3, "waiting": 0}
+    # The median pruner with startup_trials = 0: once trial 0 completed, trial 1, worse at the
+    # same step, is pruned.
+    first = opened.optuna_trial(0)
+    first.report(0.9, 20)
+    opened.optuna.tell(0, 0.9)
+    second = opened.optuna_trial(1)
+    second.report(0.1, 20)
+    assert second.should_prune()
+
+
+def test_the_pruned_record_is_read_back_and_absent_from_a_trial_not_pruned(tmp_path):
+    from ctl.model_dir import ModelDir
+    from ctl.sweep import pruning
+
+    pruned, other = ModelDir(str(tmp_path / "0")), ModelDir(str(tmp_path / "1"))
+    pruning.record_pruned(pruned, {"name": "median"}, "accuracy", 20, 0.125)
+    record = pruning.read_pruned(pruned)
+    assert (record["pruner"], record["step"], record["value"]) == ("median", 20, 0.125)
+    assert record["why"].startswith("accuracy = 0.125 at step 20 was not good enough for the median")
+    assert pruning.read_pruned(other) is None
+
+
+def test_a_worker_ends_with_the_budget_and_a_sweep_of_failed_trials_ends_with_the_first_ones_line(
+        tmp_path, capsys):
+    from optuna.trial import TrialState
+
+    from ctl.model_dir.sweep_workers import Slot
+    from ctl.sweep import worker
+    from ctl.sweep import __main__ as sweep_command
+
+    opened, sweep, sweep_dir = open_study(tmp_path)
+    for number in (0, 1, 2):
+        assert opened.claim_next() == number
+        opened.set_attr(number, "fail_reason", f"reason {number}", user=True)
+        opened.optuna.tell(number, None, state=TrialState.FAIL)
+    one = worker.Worker(opened, sweep, sweep_dir, Slot(0, "here:0", None), [], [], [], 1.0, 60.0,
+                        fork_trials=False)
+    assert one.run() == 0  # Nothing waits, nothing runs: no trial started, no launcher.
+    assert sweep_command._end(opened, sweep, sweep_dir) == 1
+    last = capsys.readouterr().err.splitlines()[-1]  # After Optuna's log lines, if any.
+    assert last.startswith("ctl.sweep: error: every trial that ended failed (3); trial 0: reason 0;"), last
+    opened.optuna.tell(opened.optuna.ask().number, 0.5)  # A trial beyond the budget: not counted.
+    assert sweep_command._end(opened, sweep, sweep_dir) == 1
+
+
+def test_the_launchers_thread_count_sees_a_thread_start():
+    """What the warm launcher checks before each fork (`ctl.sweep.launcher.serve`)."""
+    import threading
+
+    from ctl.sweep import launcher
+
+    for unused_attempt in range(5):  # Until no other thread started or ended meanwhile.
+        before, stop = launcher.threads(), threading.Event()
+        thread = threading.Thread(target=stop.wait)
+        thread.start()
+        during = launcher.threads()
+        stop.set()
+        thread.join()
+        if launcher.threads() == before:
+            break
+    assert during == before + 1
+
+
+def test_a_trial_command_without_its_trial_number_is_one_line_exit_2(monkeypatch, capsys):
+    """`python -m ctl.sweep.trial`'s required flags, checked in this process."""
+    from absl import flags
+
+    from ctl.sweep import trial
+
+    monkeypatch.setattr(flags.FLAGS["sweep_file"], "value", "s.toml")
+    monkeypatch.setattr(flags.FLAGS["sweep_dir"], "value", "sweep")
+    with pytest.raises(SystemExit) as ended:
+        trial.main(["ctl.sweep.trial"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        "ctl.sweep.trial: error: --trial is required: The trial's number in the study.\n")

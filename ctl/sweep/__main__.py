@@ -39,25 +39,31 @@ from ctl.utils.errors import UserError, exit_with_error, first_line, flags_parse
 EXIT_PREEMPTED = 75  # ctl.core.stop.EXIT_PREEMPTED, without importing TensorFlow.
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
-flags.DEFINE_multi_string("gin_bindings", [], "A gin binding of every trial (before the sampled ones).")
-flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
-flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): objective, budget, sampler, pruner, space.")
-flags.DEFINE_string("sweep_dir", None, "The sweep's directory: trials/<number>/ model dirs, the study.")
-flags.DEFINE_integer("workers", 1, "Worker processes on this machine, each running one trial at a time.",
-                     lower_bound=1)
-flags.DEFINE_string("trials_dir", None, "Where the trials' model dirs go, <trials_dir>/<number>/, "
-                    "e.g. gs://BUCKET/sweeps/NAME (default: <sweep_dir>/trials); the study and the "
-                    "logs stay in --sweep_dir or --storage.")
-flags.DEFINE_string("storage", None, "The study's database, e.g. postgresql://USER@HOST:PORT/DB "
-                    "(default: a journal file in --sweep_dir).")
-flags.DEFINE_float("heartbeat_seconds", 10.0, "How often a worker renews its running trial's heartbeat.",
-                   lower_bound=0.1)
-flags.DEFINE_float("grace_seconds", 60.0, "A running trial whose heartbeat is this old is taken over.",
-                   lower_bound=0.1)
-flags.DEFINE_bool("fork_trials", True, "Fork each trial from a process per worker that has imported "
-                  "TensorFlow and ctl (Linux; elsewhere, and with false, a new process per trial).")
-flags.DEFINE_bool("as_worker", False, "Internal: run as one of --workers (the checks were done).")
+
+
+def define_flags() -> None:
+    """The command's flags: defined when it runs, not on import, so that a process that imported
+    `ctl.run` (whose flags have the same names) may import this module."""
+    flags.DEFINE_multi_string("gin_file", [], "The trials' gin file; repeat to parse several in order.")
+    flags.DEFINE_multi_string("gin_bindings", [], "A gin binding of every trial (before the sampled ones).")
+    flags.DEFINE_list("gin_search_paths", [], "Directories to look up gin files and includes in.")
+    flags.DEFINE_string("sweep_file", None, "The sweep file (TOML): objective, budget, sampler, pruner, space.")
+    flags.DEFINE_string("sweep_dir", None, "The sweep's directory: trials/<number>/ model dirs, the study.")
+    flags.DEFINE_integer("workers", 1, "Worker processes on this machine, each running one trial at a time.",
+                         lower_bound=1)
+    flags.DEFINE_string("trials_dir", None, "Where the trials' model dirs go, <trials_dir>/<number>/, "
+                        "e.g. gs://BUCKET/sweeps/NAME (default: <sweep_dir>/trials); the study and the "
+                        "logs stay in --sweep_dir or --storage.")
+    flags.DEFINE_string("storage", None, "The study's database, e.g. postgresql://USER@HOST:PORT/DB "
+                        "(default: a journal file in --sweep_dir).")
+    flags.DEFINE_float("heartbeat_seconds", 10.0, "How often a worker renews its running trial's heartbeat.",
+                       lower_bound=0.1)
+    flags.DEFINE_float("grace_seconds", 60.0, "A running trial whose heartbeat is this old is taken over.",
+                       lower_bound=0.1)
+    flags.DEFINE_bool("fork_trials", True, "Fork each trial from a process per worker that has imported "
+                      "TensorFlow and ctl (Linux; elsewhere, and with false, a new process per trial).")
+    flags.DEFINE_bool("as_worker", False, "Internal: run as one of --workers (the checks were done).")
+
 
 
 def _fail(message: str) -> None:
@@ -72,8 +78,8 @@ def main(argv):
     """
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}; every setting is a --flag.")
-    # Checked here, not by absl's validators: those would bind every program that imports this
-    # module (the docs' flag reference does), not only `python -m ctl.sweep`.
+    # Checked here, not by absl's validators: those would bind every program that defines these
+    # flags, not only `python -m ctl.sweep`.
     for name in ("sweep_file", "sweep_dir"):
         if FLAGS[name].value is None:
             _fail(f"--{name} is required: {FLAGS[name].help}")
@@ -207,4 +213,5 @@ def _supervise(workers: int) -> int:
 
 
 if __name__ == "__main__":
+    define_flags()
     process_end.run(lambda: app.run(main, flags_parser=flags_parser("ctl.sweep", FLAGS)))
