@@ -1,5 +1,6 @@
 """Exporters, best checkpoint, hooks, early stopping, warm start, smoke mode, report, gin
-comforts: through the CLI on real runs, plus the hook protocol in-process."""
+comforts: through the CLI on real runs, plus the hook protocol, warm start and the report
+in-process."""
 
 import ctypes
 import glob
@@ -153,6 +154,45 @@ def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
                      "--gin.ctl.hooks.WarmStart.checkpoint_prefix='encoder'")
     one_error_line(result, "matches none of the 4 chosen variables")
     assert not glob.glob(str(fresh / "ckpt-*"))
+
+
+def test_warm_start_in_process_restores_the_included_layer_only(tmp_path):
+    """`ctl.hooks.warm_start` on models built here: the encoder from the checkpoint, the head left
+    as initialized and reported unread (the test above runs it through the CLI)."""
+    from ctl.hooks.warm_start import warm_start
+
+    source = EncoderTask().build_model()
+    source.get_layer("head").kernel.assign(tf.ones([4, 1]))
+    tf.train.Checkpoint(model=source).save(str(tmp_path / "ckpt"))
+    started = EncoderTask().build_model()
+    report = warm_start(started, str(tmp_path), include=["encoder"])
+    for a, b in zip(source.get_layer("encoder").get_weights(),
+                    started.get_layer("encoder").get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert not started.get_layer("head").get_weights()[0].any()  # Zero-initialized, not copied.
+    assert len(report["restored"]) == 2 and not report["not_in_checkpoint"]
+    assert len(report["not_restored"]) == 2 and all(p.startswith("model/") for p in report["not_restored"])
+
+
+def test_report_of_event_files_written_here_picks_the_best_by_the_metrics_name(tmp_path):
+    """`ctl.report` on summaries written in this process: a loss is best at its minimum, an
+    accuracy at its maximum (the test above runs the command on a run's model dir)."""
+    from ctl import report
+
+    model_dir = tmp_path / "run"
+    for kind, tag, values in (("train", "loss", [3.0, 1.0, 2.0]), ("eval", "accuracy", [0.5, 0.9, 0.7])):
+        writer = tf.summary.create_file_writer(str(model_dir / kind))
+        with writer.as_default():
+            for step, value in zip((10, 20, 30), values):
+                tf.summary.scalar(tag, value, step=step)
+        writer.close()
+    text, png = report.report(str(model_dir), str(tmp_path / "curves.png"))
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in text.splitlines()}
+    assert rows[("train", "loss")] == ["2", "1", "20", "3"]  # Last, best, at step, points.
+    assert rows[("eval", "accuracy")] == ["0.7", "0.9", "20", "3"]
+    assert "steps: 30" in text
+    with open(png, "rb") as f:
+        assert f.read(4) == b"\x89PNG"
 
 
 SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.gin")))
