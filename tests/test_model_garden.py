@@ -266,6 +266,17 @@ def test_ctl_train_names_its_flag_for_an_unknown_experiment(tmp_path):
     assert not model_dir.exists()
 
 
+def test_ctl_train_refuses_a_stray_argument_in_one_line(capsys):
+    """`python -m ctl.train`'s main in this process: every setting is a flag."""
+    from ctl import train
+
+    with pytest.raises(SystemExit) as ended:
+        train.main(["ctl.train", "retina.yaml"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        "ctl.train: error: unexpected arguments ['retina.yaml']; every setting is a --flag.\n")
+
+
 # A Model Garden experiment's mistakes through `python -m ctl.run`: one line naming the experiment,
 # the setting and the fix, exit status 2, before any step (the model dir not created).
 SMALL_CLASSIFIER = ("task.model.input_size=[32, 32, 3],task.model.backbone.resnet.model_id=10,"

@@ -132,6 +132,31 @@ def test_a_hooks_last_write_to_a_bucket_survives_the_fast_exit(gcs_dir, tmp_path
     assert tf.io.gfile.GFile(careless).read() == "written, never closed\n"
 
 
+def test_the_fast_exit_keeps_mains_status_and_closes_open_gfile_writers(tmp_path, monkeypatch):
+    """`ctl.utils.process_end`'s pieces in this process (the test above: a command's end)."""
+    from ctl.utils import process_end
+
+    monkeypatch.setattr(process_end, "_status", None)  # Never registered here: nothing ends this process.
+    for main, status in ((lambda: sys.exit(3), 3), (lambda: sys.exit("a message"), 1), (lambda: None, 0)):
+        try:
+            process_end.run(main)
+        except SystemExit:
+            pass
+        assert process_end._status == status
+    written, read = tmp_path / "written", tmp_path / "read"
+    read.write_text("kept\n")
+    writer, reader = tf.io.gfile.GFile(str(written), "w"), tf.io.gfile.GFile(str(read), "r")
+    writer.write("written, never closed\n")
+    assert reader.read(2) == "ke"
+    assert written.read_text() == ""  # Buffered until the file is closed.
+    found = process_end._live_objects((tf.io.gfile.GFile,))
+    assert any(f is writer for f in found) and any(f is reader for f in found)
+    process_end._close_gfile_writers(tf, [writer, reader])
+    assert written.read_text() == "written, never closed\n"
+    assert reader.read() == "pt\n"  # A reader is left open, where it was.
+    reader.close()
+
+
 @pytest.mark.slow
 def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(tmp_path):
     model_dir, progress = str(tmp_path / "run"), str(tmp_path / "progress")
