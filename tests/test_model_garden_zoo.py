@@ -205,7 +205,10 @@ def test_the_command_check_expects_model_gardens_steps_and_says_which_differ():
 def test_the_ctl_train_column_appears_once_a_row_is_checked_and_a_failure_says_why():
     with open(page.DOCS_RESULTS) as f:
         results = json.load(f)
-    assert "ctl.train" not in page.render(results)  # No row checked: the page as committed.
+    for row in results["rows"]:  # No row checked: no column.
+        for key in [key for key in row if key.startswith("command")]:
+            del row[key]
+    assert "ctl.train" not in page.render(results)
     results["rows"][0].update(command=False, command_reason="checkpoints kept ctl [6, 8], the YAML's [4, 8]")
     results["rows"][1].update(command=True, command_reason="")
     rendered = page.render(results)
