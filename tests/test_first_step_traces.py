@@ -129,19 +129,31 @@ def test_the_loop_under_a_summary_writer_is_traced_once_and_its_summaries_are_wr
     assert sorted(scalars(str(tmp_path / "train"))["own_loss"]) == [0, 2]
 
 
-@pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
-def test_a_bad_train_step_under_a_summary_writer_leaves_the_model_dir_as_it_was(tmp_path, exists):
+def _earlier_run(tmp_path, exists: bool):
+    """`tmp_path/run`: absent, or an earlier run's dir (an event file, its config)."""
     model_dir = tmp_path / "run"
     if exists:
         (model_dir / "train").mkdir(parents=True)
         (model_dir / "train" / "events.out.tfevents.1.earlier.v2").write_bytes(b"")
-    before = sorted(str(p) for p in tmp_path.rglob("*"))
+        (model_dir / "config.gin").write_text("# an earlier run's\n")
+    return model_dir
+
+
+def _files(root) -> dict:
+    """Every path under `root`, with a file's bytes."""
+    return {str(p): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
+def test_a_bad_train_step_under_a_summary_writer_leaves_the_model_dir_as_it_was(tmp_path, exists):
+    model_dir = _earlier_run(tmp_path, exists)
+    before = _files(tmp_path)
     schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None,
                             checkpoint_interval=2, summary_interval=2)
     with pytest.raises(ctl.UserError, match="returned a loss of shape"):
         ctl.run_experiment("train", str(model_dir), experiment=ctl.Experiment(
             task=contract_tasks.VectorLossTask(), schedule=schedule))
-    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert _files(tmp_path) == before
 
 
 def test_a_bad_train_step_still_ends_before_the_model_dir_is_written(tmp_path):
@@ -196,15 +208,10 @@ class VectorEvalLossTask(RegressionTask):
 def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
     # Found beside the first train loop: the run stops at that loop's end, before its
     # checkpoint, having taken no lock and written nothing (the first loop's summaries go).
-    model_dir = tmp_path / "run"
-    if exists:
-        (model_dir / "train").mkdir(parents=True)
-        (model_dir / "train" / "events.out.tfevents.1.earlier.v2").write_bytes(b"")
-        (model_dir / "config.gin").write_text("# an earlier run's\n")
-    before = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    model_dir = _earlier_run(tmp_path, exists)
+    before = _files(tmp_path)
     with pytest.raises(ctl.UserError, match=r"VectorEvalLossTask.validation_step returned a loss "
                                             r"of shape \(\w+,\), not a scalar"):
         _first_loop(VectorEvalLossTask(), None, str(model_dir), "train_and_eval",
                     summary_interval=2)
-    after = {str(p): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
-    assert after == before
+    assert _files(tmp_path) == before
