@@ -5,6 +5,8 @@ configs also run through the CLI in tests/test_comforts.py's smoke test of every
 import json
 import os
 import re
+import subprocess
+import sys
 
 import gin
 import numpy as np
@@ -249,6 +251,23 @@ def test_an_unknown_experiment_or_override_is_a_user_error():
     with pytest.raises(ctl.UserError, match="cannot apply 'task.modle.num_classes=3'"):
         model_garden.experiment_config("image_classification",
                                        params_override="task.modle.num_classes=3")
+
+
+@pytest.mark.slow  # A fresh interpreter: this one has imported every registry.
+def test_ctl_train_imports_only_the_registries_up_to_the_experiments(tmp_path):
+    # A vision experiment's start imports what official.vision.train imports, not NLP's modules
+    # too; an unknown name is still held against every registry's names.
+    code = (
+        "import sys; from ctl.adapters import model_garden as m; "
+        "m.import_registries('image_classification'); "
+        "print(sorted(n for n in m.REGISTRIES if n in sys.modules)); "
+        "print(m.unknown_experiment('bert/sqaud', m.FLAG_EXPERIMENT))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported, said = result.stdout.splitlines()[-2:]
+    assert imported == repr(["official.vision.registry_imports"]), imported
+    assert "did you mean 'bert/squad'" in said, said
 
 
 @pytest.mark.slow  # A python -m ctl.train process.

@@ -99,7 +99,7 @@ def experiment_params(experiment: str, config_files: Sequence[str], tpu: Optiona
     from ctl.adapters import model_garden, model_garden_settings
 
     model_garden.legacy_keras_for(experiment)  # Before the registries use tf.keras.
-    model_garden.import_registries()
+    model_garden.import_registries(experiment)
     flag = model_garden.FLAG_EXPERIMENT  # The name's setting, for an unknown one.
     base = model_garden.experiment_config(experiment, config_files, named_by=flag)
     found = overrides(base, tpu, tf_data_service, params_override)
