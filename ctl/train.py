@@ -9,11 +9,12 @@ It takes the flags of Model Garden's vision, NLP and ranking train.py (`official
 --experiment, --config_file, --params_override, --mode, --model_dir, --tpu, --tf_data_service,
 --gin_file, --gin_params; and --enable_async_checkpointing) and imports Model Garden's registries
 itself, up to the one that registers the experiment (vision's first); ctl's own: --strategy
-(default: the experiment's `runtime.distribution_strategy`), --cpu_replicas, --gin_bindings.
-The experiment's config is built and checked (`ctl.adapters.model_garden_command`), then run as
-`ctl.ModelGardenTask` with the experiment's `trainer` and `runtime` settings (`ctl.adapters.model_garden_settings`). Every mode of Model
-Garden's open-source train.py runs (`train_and_validate`, which its train_lib does not run either,
-is refused); `--mode=continuous_train_and_eval` fine-tunes from each checkpoint of the directory
+(default: the experiment's `runtime.distribution_strategy`), --cpu_replicas, --gin_bindings. The
+experiment's config is built and checked (`ctl.adapters.model_garden_command`), then run as
+`ctl.ModelGardenTask` with the experiment's `trainer` and `runtime` settings
+(`ctl.adapters.model_garden_settings`). Every mode of Model Garden's open-source train.py runs
+(`train_and_validate`, which its train_lib does not run either, is refused);
+`--mode=continuous_train_and_eval` fine-tunes from each checkpoint of the directory
 `task.init_checkpoint` names, once each, in order (`ctl.sidecar.continuous_finetune`; with
 `--pretrain_steps`). TensorFlow is imported only once the flags are checked: `--help` and a flag
 mistake answer at once; a mistake ends in one line on stderr, exit status 2.
