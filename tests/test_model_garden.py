@@ -423,6 +423,16 @@ MISTAKES = {  # name -> (experiment, overrides(tmp_path), mode, what the one lin
         lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={shards(tmp, 'train')}", {
             "task": {"validation_data": {"input_path": f"{shards(tmp, 'eval')},{tmp}/eval-extra"}}}],
         "train_and_eval", "task.validation_data.input_path='{tmp}/eval-extra' matches no file"),
+    "an empty train input_path": (  # Model Garden's reader fails on it (dcn_criteo's default).
+        "image_classification", lambda tmp: [SMALL_CLASSIFIER], "train",
+        "experiment 'image_classification': task.train_data.input_path is empty, and the task "
+        "cannot read its data without it (ValueError: "),
+    "an empty validation input_path, in eval": (
+        "image_classification",
+        lambda tmp: [SMALL_CLASSIFIER, f"task.train_data.input_path={shards(tmp, 'train')}"],
+        "train_and_eval",
+        "task.validation_data.input_path is empty, and the task cannot read its data without it "
+        "(ValueError: "),
     "a comma in an override string": (
         "image_classification", lambda tmp: [f"task.train_data.input_path={tmp}/a,{tmp}/b"], "train",
         "Model Garden read it as a YAML file"),

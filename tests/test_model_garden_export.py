@@ -6,6 +6,8 @@ SavedModel, loaded, takes the inputs Model Garden's export module declares and g
 input, what that module gives around the model in memory (RetinaNet: its detections; BERT: the
 model's own logits; a WMT Transformer: its translations, where the module can export it)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -172,3 +174,30 @@ def test_a_family_without_an_export_module_says_so_in_one_line():
                        r"for its task \(MockTaskConfig\)") as raised:
         task.serving_signatures(model)
     assert "\n" not in str(raised.value)
+
+
+def test_an_error_of_model_gardens_export_module_ends_in_one_line(tmp_path):
+    """`bert/text_wiki_pretraining` on text without next-sentence labels has no classification
+    head, which Model Garden's masked LM export module serves (`next_sentence` by default): the
+    module fails on the model, in Model Garden's own export as in ctl's, and ctl's exporter
+    says so in one line naming the module, its error and the ways out."""
+    from official.nlp.configs import pretraining_experiments  # noqa: F401
+    from official.nlp.serving import serving_modules
+
+    from bench.model_garden_zoo import data, variants
+
+    experiment = "bert/text_wiki_pretraining"
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
+        experiment, 2) + data.data_overrides(experiment, str(tmp_path / "data")))
+    assert not task.params.task.model.cls_heads
+    model = task.build_model()
+    with pytest.raises(KeyError, match="next_sentence"):
+        serving_modules.MaskedLM(params=serving_modules.MaskedLM.Params(),
+                                 model=model).get_inference_signatures({"serve": "serving_default"})
+    with pytest.raises(ctl.UserError, match=re.escape(
+            "experiment 'bert/text_wiki_pretraining': Model Garden's export module "
+            "(official.nlp.serving.serving_modules.MaskedLM) cannot build its serving signatures "
+            "around this model (KeyError: 'next_sentence'); ctl makes it as Model Garden's own "
+            "export does, which fails the same way on this model;")) as raised:
+        exported_by_ctl(task, model, tmp_path / "ctl")
+    assert "\n" not in str(raised.value) and "drop the exporters" in str(raised.value)

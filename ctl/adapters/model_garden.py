@@ -37,11 +37,13 @@ step counts), and a file the config names that matches nothing (`check_files`:
 any field named `input_path`, `*_path`, `*_file`; a file, a glob such as a
 sharded `train-*-of-00016`, a comma list, a list, a dict of sources; local or
 `gs://`): the task's when it is made, each data config's when its inputs are
-built (the modes that read it).
+built (the modes that read it), where an empty `input_path` the task cannot
+build its inputs without is one too (`has_no_input`).
 
 Its exports (ctl's exporters, `--mode=smoke`) carry the signatures of Model
 Garden's own export module for the experiment, around ctl's model
-(`serving_signatures`, `ctl.adapters.model_garden_serving`).
+(`serving_signatures`, `ctl.adapters.model_garden_serving`); an error the
+module raises while it builds them around the model ends in one line.
 
 Model Garden's modules load when the task is built (they take a second or
 two); importing `ctl` does not load them.
@@ -60,7 +62,7 @@ import tensorflow as tf
 
 from ctl.adapters import model_garden_settings
 from ctl.adapters.model_garden_dir import ModelGardenFiles
-from ctl.utils.errors import UserError, first_line
+from ctl.utils.errors import UserError, first_line, one_line
 from ctl.core.task import ConfigSetting, ServingSignatures, Task, default_serving_signatures
 
 Override = Union[str, Mapping[str, Any]]
@@ -358,6 +360,45 @@ def check_input_path(experiment: str, data, where: str) -> None:
     check_files(experiment, data, where, data=True)
 
 
+def has_no_input(data) -> bool:
+    """Whether a data config names no input: an empty `input_path` and no `tfds_name`. Some
+    tasks read none (Model Garden's `mock` makes its own); the others cannot build their inputs.
+
+    Args:
+      data: a Model Garden data config (`task.train_data`, `task.validation_data`).
+    """
+    return (hasattr(data, "input_path") and not data.input_path
+            and not getattr(data, "tfds_name", None))
+
+
+def empty_input_path(experiment: str, where: str, eval_set: Optional[str],
+                     error: BaseException) -> str:
+    """The one line for a data config whose task could not build its inputs without an
+    `input_path` (`has_no_input`): the field, Model Garden's error, and how to set it.
+
+    Args:
+      experiment: the experiment's name.
+      where: the data config's name in the experiment, e.g. "task.train_data".
+      eval_set: the name of the `ctl.ModelGardenTask.eval_sets` entry read, or None.
+      error: what the task's `build_inputs` raised.
+    """
+    if eval_set is not None:
+        fix = ("give it files (a path, a glob, or several separated by commas) in "
+               "ctl.ModelGardenTask.eval_sets, e.g. "
+               f"{{{eval_set!r}: {{'input_path': '/data/eval-*-of-00016'}}}}")
+    else:
+        task, split = where.split(".")  # "task", "train_data" or "validation_data".
+        files = "train" if split == "train_data" else "eval"
+        fix = ("set it to the experiment's files (a path, a glob, or several separated by "
+               "commas) in --params_override (e.g. "
+               f"'{where}.input_path=/data/{files}-*-of-00016') or a --config_file YAML "
+               f"({task}: {{{split}: {{input_path: ...}}}}); in a gin file, "
+               "ctl.ModelGardenTask.params_override")
+    return (f"ctl.ModelGardenTask: experiment {experiment!r}: {where}.input_path is empty, and "
+            f"the task cannot read its data without it ({type(error).__name__}: "
+            f"{one_line(error, 160)}); {fix}.")
+
+
 def _patterns(value) -> List[str]:
     """The patterns of a path field as Model Garden reads an `input_path`: a string of
     comma-separated patterns, or a list of such strings."""
@@ -528,10 +569,15 @@ class ModelGardenTask(Task):
         if not training and name is not None:
             where, data = f"ctl.ModelGardenTask.eval_sets[{name!r}]", self.eval_sets[name]
         check_input_path(self.experiment, data, where)
-        # As orbit's make_distributed_dataset: the context only to a task that takes it.
-        if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
-            return self.garden_task.build_inputs(data, input_context=input_context)
-        return self.garden_task.build_inputs(data)
+        try:
+            # As orbit's make_distributed_dataset: the context only to a task that takes it.
+            if "input_context" in inspect.signature(self.garden_task.build_inputs).parameters:
+                return self.garden_task.build_inputs(data, input_context=input_context)
+            return self.garden_task.build_inputs(data)
+        except (ValueError, TypeError, tf.errors.OpError) as error:
+            if not has_no_input(data):
+                raise
+            raise UserError(empty_input_path(self.experiment, where, name, error)) from error
 
     def build_losses(self, labels, outputs, aux_losses=None):
         """The Model Garden task's `build_losses`.
@@ -631,7 +677,8 @@ class ModelGardenTask(Task):
         export gives the model (`ctl.adapters.model_garden_serving`); for a family without an
         export module, the model's Keras inputs, or one line saying it has neither. A model
         Model Garden's module cannot export either (a translation model that decodes with
-        `padded_decode`) ends in one line saying so (`model_garden_serving.export_problem`).
+        `padded_decode`) ends in one line saying so (`model_garden_serving.export_problem`), as
+        does any error the module raises while it builds its signatures (`module_failure`).
 
         Args:
             model: the model exported (the evaluated one: the moving average with `ema_decay`).
@@ -642,10 +689,15 @@ class ModelGardenTask(Task):
         problem = module_class and model_garden_serving.export_problem(self.params, module_class)
         if problem:
             raise UserError(f"ctl.ModelGardenTask: experiment {self.experiment!r}: {problem}.")
-        module = model_garden_serving.serving_module(self.params, self.garden_task, model)
-        if module is not None:
-            return ServingSignatures(model_garden_serving.signatures(module),
-                                     model_garden_serving.saved_objects(module, model))
+        if module_class is not None:
+            try:
+                module = model_garden_serving.serving_module(self.params, self.garden_task, model)
+                signatures = model_garden_serving.signatures(module)
+            except model_garden_serving.MODULE_ERRORS as error:
+                raise UserError(f"ctl.ModelGardenTask: experiment {self.experiment!r}: "
+                                f"{model_garden_serving.module_failure(module_class, error)}."
+                                ) from error
+            return ServingSignatures(signatures, model_garden_serving.saved_objects(module, model))
         try:
             return default_serving_signatures(model)
         except UserError as error:

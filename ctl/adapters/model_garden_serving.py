@@ -21,7 +21,10 @@ write the SavedModel Model Garden's export writes:
   masked LM: the model's first classification head). A translation model that
   decodes with `padded_decode` (`wmt_transformer/large`) needs a fixed batch
   size the module leaves free: its export ends in one line saying so, as
-  Model Garden's own export of it fails (`export_problem`).
+  Model Garden's own export of it fails (`export_problem`). Any other error a
+  module raises while it is made around the model or traces its signatures
+  (the masked LM module's `KeyError: 'next_sentence'` on a model without
+  that classification head) ends in one line too (`module_failure`).
 
 Other families (ranking, ELECTRA pretraining, the mock) have no export module
 in Model Garden: their models are served from their Keras inputs where they
@@ -33,6 +36,8 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
+
+from ctl.utils.errors import one_line
 
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 VISION_INPUT_TYPE = "image_tensor"  # Model Garden's `--input_type` default.
@@ -168,6 +173,37 @@ def export_problem(params, module_class) -> Optional[str]:
                 "ctl.ModelGardenTask.params_override) to export a model that takes any batch "
                 "size (its weights are the same), or drop the exporters")
     return None
+
+
+# What an export module raises while it is made around a model or traces its signatures on it
+# (an output it names that the model lacks, a shape it cannot take): the model and the module
+# disagree, a mistake in the experiment's config rather than in ctl.
+MODULE_ERRORS = (KeyError, ValueError, TypeError, IndexError, AttributeError, NotImplementedError,
+                 tf.errors.OpError)
+
+
+def module_failure(module_class, error: BaseException) -> str:
+    """The line for an error Model Garden's export module raised while it built its signatures
+    around the experiment's model (`MODULE_ERRORS`): the module, the error, and the way out.
+
+    ctl makes the module as Model Garden's own export does (its default parameters but the
+    experiment's SentencePiece model and classification head), so that export fails the same
+    way on this model: the masked LM module of a model without the classification head it serves
+    (`bert/text_wiki_pretraining` without next-sentence labels) raises `KeyError: 'next_sentence'`.
+
+    Args:
+        module_class: the export module class (`export_module_class`).
+        error: what making the module or tracing its signatures raised.
+    """
+    kind = next((c.__name__ for c in type(error).__mro__
+                 if c.__module__ == "builtins" and c not in (Exception, BaseException)),
+                type(error).__name__)  # KeyError, not AutoGraph's MultilineMessageKeyError.
+    return (f"Model Garden's export module ({module_class.__module__}.{module_class.__name__}) "
+            f"cannot build its serving signatures around this model ({kind}: "
+            f"{one_line(error, 200)}); ctl makes it as Model Garden's own export does, which "
+            "fails the same way on this model; give the experiment a model the module serves "
+            "(task.model), subclass ctl.ModelGardenTask and override serving_signatures(model), "
+            "or drop the exporters")
 
 
 def nlp_serving_params(module_class, params) -> Dict[str, Any]:
