@@ -12,7 +12,9 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
+from typing import Optional
 
 from bench.model_garden_zoo import command, compare, variants
 from bench.model_garden_zoo import guarantees_page
@@ -56,8 +58,31 @@ def _export(row) -> str:
 
 
 def _command(row) -> str:
-    """The command check's answer (bench/model_garden_zoo/command.py): "-" where it was not run."""
-    return {None: "-", True: "yes"}.get(row.get("command"), "**no**")
+    """The command check's answer (bench/model_garden_zoo/command.py): "-" where it was not run;
+    with ctl's time from launch to its first loop's end over train_lib's (`start`)."""
+    said = {None: "-", True: "yes"}.get(row.get("command"), "**no**")
+    ratio = start_ratio(row)
+    return said if ratio is None else f"{said}, start {ratio:.2f}x"
+
+
+def start_ratio(row) -> Optional[float]:
+    """ctl's seconds from launch to the end of its first train loop over train_lib's, in the
+    command check (`command_first_loop_s`); None where either is missing."""
+    seconds = row.get("command_first_loop_s") or {}
+    ctl, garden = seconds.get("ctl"), seconds.get("train_lib")
+    return ctl / garden if ctl and garden else None
+
+
+def _starts(rows) -> str:
+    """One sentence on the command check's start ratios over the rows that have one."""
+    ratios = sorted(r for r in map(start_ratio, rows) if r is not None)
+    if not ratios:
+        return ""
+    return (f" From launch to the end of the first train loop, `python -m ctl.train` took a median "
+            f"**{statistics.median(ratios):.2f}x** Model Garden's train.py on {len(ratios)} rows "
+            f"({ratios[0]:.2f}x to {ratios[-1]:.2f}x; at or under 1.0x on "
+            f"{sum(r <= 1.0 for r in ratios)}), each in its own process (the ctl.train column's "
+            "\"start\").")
 
 
 def render(results) -> str:
@@ -98,7 +123,7 @@ def render(results) -> str:
         "again after the same seed: the reason says when Model Garden does not reproduce itself. "
         "When the rows were measured, on which commit and under what host load: `bench/README.md` "
         "in the repository, \"Model Garden zoo runs\" (the seconds per step compare the two "
-        "trainers on one row, not rows with each other).",
+        "trainers on one row, not rows with each other)." + _starts(rows),
         "",
         "Run it yourself (the `model_garden` extra brings `tensorflow-recommenders` for the "
         "ranking experiments):",
@@ -204,7 +229,11 @@ def _command_bullet(results) -> str:
         "train.py steps on the same flags, each in its own process, from one initial checkpoint "
         "(with the states of the generators a seeded ctl run's dropout draws from, `rng`, which "
         f"Model Garden's trainer does not read). ctl's one flag more, `{command.SEED_BINDING}`, "
-        "seeds it: a YAML holds no seed; Model Garden's side is seeded the same way. \"yes\": "
+        "seeds it: a YAML holds no seed; Model Garden's side is seeded the same way. \"start\": "
+        "ctl's seconds from its process's launch to the end of its first train loop (the wall "
+        "time of that loop's summaries) over Model Garden's, each importing what its own command "
+        "imports (ctl.train the registries up to the experiment's, Model Garden the family's "
+        "train.py's), run one after the other in the same row. \"yes\": "
         f"the training loss at each loop's end within a relative {compare.LOSS_TOLERANCE:g} of "
         f"Model Garden's, every evaluation's metrics in `validation/` within "
         f"{compare.EVAL_TOLERANCE:g}, and the checkpoints kept (and the last one's top-level "
