@@ -5,6 +5,7 @@ table is docs/how-to/model-garden-zoo.md, generated from the committed results f
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -167,6 +168,44 @@ def test_a_guarantee_that_does_not_hold_says_why_and_an_unchecked_row_says_not_r
     assert guarantees_page.reason(row) == ("SIGTERM: exit 1 after SIGTERM, not 75: boom; "
                                            "sidecar: not run: the trainer beside it failed")
     assert guarantees_page.cells({}) == "not run | not run | not run | not run"
+
+
+@pytest.mark.slow  # Three `python -m ctl.run` processes of Model Garden's mock.
+def test_the_sidecar_column_compares_with_the_in_line_evaluation_of_the_same_checkpoint(tmp_path):
+    # The sidecar's results for a final checkpoint are held against the in-line evaluation of that
+    # checkpoint: the uninterrupted run's where the killed run's final checkpoint is its, bit for
+    # bit; else the killed run's own, evaluated in a copy (a run at another learning rate stands
+    # for a killed run whose checkpoints kill -9 changed; its in-line results for the sidecar's).
+    from bench.model_garden_zoo import data, guarantees, registry, variants
+    from ctl.model_dir import ModelDir
+
+    registry.import_all()
+    row = guarantees._Row("mock", "mock", str(tmp_path))  # noqa: SLF001 (the zoo's own)
+    reference, other, same = row.path("reference"), row.path("other"), row.path("same")
+    faster = (variants.overrides("mock", guarantees.STEPS) + data.data_overrides("mock", str(tmp_path))
+              + [{"trainer": {"optimizer_config": {"learning_rate": {"constant": {"learning_rate": 0.5}}}}}])
+    for model_dir, flags in ((reference, ()),
+                             (other, (f"--gin_bindings=RecordedModelGardenTask.params_override={faster!r}",))):
+        with row.trainer("train_and_eval", model_dir, model_dir + ".steps", *flags) as run:
+            assert run.finish(timeout=guarantees.WAIT_S).returncode == 0, run.stderr()[-3000:]
+    shutil.copytree(reference, same)
+    results = {name: [r for r in ModelDir(d).metrics("eval") if r["step"] == guarantees.STEPS][-1]
+               for name, d in (("reference", reference), ("other", other))}
+    assert results["reference"]["loss"] != results["other"]["loss"]  # Other weights, other results.
+
+    column = guarantees.sidecar_against_in_line(row, results["other"], reference, other)
+    assert column["holds"] is True and column["compared_with"] == "killed", column
+    assert "in-line evaluation of the same checkpoint (the killed run's" in column["detail"]
+    copy = ModelDir(row.path("kill_9-final"))  # Evaluated there; the killed run's dir as it was.
+    assert list(copy.checkpoints()) == [guarantees.STEPS] and copy.metrics("eval")
+    assert [r["step"] for r in ModelDir(other).metrics("eval")] == [guarantees.STEPS]
+    assert not ModelDir(other).sidecar_evaluations()
+
+    column = guarantees.sidecar_against_in_line(row, results["reference"], reference, same)
+    assert column["holds"] is True and column["compared_with"] == "uninterrupted", column
+    # The killed run's results against a run's with other weights: they do not hold.
+    column = guarantees.sidecar_against_in_line(row, results["other"], reference, same)
+    assert column["holds"] is False and "differ from the in-line evaluation" in column["detail"]
 
 
 def test_the_command_check_expects_model_gardens_steps_and_says_which_differ():

@@ -18,7 +18,9 @@ can hold a step until told to go on, so that a process is stopped mid-loop, in a
   checkpoint of that step; then the same command: bit for bit again;
 - `sidecar`: `--mode=continuous_eval` beside the killed and restarted trainer evaluates each
   checkpoint once, in order, with the experiment's metrics, exits 0 after the last one, and its
-  results for the last one are the uninterrupted run's in-line evaluation of the same weights;
+  results for the last one are the in-line evaluation of that same checkpoint: the uninterrupted
+  run's where the two runs' last checkpoints are bit for bit the same, else (kill -9 does not
+  hold) `--mode=eval` on a copy of the killed run's last checkpoint in a dir of its own;
 - `new_replicas`: the SIGTERM-stopped run resumed with `--cpu_replicas=2 --strategy=mirrored`:
   it goes on at the next step, its checkpoint's `train_examples` record counts the examples of the
   uninterrupted run, and its losses and weights differ from that run's by the reduction order
@@ -334,32 +336,16 @@ def reference_and_kill_9(row: _Row) -> Dict[str, Dict[str, Any]]:
                 status = sidecar.wait(timeout=WAIT_S)
             except Exception:  # noqa: BLE001 (a hang is the column's finding)
                 status = None
-            out["sidecar"] = _sidecar(status, sidecar, ModelDir(chaos), ModelDir(reference))
-            said = out["sidecar"]["detail"]
-            if out["kill_9"].get("holds") is False and (
-                    said.startswith("checkpoints") or said.endswith(SIDECAR_VALUES)):
-                out["sidecar"] = not_comparable(out["sidecar"])
+            ran = _sidecar_ran(status, sidecar, ModelDir(chaos))
+            out["sidecar"] = ran or sidecar_against_in_line(
+                row, ModelDir(chaos).sidecar_evaluations()[-1]["results"], reference, chaos)
     return out
 
 
-SIDECAR_VALUES = "differ from the in-line evaluation"
-
-
-def not_comparable(sidecar: Dict[str, Any]) -> Dict[str, Any]:
-    """The sidecar column where the killed run's checkpoints are not the uninterrupted run's: its
-    results cannot be held against that run's in-line evaluation.
-
-    Args:
-      sidecar: the column as `_sidecar` found it (each checkpoint once, in order, exit 0).
-    """
-    return {"holds": None, "detail": "each checkpoint once, in order, exit 0; its results not "
-            "comparable with the uninterrupted run's in-line evaluation, as the killed run's "
-            "checkpoints differ from that run's (kill -9): " + sidecar["detail"]}
-
-
-def _sidecar(status, sidecar, chaos, reference) -> Dict[str, Any]:
-    evaluations = chaos.sidecar_evaluations()
-    numbers = [r["number"] for r in evaluations]
+def _sidecar_ran(status, sidecar, chaos) -> Optional[Dict[str, Any]]:
+    """The `sidecar` column where the sidecar did not evaluate each checkpoint once, in order, and
+    exit 0; else None."""
+    numbers = [r["number"] for r in chaos.sidecar_evaluations()]
     wanted = list(range(LOOP, STEPS + 1, LOOP))
     if status != 0:
         last = [line for line in sidecar.stdout().splitlines() if line.strip()][-1:] or ["no output"]
@@ -367,24 +353,90 @@ def _sidecar(status, sidecar, chaos, reference) -> Dict[str, Any]:
                 f"{numbers}: {last[0][:300]}"}
     if numbers != wanted:
         return {"holds": False, "detail": f"the sidecar evaluated checkpoints {numbers}, not {wanted}"}
-    inline = [r for r in reference.metrics("eval") if r.get("step") == STEPS]
-    if not inline:
-        return {"holds": False, "detail": f"the uninterrupted run has no evaluation of step {STEPS}"}
-    theirs = evaluations[-1]["results"]
-    shared = sorted(k for k, v in inline[-1].items() if k in theirs and isinstance(v, (int, float))
+    return None
+
+
+def sidecar_against_in_line(row: _Row, results: Dict[str, Any], reference: str,
+                            chaos: str) -> Dict[str, Any]:
+    """The `sidecar` column: the sidecar's `results` for the killed run's final checkpoint against
+    the in-line evaluation of that same checkpoint. Where it is the uninterrupted run's final
+    checkpoint, bit for bit, that is the uninterrupted run's in-line evaluation; else (kill -9
+    does not hold) the killed run's checkpoint is evaluated as in-line evaluation evaluates it
+    (`in_line_of_copy`). `holds` is None only where that evaluation fails.
+
+    Args:
+      row: the row (its gin file and dir).
+      results: the sidecar's results for ckpt-STEPS of `chaos` (its `eval/metrics.jsonl` record's).
+      reference: the uninterrupted run's model dir (evaluated in-line at step STEPS).
+      chaos: the killed and restarted run's model dir (evaluated by the sidecar).
+    """
+    from ctl.model_dir import ModelDir
+
+    ours, theirs = _latest(chaos), _latest(reference)
+    if _step(ours) != STEPS or _step(theirs) != STEPS:
+        return {"holds": False, "detail": f"final checkpoints ckpt-{_step(ours)} (killed run), "
+                f"ckpt-{_step(theirs)} (uninterrupted run), not ckpt-{STEPS}"}
+    differs, _ = checkpoint_difference(theirs, ours)
+    if differs:
+        whose = "the killed run's, whose checkpoint differs from the uninterrupted run's"
+        try:
+            inline = in_line_of_copy(row, ours)
+        except Failed as failed:
+            return {"holds": None, "detail": "each checkpoint once, in order, exit 0; its results "
+                    f"not compared: the killed run's ckpt-{STEPS} differs from the uninterrupted "
+                    f"run's ({differs}) and its in-line evaluation failed: {failed}"}
+    else:
+        whose = "the uninterrupted run's, whose checkpoint is the killed run's bit for bit"
+        found = [r for r in ModelDir(reference).metrics("eval") if r.get("step") == STEPS]
+        if not found:
+            return {"holds": False, "detail": f"the uninterrupted run has no evaluation of step {STEPS}"}
+        inline = found[-1]
+    shared = sorted(k for k, v in inline.items() if k in results and isinstance(v, (int, float))
                     and not isinstance(v, bool) and k not in ("step", "time", "steps"))
     if not shared:
-        return {"holds": False, "detail": f"no metric in both: sidecar {sorted(theirs)}, "
-                f"in-line {sorted(inline[-1])}"}
-    diffs = {k: _relative(float(theirs[k]), float(inline[-1][k])) for k in shared}
+        return {"holds": False, "detail": f"no metric in both: sidecar {sorted(results)}, "
+                f"in-line ({whose}) {sorted(inline)}"}
+    diffs = {k: _relative(float(results[k]), float(inline[k])) for k in shared}
     off = {k: d for k, d in diffs.items() if not d <= EVAL_TOLERANCE}
     if off:
-        return {"holds": False, "detail": "ckpt-%d: %s differ from the in-line evaluation" % (
-            STEPS, ", ".join(f"{k} {theirs[k]!r} vs {inline[-1][k]!r}" for k in off))}
-    return {"holds": True, "max_rel_diff": max(diffs.values()), "metrics": shared,
-            "detail": f"checkpoints {wanted} once each; ckpt-{STEPS}'s {', '.join(shared)} "
-                      f"{'equal' if max(diffs.values()) == 0 else 'within %.1g of' % max(diffs.values())} "
-                      "the in-line evaluation; exit 0"}
+        return {"holds": False, "detail": "ckpt-%d: %s differ from the in-line evaluation of the "
+                "same checkpoint (%s)" % (STEPS, ", ".join(f"{k} {results[k]!r} vs {inline[k]!r}"
+                                                           for k in off), whose)}
+    worst = max(diffs.values())
+    return {"holds": True, "max_rel_diff": worst, "metrics": shared,
+            "compared_with": "killed" if differs else "uninterrupted",
+            "detail": f"checkpoints {list(range(LOOP, STEPS + 1, LOOP))} once each; "
+                      f"ckpt-{STEPS}'s {', '.join(shared)} "
+                      f"{'equal' if worst == 0 else 'within %.1g of' % worst} the in-line "
+                      f"evaluation of the same checkpoint ({whose}); exit 0"}
+
+
+def in_line_of_copy(row: _Row, checkpoint: str) -> Dict[str, Any]:
+    """The in-line evaluation of `checkpoint`: `--mode=eval` (the controller's evaluation that
+    `train_and_eval` makes between loops, of the same task and eval set) in a dir that holds a
+    copy of that checkpoint alone (`kill_9-final/`), so that the dir it came from and the
+    sidecar's records there are left as they are. Returns its `metrics.jsonl` record.
+
+    Args:
+      row: the row (its gin file and dir).
+      checkpoint: the checkpoint's prefix (`.../ckpt-STEPS`).
+
+    Raises:
+      Failed: the evaluation failed or recorded no evaluation of step STEPS.
+    """
+    from ctl.model_dir import ModelDir, checkpoint_files
+
+    copy = row.path("kill_9-final")
+    shutil.rmtree(copy, ignore_errors=True)
+    os.makedirs(copy)
+    for name in checkpoint_files(checkpoint):
+        shutil.copy(name, copy)
+    with row.trainer("eval", copy, row.path("kill_9-final.steps")) as run:
+        _finished(run, f"(--mode=eval on a copy of ckpt-{STEPS})")
+    found = [r for r in ModelDir(copy).metrics("eval") if r.get("step") == STEPS]
+    if not found:
+        raise Failed(f"--mode=eval on a copy of ckpt-{STEPS} recorded no evaluation of step {STEPS}")
+    return found[-1]
 
 
 def sigterm_and_new_replicas(row: _Row) -> Dict[str, Dict[str, Any]]:

@@ -90,8 +90,10 @@ def section(rows: List[Dict[str, Any]]) -> List[str]:
         "- **sidecar**: `--mode=continuous_eval` in its own process beside the killed and restarted "
         "trainer evaluates each checkpoint once, in order, with the experiment's own metrics and "
         "aggregation, exits 0 after the final one, and its results for the final checkpoint are "
-        f"the uninterrupted run's in-line evaluation of it (within a relative "
-        f"{guarantees.EVAL_TOLERANCE:g}).",
+        f"the in-line evaluation of that same checkpoint (within a relative "
+        f"{guarantees.EVAL_TOLERANCE:g}): the uninterrupted run's where kill -9 left the final "
+        "checkpoint bit for bit that run's, else the killed run's final checkpoint evaluated "
+        "as in-line evaluation evaluates it (`--mode=eval` on a copy of it in a dir of its own).",
         f"- **2 replicas**: the run stopped by SIGTERM at step {guarantees.HOLD_AT} on one replica, "
         "resumed with `--cpu_replicas=2 --strategy=mirrored`: it goes on at the next step, each "
         "step reads the uninterrupted run's data (the float64 sum of its inputs, both replicas' "
@@ -126,6 +128,7 @@ def _why_not(result: Dict[str, Any]) -> str:
     detail = result.get("detail", "")
     if "draws from stateful random ops" in detail:
         return "their train steps draw from stateful random ops"
+    # Results recorded before the sidecar was held against the killed run's own checkpoint.
     if result.get("holds") is None and "not comparable" in detail:
         return "not comparable: kill -9 changed the checkpoints it evaluates"
     if "not found yet" in detail:
