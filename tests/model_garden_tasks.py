@@ -27,8 +27,9 @@ class RecordedModelGardenTask(ctl.ModelGardenTask):
       steps_file: where each train step appends `step loss_bits`.
       hold_at_step, held_file, release_file: step `hold_at_step` writes `held_file`, then waits
         until `release_file` exists before it runs.
-      inputs_file: where each train step appends `step sum_bits`: the float64 sum of its (each
-        replica's) numeric input tensors, its bits as an int64.
+      inputs_file: where each train step appends `step sum_bits examples`: the float64 sum of its
+        (each replica's) numeric input tensors, its bits as an int64, and the examples of its
+        batch (the first numeric tensor's first dimension).
       **kwargs: ctl.ModelGardenTask's.
     """
 
@@ -55,7 +56,10 @@ class RecordedModelGardenTask(ctl.ModelGardenTask):
             numbers = [tf.reduce_sum(tf.cast(t, tf.float64)) for t in tf.nest.flatten(inputs)
                        if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_integer)]
             total = tf.add_n(numbers) if numbers else tf.constant(0.0, tf.float64)
-            tf.print(step, tf.bitcast(total, tf.int64),
+            batched = [t for t in tf.nest.flatten(inputs) if isinstance(t, tf.Tensor)
+                       and (t.dtype.is_floating or t.dtype.is_integer) and t.shape.rank]
+            examples = tf.shape(batched[0])[0] if batched else tf.constant(0)
+            tf.print(step, tf.bitcast(total, tf.int64), examples,
                      output_stream=f"file://{self.inputs_file}")
         return logs
 
@@ -107,9 +111,21 @@ def read_input_sums(path):
         with open(path) as f:
             for line in f:
                 if line.strip():
-                    step, bits = (int(x) for x in line.split())
+                    step, bits = (int(x) for x in line.split()[:2])
                     sums[step] = sums.get(step, 0.0) + float(np.array([bits], np.int64).view(np.float64)[0])
     return sums
+
+
+def read_input_examples(path):
+    """step -> the examples the step read (its replicas' batches added) of an `inputs_file`."""
+    examples = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    step, _, count = (int(x) for x in line.split())
+                    examples[step] = examples.get(step, 0) + count
+    return examples
 
 
 def read_losses(path):

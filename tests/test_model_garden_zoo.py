@@ -208,6 +208,32 @@ def test_the_sidecar_column_compares_with_the_in_line_evaluation_of_the_same_che
     assert column["holds"] is False and "differ from the in-line evaluation" in column["detail"]
 
 
+def test_the_two_replica_check_expects_the_examples_each_run_read():
+    """`new_replicas` checks each `train_examples` record against the examples its run's steps
+    read (the recorded task's batches). Model Garden's mock gives each replica a batch of 2
+    whatever the replicas: steps 4-6 at two replicas read 4 each, so that run counts 18 at step
+    6, the uninterrupted run 12, and both are right; a count off what was read is the finding."""
+    from bench.model_garden_zoo import guarantees
+
+    assert (guarantees.HOLD_AT, guarantees.STEPS) == (3, 6)
+    one = {step: 2 for step in range(1, 7)}  # The uninterrupted run: one replica's batch of 2.
+    two = {step: 2 + 2 for step in range(4, 7)}  # Both replicas' batches, after the resume.
+    problem, said = guarantees.counted_examples(18, 12, one, two)
+    assert problem == "" and said.startswith("18 examples counted at step 6, those its steps read")
+    assert "the uninterrupted run counts 12" in said
+    # A task that splits its global batch: the same count as the uninterrupted run.
+    assert guarantees.counted_examples(12, 12, one, {step: 1 + 1 for step in range(4, 7)}) == (
+        "", "12 examples counted at step 6, those its steps read")
+    problem, _ = guarantees.counted_examples(24, 12, one, two)
+    assert problem == ("at step 6 the run at two replicas counts 24 examples read, but its steps "
+                       "read 18 (6 in steps 1-3 on one replica, 12 in steps 4-6 on two); the "
+                       "uninterrupted run 12")
+    assert guarantees.counted_examples(18, 14, one, two)[0] == (
+        "at step 6 the uninterrupted run counts 14 examples read, but its steps read 12")
+    assert guarantees.counted_examples(0, 0, one, two)[1].startswith("no examples counted")
+    assert "counts None examples read" in guarantees.counted_examples(None, 12, one, two)[0]
+
+
 def test_the_command_check_expects_model_gardens_steps_and_says_which_differ():
     # `--command` (bench/model_garden_zoo/command.py): the YAML's trainer settings give the steps
     # Model Garden's trainer ends loops, evaluates, saves and keeps checkpoints at, for a run that

@@ -22,9 +22,13 @@ can hold a step until told to go on, so that a process is stopped mid-loop, in a
   run's where the two runs' last checkpoints are bit for bit the same, else (kill -9 does not
   hold) `--mode=eval` on a copy of the killed run's last checkpoint in a dir of its own;
 - `new_replicas`: the SIGTERM-stopped run resumed with `--cpu_replicas=2 --strategy=mirrored`:
-  it goes on at the next step, its checkpoint's `train_examples` record counts the examples of the
-  uninterrupted run, and its losses and weights differ from that run's by the reduction order
-  only (the largest relative differences are reported).
+  it goes on at the next step, each step reads the uninterrupted run's data (the sum of its
+  inputs), its checkpoint's `train_examples` record counts the examples it read (each step's
+  batches, as the recorded task writes them: the uninterrupted run's count where the task splits
+  its global batch over the replicas; more where its input gives each replica a batch of its own
+  size, as Model Garden's `mock` does, under Model Garden's trainer too), and its losses and
+  weights differ from that run's by the reduction order only (the largest relative differences
+  are reported).
 
 Each prints `{"holds": bool, "detail": "..."}`: where one does not hold, the detail is the line a
 user can check (the first differing step or weight, the exit status and the last line said).
@@ -175,6 +179,55 @@ def read_input_sums(path: str) -> Dict[int, float]:
     from tests.model_garden_tasks import read_input_sums as read
 
     return read(path)
+
+
+def read_input_examples(path: str) -> Dict[int, int]:
+    from tests.model_garden_tasks import read_input_examples as read
+
+    return read(path)
+
+
+def counted_examples(counted: Optional[int], uninterrupted: Optional[int],
+                     reference_read: Dict[int, int], read: Dict[int, int]) -> Tuple[str, str]:
+    """('', what was counted) where the `train_examples` records at step STEPS count the examples
+    each run read, else (why not, ''): the uninterrupted run's steps 1..STEPS, and the run at two
+    replicas steps 1..HOLD_AT on one replica (the uninterrupted run's, bit for bit: `sigterm`)
+    and HOLD_AT+1..STEPS on two.
+
+    The two counts are equal only where the task splits a global batch over the replicas; a
+    task whose input gives each replica a batch of its own size (Model Garden's `mock`: 2) reads
+    twice as many examples a step at two replicas, as under Model Garden's trainer, and ctl
+    counts them (`ctl.faults.run_size`).
+
+    Args:
+      counted: the run at two replicas' record at step STEPS (`train_examples`; None or 0: no
+        static batch size, nothing counted).
+      uninterrupted: the uninterrupted run's.
+      reference_read: step -> examples the uninterrupted run's step read (`read_input_examples`).
+      read: step -> examples the run at two replicas' step read (its steps after HOLD_AT).
+    """
+    before = sum(reference_read.get(s, 0) for s in range(1, HOLD_AT + 1))
+    after = sum(read.get(s, 0) for s in range(HOLD_AT + 1, STEPS + 1))
+    reference = sum(reference_read.get(s, 0) for s in range(1, STEPS + 1))
+    if not counted and not uninterrupted:  # None, or 0 with no batch size recorded.
+        return "", "no examples counted (the batches have no static size: the resume skips by steps)"
+    if not counted or not uninterrupted:
+        return (f"at step {STEPS} the run at two replicas counts {counted} examples read, the "
+                f"uninterrupted run {uninterrupted}"), ""
+    if uninterrupted != reference:
+        return (f"at step {STEPS} the uninterrupted run counts {uninterrupted} examples read, but "
+                f"its steps read {reference}"), ""
+    if counted != before + after:
+        return (f"at step {STEPS} the run at two replicas counts {counted} examples read, but its "
+                f"steps read {before + after} ({before} in steps 1-{HOLD_AT} on one replica, "
+                f"{after} in steps {HOLD_AT + 1}-{STEPS} on two); the uninterrupted run "
+                f"{uninterrupted}"), ""
+    said = f"{counted} examples counted at step {STEPS}, those its steps read"
+    if counted != uninterrupted:
+        said += (f" (the task's input gives each replica a batch of its own size: {after} "
+                 f"examples in steps {HOLD_AT + 1}-{STEPS} on two replicas, "
+                 f"{reference - before} on one; the uninterrupted run counts {uninterrupted})")
+    return "", said
 
 
 def read_losses(path: str) -> List[Tuple[int, int]]:
@@ -643,10 +696,12 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
     final, reference = _latest(model_dir), _latest(row.reference)
     if _step(final) != STEPS:
         raise Failed(f"at two replicas the run ended at checkpoint {_step(final)}")
-    examples = (train_examples(final), train_examples(reference))
-    if examples[0] != examples[1]:
-        raise Failed(f"at step {STEPS} the run at two replicas counts {examples[0]} examples "
-                     f"read, the uninterrupted run {examples[1]}")
+    miscounted, counted = counted_examples(
+        train_examples(final), train_examples(reference),
+        read_input_examples(row.path("reference.steps") + ".inputs"),
+        read_input_examples(steps + ".inputs"))
+    if miscounted:
+        raise Failed(miscounted)
     # What each step read: the sum of its inputs (both replicas'), the uninterrupted run's.
     read = {p: read_input_sums(p + ".inputs") for p in (steps, row.path("reference.steps"))}
     for step in range(HOLD_AT + 1, STEPS + 1):
@@ -681,8 +736,6 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
     # The states of the generators tf_keras' random ops (dropout) draw from, in the checkpoint.
     draws, _ = checkpoint_difference(final, reference, ignore=("model", "optimizer", "train_",
                                                                "global_step"))
-    counted = (f"{examples[0]} examples counted at step {STEPS}" if examples[0] else
-               "no examples counted (the batches have no static size: the resume skips by steps)")
     return {"holds": True, "max_rel_loss_diff": loss_diff, "max_rel_weight_diff": weights_diff,
             "beyond_reduction_order": beyond or bool(note), "warned": bool(said), "detail": (
                 (note + "; then: " if note else "") +
