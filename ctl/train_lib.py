@@ -94,12 +94,14 @@ def run_experiment(
     strategy = strategy or tf.distribute.get_strategy()
     plan = mode if isinstance(mode, RunPlan) else make_plan(mode, strategy)
     require_choice("mode", plan.mode, MODES)  # Not smoke (`ctl.smoke`), not a serving task.
+    # The sidecar too: an eval step that draws (dropout left on, a sampling generator) draws
+    # there what `--mode=eval` draws on the same checkpoint.
+    seed = _seed_before_building() if experiment is None else None
     if plan.sidecar:
         experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
         _say_sources(experiment, plan)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment,
                                                      settings=experiment.continuous_eval)
-    seed = _seed_before_building() if experiment is None else None
     if plan.leaves_eval_to_evaluator:
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
     if not plan.train and not directory.checkpoints():

@@ -138,3 +138,22 @@ class DeleteOnFirstEvaluation(keras.callbacks.Callback):
         for number in self.numbers:
             for path in glob.glob(os.path.join(self.model_dir, f"ckpt-{number}.*")):
                 os.remove(path)
+
+
+class RandomDraw(keras.metrics.Mean):
+    """The mean of a draw of TensorFlow's stateful random ops per batch: what an eval step
+    that samples (a generator, dropout left on) reports."""
+
+    def __init__(self):
+        super().__init__(name="draw")
+
+    def update_state(self, labels, outputs, sample_weight=None):
+        return super().update_state(tf.random.uniform([]))
+
+
+@gin.configurable
+class RandomEvalTask(RegressionTask):
+    """RegressionTask whose evaluation reports a random draw (`RandomDraw`)."""
+
+    def build_metrics(self, training=True):
+        return super().build_metrics(training) + ([] if training else [RandomDraw()])

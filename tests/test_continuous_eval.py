@@ -22,6 +22,7 @@ from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN
+from tests.support.in_process import run_ctl_in_process
 from tests.support.processes import Process, run_ctl
 from tests.support.reading import ctl_stderr_lines, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
@@ -323,6 +324,25 @@ def test_latest_policy_and_max_evaluations(run_dir):
     # Counted over restarts: a new evaluator with the same limit has nothing left to do.
     continuous_eval.evaluate_continuously(ModelDir(run_dir), experiment=experiment(), settings=settings)
     assert evaluated_numbers(run_dir) == [10, 20, 30]
+
+
+def test_a_seeded_sidecar_draws_what_the_eval_mode_draws_on_the_same_checkpoint(run_dir, tmp_path):
+    # An eval step that draws from TensorFlow's random ops, under `ctl.FaultTolerance.seed`: the
+    # sidecar's evaluation of the last checkpoint is --mode=eval's, draw for draw.
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run_dir, copy)
+    args = [f"--gin_file={TEST_GIN}", "--gin_bindings=import tests.sidecar_tasks",
+            "--gin_bindings=ctl.Experiment.task = @RandomEvalTask()",
+            "--gin_bindings=ctl.FaultTolerance.seed = 3", "--gin_bindings=ctl.ContinuousEval.policy = 'latest'"]
+    tf.random.set_seed(None)  # As a new process starts: no seed until the run sets one.
+    code, _, err = run_ctl_in_process(["--mode=continuous_eval", f"--model_dir={run_dir}", *args])
+    assert code == 0, err[-2000:]
+    code, _, err = run_ctl_in_process(["--mode=eval", f"--model_dir={copy}", *args])
+    assert code == 0, err[-2000:]
+    [sidecar] = ModelDir(run_dir).sidecar_evaluations()
+    in_line = ModelDir(copy).metrics("eval")[-1]
+    assert sidecar["number"] == in_line["step"] == 40
+    assert sidecar["results"]["draw"] == in_line["draw"], (sidecar["results"], in_line)
 
 
 def test_named_eval_sets_and_keras_callback_hooks(tmp_path):
