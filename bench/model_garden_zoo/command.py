@@ -423,16 +423,26 @@ def first_loop_s(model_dir: str, launched: float, step: int) -> Optional[float]:
     return round(min(times) - launched, 2) if times else None
 
 
-def _run(command: List[str], log: str, env: Dict[str, str], deadline: float) -> Optional[str]:
-    """Runs one trainer's process until `deadline` (`time.monotonic()`), its output to `log`;
-    why it failed, or None."""
+def _children_cpu_s() -> float:
+    """User and system seconds of this process's ended children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(command: List[str], log: str, env: Dict[str, str], deadline: float,
+         cpu: Dict[str, float], who: str) -> Optional[str]:
+    """Runs one trainer's process until `deadline` (`time.monotonic()`), its output to `log`,
+    its CPU seconds into `cpu[who]`; why it failed, or None."""
     timeout = max(1.0, deadline - time.monotonic())
+    before = _children_cpu_s()
     with open(log, "w") as out:
         try:
             code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                   timeout=timeout, check=False).returncode
         except subprocess.TimeoutExpired:  # subprocess.run has killed it.
             return f"no end within the row's time ({timeout:.0f} s left when it started)"
+        finally:
+            cpu[who] = round(_children_cpu_s() - before, 1)
     return None if code == 0 else f"exit {code}: {_last_line(log)}"
 
 
@@ -476,15 +486,17 @@ def check_command(experiment: str, workdir: str, metrics: Sequence[str],
     env.pop("TF_USE_LEGACY_KERAS", None)  # ctl.train sets it for a ranking experiment itself.
     failed = {}
     launched = {}
+    cpu: Dict[str, float] = {}  # Each trainer's whole process: load moves it less than wall time.
+    row["command_process_cpu_s"] = cpu
     user = [sys.executable, "-m", "ctl.train", f"--experiment={experiment}", "--mode=train_and_eval",
             f"--model_dir={dirs['ctl']}", f"--config_file={path}", SEED_BINDING]
     launched["ctl"] = time.time()
-    failed["ctl"] = _run(user, os.path.join(root, "ctl.log"), env, deadline)
+    failed["ctl"] = _run(user, os.path.join(root, "ctl.log"), env, deadline, cpu, "ctl")
     garden = [sys.executable, "-m", "bench.model_garden_zoo.command", "--train_lib", experiment,
               f"--config_file={path}", f"--model_dir={dirs['train_lib']}"]
     launched["train_lib"] = time.time()
     failed["train_lib"] = _run(garden, os.path.join(root, "train_lib.log"), dict(os.environ),
-                               deadline)
+                               deadline, cpu, "train_lib")
     row["command_line"] = " ".join(["python"] + user[1:]).replace(root + os.sep, "")
     runs = "; ".join(f"{'ctl.train' if who == 'ctl' else 'train_lib'}: {why}"
                      for who, why in failed.items() if why)

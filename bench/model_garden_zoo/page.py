@@ -62,7 +62,11 @@ def _command(row) -> str:
     with ctl's time from launch to its first loop's end over train_lib's (`start`)."""
     said = {None: "-", True: "yes"}.get(row.get("command"), "**no**")
     ratio = start_ratio(row)
-    return said if ratio is None else f"{said}, start {ratio:.2f}x"
+    cpu = row.get("command_process_cpu_s") or {}
+    said = said if ratio is None else f"{said}, start {ratio:.2f}x"
+    if cpu.get("ctl") and cpu.get("train_lib"):
+        said += f", CPU {cpu['ctl'] / cpu['train_lib']:.2f}x"
+    return said
 
 
 def start_ratio(row) -> Optional[float]:
@@ -233,7 +237,9 @@ def _command_bullet(results) -> str:
         "ctl's seconds from its process's launch to the end of its first train loop (the wall "
         "time of that loop's summaries) over Model Garden's, each importing what its own command "
         "imports (ctl.train the registries up to the experiment's, Model Garden the family's "
-        "train.py's), run one after the other in the same row. \"yes\": "
+        "train.py's), run one after the other in the same row; \"CPU\": the user and system "
+        "seconds of ctl's whole process over Model Garden's (wall time moves with the host's "
+        "load, CPU time much less). \"yes\": "
         f"the training loss at each loop's end within a relative {compare.LOSS_TOLERANCE:g} of "
         f"Model Garden's, every evaluation's metrics in `validation/` within "
         f"{compare.EVAL_TOLERANCE:g}, and the checkpoints kept (and the last one's top-level "
