@@ -114,7 +114,7 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
     """
     # What the run knows, and the independent reads of the rest: side by side in an object
     # store (each a round trip).
-    given = {"evaluated": known.evaluated, "latest": known.latest, "train": known.train,
+    given: Dict[str, Any] = {"evaluated": known.evaluated, "latest": known.latest, "train": known.train,
              "eval": known.eval}
     reads = {
         "best": lambda: _best_records(directory),
@@ -126,7 +126,7 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
     }
     if not results:
         reads["loops"] = lambda: directory.metrics("train")
-    found = {name: value for name, value in given.items() if value}
+    found: Dict[str, Any] = {name: value for name, value in given.items() if value}
     try:
         found.update(at_once(directory.path, {name: read for name, read in reads.items()
                                               if name not in found}))

@@ -141,8 +141,8 @@ class ModelDirLock:
                     first_writes()
             except BaseException as error:  # Raised by `decided`, on the caller's thread.
                 self._aside_error = error
-                if checks is not None and settling and not checked:  # Refused: as it was.
-                    self._claim.undo()
+                if checks is not None and isinstance(self._claim, Lease) and not checked:
+                    self._claim.undo()  # Refused: the store as it was.
 
         self._aside = threading.Thread(target=take, name="ctl-lease-take", daemon=True)
         self._aside.start()
