@@ -23,6 +23,7 @@ Everything here reads the model dir through `ctl.model_dir` and runs
 eagerly on the host.
 """
 
+import dataclasses
 import os
 from typing import Any, Callable, Dict, Optional
 
@@ -78,8 +79,26 @@ def say_complete(directory: ModelDir, train_steps: int, results: Dict[str, Any])
     say_done(directory, step, results, already=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What the run that ends knows of its model dir, not read again (None: read it).
+
+    Args:
+        latest: the path of the latest checkpoint (the one the state file names).
+        evaluated: True if the final step is evaluated (on record, or by this run).
+        train: True if `train/` holds summaries.
+        eval: True if `eval/` holds summaries.
+    """
+
+    latest: Optional[str] = None
+    evaluated: Optional[bool] = None
+    train: Optional[bool] = None
+    eval: Optional[bool] = None
+
+
 def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
-             already: bool = False) -> None:
+             already: bool = False, known: Known = Known(),
+             written: Optional[Callable[[], Any]] = None) -> None:
     """The end of a run: the final (and best) metrics, where the files are, how to look.
 
     `results`: the final evaluation's; without one (`train`), the last train loop's.
@@ -89,17 +108,31 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
         step: the final global step.
         results: the final evaluation's results; without one (`train`), the last train loop's are read.
         already: True for a run that was already complete (says less).
+        known: what the run knows (not read).
+        written: waits for a write made meanwhile (the finished mark), before the first line;
+            its error is raised.
     """
-    # Independent reads: side by side in an object store (each a round trip).
-    found = at_once(directory.path, {
-        "loops": (lambda: directory.metrics("train")) if not results else (lambda: []),
+    # What the run knows, and the independent reads of the rest: side by side in an object
+    # store (each a round trip).
+    given: Dict[str, Any] = {"evaluated": known.evaluated, "latest": known.latest, "train": known.train,
+             "eval": known.eval}
+    reads = {
         "best": lambda: _best_records(directory),
-        "evaluations": directory.evaluations_on_record,  # Is the final step's evaluated?
+        "evaluated": lambda: step in directory.evaluations_on_record(),
         "latest": lambda: directory.checkpoint_state().latest,
         "train": lambda: tf.io.gfile.isdir(directory.train_dir),
         "eval": lambda: tf.io.gfile.isdir(directory.eval_dir),
         "export": lambda: tf.io.gfile.isdir(directory.file(EXPORT_DIR)),
-    })
+    }
+    if not results:
+        reads["loops"] = lambda: directory.metrics("train")
+    found: Dict[str, Any] = {name: value for name, value in given.items() if value}
+    try:
+        found.update(at_once(directory.path, {name: read for name, read in reads.items()
+                                              if name not in found}))
+    finally:
+        if written is not None:
+            written()
     kind = "eval"
     if not results:
         kind = "train loop"
@@ -111,7 +144,7 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
     else:
         console.info(KIND, "%s", final, step=step)
     records = found["best"]
-    settled = not records or step in found["evaluations"]
+    settled = not records or found["evaluated"]
     for record in records:
         if settled:
             console.info(KIND, "best: %s = %.6g at step %s: %s", record.get("metric"),

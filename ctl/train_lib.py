@@ -40,7 +40,7 @@ from ctl.utils.errors import UserError, require_choice
 from ctl.model_dir.evaluator_role import TRAINER, EvaluatorRole
 from ctl.core.build_run import build_run
 from ctl.core.hook_protocol import Hooks
-from ctl.model_dir import Ahead, ModelDir
+from ctl.model_dir import Ahead, ModelDir, at_once
 from ctl.core.summaries import SummaryManager
 from ctl.core.runner import EvaluationStopped
 from ctl.core.stop import SignalWatcher
@@ -102,6 +102,10 @@ def run_experiment(
         _say_sources(experiment, plan)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment,
                                                      settings=experiment.continuous_eval)
+    # One trainer per model dir: whether another live one holds it is read meanwhile (in an
+    # object store, a round trip or two beside building the experiment); asked below.
+    lock = ModelDirLock(directory) if plan.locks else None
+    held = Ahead(directory.path, lock.check, name="ctl-read-lock") if lock is not None else None
     if plan.leaves_eval_to_evaluator:
         console.info("train", "TF_CONFIG's cluster has an evaluator task: training without in-line eval")
     if not plan.train and not directory.checkpoints():
@@ -114,11 +118,10 @@ def run_experiment(
     _say_sources(experiment, plan)
     if plan.writes:  # Other workers only read the model dir.
         directory.check_writable()  # Writes nothing yet: a refused run leaves no trace.
-    # One trainer per model dir. Taken once the checkpoint is validated, so that a
-    # run refused for a bad input leaves even the lock file as it was.
-    lock = ModelDirLock(directory) if plan.locks else None
-    if lock is not None:
-        lock.check()  # Before reading checkpoints that a live trainer is retiring meanwhile.
+    # Taken once the checkpoint is validated, so that a run refused for a bad input leaves
+    # even the lock file as it was.
+    if held is not None:
+        held.result()  # Before reading checkpoints that a live trainer is retiring meanwhile.
     with contextlib.ExitStack() as stack:
         if lock is not None:
             stack.callback(lock.release)
@@ -299,10 +302,13 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     # The eval step's trace runs beside the first train loop of a one-process train_and_eval run:
     # its first write waits for it (`ModelDirLock.acquire_aside`), and a refusal stops it there.
     eval_beside = plan.in_line_eval and plan.one_process and lock is not None
+    summaries = (controller.summary_manager, controller.eval_summary_manager)
+    for manager in summaries:  # In an object store: nothing uploaded before the first write.
+        manager.hold()
     try:
         contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
                            trace_loop=True, loop_context=controller.train_loop_context,
-                           eval_context=controller.eval_summary_manager.writing,
+                           eval_context=controller.eval_summary_manager.tracing,
                            trace_eval=not eval_beside)
     except BaseException:
         _discard_summaries(controller)
@@ -312,7 +318,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     def check_eval() -> None:  # On the claim's thread, beside the first train loop.
         try:
             contract.check_eval(trainer, schedule.eval_steps,
-                                controller.eval_summary_manager.writing)
+                                controller.eval_summary_manager.tracing)
         except BaseException:
             refused.append(True)
             raise
@@ -333,12 +339,20 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                 faults.resume_inputs()
 
     def first_writes() -> None:  # Everything is validated.
+        # Independent: side by side in an object store (one after the other on a file system,
+        # where the dir comes first).
+        complete = bool(done and done[0] is not None)  # This run writes nothing more.
+        writes: Dict[str, Callable[[], None]] = {}
         if plan.writes:
-            directory.create()
-        if plan.marks_finished and not (done and done[0] is not None):
+            writes["dir"] = directory.create
+        if plan.marks_finished and not complete:
             if marked is None or marked.result():
-                directory.clear_finished()
-            config.save_config(directory)
+                writes["finished"] = directory.clear_finished
+            writes["config"] = lambda: config.save_config(directory)
+        at_once(directory.path, writes)
+        if not complete:
+            for manager in summaries:
+                manager.let_go()
 
     # Before anything else is written; raises UserError if held. In an object store the
     # lease settles beside the first train loop, which waits for it before it saves.
@@ -369,13 +383,29 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         controller.flush_summaries()  # What was kept since (an evaluation's rate), also on an error.
     if lock is not None:
         lock.decided()  # A run that ran no train loop (its steps were done).
+        lock.ending()  # Released once the run's end is written: no renewal meanwhile.
+    latest = controller.checkpoint_manager.latest_checkpoint
+    # The final checkpoint is committed (`train` and `train_and_evaluate` waited for it): the
+    # mark goes now, beside the hooks' end and the end's reads (an object store's round trips).
+    marking = (Ahead(directory.path, lambda: directory.mark_finished(
+        controller.step, latest, schedule.train_steps), name="ctl-mark-finished")
+        if plan.marks_finished else None)
+    try:
+        hooks.call("on_trial_close", output)
+    except BaseException:
+        if marking is not None:
+            with contextlib.suppress(Exception):  # Landed before the lease goes; the hook's error.
+                marking.result()
+        raise
     if plan.marks_finished:
-        directory.mark_finished(controller.step,
-                                          controller.checkpoint_manager.latest_checkpoint,
-                                          schedule.train_steps)
-    hooks.call("on_trial_close", output)
-    if plan.marks_finished:
-        run_end.say_done(directory, controller.step, output if plan.evaluate else None)
+        evaluated = evaluations is not None and controller.step in evaluations.evaluated
+        # What this run knows of its end is not read again (`run_end.Known`).
+        run_end.say_done(directory, controller.step, output if plan.evaluate else None,
+                         known=run_end.Known(
+                             latest=latest, evaluated=evaluated or None,
+                             train=controller.summary_manager.wrote or None,
+                             eval=controller.eval_summary_manager.wrote or None),
+                         written=marking.result)
     return output
 
 
@@ -419,11 +449,15 @@ class _Evaluations:
         self.recorded = recorded  # `ModelDir.evaluations_on_record()`.
         self.in_line = in_line
         self.before = before  # The trainer's claim, decided before an evaluation writes.
+        self.evaluated = set(recorded)  # Steps on record, or evaluated in-line by this run.
 
     def skip(self, step: int) -> bool:
         if self.before is not None:
             self.before()
-        return step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
+        skipped = step in self.recorded or bool(self.in_line and self.in_line.steps_aside(step))
+        if not skipped:
+            self.evaluated.add(step)  # Evaluated now: a run whose evaluation fails ends here.
+        return skipped
 
 
 class _OnceAfterFirstLoop:

@@ -215,3 +215,35 @@ def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
         _first_loop(VectorEvalLossTask(), None, str(model_dir), "train_and_eval",
                     summary_interval=2)
     assert _files(tmp_path) == before
+
+
+def _objects(gs_dir: str) -> dict:
+    """Every object under `gs_dir`, with its bytes."""
+    found = {}
+    for directory, _, names in tf.io.gfile.walk(gs_dir):
+        for name in names:
+            path = f"{directory.rstrip('/')}/{name}"
+            with tf.io.gfile.GFile(path, "rb") as f:
+                found[path] = f.read()
+    return found
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
+def test_a_bad_eval_step_on_gs_leaves_the_bucket_as_it_was(gcs_dir, exists):
+    # In an object store the eval step is checked while the trainer's lease settles: refused,
+    # the lease's record is put back as it was (an earlier trainer's stale one), or deleted.
+    import json
+
+    if exists:
+        for name, data in {"train/events.out.tfevents.1.earlier.v2": b"",
+                           "config.gin": b"# an earlier run's\n",
+                           "trainer.lock": json.dumps({"role": "trainer", "host": "gone-host",
+                                                       "pid": 7, "token": "earlier",
+                                                       "renewed": 1.0}).encode()}.items():
+            with tf.io.gfile.GFile(f"{gcs_dir}/{name}", "wb") as f:
+                f.write(data)
+    before = _objects(gcs_dir)
+    with pytest.raises(ctl.UserError, match=r"VectorEvalLossTask.validation_step returned a loss "
+                                            r"of shape \(\w+,\), not a scalar"):
+        _first_loop(VectorEvalLossTask(), None, gcs_dir, "train_and_eval", summary_interval=2)
+    assert _objects(gcs_dir) == before

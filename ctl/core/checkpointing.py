@@ -20,7 +20,7 @@ the data files, then the index, then the `checkpoint` state file naming it
 (after the summaries and metrics written before the save), then the deletion
 of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
-state file names it; `sync()` waits for the uploads.
+state file names it; `sync()` waits for the uploads (not the retirements: `close()` does).
 
 `Checkpoints` is the Controller's argument that holds a manager, with how it saves
 (asynchronously or not) and who hears of a save or a restore.
@@ -39,8 +39,8 @@ from ctl.utils import console
 from ctl.model_dir import staging
 from ctl.model_dir.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
 from ctl.utils.errors import UserError, first_line
-from ctl.model_dir import (ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
-                                is_object_store)
+from ctl.model_dir import (Ahead, ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
+                           is_object_store)
 
 
 UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
@@ -99,7 +99,15 @@ class CheckpointManager:
         self.latest_checkpoint: Optional[str] = None  # Restored, or saved since.
         self._files = directory  # Where it saves (a non-chief's scratch dir).
         self._restore_files = restore_directory or directory
-        self._saved_step = _step_of(self._files.checkpoint_state().latest)
+        # The restore's first look, read from now on (in an object store beside what comes
+        # before the restore: each read is a round trip); where it saves, the step last saved.
+        self._first_look: Optional[Ahead] = Ahead(self._restore_files.path,
+                                                  self._restore_files.first_look,
+                                                  name="ctl-read-checkpoints")
+        saved = (self._first_look if self._files.path == self._restore_files.path else
+                 Ahead(self._files.path, self._files.first_look, name="ctl-read-saved"))
+        self._saved_ahead: Optional[Ahead] = saved
+        self._saved_step_value: Optional[int] = None
         self.last_saved_path: Optional[str] = None  # What this manager last saved.
         self.restored_path: Optional[str] = None  # What restore_or_initialize restored.
         # In an object store: saved here, uploaded on the uploads thread.
@@ -111,6 +119,20 @@ class CheckpointManager:
         self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
         self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
         self._published: List[str] = []  # Uploads thread: what the state file names, replaced whole.
+
+    @property
+    def _saved_step(self) -> Optional[int]:
+        """The step of the checkpoint last saved where it saves (the state file's, at first)."""
+        if self._saved_ahead is not None:
+            state, _ = self._saved_ahead.result()
+            self._saved_ahead = None
+            self._saved_step_value = _step_of(state.latest)
+        return self._saved_step_value
+
+    @_saved_step.setter
+    def _saved_step(self, step: Optional[int]) -> None:
+        self._saved_ahead = None
+        self._saved_step_value = step
 
     @property
     def restore_directory(self) -> ModelDir:
@@ -183,7 +205,9 @@ class CheckpointManager:
 
     def sync(self, uploaded: bool = True) -> None:
         """Waits for an asynchronous save to finish, and in an object store (`uploaded`) for
-        its upload.
+        its upload: its files and the state file naming it, and the summaries and metrics
+        handed over so far. Not for the deletes of checkpoints it retired (their own lane:
+        no reader waits for a checkpoint to go; the run's end waits for them, `close`).
 
         Args:
             uploaded: also wait for the upload to the object store.
@@ -191,7 +215,7 @@ class CheckpointManager:
         if self._manager is not None:
             self._manager.sync()
         if self._staging is not None and uploaded:
-            uploads().wait()
+            uploads().wait(lanes=(FILES, CHECKPOINTS))
 
     def _tf_manager(self) -> tf.train.CheckpointManager:
         if self._manager is None:
@@ -271,18 +295,22 @@ class CheckpointManager:
                                 "the run goes on.", path, first_line(error))
 
     def close(self) -> None:
-        """Waits for the uploads and, in an object store, removes the staging directory (also
-        when an upload failed)."""
+        """Waits for the uploads (the retirements too) and, in an object store, removes the
+        staging directory (also when an upload failed)."""
         try:
             self.sync()
+            if self._staging is not None:
+                uploads().wait()
         finally:
             if self._staging is not None:
                 staging.remove(self._staging)
 
     def restore_or_initialize(self) -> Optional[str]:
         """Restores the newest checkpoint that restores (reads only), or initializes."""
+        first, self._first_look = self._first_look, None
         restored = self._restore_files.restore_newest(
-            lambda path: restore(self.checkpoint, path, self._restore_files))
+            lambda path: restore(self.checkpoint, path, self._restore_files),
+            first=first.result() if first is not None else None)
         if restored.path is None:
             if self._initialize is not None:
                 self._initialize()

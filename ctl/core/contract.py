@@ -271,8 +271,9 @@ def check_eval(trainer, eval_steps: Optional[int],
         trainer: the built Trainer (its train loop traced, if it trains: the model's variables
             exist).
         eval_steps: `ctl.Schedule.eval_steps` (None: whole eval sets).
-        eval_context: what an evaluation runs under (`SummaryManager.writing` of the eval
-            summaries: the eval step's own `tf.summary` calls write there), entered for the trace.
+        eval_context: what an evaluation runs under (the eval summaries' writer,
+            `SummaryManager.tracing`: the eval step's own `tf.summary` calls write there),
+            entered for the trace.
     """
     if isinstance(trainer.strategy, tf.distribute.ParameterServerStrategy) or not trainer.eval_sets:
         return

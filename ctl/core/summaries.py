@@ -18,6 +18,7 @@ Why, and what it saves: docs/explanation/training-loop.md ("Loop summaries").
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -58,6 +59,9 @@ class SummaryManager:
         self._uploaded: Dict[str, int] = {}  # Local file -> the size uploaded (uploads thread).
         self._mirror_queued = False  # One mirror waits at a time: it takes what is flushed by then.
         self._made: List[NewFiles] = []  # What creating each writer found (`discard`).
+        self._hold = threading.Lock()
+        self._held = False  # `hold`: no upload until `let_go`.
+        self._held_back = False  # A mirror asked for while held.
 
     def summary_writer(self, relative_path: str = ""):
         """The writer of `relative_path` under the summary dir (a no-op writer if disabled).
@@ -75,6 +79,19 @@ class SummaryManager:
                 writer = tf.summary.create_noop_writer()
             self._writers[relative_path] = writer
         return writer
+
+    def hold(self) -> None:
+        """Uploads nothing until `let_go` (what is flushed meanwhile stays local): a run's
+        summaries before it may write (a refused run's are removed by `discard`, never uploaded)."""
+        with self._hold:
+            self._held = True
+
+    def let_go(self) -> None:
+        """Ends `hold`: what was flushed meanwhile is uploaded."""
+        with self._hold:
+            self._held, held_back, self._held_back = False, self._held_back, False
+        if held_back:
+            self.mirror()
 
     def discard(self) -> None:
         """Closes the writers and removes what they made (their event files, and the directories
@@ -140,6 +157,17 @@ class SummaryManager:
         finally:
             self.mirror()  # Also after an error: what was flushed is uploaded.
 
+    @contextlib.contextmanager
+    def tracing(self):
+        """The summary dir's writer as the default for a trace that runs nothing (a check before
+        the run's first write, `ctl.core.contract`): what it makes stays local, uploaded by
+        the first flush after it (in an object store), or removed by `discard`."""
+        if not self.enabled:
+            yield
+            return
+        with self.summary_writer().as_default():
+            yield
+
     def _write_kept(self, flushed_on_exit: Optional[str]) -> None:
         """Writes the kept rows, one call per writer that has some (which flushes it), and
         flushes the other writers but `flushed_on_exit` (inside its context, which flushes it)."""
@@ -170,7 +198,13 @@ class SummaryManager:
 
         Called after each flush of `flush()` and at the end of `writing()`.
         """
-        if self._local is not None and not self._mirror_queued:
+        if self._local is None:
+            return
+        with self._hold:
+            if self._held:
+                self._held_back = True
+                return
+        if not self._mirror_queued:
             self._mirror_queued = True
             uploads().submit(self._upload_grown)
 
@@ -186,6 +220,12 @@ class SummaryManager:
                         tf.io.gfile.makedirs(os.path.dirname(remote))
                     upload(local, remote)
                     self._uploaded[local] = size
+
+    @property
+    def wrote(self) -> bool:
+        """Whether its directory holds event files of this run (a writer was made there; in an
+        object store, uploaded by the first flush or `writing()` after it)."""
+        return self.enabled and bool(self._writers)
 
     @property
     def kept(self) -> int:

@@ -28,6 +28,8 @@ import tensorflow as tf
 
 from ctl.config import gin_config as config
 from ctl.core.hook_protocol import Hook
+from ctl.model_dir import is_object_store
+from ctl.model_dir.background import uploads
 
 STATE, STEP = "state", "step"  # The columns that say how the run ended.
 # Names a run's end state other than complete or stopped (None: not this run), set by the
@@ -82,4 +84,9 @@ class HParamsSummary(Hook):
         state = END_STATE(self.run) if END_STATE is not None else None
         if state is None:
             state = "stopped" if self.run.stop.should_stop else "complete"
-        write_summary(self.run.directory.path, config.operative_values(), state, self.run.step)
+        path = self.run.directory.path
+        arguments = (path, config.operative_values(), state, self.run.step)
+        if is_object_store(path):  # A few requests: on the uploads' thread (the run waits at its end).
+            uploads().submit(write_summary, *arguments)
+        else:
+            write_summary(*arguments)

@@ -15,7 +15,7 @@ docs/explanation/model-dir-records.md.
 
 import queue
 import threading
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -85,10 +85,15 @@ class Uploads:
         """
         self._lanes[lane].wait_for(mark)
 
-    def wait(self) -> None:
-        """Returns once every upload submitted so far ran; raises the first error of one."""
-        for lane in self._lanes.values():
-            lane.wait_for(lane.submitted)
+    def wait(self, lanes: Optional[Sequence[str]] = None) -> None:
+        """Returns once every upload submitted so far ran (of `lanes`); raises the first error of one.
+
+        Args:
+            lanes: the lanes waited for (None: all of them).
+        """
+        for name, lane in self._lanes.items():
+            if lanes is None or name in lanes:
+                lane.wait_for(lane.submitted)
         self.check()
 
     @property

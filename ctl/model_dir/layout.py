@@ -19,12 +19,13 @@ Every file, who writes it, when, and who reads it: docs/reference/model-dir.md.
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from ctl.model_dir.checkpoints import (CHECKPOINT_INDEX, CHECKPOINT_STATE_FILE, CheckpointState, Restored,
                                        UnreadableCheckpointError, checkpoint_index, parse_checkpoint_state)
+from ctl.model_dir.at_once import at_once
 from ctl.model_dir.files import read_json, read_json_lines, read_text, write_atomically
 from ctl.utils import console
 from ctl.utils.errors import UserError, first_line
@@ -311,7 +312,14 @@ class ModelDir:
                 ready[number] = path
         return ready
 
-    def restore_newest(self, restore: Callable[[str], Any], looks: int = 3) -> Restored:
+    def first_look(self) -> Tuple[CheckpointState, Dict[int, str]]:
+        """The state file and the checkpoints (`checkpoint_state`, `checkpoints`), read side by
+        side in an object store: what `restore_newest` reads first."""
+        found = at_once(self.path, {"state": self.checkpoint_state, "found": self.checkpoints})
+        return found["state"], found["found"]
+
+    def restore_newest(self, restore: Callable[[str], Any], looks: int = 3,
+                       first: Optional[Tuple[CheckpointState, Dict[int, str]]] = None) -> Restored:
         """Restores the latest checkpoint with `restore(path)`, by the corruption policy.
 
         `restore` raises `UnreadableCheckpointError` for a checkpoint that is
@@ -324,9 +332,9 @@ class ModelDir:
         Args:
             restore: restores one checkpoint, given its path.
             looks: how many times the dir is looked at when checkpoints were deleted meanwhile.
+            first: what `first_look` read, if it was read ahead (None: read now).
         """
-        state = self.checkpoint_state()
-        found = self.checkpoints()
+        state, found = first or self.first_look()
         by_name = {os.path.basename(p): n for n, p in found.items()}
         newest_first = [found[n] for n in sorted(found, reverse=True)]
         problem = state.problem

@@ -44,6 +44,8 @@ class Lease:
         self._written_at = -math.inf  # When this holder last wrote its record (monotonic).
         self._stop: Optional[threading.Event] = None
         self._renewer: Optional[threading.Thread] = None
+        self._ending = False  # Its holder releases it soon (`ending`).
+        self._replaced: Optional[bytes] = None  # The record the last take wrote over (`undo`).
 
     @property
     def held(self) -> bool:
@@ -58,11 +60,12 @@ class Lease:
             while_settling: work that writes nothing to the store, run while the record
                 settles (`SETTLE_SECONDS`) instead of after it, whether or not it is then
                 taken; an error it raises is raised once the lease is decided (and held,
-                for its holder to release).
+                for its holder to release, or to `undo` to leave the store as it was).
         """
         if self.held:
             return True
-        record = self._read()
+        found: list = []  # The record's bytes, if there is one.
+        record = self._read(found)
         if record is None:
             return self._unknown()
         if record and not self._stale(record):
@@ -74,6 +77,8 @@ class Lease:
                 return False
         if not is_object_store(self.path):  # An object needs no directory.
             tf.io.gfile.makedirs(os.path.dirname(self.path))
+        self._replaced = found[0] if record else None
+        self._ending = False
         self._write()
         settled = time.monotonic() + SETTLE_SECONDS
         failed: Optional[BaseException] = None
@@ -120,19 +125,34 @@ class Lease:
         self._seen = {"unreadable": first_line(self.read_error)}
         return False
 
-    def release(self) -> None:
-        if self._stop is None:
+    def ending(self) -> None:
+        """Its holder releases it soon (the run's end): from now on a renewal starts only once
+        its record is `STALE_SECONDS / 2` old (a taker takes none younger than `STALE_SECONDS`),
+        so that `release` rarely waits for one in flight and never for one it did not need."""
+        self._ending = True
+
+    def undo(self) -> None:
+        """Lets go of it as `release` does, but puts back the record its take wrote over (or,
+        if there was none, deletes its own): for a taker refused by its own work while the
+        record settled (`try_acquire`'s `while_settling`), which leaves the store as it found it.
+        A record the store does not let it put back is a WARNING: its own, unrenewed, goes stale."""
+        replaced, self._replaced = self._replaced, None
+        if replaced is None or not self.held:
+            self.release()
             return
-        self._stop.set()
-        self._stop = None
-        # A renewal in flight lands first: written after the delete, it would leave a record
-        # that holds others off until it goes stale (and TensorFlow aborts an interpreter
-        # that exits inside a write).
-        self._renewer.join(timeout=RELEASE_SECONDS)
-        if self._renewer.is_alive():
-            console.warning("lock", "a renewal of %s is still being written after %g s: left "
-                            "there, it goes stale in %g s.", self.path, RELEASE_SECONDS,
+        if not self._let_go():
+            return
+        try:
+            fresh = not self.lost and time.monotonic() - self._written_at < STALE_SECONDS / 2
+            if fresh or (self._read() or {}).get("token") == self.token:  # Its own (as `release`).
+                write_atomically(self.path, replaced)
+        except tf.errors.OpError as error:
+            console.warning("lock", "could not put back the record %s held before (%s); this "
+                            "process's goes stale in %g s.", self.path, first_line(error),
                             STALE_SECONDS)
+
+    def release(self) -> None:
+        if not self._let_go():
             return
         try:
             # Its own record, renewed less than half `STALE_SECONDS` ago, is still its own: no
@@ -144,17 +164,38 @@ class Lease:
             console.warning("lock", "could not delete %s (%s); it goes stale in %g s.",
                             self.path, first_line(error), STALE_SECONDS)
 
+    def _let_go(self) -> bool:
+        """Stops renewing (a renewal in flight lands first); whether its record may be touched."""
+        if self._stop is None:
+            return False
+        self._stop.set()
+        self._stop = None
+        # A renewal in flight lands first: written after the delete, it would leave a record
+        # that holds others off until it goes stale (and TensorFlow aborts an interpreter
+        # that exits inside a write).
+        self._renewer.join(timeout=RELEASE_SECONDS)
+        if self._renewer.is_alive():
+            console.warning("lock", "a renewal of %s is still being written after %g s: left "
+                            "there, it goes stale in %g s.", self.path, RELEASE_SECONDS,
+                            STALE_SECONDS)
+            return False
+        return True
+
     def holder(self) -> str:
         return holders.describe(self._seen, self.path)
 
     def holder_role(self) -> str:
         return holders.role_of(self._seen)
 
-    def _read(self) -> Optional[Dict[str, Any]]:
+    def _read(self, found: Optional[list] = None) -> Optional[Dict[str, Any]]:
         """The record: {} when there is none; None when the store does not answer after
         `READ_ATTEMPTS` tries (`read_error` says why): unknown, which is never taken for a
         stale record nor for a lost one. A record that is not a JSON object is
-        `{"garbage": ...}`: it lacks `renewed`, so it is stale."""
+        `{"garbage": ...}`: it lacks `renewed`, so it is stale.
+
+        Args:
+            found: gets the record's bytes appended, if there is one.
+        """
         for attempt in range(READ_ATTEMPTS):
             if attempt:
                 time.sleep(0.5 * attempt)
@@ -168,6 +209,8 @@ class Lease:
                 self.read_error = error
                 continue
             self.read_error = None
+            if found is not None:
+                found.append(data)
             try:
                 record = json.loads(data.decode("utf-8"))
             except ValueError:  # UnicodeDecodeError and json.JSONDecodeError are ones.
@@ -218,6 +261,8 @@ class Lease:
         (another token) replaced it: then `lost`, and renewing ends. A read or a write that
         fails is tried again at the next renewal."""
         while not stop.wait(RENEW_SECONDS):
+            if self._ending and time.monotonic() - self._written_at < STALE_SECONDS / 2:
+                continue  # Released soon, and fresh until then.
             record = self._read()
             if record is None:
                 console.warning("lock", "could not read %s to renew it (%s); trying again in %g s",

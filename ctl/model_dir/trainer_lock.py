@@ -24,8 +24,11 @@ takes it beside its first train loop (`acquire_aside`): the loop computes while 
 settles and writes nothing, and the first write of the run waits for the lease at that loop's
 end (`stop_if_taken`): a trainer that did not get it stops there with one line, having written
 nothing but its own lease record. A check that must pass before the run writes (the eval
-step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well, before the
-claim is taken: a run it refuses stops at the same point having taken and written nothing.
+step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well: there before
+the lock is taken, in an object store while the lease settles. A run it refuses stops at the
+same point having written nothing: no lock file, or the lease record put back as it was
+(`Lease.undo`: the record its take replaced, or none). At the run's end the lease is renewed
+no more while it is fresh (`ending`): its release, last, deletes it without waiting for a renewal.
 """
 
 import threading
@@ -107,9 +110,10 @@ class ModelDirLock:
             reads: work that writes nothing, run now (while the lease settles).
             first_writes: the run's first writes to the model dir (the dir itself, its config),
                 made once the claim is held and the checks passed, on the claim's thread.
-            checks: work that must end without an error before the claim is taken and
-                anything written (the eval step's trace, `ctl.core.contract.check_eval`): its
-                error is raised by `decided`, the claim untaken (a file lock's file unmade).
+            checks: work that must end without an error before anything is written (the eval
+                step's trace, `ctl.core.contract.check_eval`), run before a file lock is taken
+                (its file unmade) or while a lease's record settles (put back as it was after
+                an error, `Lease.undo`): its error is raised by `decided`, the claim not held.
         """
         if checks is None and not isinstance(self._claim, Lease):
             self.acquire(reads)
@@ -119,16 +123,26 @@ class ModelDirLock:
         read: list = []  # Whether `reads` returned; set once it ended.
         reads_ended = threading.Event()
 
+        settling = isinstance(self._claim, Lease)  # Checks while its record settles.
+        checked: list = []  # Whether `checks` returned (while settling).
+
+        def check_while_settling() -> None:
+            checks()
+            checked.append(True)
+
         def take() -> None:
             try:
-                if checks is not None:
+                if checks is not None and not settling:
                     checks()
-                self._aside_taken = self._claim.try_acquire()
+                self._aside_taken = self._claim.try_acquire(
+                    check_while_settling if checks is not None and settling else None)
                 reads_ended.wait()  # The first writes may depend on what they found.
                 if self._aside_taken and read:
                     first_writes()
             except BaseException as error:  # Raised by `decided`, on the caller's thread.
                 self._aside_error = error
+                if checks is not None and isinstance(self._claim, Lease) and not checked:
+                    self._claim.undo()  # Refused: the store as it was.
 
         self._aside = threading.Thread(target=take, name="ctl-lease-take", daemon=True)
         self._aside.start()
@@ -149,6 +163,11 @@ class ModelDirLock:
             raise self._aside_error
         if not self._aside_taken:
             self._refuse()
+
+    def ending(self) -> None:
+        """The run's end: its claim is released soon (a lease renews no more while fresh)."""
+        if isinstance(self._claim, Lease):
+            self._claim.ending()
 
     def _refuse(self) -> None:
         raise UserError(
