@@ -6,6 +6,8 @@ ctl/compat.py relies on moves (or the bug it works around is fixed upstream).
 
 from importlib import metadata
 import os
+import subprocess
+import sys
 
 import gin
 import keras
@@ -127,3 +129,24 @@ def test_a_name_based_checkpoint_has_no_object_graph(tmp_path):
             path = saver.save(session, str(tmp_path / "tf1"))
     with pytest.raises(ValueError, match="name-based"):
         compat.checkpoint_object_graph(tf.train.load_checkpoint(path))
+
+
+@pytest.mark.slow  # TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it is imported: a process each.
+def test_onednn_entry_reads_tensorflows_setting_and_a_seeded_process_says_what_is_left_to_chance():
+    # Model Garden's DeepLab gave other gradients and weights, in the last bits, under op
+    # determinism (python -m bench.model_garden_zoo.guarantees seg_deeplabv3_pascal --gradients):
+    # a seeded CPU process says so once, and how to be bit for bit; not once it is.
+    from ctl.faults.resume import CPU_NOTE
+    from tests.support.env import ctl_env
+
+    code = ("from ctl import compat; from ctl.utils import console; from ctl.faults import resume; "
+            "console.install(); print('oneDNN', compat.onednn_enabled()); "
+            "resume.seed_everything(1); resume.seed_everything(2)")
+    for onednn, interop, said in (("1", "1", 1), ("0", "", 1), ("0", "1", 0)):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300, env={**ctl_env(), "TF_ENABLE_ONEDNN_OPTS": onednn,
+                                                  "TF_NUM_INTEROP_THREADS": interop,
+                                                  "CUDA_VISIBLE_DEVICES": ""})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"oneDNN {onednn == '1'}" in result.stdout, f"{TF}: TF_ENABLE_ONEDNN_OPTS={onednn}"
+        assert result.stdout.count(CPU_NOTE) == said, (onednn, interop, result.stdout)

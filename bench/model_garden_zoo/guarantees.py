@@ -1,7 +1,7 @@
 """ctl's four guarantees on one experiment's tiny variant, each through `python -m ctl.run`.
 
     python -m bench.model_garden_zoo.guarantees NAME [--workdir=DIR] [--random_ops]
-                                                [--train_lib_at_two_replicas]
+                                                [--train_lib_at_two_replicas] [--gradients]
 
 The run is seeded as a user seeds theirs: `ctl.FaultTolerance.seed = 1` in the gin file (which
 seeds Python, NumPy, TensorFlow and Keras, turns on op determinism and makes tf_keras draw
@@ -618,6 +618,98 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
             f"({command})")
 
 
+GRADIENTS_CHECK = "GRADIENTS "
+GRADIENT_CALLS = 5  # Calls of the gradient function in each of the check's two processes.
+
+
+class _RecordedGradients:
+    """What Model Garden's `train_step` gets as its optimizer in the gradients check: it keeps
+    the gradients the step applies (no update), so that only Model Garden's and TensorFlow's
+    code computes them."""
+
+    gradients = None
+
+    def apply_gradients(self, grads_and_vars, **unused_kwargs):
+        self.gradients = [gradient for gradient, _ in grads_and_vars]
+
+
+def _gradients_once(experiment: str, workdir: str, path: str) -> str:
+    """In this process: Model Garden's own `train_step` of the variant on its first train batch,
+    from the seeded initial weights, `GRADIENT_CALLS` times (one `tf.function`); writes the first
+    call's gradients to `path` (.npz); returns how many calls differ from the first (JSON)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import ctl
+    from bench.model_garden_zoo import data, variants
+    from ctl.faults import resume
+
+    resume.seed_everything(1)  # Op determinism on, as in the run.
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=variants.overrides(
+        experiment, STEPS) + data.data_overrides(experiment, os.path.join(workdir, "data")))
+    garden, model = task.garden_task, task.build_model()
+    batch = next(iter(task.build_inputs(training=True)))
+
+    @tf.function
+    def gradients(inputs):
+        recorded = _RecordedGradients()
+        garden.train_step(inputs, model=model, optimizer=recorded, metrics=None)
+        return recorded.gradients
+
+    calls = [[np.asarray(g) for g in gradients(batch) if g is not None] for _ in range(GRADIENT_CALLS)]
+    np.savez(path, *calls[0])
+    differ = [sum(a.tobytes() != b.tobytes() for a, b in zip(calls[0], c)) for c in calls[1:]]
+    return json.dumps({"variables": len(calls[0]), "differ": differ})
+
+
+def gradients_check(experiment: str, family: str, workdir: str) -> str:
+    """Whether Model Garden's own train step of the variant (its model, losses and
+    `tape.gradient`; no ctl loop, no update) gives the same gradients on the same batch and
+    weights: `GRADIENT_CALLS` calls in one process, and the first call of two processes side by
+    side (each `--gradients_once`, with this environment: `TF_NUM_INTEROP_THREADS` and
+    `TF_ENABLE_ONEDNN_OPTS` too). A sentence.
+
+    Args:
+      experiment: a registered experiment's name.
+      family: its family.
+      workdir: the zoo's workdir (its `data/` holds the generated files).
+    """
+    import subprocess
+
+    import numpy as np
+
+    from bench.model_garden_zoo import data
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [os.path.join(workdir, f"gradients-{experiment.replace('/', '_')}-{k}.npz")
+             for k in range(2)]
+    data.data_overrides(experiment, os.path.join(workdir, "data"))  # Written once, before both.
+    # Side by side, as the guarantee check runs its trainers.
+    processes = [subprocess.Popen(
+        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", experiment,
+         f"--family={family}", f"--workdir={workdir}", f"--gradients_once={path}"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": root}) for path in paths]
+    said = []
+    for process in processes:
+        out, _ = process.communicate(timeout=WAIT_S)
+        lines = [line[len(GRADIENTS_CHECK):] for line in out.splitlines()
+                 if line.startswith(GRADIENTS_CHECK)]
+        if not lines:
+            return f"the gradients check ended without a result (exit {process.returncode})"
+        said.append(json.loads(lines[-1]))
+    first, second = (np.load(p) for p in paths)
+    across = sum(first[k].tobytes() != second[k].tobytes() for k in first.files)
+    within = max(max(s["differ"], default=0) for s in said)
+    settings = ", ".join(f"{name} {os.environ.get(name, 'unset')}"
+                         for name in ("TF_NUM_INTEROP_THREADS", "TF_ENABLE_ONEDNN_OPTS"))
+    return (f"Model Garden's own train step (no ctl loop, no update), op determinism on, "
+            f"{settings}: on one batch from the same weights, the gradients of {within} of "
+            f"{said[0]['variables']} variables differ between {GRADIENT_CALLS} calls in one "
+            f"process, and {across} between two processes (python -m "
+            f"bench.model_garden_zoo.guarantees {experiment} --gradients)")
+
+
 COLLECTIVE_SHAPES = "Shape mismatch in the collective instance"
 TRAIN_LIB_CHECK = "TRAIN-LIB-AT-2 "
 
@@ -936,6 +1028,11 @@ def main(argv=None) -> int:
                         help="only: the stateful random ops in the variant's train step")
     parser.add_argument("--train_lib_at_two_replicas", action="store_true",
                         help="only: Model Garden's train_lib on the variant at two CPU replicas")
+    parser.add_argument("--gradients", action="store_true",
+                        help="only: do Model Garden's own train-step gradients repeat, in one "
+                             "process and in two (gradients_check)")
+    parser.add_argument("--gradients_once", default="",
+                        help="(the gradients check's own processes) write them to this .npz")
     args = parser.parse_args(argv)
     if not args.family:
         from bench.model_garden_zoo import registry
@@ -950,6 +1047,15 @@ def main(argv=None) -> int:
         for module in _family_modules(args.family):
             importlib.import_module(module)
         print(RANDOM_OPS_CHECK + _stateful_random_ops(args.experiment, args.workdir), flush=True)
+        return 0
+    if args.gradients_once:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(GRADIENTS_CHECK + _gradients_once(args.experiment, args.workdir, args.gradients_once),
+              flush=True)
+        return 0
+    if args.gradients:
+        print(GRADIENTS_CHECK + gradients_check(args.experiment, args.family, args.workdir), flush=True)
         return 0
     if args.train_lib_at_two_replicas:
         for module in _family_modules(args.family):

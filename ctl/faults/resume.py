@@ -5,7 +5,8 @@
   already consumed are skipped (`skip_consumed_batches`);
 - the Keras 3 RNG states (Dropout, noise layers), in the checkpoint as `rng`
   (`ctl.core.checkpoint_contents`);
-- `seed_everything`: one seed for Python, NumPy, TensorFlow and Keras, and TF op determinism;
+- `seed_everything`: one seed for Python, NumPy, TensorFlow and Keras, and TF op determinism
+  (and, on a CPU, a line saying what op determinism leaves to chance: `cpu_left_to_chance`);
 - `stateful_input_op`, `warn_if_not_replayable`: a pipeline whose state cannot be saved, said
   at start.
 
@@ -24,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ctl import compat
 from ctl.utils import console
 from ctl.core import contract
 from ctl.utils.errors import first_line
@@ -38,6 +40,9 @@ def seed_everything(seed: int) -> None:
     states the checkpoint holds (`rng`): tf_keras' default random ops keep theirs in the
     process only, so a resumed run's dropout would draw other masks.
 
+    On a CPU, op determinism does not make every kernel repeat bit for bit: where they may not
+    (`cpu_left_to_chance`), says so once per process, with the fix (`CPU_NOTE`).
+
     Args:
         seed: `ctl.FaultTolerance.seed`.
     """
@@ -50,6 +55,32 @@ def seed_everything(seed: int) -> None:
         tf_keras.utils.set_random_seed(seed)
         tf_keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
+    if not _said_cpu_note and not tf.config.list_physical_devices("GPU") and cpu_left_to_chance():
+        _said_cpu_note.append(True)
+        console.info("setup", CPU_NOTE)
+
+
+def cpu_left_to_chance() -> bool:
+    """Whether TensorFlow's CPU kernels may give other bits for the same inputs in this process:
+    they run beside other ops (inter-op parallelism, `TF_NUM_INTEROP_THREADS` not 1) or through
+    oneDNN (`TF_ENABLE_ONEDNN_OPTS`). Op determinism covers neither.
+
+    Measured on Model Garden's DeepLab, its own train step with no ctl code (`python -m
+    bench.model_garden_zoo.guarantees seg_deeplabv3_pascal --gradients`): its gradients on one
+    batch differ between calls with ops side by side, with oneDNN's kernels or without; and a
+    restarted run's weights by a few ulps with oneDNN's kernels even one op at a time.
+    """
+    one_at_a_time = (tf.config.threading.get_inter_op_parallelism_threads() == 1
+                     or os.environ.get("TF_NUM_INTEROP_THREADS") == "1")
+    return compat.onednn_enabled() or not one_at_a_time
+
+
+CPU_NOTE = ("op determinism leaves TensorFlow's CPU kernels free to add in another order when "
+            "other ops run beside them and, through oneDNN (TF_ENABLE_ONEDNN_OPTS), from one "
+            "process to the next: a resumed run may end a few ulps away from an uninterrupted "
+            "one; for bit for bit, start the process with TF_NUM_INTEROP_THREADS=1 "
+            "TF_ENABLE_ONEDNN_OPTS=0 (slower)")
+_said_cpu_note: list = []  # Once per process.
 
 
 def probe_pipeline(task) -> tf.data.Dataset:
