@@ -340,11 +340,12 @@ def run_in_process(*args):
     return out
 
 
-def eval_mode_draw(model_dir, tmp_path, name):
-    """`--mode=eval`'s draw (its step, its draw) on a copy of `model_dir` (its latest checkpoint)."""
+def eval_mode_draw(model_dir, tmp_path, name, *args):
+    """`--mode=eval`'s draw (its step, its draw) on a copy of `model_dir` (its latest checkpoint),
+    with more `args`."""
     copy = str(tmp_path / name)
     shutil.copytree(model_dir, copy)
-    run_in_process("--mode=eval", f"--model_dir={copy}")
+    run_in_process("--mode=eval", f"--model_dir={copy}", *args)
     record = ModelDir(copy).metrics("eval")[-1]
     return record["step"], record["draw"]
 
@@ -366,14 +367,17 @@ def test_a_seeded_sidecar_draws_what_the_eval_mode_draws_on_the_same_checkpoint(
 
 def test_a_seeded_in_line_evaluation_draws_what_the_eval_mode_draws_on_the_same_checkpoint(
         run_dir, tmp_path):
-    # In-line, the evaluation at step 60 comes after the one at step 50 in the same process, with
-    # train loops between them: it draws what --mode=eval draws on checkpoint 60.
+    # In-line, the evaluation at step 60 comes after the ones at steps 40 and 50 in the same
+    # process, with train loops between them: it draws what --mode=eval draws on checkpoint 60.
+    # Two eval steps, the whole eval set: each evaluation one tf.function call (the sidecar's
+    # test above runs the host loop).
+    steps = "--gin_bindings=ctl.Schedule.eval_steps = 2"
     run_in_process("--mode=train_and_eval", f"--model_dir={run_dir}",
-                   "--gin_bindings=ctl.Schedule.train_steps = 60")
+                   "--gin_bindings=ctl.Schedule.train_steps = 60", steps)
     in_line = {each["step"]: each["draw"] for each in ModelDir(run_dir).metrics("eval")
                if "draw" in each}
     assert sorted(in_line)[-2:] == [50, 60], in_line
-    step, draw = eval_mode_draw(run_dir, tmp_path, "copy")
+    step, draw = eval_mode_draw(run_dir, tmp_path, "copy", steps)
     assert (step, draw) == (60, in_line[60]), in_line
     assert in_line[50] == draw, in_line
 

@@ -63,7 +63,7 @@ class Evaluation(orbit.AbstractEvaluator):
     evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or
     None), `averaged_optimizer` (or None: `Task.averaged_optimizer`),
     `eval_loss`, `eval_metrics` and `eval_sets` (`{name: distributed
-    dataset}`, `{None: dataset}` for the one unnamed set). `seed` is the run's
+    dataset}`, `{None: dataset}` for the one unnamed set). `run_seed` is the run's
     `ctl.FaultTolerance.seed` (None: unseeded; `ctl.core.build_run` sets it), with which an
     eval step that draws from stateful random ops is traced anew for each evaluation.
     """
@@ -94,7 +94,7 @@ class Evaluation(orbit.AbstractEvaluator):
         self._host_eval_parts: Optional[Any] = None
         self._eval_stop = eval_stop
         self._eval_callbacks = tuple(eval_callbacks)
-        self.seed: Optional[int] = None  # The run's ctl.FaultTolerance.seed (build_run sets it).
+        self.run_seed: Optional[int] = None  # The run's ctl.FaultTolerance.seed (build_run sets it).
         # The stateful random ops the eval step draws from (found on its first trace, when
         # seeded): each evaluation then runs a function traced anew. None: not looked at yet.
         self._eval_random_ops: Optional[List[str]] = None
@@ -212,10 +212,15 @@ class Evaluation(orbit.AbstractEvaluator):
         and read in it); else the host loop calls the eval step once per batch."""
         return state is None and steps >= 0 and self._use_tf_while_loop and not self._eval_callbacks
 
+    def _to_look_for_random_ops(self) -> bool:
+        """Whether the eval step's stateful random ops are still to be found: seeded, traced, and
+        not found yet."""
+        return self.run_seed is not None and self._use_tf_function and self._eval_random_ops is None
+
     def _look_for_random_ops(self, traced) -> None:
         """Finds, once and only in a seeded run, the stateful random ops of the eval step's
         traced function `traced`; says once that each evaluation traces it anew if it has any."""
-        if self.seed is None or self._eval_random_ops is not None:
+        if not self._to_look_for_random_ops():
             return
         self._eval_random_ops = stateful_random_ops(traced)
         if self._eval_random_ops:
@@ -223,7 +228,7 @@ class Evaluation(orbit.AbstractEvaluator):
                 "eval", "the eval step draws from stateful random ops (%s), whose state lives in "
                 "their kernels: each evaluation traces it anew, so that every evaluation of a "
                 "checkpoint draws what the seed (ctl.FaultTolerance.seed=%d) gives, wherever and "
-                "whenever it runs", ", ".join(self._eval_random_ops), self.seed)
+                "whenever it runs", ", ".join(self._eval_random_ops), self.run_seed)
 
     def _drop_drawn_functions(self) -> None:
         """After an evaluation whose seeded eval step drew from stateful random ops: drops its
@@ -262,8 +267,7 @@ class Evaluation(orbit.AbstractEvaluator):
         if self._runs_in_one_call(steps, state):
             if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
                 num_steps = tf.constant(steps, tf.int32)
-            if self.seed is not None and self._eval_random_ops is None and self._use_tf_function:
-                # Traced by this call, before it runs (the one trace).
+            if self._to_look_for_random_ops():  # The trace this call runs, made before it runs.
                 self._look_for_random_ops(self._eval_loop().get_concrete_function(
                     iterator, num_steps))
             try:
@@ -276,7 +280,7 @@ class Evaluation(orbit.AbstractEvaluator):
                 read = self._eval_steps_read.read()
         else:
             step_fn, reset, results = self._host_parts()
-            if self.seed is not None and self._eval_random_ops is None and self._use_tf_function:
+            if self._to_look_for_random_ops():
                 self._look_for_random_ops(step_fn.get_concrete_function(iterator))
             reset()
             self._eval_steps_read.variable.assign(0)
