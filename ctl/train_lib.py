@@ -99,6 +99,8 @@ def run_experiment(
     seed = _seed_before_building() if experiment is None else None
     if plan.sidecar:
         experiment = _with_hooks(experiment or config.call_configured(Experiment), hooks)
+        if seed is None and experiment.fault_tolerance.seed is not None:  # An experiment given.
+            resume.seed_everything(experiment.fault_tolerance.seed)
         _say_sources(experiment, plan)
         return continuous_eval.evaluate_continuously(directory, strategy, experiment=experiment,
                                                      settings=experiment.continuous_eval)

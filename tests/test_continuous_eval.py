@@ -326,23 +326,60 @@ def test_latest_policy_and_max_evaluations(run_dir):
     assert evaluated_numbers(run_dir) == [10, 20, 30]
 
 
+RANDOM_EVAL_ARGS = [f"--gin_file={TEST_GIN}", "--gin_bindings=import tests.sidecar_tasks",
+                    "--gin_bindings=ctl.Experiment.task = @RandomEvalTask()",
+                    "--gin_bindings=ctl.FaultTolerance.seed = 3"]
+
+
+def run_in_process(*args):
+    """`python -m ctl.run args` in this process, as a new process starts (no seed until the
+    run sets one); asserts it succeeded and returns its console (stdout)."""
+    tf.random.set_seed(None)
+    code, out, err = run_ctl_in_process([*args, *RANDOM_EVAL_ARGS])
+    assert code == 0, err[-2000:]
+    return out
+
+
+def eval_mode_draw(model_dir, tmp_path, name, *args):
+    """`--mode=eval`'s draw (its step, its draw) on a copy of `model_dir` (its latest checkpoint),
+    with more `args`."""
+    copy = str(tmp_path / name)
+    shutil.copytree(model_dir, copy)
+    run_in_process("--mode=eval", f"--model_dir={copy}", *args)
+    record = ModelDir(copy).metrics("eval")[-1]
+    return record["step"], record["draw"]
+
+
 def test_a_seeded_sidecar_draws_what_the_eval_mode_draws_on_the_same_checkpoint(run_dir, tmp_path):
-    # An eval step that draws from TensorFlow's random ops, under `ctl.FaultTolerance.seed`: the
-    # sidecar's evaluation of the last checkpoint is --mode=eval's, draw for draw.
-    copy = str(tmp_path / "copy")
-    shutil.copytree(run_dir, copy)
-    args = [f"--gin_file={TEST_GIN}", "--gin_bindings=import tests.sidecar_tasks",
-            "--gin_bindings=ctl.Experiment.task = @RandomEvalTask()",
-            "--gin_bindings=ctl.FaultTolerance.seed = 3", "--gin_bindings=ctl.ContinuousEval.policy = 'latest'"]
-    tf.random.set_seed(None)  # As a new process starts: no seed until the run sets one.
-    code, _, err = run_ctl_in_process(["--mode=continuous_eval", f"--model_dir={run_dir}", *args])
-    assert code == 0, err[-2000:]
-    code, _, err = run_ctl_in_process(["--mode=eval", f"--model_dir={copy}", *args])
-    assert code == 0, err[-2000:]
-    [sidecar] = ModelDir(run_dir).sidecar_evaluations()
-    in_line = ModelDir(copy).metrics("eval")[-1]
-    assert sidecar["number"] == in_line["step"] == 40
-    assert sidecar["results"]["draw"] == in_line["draw"], (sidecar["results"], in_line)
+    # An eval step that draws from TensorFlow's stateful random ops, under `ctl.FaultTolerance.seed`:
+    # the sidecar evaluates checkpoints 10, 20, 30 and 40 in turn, and its evaluation of each (the
+    # last after three others) is --mode=eval's of the same checkpoint, draw for draw. The draws do
+    # not depend on the weights: --mode=eval on checkpoint 40 stands for every checkpoint.
+    expected = eval_mode_draw(run_dir, tmp_path, "copy")
+    out = run_in_process("--mode=continuous_eval", f"--model_dir={run_dir}")
+    said = [line for line in out.splitlines() if "each evaluation traces it anew" in line]
+    assert len(said) == 1 and "(RandomUniform)" in said[0], out[-3000:]
+    sidecar = ModelDir(run_dir).sidecar_evaluations()
+    assert [each["number"] for each in sidecar] == [10, 20, 30, 40]
+    assert (sidecar[-1]["step"], sidecar[-1]["results"]["draw"]) == expected, (sidecar, expected)
+    assert {each["results"]["draw"] for each in sidecar} == {expected[1]}, sidecar
+
+
+def test_a_seeded_in_line_evaluation_draws_what_the_eval_mode_draws_on_the_same_checkpoint(
+        run_dir, tmp_path):
+    # In-line, the evaluation at step 60 comes after the ones at steps 40 and 50 in the same
+    # process, with train loops between them: it draws what --mode=eval draws on checkpoint 60.
+    # Two eval steps, the whole eval set: each evaluation one tf.function call (the sidecar's
+    # test above runs the host loop).
+    steps = "--gin_bindings=ctl.Schedule.eval_steps = 2"
+    run_in_process("--mode=train_and_eval", f"--model_dir={run_dir}",
+                   "--gin_bindings=ctl.Schedule.train_steps = 60", steps)
+    in_line = {each["step"]: each["draw"] for each in ModelDir(run_dir).metrics("eval")
+               if "draw" in each}
+    assert sorted(in_line)[-2:] == [50, 60], in_line
+    step, draw = eval_mode_draw(run_dir, tmp_path, "copy", steps)
+    assert (step, draw) == (60, in_line[60]), in_line
+    assert in_line[50] == draw, in_line
 
 
 def test_named_eval_sets_and_keras_callback_hooks(tmp_path):

@@ -18,6 +18,7 @@ import tf_keras
 
 import ctl
 from tests import contract_tasks
+from tests.sidecar_tasks import RandomDraw
 from tests.tasks import RegressionTask
 
 
@@ -174,6 +175,29 @@ def test_a_train_and_eval_run_traces_its_eval_step_once(strategy, tmp_path, eval
     _first_loop(task, strategy, str(tmp_path), "train_and_eval", eval_steps=eval_steps)
     assert task.eval_traces == strategy.num_replicas_in_sync
     assert task.train_traces == strategy.num_replicas_in_sync
+
+
+class DrawingTask(PlainTask):
+    """Its evaluation reports a draw of TensorFlow's stateful random ops (`RandomDraw`)."""
+
+    def build_metrics(self, training=True):
+        return super().build_metrics(training) + ([] if training else [RandomDraw()])
+
+
+@pytest.mark.parametrize("task_type,eval_steps", [(PlainTask, None), (DrawingTask, None), (DrawingTask, 2)],
+                         ids=["no_random_op", "random_op-host_loop", "random_op-one_call"])
+def test_a_seeded_run_traces_its_eval_step_anew_for_each_evaluation_only_if_it_draws(
+        tmp_path, task_type, eval_steps):
+    # ctl.FaultTolerance.seed, two evaluations (steps 2 and 4): an eval step without stateful
+    # random ops is traced once, beside the first loop; one that draws from them once for each
+    # evaluation (`ctl.core.evaluation`), the first evaluation's trace still the one beside it.
+    task = task_type()
+    schedule = ctl.Schedule(train_steps=4, steps_per_loop=2, eval_interval=2, checkpoint_interval=2,
+                            eval_steps=eval_steps)
+    ctl.run_experiment("train_and_eval", str(tmp_path), experiment=ctl.Experiment(
+        task=task, schedule=schedule, fault_tolerance=ctl.FaultTolerance(seed=1)))
+    assert task.eval_traces == (2 if task_type is DrawingTask else 1)
+    assert task.train_traces == 1
 
 
 class SummarizingEvalTask(_Counted):

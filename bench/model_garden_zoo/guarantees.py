@@ -565,10 +565,6 @@ def train_examples(path: str) -> Optional[int]:
     return examples + (_step(path) - since) * pipelines * replicas * batch
 
 
-# TensorFlow's random ops whose state lives in their kernel: no checkpoint holds it (the
-# generator ops of tf.random.Generator, and the stateless ones, are not among them).
-STATEFUL_RANDOM = {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-                   "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial"}
 RANDOM_OPS_CHECK = "RANDOM-OPS "
 
 
@@ -598,6 +594,7 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
 
     import ctl
     from bench.model_garden_zoo import data, variants
+    from ctl.core.evaluation import stateful_random_ops
     from ctl.faults import resume
 
     resume.seed_everything(1)  # As the run: tf_keras' dropout draws from generators.
@@ -607,9 +604,7 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
     metrics = task.build_metrics(training=True)
     batch = next(iter(task.build_inputs(training=True)))
     step = tf.function(lambda inputs: task.train_step(inputs, model, optimizer, metrics))
-    graph = step.get_concrete_function(batch).graph.as_graph_def()
-    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-    found = sorted(ops & STATEFUL_RANDOM)
+    found = stateful_random_ops(step.get_concrete_function(batch))
     command = f"python -m bench.model_garden_zoo.guarantees {experiment} --random_ops"
     if not found:
         return f"its train step holds no stateful random op ({command})"

@@ -20,6 +20,10 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
     """Builds a run's Trainer and binds its hooks to it: the one wiring of every mode
     (train, eval and train_and_eval in `ctl.train_lib`, the sidecar, smoke's fresh trainer).
 
+    The Trainer's `run_seed` is the experiment's `ctl.FaultTolerance.seed` (the process is seeded
+    with it before): an eval step that draws from stateful random ops is then traced anew for
+    each evaluation (`ctl.core.evaluation`).
+
     The hooks see the same `Run` everywhere: `model` the Trainer's model,
     `eval_model` its evaluated one, `checkpoint` the evaluated state.
 
@@ -45,6 +49,10 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
         experiment.task, strategy=strategy, train=train, evaluate=evaluate, stop=stop,
         guard_steps=guard_steps, eval_callbacks=eval_callbacks(experiment.hooks),
         **getattr(experiment, "trainer_args", {}))
+    # Seeded, an eval step that draws from stateful random ops is traced anew for each
+    # evaluation (`ctl.core.evaluation`), which seeding the process alone does not do.
+    fault_tolerance = getattr(experiment, "fault_tolerance", None)
+    trainer.run_seed = getattr(fault_tolerance, "seed", None)
     # The sidecar's best checkpoint holds the task's items too (parts of the evaluated model,
     # unless that is the moving average).
     items = getattr(trainer, "checkpoint_items", {}) if trainer.eval_model is trainer.model else {}

@@ -9,10 +9,17 @@ first, `eval_reduce` after each step (eager, only if the task aggregates,
 logs of `validation_step` gathered, across all replicas of all workers, so every worker computes
 the same results over the whole eval set; the eval loss is a mean over examples.
 
+With a seed (`ctl.FaultTolerance.seed`), an eval step that draws from TensorFlow's stateful
+random ops (`stateful_random_ops`) draws the same numbers in every evaluation of a checkpoint,
+in-line at any point of a run, on the sidecar after any number of evaluations, and in
+`--mode=eval`: such ops keep their state in their kernels, so each evaluation runs a freshly
+traced function, whose new kernels start from the op seeds the seed fixes.
+
 The loop as pseudo-code: docs/explanation/training-loop.md.
 """
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import orbit
@@ -21,9 +28,32 @@ import tensorflow as tf
 from ctl.core import contract, loops
 from ctl.core.loops import plain
 from ctl.core.runner import EvaluationEnd, EvaluationStopped, Logs
+from ctl.utils import console
 
 # The eval loss's mean, where the task's aggregation reports a `loss` of its own (`eval_end`).
 MEAN_LOSS = "mean_loss"
+
+# TensorFlow's random ops whose state lives in their kernel, where no checkpoint holds it (the
+# ops of `tf.random.Generator` keep theirs in a variable; the stateless ones keep none).
+STATEFUL_RANDOM = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomShuffle", "RandomGamma", "RandomPoisson",
+    "RandomPoissonV2", "Multinomial", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
+    "UniformCandidateSampler", "LogUniformCandidateSampler", "LearnedUnigramCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler", "FixedUnigramCandidateSampler", "AllCandidateSampler"})
+
+
+def stateful_random_ops(function) -> List[str]:
+    """The stateful random ops (`STATEFUL_RANDOM`) a traced function holds, sorted by name,
+    those of the functions it calls (loop bodies, nested `tf.function`s) included.
+
+    Args:
+        function: a concrete function (`tf.function(...).get_concrete_function(...)`).
+    """
+    graph = function.graph.as_graph_def()
+    ops = {node.op for node in graph.node}
+    ops.update(node.op for each in graph.library.function for node in each.node_def)
+    return sorted(ops & STATEFUL_RANDOM)
 
 
 class Evaluation(orbit.AbstractEvaluator):
@@ -33,7 +63,9 @@ class Evaluation(orbit.AbstractEvaluator):
     evaluation: `strategy`, `task`, `global_step`, `eval_model`, `ema` (or
     None), `averaged_optimizer` (or None: `Task.averaged_optimizer`),
     `eval_loss`, `eval_metrics` and `eval_sets` (`{name: distributed
-    dataset}`, `{None: dataset}` for the one unnamed set).
+    dataset}`, `{None: dataset}` for the one unnamed set). `run_seed` is the run's
+    `ctl.FaultTolerance.seed` (None: unseeded; `ctl.core.build_run` sets it), with which an
+    eval step that draws from stateful random ops is traced anew for each evaluation.
     """
 
     def __init__(self, aggregations, use_tf_function: bool, use_tf_while_loop: bool,
@@ -62,6 +94,10 @@ class Evaluation(orbit.AbstractEvaluator):
         self._host_eval_parts: Optional[Any] = None
         self._eval_stop = eval_stop
         self._eval_callbacks = tuple(eval_callbacks)
+        self.run_seed: Optional[int] = None  # The run's ctl.FaultTolerance.seed (build_run sets it).
+        # The stateful random ops the eval step draws from (found on its first trace, when
+        # seeded): each evaluation then runs a function traced anew. None: not looked at yet.
+        self._eval_random_ops: Optional[List[str]] = None
 
     @property
     def eval_stop(self):
@@ -102,6 +138,7 @@ class Evaluation(orbit.AbstractEvaluator):
                     for name, dataset in self.eval_sets.items()}
         finally:
             self._swap_averages()
+            self._drop_drawn_functions()
         asked = [end.steps_asked for end in ends.values()]
         return EvaluationEnd(ends, steps=sum(end.steps for end in ends.values()),
                              steps_asked=None if None in asked else sum(asked))
@@ -162,9 +199,10 @@ class Evaluation(orbit.AbstractEvaluator):
             return False
         iterator = tf.nest.map_structure(iter, next(iter(self.eval_sets.values())))
         if self._runs_in_one_call(steps, self.eval_begin()):
-            self._eval_loop().get_concrete_function(iterator, loops.LOOP_SIZE)
+            traced = self._eval_loop().get_concrete_function(iterator, loops.LOOP_SIZE)
         else:
-            self._host_parts()[0].get_concrete_function(iterator)
+            traced = self._host_parts()[0].get_concrete_function(iterator)
+        self._look_for_random_ops(traced)
         loops.end_off_path(iterator)
         del iterator
         return True
@@ -174,9 +212,36 @@ class Evaluation(orbit.AbstractEvaluator):
         and read in it); else the host loop calls the eval step once per batch."""
         return state is None and steps >= 0 and self._use_tf_while_loop and not self._eval_callbacks
 
+    def _to_look_for_random_ops(self) -> bool:
+        """Whether the eval step's stateful random ops are still to be found: seeded, traced, and
+        not found yet."""
+        return self.run_seed is not None and self._use_tf_function and self._eval_random_ops is None
+
+    def _look_for_random_ops(self, traced) -> None:
+        """Finds, once and only in a seeded run, the stateful random ops of the eval step's
+        traced function `traced`; says once that each evaluation traces it anew if it has any."""
+        if not self._to_look_for_random_ops():
+            return
+        self._eval_random_ops = stateful_random_ops(traced)
+        if self._eval_random_ops:
+            console.info(
+                "eval", "the eval step draws from stateful random ops (%s), whose state lives in "
+                "their kernels: each evaluation traces it anew, so that every evaluation of a "
+                "checkpoint draws what the seed (ctl.FaultTolerance.seed=%d) gives, wherever and "
+                "whenever it runs", ", ".join(self._eval_random_ops), self.run_seed)
+
+    def _drop_drawn_functions(self) -> None:
+        """After an evaluation whose seeded eval step drew from stateful random ops: drops its
+        functions, so the next evaluation traces new ones, whose kernels start from their op
+        seeds. Not `tf.random.set_seed`, which would start every function's kernels over, the
+        train step's too."""
+        if self._eval_random_ops:
+            self._graph_eval_loop = None
+            self._host_eval_parts = None
+
     def _eval_loop(self):
         if self._graph_eval_loop is None:
-            self._graph_eval_loop = tf.function(self._eval_loop_with_metrics)
+            self._graph_eval_loop = self._function(self._eval_loop_with_metrics)
         return self._graph_eval_loop
 
     def _host_parts(self):
@@ -184,9 +249,15 @@ class Evaluation(orbit.AbstractEvaluator):
         with `use_tf_function`."""
         if self._host_eval_parts is None:
             self._host_eval_parts = tuple(
-                tf.function(fn) if self._use_tf_function else fn
+                self._function(fn) if self._use_tf_function else fn
                 for fn in (self.eval_step, self._reset_eval_metrics, self._eval_results))
         return self._host_eval_parts
+
+    def _function(self, fn):
+        """`fn` as a `tf.function`. One traced anew for each evaluation by design
+        (`_drop_drawn_functions`) wraps a Python callable of its own: TensorFlow counts traces
+        by a function's code and would warn of retracing after a few evaluations."""
+        return tf.function(functools.partial(fn) if self._eval_random_ops else fn)
 
     def _evaluate_dataset(self, num_steps: tf.Tensor, batch_callbacks) -> Tuple[Logs, int]:
         """The set's results and the steps read; either loop ends at the end of the set."""
@@ -196,6 +267,9 @@ class Evaluation(orbit.AbstractEvaluator):
         if self._runs_in_one_call(steps, state):
             if not (tf.is_tensor(num_steps) and num_steps.dtype == tf.int32):
                 num_steps = tf.constant(steps, tf.int32)
+            if self._to_look_for_random_ops():  # The trace this call runs, made before it runs.
+                self._look_for_random_ops(self._eval_loop().get_concrete_function(
+                    iterator, num_steps))
             try:
                 self._last_eval.logs, read = self._eval_loop()(iterator, num_steps)
                 read = int(read)
@@ -206,6 +280,8 @@ class Evaluation(orbit.AbstractEvaluator):
                 read = self._eval_steps_read.read()
         else:
             step_fn, reset, results = self._host_parts()
+            if self._to_look_for_random_ops():
+                self._look_for_random_ops(step_fn.get_concrete_function(iterator))
             reset()
             self._eval_steps_read.variable.assign(0)
             # orbit's host loop ends at the end of the set (on its OutOfRangeError) as well.
