@@ -1,5 +1,5 @@
 """The only place where ctl touches internals of its dependencies (TensorFlow, Keras, orbit, gin,
-Model Garden): four entries.
+Model Garden): three entries.
 
 Everything else in ctl uses public APIs. Each entry says why no public API
 does the job, and `tests/test_compat.py` checks it against the installed
@@ -31,13 +31,6 @@ the dependency, its version and the entry.
    restores through it but reports no per-variable match, which warm start's
    report and the sidecar's checks need. The graph is part of TensorFlow's
    checkpoint format; its key and proto are not exported under `tf.*`.
-4. `onednn_enabled()`: whether TensorFlow runs its CPU kernels through oneDNN
-   (`TF_ENABLE_ONEDNN_OPTS`, else TensorFlow's own choice for the CPU, read
-   once as TensorFlow is imported). A seeded run says at start what op
-   determinism leaves to chance (`ctl.faults.resume.cpu_left_to_chance`): those
-   kernels can give results that differ in the last bits from one process to
-   the next. TensorFlow exports no query; it reads its own setting through
-   `_pywrap_util_port.IsMklEnabled`.
 """
 
 import types
@@ -133,10 +126,3 @@ def checkpoint_object_graph(reader):
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     return graph
-
-
-def onednn_enabled() -> bool:
-    """Whether TensorFlow's CPU kernels are oneDNN's in this process (fixed at its import)."""
-    from tensorflow.python.util import _pywrap_util_port  # What TensorFlow reads itself.
-
-    return bool(_pywrap_util_port.IsMklEnabled())

@@ -132,15 +132,15 @@ def test_a_name_based_checkpoint_has_no_object_graph(tmp_path):
 
 
 @pytest.mark.slow  # TensorFlow reads TF_ENABLE_ONEDNN_OPTS as it is imported: a process each.
-def test_onednn_entry_reads_tensorflows_setting_and_a_seeded_process_says_what_is_left_to_chance():
+def test_a_seeded_process_says_what_is_left_to_chance_on_a_cpu():
     # Model Garden's DeepLab gave other gradients and weights, in the last bits, under op
     # determinism (python -m bench.model_garden_zoo.guarantees seg_deeplabv3_pascal --gradients):
     # a seeded CPU process says so once, and how to be bit for bit; not once it is.
     from ctl.faults.resume import CPU_NOTE
     from tests.support.env import ctl_env
 
-    code = ("from ctl import compat; from ctl.utils import console; from ctl.faults import resume; "
-            "console.install(); print('oneDNN', compat.onednn_enabled()); "
+    code = ("from ctl.utils import console; from ctl.faults import resume; "
+            "console.install(); print('oneDNN', resume.onednn_on()); "
             "resume.seed_everything(1); resume.seed_everything(2)")
     for onednn, interop, said in (("1", "1", 1), ("0", "", 1), ("0", "1", 0)):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

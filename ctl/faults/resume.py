@@ -16,6 +16,7 @@ docs/explanation/fault-tolerance-internals.md.
 
 import contextlib
 import os
+import platform
 import random
 import sys
 import tempfile
@@ -25,7 +26,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ctl import compat
 from ctl.utils import console
 from ctl.core import contract
 from ctl.utils.errors import first_line
@@ -72,7 +72,17 @@ def cpu_left_to_chance() -> bool:
     """
     one_at_a_time = (tf.config.threading.get_inter_op_parallelism_threads() == 1
                      or os.environ.get("TF_NUM_INTEROP_THREADS") == "1")
-    return compat.onednn_enabled() or not one_at_a_time
+    return onednn_on() or not one_at_a_time
+
+
+def onednn_on() -> bool:
+    """Whether TensorFlow's CPU kernels go through oneDNN in this process: its Linux x86 builds
+    do unless `TF_ENABLE_ONEDNN_OPTS` turns them off (read as TensorFlow is imported, and said in
+    its "oneDNN custom operations are on" line)."""
+    value = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if value is not None:
+        return value.strip().lower() in ("1", "true")
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 
 
 CPU_NOTE = ("op determinism leaves TensorFlow's CPU kernels free to add in another order when "
