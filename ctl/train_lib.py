@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import shutil
 import tempfile
+import threading
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -303,18 +304,31 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     # writers, whose event files a refused run removes: it leaves the model dir as it found it).
     # The eval step's trace runs beside the first train loop of a one-process train_and_eval run:
     # its first write waits for it (`ModelDirLock.acquire_aside`), and a refusal stops it there.
+    # In an object store the trainer's lease is taken beside these checks too (`early`): its
+    # record settles meanwhile, and a refusal puts it back as it was.
     eval_beside = plan.in_line_eval and plan.one_process and lock is not None
+    early = lock is not None and plan.train and lock.settles
     summaries = (controller.summary_manager, controller.eval_summary_manager)
     for manager in summaries:  # In an object store: nothing uploaded before the first write.
         manager.hold()
-    try:
-        contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
-                           trace_loop=True, loop_context=controller.train_loop_context,
-                           eval_context=controller.eval_summary_manager.tracing,
-                           trace_eval=not eval_beside)
-    except BaseException:
-        _discard_summaries(controller)
-        raise
+    checked = threading.Event()  # `check_run` ended,
+    passed: List[bool] = []  # and passed.
+
+    def check_run() -> None:
+        try:
+            contract.check_run(trainer, schedule.eval_steps, plan.train, plan.evaluate,
+                               trace_loop=True, loop_context=controller.train_loop_context,
+                               eval_context=controller.eval_summary_manager.tracing,
+                               trace_eval=not eval_beside)
+            passed.append(True)
+        except BaseException:
+            _discard_summaries(controller)
+            raise
+        finally:
+            checked.set()
+
+    if not early:
+        check_run()
     refused: List[bool] = []
 
     def check_eval() -> None:  # On the claim's thread, beside the first train loop.
@@ -324,6 +338,17 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         except BaseException:
             refused.append(True)
             raise
+
+    def checks_while_settling() -> None:  # On the claim's thread (`early`).
+        checked.wait()  # The train step's trace first: the eval step's follows it.
+        if not passed:
+            raise _Refused("the run's checks refused it")  # Said on the caller's thread.
+        if eval_beside:
+            check_eval()
+
+    def checks_then_reads() -> None:  # On the caller's thread (`early`).
+        check_run()
+        before_writing()
 
     def discard_if_refused() -> None:
         if refused:
@@ -361,6 +386,8 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     if lock is None:
         before_writing()
         first_writes()
+    elif early:
+        lock.acquire_aside(checks_then_reads, first_writes, checks_while_settling)
     elif plan.train:
         lock.acquire_aside(before_writing, first_writes, check_eval if eval_beside else None)
     else:
@@ -409,6 +436,10 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                              eval=controller.eval_summary_manager.wrote or None),
                          written=marking.result)
     return output
+
+
+class _Refused(Exception):
+    """The run's checks on the caller's thread refused it (their error is the one raised)."""
 
 
 def _discard_summaries(controller: Controller) -> None:

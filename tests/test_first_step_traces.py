@@ -253,9 +253,11 @@ def _objects(gs_dir: str) -> dict:
 
 
 @pytest.mark.parametrize("exists", [False, True], ids=["new_dir", "existing_dir"])
-def test_a_bad_eval_step_on_gs_leaves_the_bucket_as_it_was(gcs_dir, exists):
-    # In an object store the eval step is checked while the trainer's lease settles: refused,
-    # the lease's record is put back as it was (an earlier trainer's stale one), or deleted.
+@pytest.mark.parametrize("bad", ["train_step", "eval_step"])
+def test_a_bad_step_on_gs_leaves_the_bucket_as_it_was(gcs_dir, exists, bad):
+    # In an object store the trainer's lease settles while the steps are checked (the train
+    # step's trace, then the eval step's): refused, the lease's record is put back as it was
+    # (an earlier trainer's stale one), or deleted; no summary was uploaded.
     import json
 
     if exists:
@@ -267,7 +269,9 @@ def test_a_bad_eval_step_on_gs_leaves_the_bucket_as_it_was(gcs_dir, exists):
             with tf.io.gfile.GFile(f"{gcs_dir}/{name}", "wb") as f:
                 f.write(data)
     before = _objects(gcs_dir)
-    with pytest.raises(ctl.UserError, match=r"VectorEvalLossTask.validation_step returned a loss "
+    task, step = ((contract_tasks.VectorLossTask(), "build_losses") if bad == "train_step" else
+                  (VectorEvalLossTask(), "validation_step"))
+    with pytest.raises(ctl.UserError, match=rf"{type(task).__name__}.{step} returned a loss "
                                             r"of shape \(\w+,\), not a scalar"):
-        _first_loop(VectorEvalLossTask(), None, gcs_dir, "train_and_eval", summary_interval=2)
+        _first_loop(task, None, gcs_dir, "train_and_eval", summary_interval=2)
     assert _objects(gcs_dir) == before

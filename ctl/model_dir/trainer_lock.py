@@ -25,9 +25,10 @@ settles and writes nothing, and the first write of the run waits for the lease a
 end (`stop_if_taken`): a trainer that did not get it stops there with one line, having written
 nothing but its own lease record. A check that must pass before the run writes (the eval
 step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well: there before
-the lock is taken, in an object store while the lease settles. A run it refuses stops at the
-same point having written nothing: no lock file, or the lease record put back as it was
-(`Lease.undo`: the record its take replaced, or none). At the run's end the lease is renewed
+the lock is taken, in an object store while the lease settles (there `ctl.train_lib` takes the
+lease before it traces the train step too, and the eval step's check waits for that trace). A run
+a check refuses, or whose `reads` fail, stops having written nothing: no lock file, or the lease
+record put back as it was (`Lease.undo`: the record its take replaced, or none). At the run's end the lease is renewed
 no more while it is fresh (`ending`): its release, last, deletes it without waiting for a renewal.
 """
 
@@ -65,6 +66,11 @@ class ModelDirLock:
         self._aside: Optional[threading.Thread] = None  # Taking it beside the first loop.
         self._aside_taken = False
         self._aside_error: Optional[BaseException] = None
+
+    @property
+    def settles(self) -> bool:
+        """Whether its claim settles before it is known to be held (a lease, in an object store)."""
+        return isinstance(self._claim, Lease)
 
     def stop_if_taken(self, step: int) -> None:
         """Raises `ModelDirTaken` if another process took this trainer's claim meanwhile (a
@@ -111,7 +117,8 @@ class ModelDirLock:
             first_writes: the run's first writes to the model dir (the dir itself, its config),
                 made once the claim is held and the checks passed, on the claim's thread.
             checks: work that must end without an error before anything is written (the eval
-                step's trace, `ctl.core.contract.check_eval`), run before a file lock is taken
+                step's trace, `ctl.core.contract.check_eval`; in an object store first the wait
+                for a check of `reads`, the train step's trace), run before a file lock is taken
                 (its file unmade) or while a lease's record settles (put back as it was after
                 an error, `Lease.undo`): its error is raised by `decided`, the claim not held.
         """
@@ -139,6 +146,9 @@ class ModelDirLock:
                 reads_ended.wait()  # The first writes may depend on what they found.
                 if self._aside_taken and read:
                     first_writes()
+                elif self._aside_taken and isinstance(self._claim, Lease):
+                    self._claim.undo()  # The reads failed: nothing written, the store as it was.
+                    self._aside_taken = False
             except BaseException as error:  # Raised by `decided`, on the caller's thread.
                 self._aside_error = error
                 if checks is not None and isinstance(self._claim, Lease) and not checked:
