@@ -886,16 +886,19 @@ def test_the_launchers_thread_count_sees_a_thread_start():
 
     from ctl.sweep import launcher
 
-    for unused_attempt in range(5):  # Until no other thread started or ended meanwhile.
+    seen = []  # (before, during, after) per attempt.
+    for unused_attempt in range(50):  # Until an attempt no other thread of the process disturbed.
         before, stop = launcher.threads(), threading.Event()
         thread = threading.Thread(target=stop.wait)
         thread.start()
         during = launcher.threads()
         stop.set()
         thread.join()
-        if launcher.threads() == before:
+        seen.append((before, during, launcher.threads()))
+        if seen[-1] == (before, before + 1, before):
             break
-    assert during == before + 1
+        time.sleep(0.05)
+    assert seen[-1][1] == seen[-1][0] + 1, seen
 
 
 def test_a_trial_command_without_its_trial_number_is_one_line_exit_2(monkeypatch, capsys):
