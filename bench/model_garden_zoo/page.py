@@ -82,11 +82,16 @@ def _starts(rows) -> str:
     ratios = sorted(r for r in map(start_ratio, rows) if r is not None)
     if not ratios:
         return ""
+    cpu = sorted(c["ctl"] / c["train_lib"] for c in (r.get("command_process_cpu_s") or {} for r in rows)
+                 if c.get("ctl") and c.get("train_lib"))
     return (f" From launch to the end of the first train loop, `python -m ctl.train` took a median "
             f"**{statistics.median(ratios):.2f}x** Model Garden's train.py on {len(ratios)} rows "
             f"({ratios[0]:.2f}x to {ratios[-1]:.2f}x; at or under 1.0x on "
             f"{sum(r <= 1.0 for r in ratios)}), each in its own process (the ctl.train column's "
-            "\"start\").")
+            "\"start\", wall time on a shared host)" + (
+                f"; its whole process used a median {statistics.median(cpu):.2f}x train.py's CPU "
+                f"seconds on {len(cpu)} rows ({cpu[0]:.2f}x to {cpu[-1]:.2f}x: \"CPU\")" if cpu else "")
+            + ".")
 
 
 def render(results) -> str:
