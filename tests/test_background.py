@@ -58,10 +58,9 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
         # Saves wait rather than queue: at most UPLOADS_IN_FLIGHT behind the training (and
         # one more whose upload is done, still retiring older checkpoints).
         assert uploads().pending <= checkpointing.UPLOADS_IN_FLIGHT + 1
-    manager.sync()
+    manager.sync()  # The uploads; the retired checkpoints' deletes are close()'s to wait for.
     gcs.set_latency(0)
     directory = ModelDir(gcs_dir)
-    assert sorted(directory.checkpoints()) == [4, 5]  # max_to_keep, in the bucket.
     state = directory.checkpoint_state()
     assert state.latest == f"{gcs_dir}/ckpt-5" and state.all == [f"{gcs_dir}/ckpt-4", state.latest]
     assert manager.checkpoints == state.all  # What the bucket keeps, not the staged copies.
@@ -70,6 +69,7 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
     for mine, theirs in zip(model.weights, restored_model.weights):
         assert (mine.numpy() == theirs.numpy()).all()
     manager.close()
+    assert sorted(directory.checkpoints()) == [4, 5]  # max_to_keep, in the bucket.
     assert not os.path.exists(manager._staging)
 
 
