@@ -804,6 +804,38 @@ def test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker(
         assert steps.count(20) == 1 and steps[-1] == 400, steps  # Resumed, not restarted.
 
 
+def test_lines_the_workers_say_at_once_come_out_whole(tmp_path):
+    """The workers are threads of one process: each line comes out whole, never split around
+    another worker's line (the console, and the tests here, read the output line by line)."""
+    import contextlib
+    import io
+    import threading
+    import types
+
+    from ctl.sweep.worker import Worker
+
+    workers = [Worker.__new__(Worker) for _ in range(4)]  # Only their slots: say() reads no more.
+    for index, worker in enumerate(workers):
+        worker.slot = types.SimpleNamespace(index=index)
+
+    def say(worker):
+        for n in range(2000):
+            worker.say(f"trial {n}: " + "x" * 60)
+
+    # Unbuffered (as under PYTHONUNBUFFERED): each write is a call of its own, so the race shows.
+    out = io.TextIOWrapper(io.FileIO(tmp_path / "console", "w"), write_through=True)
+    with out, contextlib.redirect_stdout(out):
+        threads = [threading.Thread(target=say, args=(worker,)) for worker in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    lines = (tmp_path / "console").read_text().splitlines()
+    whole = re.compile(r"sweep \| worker [0-3] \| trial \d+: x{60}")
+    assert len(lines) == 8000 and all(whole.fullmatch(line) for line in lines), \
+        [line for line in lines if not whole.fullmatch(line)][:5]
+
+
 # The study, the pruner, a worker and the sweep's end, in this process on a journal file (the
 # commands above run them in processes of their own).
 

@@ -175,7 +175,7 @@ def _end(opened, sweep, sweep_dir: str) -> int:
     from ctl.sweep import progress
 
     counts = opened.counts()
-    print(f"sweep | done: {progress.line(opened, sweep.objective)}", flush=True)
+    progress.say(f"sweep | done: {progress.line(opened, sweep.objective)}")
     if counts["fail"] and not counts["complete"] and not counts["pruned"]:
         first = min(opened.trials((progress.FAILED,)), key=lambda t: t.number)
         print(f"ctl.sweep: error: every trial that ended failed ({counts['fail']}); trial "

@@ -15,6 +15,8 @@ between them included.
 """
 
 import datetime
+import sys
+import threading
 from typing import Optional
 
 from optuna.trial import TrialState
@@ -26,6 +28,22 @@ FAILED = TrialState.FAIL
 # Optuna's state names as the console, the docs and TensorBoard's HParams (`ctl.sweep.trial`) say them.
 WORDS = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
          "WAITING": "waiting"}
+_SAYING = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Prints one line of the sweep's console whole.
+
+    The workers are threads of one process, and `print` writes a line and its
+    end in two calls, between which another thread's line can come: a reader
+    (or a test) splitting the output into lines would get two halves.
+
+    Args:
+        text: the line, without its end.
+    """
+    with _SAYING:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
 
 def state_word(trial) -> str:

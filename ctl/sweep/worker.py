@@ -76,7 +76,7 @@ class Worker:
         Args:
             text: the line.
         """
-        print(f"sweep | worker {self.slot.index} | {text}", flush=True)
+        progress.say(f"sweep | worker {self.slot.index} | {text}")
 
     def install_signals(self) -> None:
         def on_signal(signum, unused_frame):
