@@ -859,7 +859,18 @@ def check(experiment: str, family: str, workdir: str) -> Dict[str, Dict[str, Any
     except Failed as failed:  # The uninterrupted run failed: nothing to compare with.
         return {c: {"holds": None, "detail": f"not run: {failed}"} for c in COLUMNS}
     out.update(sigterm_and_new_replicas(row))
+    settings = cpu_settings()
+    if settings:  # What a user reading the row must set too.
+        for column in out.values():
+            column["detail"] += f" (its processes started with {settings})"
     return out
+
+
+def cpu_settings() -> str:
+    """The environment that makes TensorFlow's CPU kernels run one op at a time and without
+    oneDNN (`ctl.faults.resume.cpu_left_to_chance`), as set for this process, or ""."""
+    names = ("TF_NUM_INTEROP_THREADS", "TF_ENABLE_ONEDNN_OPTS")
+    return " ".join(f"{name}={os.environ[name]}" for name in names if name in os.environ)
 
 
 def run_in_process(experiment: str, family: str, workdir: str, log_dir: str,
