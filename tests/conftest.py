@@ -93,6 +93,66 @@ def _popen_init(self, args, *more, **kwargs):
 subprocess.Popen.__init__ = _popen_init  # type: ignore[method-assign]
 
 
+# The longest tests not in an xdist group of several, first, in this order (their seconds in CI's
+# `--durations`, 2-core host, at -n 2). `--dist loadgroup` hands out work units in collection order,
+# the groups of several tests first (the longest ones: shared reference runs), one unit at a time to
+# whichever test process is free: a long test handed out last keeps one process busy while the other
+# has nothing left. Taken first, the run ends on short tests, on both processes at about the same
+# time. A static list, not this host's timings: the order is the same on every run.
+# `path::name` covers each parametrization, `path::name[id]` one.
+LONGEST_FIRST = (
+    "tests/test_cluster_faults.py::test_parameter_servers_lose_a_worker_the_coordinator_and_the_ps",  # 134
+    "tests/test_sweep.py::test_stale_trials_of_a_dead_machine_are_taken_over_first_each_by_one_worker",  # 89
+    "tests/test_sweep.py::test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumable"
+    "[ctrl_c-2_workers-forked]",  # 80
+    "tests/test_gcs_model_dir.py::test_every_mode_runs_on_gs",  # 64
+    "tests/test_sweep.py::test_a_signal_to_the_sweeps_process_group_leaves_every_running_trial_resumable",  # 63
+    "tests/test_sweep.py::test_a_sweep_file_that_does_not_match_its_study_is_one_line_and_more_trials_extend_it",
+    "tests/test_model_garden_zoo.py::test_representative_experiments_train_with_model_gardens_numbers",  # 53
+    "tests/test_sweep.py::test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed",  # 42
+    "tests/test_sweep.py::test_forked_trials_end_as_the_same_trials_in_processes_of_their_own",  # 40
+    "tests/test_preemption.py::test_sigkill_at_random_moments_ends_bit_identical[default-gs]",  # 39
+    "tests/test_multiworker.py::test_parameter_servers_train_to_the_target_step_beside_a_sidecar_evaluator",
+    "tests/test_async_preemption.py::test_a_signal_during_an_async_save_names_the_checkpoint_a_restart_restores"
+    "[gcs]",  # 36
+    "tests/test_preemption.py::test_sigkill_inside_tf_while_loops_ends_bit_identical",  # 35
+    "tests/test_preemption.py::test_sigkill_with_every_train_step_setting_ends_bit_identical",  # 34
+    "tests/test_continuous_eval.py::test_one_owner_for_the_eval_side_effects_of_a_trainer_and_a_sidecar[gs]",
+    "tests/test_docs.py::test_every_snippet_runs[docs/how-to/tune-hyperparameters.md]",  # 32
+    "tests/test_preemption.py::test_sigkill_at_random_moments_ends_bit_identical",  # 31
+    "tests/test_docs.py::test_every_snippet_runs[docs/get-started/first-task.md]",  # 30
+    "tests/test_gcs_model_dir.py::test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes_it",
+    "tests/test_comforts.py::test_smoke_mode_passes_on_every_shipped_experiment[bert_classifier.gin]",  # 29
+    "tests/test_model_garden_zoo.py::test_the_sidecar_column_compares_with_the_in_line_evaluation_of_the_same_"
+    "checkpoint",  # 28
+    "tests/test_claims.py::test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost",  # 28
+    "tests/test_comforts.py::test_warm_start_restores_a_subset_and_reports_it",  # 28
+    "tests/test_model_garden.py::test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirrored",
+    "tests/test_sweep.py::test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir",  # 26
+)
+
+
+def longest_first_rank(item) -> int:
+    """The place of `item` in `LONGEST_FIRST` (its own entry, else its function's), or its length.
+
+    Args:
+      item: a collected test.
+    """
+    path = item.nodeid.split("::", 1)[0]
+    for key in (f"{path}::{item.name}", f"{path}::{item.originalname}"):
+        if key in _RANKS:
+            return _RANKS[key]
+    return len(LONGEST_FIRST)
+
+
+_RANKS = {entry: rank for rank, entry in enumerate(LONGEST_FIRST)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests of `LONGEST_FIRST` first, in its order; the others as collected (a stable sort)."""
+    items.sort(key=longest_first_rank)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _RUNNING["item"] = item

@@ -14,6 +14,10 @@ from tests.tasks import regression_data
 pytestmark = pytest.mark.slow
 
 
+# The tests that read `alone` run in one test process (an xdist group), so it runs once.
+ALONE = pytest.mark.xdist_group("cli_alone")
+
+
 @pytest.fixture(scope="module")
 def alone(tmp_path_factory):
     """`python -m ctl.run --mode=train_and_eval` on tests/regression.gin (tf_keras), one device."""
@@ -24,6 +28,7 @@ def alone(tmp_path_factory):
     return model_dir
 
 
+@ALONE
 def test_a_run_writes_checkpoints_configs_and_summaries(alone):
     files = set(os.listdir(alone))
     assert {"ckpt-10.index", "ckpt-20.index", "checkpoint", "config.gin",
@@ -64,6 +69,7 @@ def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path
     assert "train | step:     30" in result.stdout  # One log line per loop.
 
 
+@ALONE
 @pytest.mark.parametrize("loop", ["True", "False"])
 def test_mirrored_over_two_logical_cpus(tmp_path, loop, alone):
     result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",

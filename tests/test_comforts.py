@@ -40,6 +40,10 @@ def one_error_line(result, *messages):
     return lines[0]
 
 
+# The tests that read `run_dir` run in one test process (an xdist group), so it runs once.
+RUN_DIR = pytest.mark.xdist_group("comforts_run_dir")
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """40 steps of train_and_eval with every exporter and the best checkpoint."""
@@ -51,6 +55,7 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@RUN_DIR
 def test_exports_load_and_match_their_checkpoint(run_dir):
     model_dir, stdout = run_dir
     assert exported(model_dir, "latest") == [30, 40]  # max_to_keep=2 of 10, 20, 30, 40.
@@ -66,6 +71,7 @@ def test_exports_load_and_match_their_checkpoint(run_dir):
 
 
 @pytest.mark.slow
+@RUN_DIR
 def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
     trained, _ = run_dir
     model_dir = str(tmp_path / "run")
@@ -216,6 +222,7 @@ def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
 
 
 @pytest.mark.slow
+@RUN_DIR
 def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
     model_dir, _ = run_dir
     output = tmp_path / "curves.png"
@@ -231,6 +238,7 @@ def test_report_writes_a_table_and_a_png(run_dir, tmp_path):
 
 
 @pytest.mark.slow
+@RUN_DIR
 def test_everyday_output(run_dir):
     model_dir, stdout = run_dir
     records = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]

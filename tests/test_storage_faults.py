@@ -30,6 +30,10 @@ def train(model_dir, steps, env=None, wrapper=()):
                    f"--gin_bindings=ctl.Schedule.train_steps={steps}", env=env, wrapper=wrapper)
 
 
+# The tests that read `straight_run` run in one test process (an xdist group), so it runs once.
+STRAIGHT = pytest.mark.xdist_group("straight_run")
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """A local run of 40 steps that nothing interrupted: ckpt-20, ckpt-30, ckpt-40."""
@@ -73,6 +77,7 @@ def umount(directory):
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_a_full_disk(tmp_path, straight_run):
     disk = str(tmp_path / "disk")
     mount_tmpfs(disk, "2m")
@@ -100,6 +105,7 @@ def test_a_full_disk(tmp_path, straight_run):
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_a_read_only_file_system_during_a_save(tmp_path, straight_run):
     model_dir = str(tmp_path / "run")
     refused = os.path.join(model_dir, "ckpt-30_temp")
@@ -120,6 +126,7 @@ WITHOUT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", 
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_permission_denied_during_a_save(tmp_path, straight_run):
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed: cannot drop CAP_DAC_OVERRIDE")
@@ -146,6 +153,7 @@ FEW_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_an_object_store_answering_errors_during_a_save(gcs, gcs_dir, straight_run):
     # Every upload of ckpt-30's files fails (503 Service Unavailable, retried, then given up);
     # the rest of the run's traffic goes through. ckpt-30 is the run's last save: uploads of
@@ -180,6 +188,7 @@ def test_only_errors_naming_the_model_dir_or_a_refusing_errno_are_storage_faults
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_a_full_local_disk_under_a_bucket_model_dir(gcs, gcs_dir, tmp_path, straight_run):
     # A model dir in a bucket stages its checkpoints on the local disk ($TMPDIR): a 256 KiB
     # tmpfs there has no room for the first one (600 KiB of ballast).
@@ -230,6 +239,7 @@ def test_a_full_local_disk_under_the_sidecar_s_restore_copy(gcs, gcs_dir, tmp_pa
 
 
 @pytest.mark.slow
+@STRAIGHT
 def test_a_bucket_gets_a_checkpoint_s_data_then_its_index_then_the_state_file(gcs, gcs_dir, straight_run):
     # Only the upload of ckpt-30's index is refused (503): its data went before it, and the
     # state file that would name it goes after it, so it is never named.

@@ -23,7 +23,9 @@ from ctl.launch import free_ports
 from tests.support.env import ROOT, ctl_env
 from tests.support.sweeps import DIGITS_GIN, TINY, write
 
-pytestmark = pytest.mark.slow
+# One test process for the module (xdist group): its server and the two machines' sweep (`machines`)
+# start once, not once in each test process that takes one of its tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
 BINARIES = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 SWEEP = """\
