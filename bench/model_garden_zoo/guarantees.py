@@ -5,7 +5,9 @@
 
 The run is seeded as a user seeds theirs: `ctl.FaultTolerance.seed = 1` in the gin file (which
 seeds Python, NumPy, TensorFlow and Keras, turns on op determinism and makes tf_keras draw
-dropout from generators the checkpoint holds). The experiment runs with its real pipeline and
+dropout from generators the checkpoint holds), with `ctl.FaultTolerance.stateless_random_ops =
+True` (the train step's draws from `tf.random` as functions of the step: `ctl.core.step_random`;
+a row whose train step makes no such draw runs as without it). The experiment runs with its real pipeline and
 augmentations (the zoo's variant: bench/model_garden_zoo/variants.py) by the recorded task of
 tests/model_garden_tasks.py, which writes each train step's loss bits from inside the graph and
 can hold a step until told to go on, so that a process is stopped mid-loop, in a step it knows.
@@ -92,6 +94,7 @@ def write_gin(path: str, experiment: str, family: str, data_dir: str) -> str:
              f"RecordedModelGardenTask.experiment = {experiment!r}",
              f"RecordedModelGardenTask.params_override = {overrides!r}",
              "ctl.FaultTolerance.seed = 1",
+             "ctl.FaultTolerance.stateless_random_ops = True",
              f"ctl.Schedule.train_steps = {STEPS}", f"ctl.Schedule.steps_per_loop = {LOOP}",
              f"ctl.Schedule.checkpoint_interval = {LOOP}", f"ctl.Schedule.eval_interval = {STEPS}",
              # The whole generated eval set (the experiment's validation_steps count real data), or
@@ -594,6 +597,7 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
 
     import ctl
     from bench.model_garden_zoo import data, variants
+    from ctl.core import step_random
     from ctl.core.evaluation import stateful_random_ops
     from ctl.faults import resume
 
@@ -603,12 +607,18 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
     model, optimizer = task.build_model(), task.build_optimizer()
     metrics = task.build_metrics(training=True)
     batch = next(iter(task.build_inputs(training=True)))
-    step = tf.function(lambda inputs: task.train_step(inputs, model, optimizer, metrics))
-    found = stateful_random_ops(step.get_concrete_function(batch))
+    global_step = tf.Variable(0, dtype=tf.int64)
+
+    def train_step(inputs):  # As the run traces it (ctl.FaultTolerance.stateless_random_ops).
+        with step_random.drawn_per_step(1, global_step):
+            return task.train_step(inputs, model, optimizer, metrics)
+
+    found = stateful_random_ops(tf.function(train_step).get_concrete_function(batch))
     command = f"python -m bench.model_garden_zoo.guarantees {experiment} --random_ops"
     if not found:
         return f"its train step holds no stateful random op ({command})"
-    return (f"its train step draws from stateful random ops, {', '.join(found)}, whose state "
+    return (f"its train step draws from stateful random ops, {', '.join(found)}, not through the "
+            f"tf.random functions ctl.FaultTolerance.stateless_random_ops replaces, whose state "
             f"lives in their kernels, in no checkpoint: a new process draws from their start "
             f"({command})")
 

@@ -4,7 +4,8 @@
 exports; `contract` checks it at start); the `trainer` runs it on orbit
 (`Trainer` over `evaluation` and `inputs`, its loops in `loops`, the runner
 contract in `runner`; the step's gradient pipeline in `train_step`,
-`precision`, `xla`, `ema`; learning rates in `schedules`), and `controller`
+`precision`, `xla`, `ema`; its draws from `tf.random` made functions of the step
+in `step_random`; learning rates in `schedules`), and `controller`
 drives train and eval loops with `checkpointing` and `summaries`; a checkpoint
 holds `checkpoint_contents`. Every mode's Trainer is built,
 its hooks bound, in `build_run`. The extension points the subsystems plug into are

@@ -53,6 +53,8 @@ def build_run(experiment, strategy: tf.distribute.Strategy, directory: ModelDir,
     # evaluation (`ctl.core.evaluation`), which seeding the process alone does not do.
     fault_tolerance = getattr(experiment, "fault_tolerance", None)
     trainer.run_seed = getattr(fault_tolerance, "seed", None)
+    if getattr(fault_tolerance, "stateless_random_ops", False):  # Checked: with a seed.
+        trainer.step_random_seed = fault_tolerance.seed
     # The sidecar's best checkpoint holds the task's items too (parts of the evaluated model,
     # unless that is the moving average).
     items = getattr(trainer, "checkpoint_items", {}) if trainer.eval_model is trainer.model else {}

@@ -16,6 +16,7 @@ An `orbit.AbstractTrainer` and `orbit.AbstractEvaluator` (`train(num_steps)`,
 The loops as pseudo-code: docs/explanation/training-loop.md.
 """
 
+import contextlib
 import functools
 from typing import Any, Dict, Optional, Sequence
 
@@ -23,10 +24,11 @@ import gin
 import orbit
 import tensorflow as tf
 
-from ctl.core import aggregation, checkpoint_contents, contract, loops, precision, xla
+from ctl.core import aggregation, checkpoint_contents, contract, loops, precision, step_random, xla
 from ctl.core.ema import MovingAverage
+from ctl.utils import console
 from ctl.utils.errors import UserError, user_error_within
-from ctl.core.evaluation import Evaluation
+from ctl.core.evaluation import Evaluation, stateful_random_ops
 from ctl.core.inputs import Inputs
 from ctl.core.loops import plain
 from ctl.core.runner import NO_BAD_STEP, Logs, TrainLoopEnd
@@ -171,6 +173,10 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.eval_loss = tf.keras.metrics.Mean("loss")
         self._task_step = xla.compile_if(jit_compile, self.task_train_step)
+        # The run's seed with ctl.FaultTolerance.stateless_random_ops (build_run sets it): the task's
+        # step then draws from tf.random as functions of the step (`ctl.core.step_random`).
+        self.step_random_seed: Optional[int] = None
+        self._said_stateful_draws = False
         self._said_ignored_aux = False  # The aux losses' line: once.
         self._eval_checkpoint = None  # Built on first use, with ema_decay.
         self.init_async()
@@ -368,7 +374,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             accumulate = functools.partial(self._replica_step, apply=False)
 
             def body(i):
-                self.strategy.run(accumulate, args=(self.next_train_inputs(iterator),))
+                self.strategy.run(accumulate, args=(self.next_train_inputs(iterator),),
+                                  kwargs={"micro_batch": i})
                 return (i + 1,)
 
             tf.while_loop(lambda i: i < micro_batches - 1, body, (tf.constant(0),))
@@ -381,10 +388,18 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
             return self.step_guard.check_loss(self.strategy, loss, self.global_step)
         return None
 
-    def _replica_step(self, inputs, apply: bool):
-        loss, gradients = self._task_step(inputs)
+    def _replica_step(self, inputs, apply: bool, micro_batch=0):
+        with self._draws(micro_batch):
+            loss, gradients = self._task_step(inputs)
         self.gradients.update(gradients, apply=apply)
         return loss
+
+    def _draws(self, micro_batch):
+        """Where the task's step draws its random numbers from, on one replica: TensorFlow's
+        stateful ops, or with `step_random_seed` their stateless twins seeded per step."""
+        if self.step_random_seed is None:
+            return contextlib.nullcontext()
+        return step_random.drawn_per_step(self.step_random_seed, self.global_step, micro_batch)
 
     def task_train_step(self, inputs):
         """The task's step on one replica's batch: its loss and the gradients it applied.
@@ -429,9 +444,32 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         trace = getattr(self._train_loop, "trace", None)
         if trace is None:
             return False
-        trace(self.train_iterator)
+        traced = trace(self.train_iterator)
         self.track_new_rng_states()
+        self._say_stateful_draws(traced)
         return True
+
+    def _say_stateful_draws(self, traced) -> None:
+        """Seeded, says once which stateful random ops the traced train loop still draws from:
+        their state is in no checkpoint, so a resumed run draws other numbers there."""
+        if self.run_seed is None or self._said_stateful_draws:
+            return
+        self._said_stateful_draws = True
+        ops = stateful_random_ops(traced)
+        if not ops:
+            return
+        if self.step_random_seed is None:
+            console.info(
+                "train", "the train step draws from stateful random ops (%s), whose state lives "
+                "in their kernels, in no checkpoint: a run resumed after kill -9 or SIGTERM draws "
+                "other numbers there. ctl.FaultTolerance.stateless_random_ops=True makes "
+                "tf.random's draws in the step functions of the step (other numbers than "
+                "these ops')", ", ".join(ops))
+        else:
+            console.info(
+                "train", "the train step still draws from stateful random ops (%s), not through "
+                "tf.random.uniform, normal, truncated_normal, shuffle or categorical: a run "
+                "resumed after kill -9 or SIGTERM draws other numbers there", ", ".join(ops))
 
     def track_new_rng_states(self) -> None:
         """Adds to the checkpoint the model's RNG states made since it was built (a layer built

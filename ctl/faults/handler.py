@@ -79,6 +79,12 @@ class FaultTolerance:
         step ('recover' restores and replays as with 'step'). One-process
         strategies only (default, mirrored): on a cluster the step guard is
         what makes every worker stop after the same step.
+      stateless_random_ops: with `seed`, the task's train step draws from
+        `tf.random.uniform`, `normal`, `truncated_normal`, `shuffle` and
+        `categorical` as functions of the seed, the call, the step and the replica
+        (`ctl.core.step_random`): a resume after kill -9 or SIGTERM draws what the
+        uninterrupted run drew, where TensorFlow's stateful ops would start over.
+        The numbers differ from the stateful ops' (Model Garden's trainer's).
     """
 
     nan_policy: str = "stop"
@@ -88,6 +94,7 @@ class FaultTolerance:
     stop_check: str = "step"
     loss_upper_bound: Optional[float] = None
     loss_bound_from_step: int = 0
+    stateless_random_ops: bool = False
 
     @property
     def guard_steps(self) -> bool:
@@ -111,6 +118,13 @@ class FaultTolerance:
                             "must be a number or None.")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise UserError(f"ctl.FaultTolerance.seed ({self.seed!r}) must be an integer or None.")
+        if not isinstance(self.stateless_random_ops, bool):
+            raise UserError(f"ctl.FaultTolerance.stateless_random_ops "
+                            f"({self.stateless_random_ops!r}) must be True or False.")
+        if self.stateless_random_ops and self.seed is None:
+            raise UserError("ctl.FaultTolerance.stateless_random_ops=True draws from the run's "
+                            "seed, and ctl.FaultTolerance.seed is not set: set it too (any "
+                            "integer), or leave stateless_random_ops False.")
 
 
 class FaultHandler:
