@@ -76,6 +76,29 @@ def test_a_draw_depends_on_its_call_its_step_and_its_micro_batch_only():
     assert not np.array_equal(draws(0)[0], first)  # Another step.
 
 
+class PrintingDrawTask(ProbeTask):
+    """Its train step prints one draw of `tf.random.uniform` per micro-batch to `draws_file`."""
+
+    def __init__(self, draws_file):
+        super().__init__(dropout=0)
+        self.draws_file = draws_file
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        tf.print(tf.random.uniform([]), output_stream=f"file://{self.draws_file}")
+        return super().train_step(inputs, model, optimizer, metrics)
+
+
+def test_each_micro_batch_of_a_step_draws_its_own_numbers(tmp_path):
+    draws = tmp_path / "draws"
+    schedule = ctl.Schedule(train_steps=2, steps_per_loop=2, eval_interval=None)
+    ctl.run_experiment("train", str(tmp_path / "run"), experiment=ctl.Experiment(
+        task=PrintingDrawTask(str(draws)), schedule=schedule,
+        trainer_args={"accumulation_steps": 3},
+        fault_tolerance=ctl.FaultTolerance(seed=7, stateless_random_ops=True)))
+    values = draws.read_text().split()
+    assert len(values) == 6 and len(set(values)) == 6, values  # 2 steps of 3 micro-batches.
+
+
 def test_without_a_seed_it_is_one_line_naming_both_settings():
     with pytest.raises(ctl.UserError, match=r"stateless_random_ops=True draws from the run's "
                                             r"seed, and ctl.FaultTolerance.seed is not set"):

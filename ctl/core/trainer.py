@@ -380,7 +380,8 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
 
             tf.while_loop(lambda i: i < micro_batches - 1, body, (tf.constant(0),))
         apply = functools.partial(self._replica_step, apply=True)
-        loss = self.strategy.run(apply, args=(self.next_train_inputs(iterator),))
+        loss = self.strategy.run(apply, args=(self.next_train_inputs(iterator),),
+                                 kwargs={"micro_batch": micro_batches - 1})
         if self.ema is not None:
             self.ema.update()
         self.global_step.assign_add(1)
