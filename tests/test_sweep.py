@@ -178,21 +178,46 @@ def sweep_error(path):
     raise AssertionError(f"{path} loaded")
 
 
+# Sweep files that do not fit the config: (objective, space, the message).
+NOT_FITTING = {
+    "a space key the config lacks": (
+        "accuracy", '"DigitsTask.learning_rat" = { log_uniform = [1e-4, 1e-1] }',
+        "[space] 'DigitsTask.learning_rat': bad gin config: Configurable 'DigitsTask' doesn't have a "
+        "parameter named 'learning_rat'"),
+    "an objective the task does not evaluate": (
+        "acuracy", '"DigitsTask.hidden_units" = { choice = [32] }',
+        "objective = 'acuracy' is not an eval metric of DigitsTask; did you mean 'accuracy'?"),
+}
+
+
+def not_fitting(tmp_path, name):
+    objective, space, _ = NOT_FITTING[name]
+    return write(tmp_path / "bad.toml", f'objective = "{objective}"\ntrials = 2\n[space]\n{space}\n')
+
+
+@pytest.mark.parametrize("name", sorted(NOT_FITTING))
+def test_a_sweep_file_that_does_not_fit_the_config_is_one_line(tmp_path, name):
+    """The check `python -m ctl.sweep` runs before any trial, in this process (the command's
+    one line, exit 2 and no sweep dir: the test below)."""
+    from ctl.sweep import sweep_file
+    from ctl.utils.errors import UserError
+
+    sweep = sweep_file.load(not_fitting(tmp_path, name))
+    with pytest.raises(UserError) as raised:
+        sweep_file.check_against_config(sweep, [DIGITS_GIN], [], [])
+    message = str(raised.value)
+    assert NOT_FITTING[name][2] in message and "\n" not in message, message
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("space, expected", [
-    ('"DigitsTask.learning_rat" = { log_uniform = [1e-4, 1e-1] }',
-     "[space] 'DigitsTask.learning_rat': bad gin config: Configurable 'DigitsTask' doesn't have a "
-     "parameter named 'learning_rat'"),
-    ('"DigitsTask.hidden_units" = { choice = [32] }\n', None),  # The objective, below.
-])
-def test_a_sweep_file_that_does_not_fit_the_config_ends_before_any_trial(tmp_path, space, expected):
-    objective = "acuracy" if expected is None else "accuracy"
-    sweep_file = write(tmp_path / "bad.toml", f'objective = "{objective}"\ntrials = 2\n[space]\n{space}\n')
-    done = run_sweep(sweep_file, str(tmp_path / "sweep"), timeout=300)
+def test_a_sweep_file_that_does_not_fit_the_config_ends_before_any_trial(tmp_path):
+    """Through the command (TensorFlow imported for the check): one line, exit 2, no sweep dir.
+    Each kind of mistake: the test above."""
+    name = "a space key the config lacks"
+    done = run_sweep(not_fitting(tmp_path, name), str(tmp_path / "sweep"), timeout=300)
     lines = done.stderr.splitlines()  # No cuInit line of TensorFlow's on a host with no GPU.
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert (expected or "objective = 'acuracy' is not an eval metric of DigitsTask; did you mean "
-            "'accuracy'?") in lines[0]
+    assert lines[0].startswith("ctl.sweep: error: ") and NOT_FITTING[name][2] in lines[0], lines
     assert not os.path.exists(tmp_path / "sweep")
 
 
