@@ -150,15 +150,21 @@ def test_each_pretraining_checkpoint_is_fine_tuned_once_in_order_across_a_kill_9
 
 
 def test_a_job_without_a_directory_to_fine_tune_from_ends_in_one_line(tmp_path):
+    from ctl.adapters import model_garden_command as garden
+    from ctl.utils.errors import UserError
+
     files, _ = config_files(tmp_path, tmp_path / "pretraining")
+    # task.init_checkpoint not set: `python -m ctl.train`'s check of the experiment's config, in this
+    # process (its one line through the command: the case below).
+    params, _ = garden.experiment_params(EXPERIMENT, files, None, None, "task.init_checkpoint=''")
+    with pytest.raises(UserError) as unset:
+        garden.watched_directory(params)
+    assert str(unset.value) == (
+        "--mode=continuous_train_and_eval fine-tunes from each checkpoint of the "
+        "directory task.init_checkpoint names, which is not set; set it to the pretraining run's "
+        "model dir in --config_file or --params_override.")
     common = [f"--experiment={EXPERIMENT}", "--mode=continuous_train_and_eval",
               f"--model_dir={tmp_path / 'run'}", *(f"--config_file={f}" for f in files)]
-    unset = run_ctl(*common, "--params_override=task.init_checkpoint=''", module="ctl.train")
-    assert unset.returncode == 2
-    assert ctl_stderr_lines(unset.stderr) == [
-        "ctl.train: error: --mode=continuous_train_and_eval fine-tunes from each checkpoint of the "
-        "directory task.init_checkpoint names, which is not set; set it to the pretraining run's "
-        "model dir in --config_file or --params_override."]
     # Not there after the experiment's timeout (3 s): one line, and nothing written.
     missing = run_ctl(*common, module="ctl.train")
     assert missing.returncode == 2
