@@ -14,7 +14,7 @@ from ctl.cluster import peers, run_plan, tf_config as cluster
 from ctl.utils.errors import UserError
 from ctl.core.stop import EXIT_PREEMPTED
 from tests.support.env import TEST_GIN
-from tests.support.processes import run_ctl
+from tests.support.in_process import run_ctl_in_process
 from tests.support.reading import ctl_stderr_lines
 
 
@@ -159,17 +159,17 @@ def test_launcher_timeout_stops_every_task():
     assert "[launch] timed out after 3s" in out.getvalue()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("text,message", [
     ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": ', "TF_CONFIG is not valid JSON"),
     (tf_config({"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "evaluator", 1)["TF_CONFIG"],
      "second evaluator"),
 ], ids=["malformed", "second evaluator"])
 def test_cli_refuses_a_bad_tf_config_in_one_line(tmp_path, text, message):
-    result = run_ctl("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",
-                     "--strategy=multi_worker_mirrored", env={"TF_CONFIG": text})
-    assert result.returncode == 2, result.stderr
-    lines = ctl_stderr_lines(result.stderr)
+    # `python -m ctl.run`'s main in this process: TF_CONFIG is read before any strategy is made.
+    code, _, stderr = run_ctl_in_process(["--mode=train", f"--model_dir={tmp_path}", f"--gin_file={TEST_GIN}",
+                                          "--strategy=multi_worker_mirrored"], env={"TF_CONFIG": text})
+    assert code == 2, stderr
+    lines = ctl_stderr_lines(stderr)
     assert len(lines) == 1 and lines[0].startswith("ctl.run: error: TF_CONFIG ") and message in lines[0], lines
     assert os.listdir(tmp_path) == []
 

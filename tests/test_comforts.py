@@ -20,6 +20,7 @@ from ctl.hooks.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
 from ctl.config import gin_config as config
 from tests.support.env import ROOT
+from tests.support.in_process import run_ctl_in_process
 from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
@@ -32,9 +33,13 @@ FEATURES, _ = regression_data(5, seed=3)
 
 
 def one_error_line(result, *messages):
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
-    lines = ctl_stderr_lines(result.stderr)
-    assert len(lines) == 1, result.stderr
+    """The one line a `ctl.run` that refused its input wrote on stderr (a CompletedProcess, or
+    `run_ctl_in_process`'s (status, stdout, stderr))."""
+    code, stdout, stderr = result if isinstance(result, tuple) else (
+        result.returncode, result.stdout, result.stderr)
+    assert code == 2, stdout[-2000:] + stderr
+    lines = ctl_stderr_lines(stderr)
+    assert len(lines) == 1, stderr
     for message in messages:
         assert message in lines[0], lines[0]
     return lines[0]
@@ -212,13 +217,14 @@ def test_smoke_mode_passes_on_every_shipped_experiment(gin_file):
     assert "smoke | PASS" in result.stdout
 
 
-@pytest.mark.slow
 def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
-    result = run_ctl("--mode=smoke", f"--gin_file={COMFORTS_GIN}",
-                     "--gin.ctl.Experiment.task=@MisshapenTask()")
+    # `python -m ctl.run`'s main in this process (one line on stderr, exit 2: the command's own
+    # form, tests/test_bad_inputs.py).
+    result = run_ctl_in_process(["--mode=smoke", f"--gin_file={COMFORTS_GIN}",
+                                 "--gin.ctl.Experiment.task=@MisshapenTask()"])
     line = one_error_line(result, "smoke test failed at train")
     assert "value 5" in line and "shape (8, 3)" in line  # The shapes that disagree.
-    assert "Traceback" in result.stdout
+    assert "Traceback" in result[1]
 
 
 @pytest.mark.slow
@@ -248,10 +254,9 @@ def test_everyday_output(run_dir):
     assert re.search(r"^train \| step: +40/40 \| loss: .* \| ETA 0:00:00$", stdout, re.M)
 
 
-@pytest.mark.slow
 def test_misspelled_gin_name_lists_close_matches(tmp_path):
-    result = run_ctl("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={COMFORTS_GIN}",
-                     "--gin.ctl.Schedule.train_stepz=3")
+    result = run_ctl_in_process(["--mode=train", f"--model_dir={tmp_path}", f"--gin_file={COMFORTS_GIN}",
+                                 "--gin.ctl.Schedule.train_stepz=3"])
     one_error_line(result, "train_stepz", "did you mean train_steps?")
     assert os.listdir(tmp_path) == []
 
