@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import signal
 import socket
 import time
@@ -48,6 +49,14 @@ def experiment(task=None, callbacks=(), **schedule):
                           hooks=[ctl.hooks.KerasCallbacks(callbacks)] if callbacks else [],
                           schedule=ctl.Schedule(**{"train_steps": 40, "steps_per_loop": 10,
                                                    "checkpoint_interval": 10, **schedule}))
+
+
+def ctl_in_process(*args):
+    """`python -m ctl.run args` as its main in this process (no TensorFlow import to pay): its
+    status, stdout and stderr as a `subprocess.CompletedProcess`. The command's own one line and
+    exit 2 for a sidecar's bad input: tests/test_bad_inputs.py's processes."""
+    code, out, err = run_ctl_in_process(list(args))
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 @pytest.fixture
@@ -271,7 +280,7 @@ def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):
     data = os.path.join(run_dir, "ckpt-20.data-00000-of-00001")
     with open(data, "r+b") as f:
         f.truncate(os.path.getsize(data) // 2)
-    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}")
+    result = ctl_in_process("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert evaluated_numbers(run_dir) == [10, 30, 40]
     assert progress(run_dir) == {10: "evaluated", 20: "failed", 30: "evaluated", 40: "evaluated"}
@@ -281,8 +290,8 @@ def test_truncated_checkpoint_is_recorded_failed_and_skipped(run_dir):
 
 def test_checkpoint_of_a_different_model_is_an_error(run_dir):
     before = snapshot(run_dir)
-    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
-                     "--gin_bindings=ctl.Experiment.task = @WideTask()")
+    result = ctl_in_process("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                            "--gin_bindings=ctl.Experiment.task = @WideTask()")
     assert result.returncode == 2, result.stderr[-3000:]
     lines = ctl_stderr_lines(result.stderr)
     assert len(lines) == 1 and "holds a checkpoint of a different model" in lines[0], lines
@@ -291,9 +300,9 @@ def test_checkpoint_of_a_different_model_is_an_error(run_dir):
 
 def test_idle_timeout_ends_with_a_clear_message(run_dir):
     os.remove(ModelDir(run_dir).finished_file)  # A trainer that vanished before train_steps
-    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
-                     "--gin_bindings=ctl.ContinuousEval.timeout = 2",  # (once past it, the end is 0).
-                     "--gin_bindings=ctl.Schedule.train_steps = 100")
+    result = ctl_in_process("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                            "--gin_bindings=ctl.ContinuousEval.timeout = 2",  # (once past it, the end is 0).
+                            "--gin_bindings=ctl.Schedule.train_steps = 100")
     assert result.returncode == 2, result.stderr[-3000:]
     assert evaluated_numbers(run_dir) == [10, 20, 30, 40]
     lines = ctl_stderr_lines(result.stderr)
@@ -478,8 +487,8 @@ def test_checkpoint_manager_over_model_and_optimizer_evaluates(tmp_path):
 
 def test_bad_setting_is_one_clear_line(run_dir):
     before = snapshot(run_dir)
-    result = run_ctl("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
-                     "--gin_bindings=ctl.ContinuousEval.policy = 'newest'")
+    result = ctl_in_process("--mode=continuous_eval", f"--model_dir={run_dir}", f"--gin_file={TEST_GIN}",
+                            "--gin_bindings=ctl.ContinuousEval.policy = 'newest'")
     assert result.returncode == 2, result.stderr[-3000:]
     lines = ctl_stderr_lines(result.stderr)
     assert lines == ["ctl.run: error: Received ctl.ContinuousEval.policy='newest'. "
