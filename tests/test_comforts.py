@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -32,14 +33,18 @@ COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
 FEATURES, _ = regression_data(5, seed=3)
 
 
+def ctl_in_process(*args):
+    """`python -m ctl.run args` as its main in this process (no TensorFlow import to pay): its
+    status, stdout and stderr as a `subprocess.CompletedProcess`. The command's own one line and
+    exit 2 for a refused input: tests/test_bad_inputs.py's processes."""
+    code, out, err = run_ctl_in_process(list(args))
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def one_error_line(result, *messages):
-    """The one line a `ctl.run` that refused its input wrote on stderr (a CompletedProcess, or
-    `run_ctl_in_process`'s (status, stdout, stderr))."""
-    code, stdout, stderr = result if isinstance(result, tuple) else (
-        result.returncode, result.stdout, result.stderr)
-    assert code == 2, stdout[-2000:] + stderr
-    lines = ctl_stderr_lines(stderr)
-    assert len(lines) == 1, stderr
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+    lines = ctl_stderr_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
     for message in messages:
         assert message in lines[0], lines[0]
     return lines[0]
@@ -108,22 +113,22 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
 @pytest.mark.slow
 def test_early_stopping_stops_cleanly(tmp_path):
     # `examples` is 10 at every evaluation: never an improvement after the first.
-    result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
-                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
-                     "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
-                     "--gin.ctl.hooks.EarlyStopping.metric='examples'",
-                     "--gin.ctl.hooks.EarlyStopping.higher_is_better=True",
-                     "--gin.ctl.hooks.EarlyStopping.patience=2")
+    result = ctl_in_process("--mode=train_and_eval", f"--model_dir={tmp_path}",
+                            f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
+                            "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
+                            "--gin.ctl.hooks.EarlyStopping.metric='examples'",
+                            "--gin.ctl.hooks.EarlyStopping.higher_is_better=True",
+                            "--gin.ctl.hooks.EarlyStopping.patience=2")
     assert result.returncode == 0, result.stderr
     assert "early stopping: examples has not improved" in result.stdout
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
     assert [r["step"] for r in ModelDir(str(tmp_path)).metrics("train")] == [10, 20, 30]
     # A restart remembers the stop: no more training.
-    again = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path}",
-                    f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
-                    "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
-                    "--gin.ctl.hooks.EarlyStopping.metric='examples'",
-                    "--gin.ctl.hooks.EarlyStopping.patience=2")
+    again = ctl_in_process("--mode=train_and_eval", f"--model_dir={tmp_path}",
+                           f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=100",
+                           "--gin.ctl.Experiment.hooks=[@ctl.hooks.EarlyStopping()]",
+                           "--gin.ctl.hooks.EarlyStopping.metric='examples'",
+                           "--gin.ctl.hooks.EarlyStopping.patience=2")
     assert again.returncode == 0, again.stderr
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-30")
 
@@ -132,8 +137,8 @@ def test_early_stopping_stops_cleanly(tmp_path):
 def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
     encoder_args = ["--gin.ctl.Experiment.task=@EncoderTask()", "--gin.ctl.Experiment.hooks=[]"]
     pretrained = str(tmp_path / "pretrained")
-    result = run_ctl("--mode=train", f"--model_dir={pretrained}", f"--gin_file={COMFORTS_GIN}",
-                     "--gin.ctl.Schedule.train_steps=10", *encoder_args)
+    result = ctl_in_process("--mode=train", f"--model_dir={pretrained}", f"--gin_file={COMFORTS_GIN}",
+                            "--gin.ctl.Schedule.train_steps=10", *encoder_args)
     assert result.returncode == 0, result.stderr
     warm = str(tmp_path / "warm")
     warm_args = [f"--model_dir={warm}", f"--gin_file={COMFORTS_GIN}",
@@ -141,7 +146,7 @@ def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
                  "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart()]",
                  f"--gin.ctl.hooks.WarmStart.init_checkpoint='{pretrained}'",
                  "--gin.ctl.hooks.WarmStart.include=['encoder']"]
-    result = run_ctl("--mode=train", "--gin.ctl.Schedule.train_steps=0", *warm_args)
+    result = ctl_in_process("--mode=train", "--gin.ctl.Schedule.train_steps=0", *warm_args)
     assert result.returncode == 0, result.stderr
     assert "restored 2 of 2 chosen variables (include=['encoder'])" in result.stdout
     assert "in the checkpoint but not restored" in result.stdout  # The head.
@@ -153,23 +158,23 @@ def test_warm_start_restores_a_subset_and_reports_it(tmp_path):
     assert not started.get_layer("head").get_weights()[0].any()  # Zero-initialized, not copied.
     assert source.get_layer("head").get_weights()[0].any()
     # Resuming the warm run uses its own checkpoint, not the pretrained one.
-    result = run_ctl("--mode=train", "--gin.ctl.Schedule.train_steps=10", *warm_args)
+    result = ctl_in_process("--mode=train", "--gin.ctl.Schedule.train_steps=10", *warm_args)
     assert result.returncode == 0, result.stderr
     assert "warm start" not in result.stdout and "restored model from" in result.stdout
     # A checkpoint that provides none of the chosen variables is an error; nothing is written.
     fresh = tmp_path / "fresh"
-    result = run_ctl("--mode=train", f"--model_dir={fresh}", f"--gin_file={COMFORTS_GIN}",
-                     "--gin.ctl.Experiment.task=@EncoderTask()",
-                     "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart()]",
-                     f"--gin.ctl.hooks.WarmStart.init_checkpoint='{pretrained}'",
-                     "--gin.ctl.hooks.WarmStart.checkpoint_prefix='encoder'")
+    result = ctl_in_process("--mode=train", f"--model_dir={fresh}", f"--gin_file={COMFORTS_GIN}",
+                            "--gin.ctl.Experiment.task=@EncoderTask()",
+                            "--gin.ctl.Experiment.hooks=[@ctl.hooks.WarmStart()]",
+                            f"--gin.ctl.hooks.WarmStart.init_checkpoint='{pretrained}'",
+                            "--gin.ctl.hooks.WarmStart.checkpoint_prefix='encoder'")
     one_error_line(result, "matches none of the 4 chosen variables")
     assert not glob.glob(str(fresh / "ckpt-*"))
 
 
 def test_warm_start_in_process_restores_the_included_layer_only(tmp_path):
     """`ctl.hooks.warm_start` on models built here: the encoder from the checkpoint, the head left
-    as initialized and reported unread (the test above runs it through the CLI)."""
+    as initialized and reported unread (the test above runs it through ctl.run's flags and gin)."""
     from ctl.hooks.warm_start import warm_start
 
     source = EncoderTask().build_model()
@@ -220,11 +225,11 @@ def test_smoke_mode_passes_on_every_shipped_experiment(gin_file):
 def test_smoke_mode_fails_clearly_on_a_broken_config(tmp_path):
     # `python -m ctl.run`'s main in this process (one line on stderr, exit 2: the command's own
     # form, tests/test_bad_inputs.py).
-    result = run_ctl_in_process(["--mode=smoke", f"--gin_file={COMFORTS_GIN}",
-                                 "--gin.ctl.Experiment.task=@MisshapenTask()"])
+    result = ctl_in_process("--mode=smoke", f"--gin_file={COMFORTS_GIN}",
+                            "--gin.ctl.Experiment.task=@MisshapenTask()")
     line = one_error_line(result, "smoke test failed at train")
     assert "value 5" in line and "shape (8, 3)" in line  # The shapes that disagree.
-    assert "Traceback" in result[1]
+    assert "Traceback" in result.stdout
 
 
 @pytest.mark.slow
@@ -255,8 +260,8 @@ def test_everyday_output(run_dir):
 
 
 def test_misspelled_gin_name_lists_close_matches(tmp_path):
-    result = run_ctl_in_process(["--mode=train", f"--model_dir={tmp_path}", f"--gin_file={COMFORTS_GIN}",
-                                 "--gin.ctl.Schedule.train_stepz=3"])
+    result = ctl_in_process("--mode=train", f"--model_dir={tmp_path}", f"--gin_file={COMFORTS_GIN}",
+                            "--gin.ctl.Schedule.train_stepz=3")
     one_error_line(result, "train_stepz", "did you mean train_steps?")
     assert os.listdir(tmp_path) == []
 
