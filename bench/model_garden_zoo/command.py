@@ -465,11 +465,11 @@ def scratch_reason(diff: Optional[float]) -> str:
     if diff > compare.LOSS_TOLERANCE:
         return f"from empty model dirs as well (max relative difference {diff:.2e})"
     return (f"from empty model dirs they are the same (max relative difference {diff:.1e}): the "
-            "initial checkpoint moves Model Garden's dropout draws, not ctl's (its trainer makes "
-            "the variables of a model built on its first call with the checkpoint's values and "
-            "runs no initializer, whose seeds come from the stream its dropout generators' seeds "
-            "then come from; ctl builds the model, initializers and all, before it restores, as "
-            "both do from scratch)")
+            "initial checkpoint moves Model Garden's dropout draws, not ctl's (where its trainer "
+            "builds the model in its first step, the restore gives the new variables their values "
+            "and no initializer runs, whose seeds come from the seeded stream its dropout "
+            "generators' seeds then come from; ctl builds the model, initializers and all, "
+            "before it restores, as both do from scratch)")
 
 
 def eval_mode_reason(step: int, differing: List[str], ops: Sequence[str]) -> str:
