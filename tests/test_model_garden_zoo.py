@@ -3,6 +3,7 @@ experiments: each trains on ctl with Model Garden's own numbers (train_lib from 
 files and seeds: the same losses, eval metrics and weights, bit for bit). The whole registry's
 table is docs/how-to/model-garden-zoo.md, generated from the committed results file."""
 
+import inspect
 import json
 import os
 import shutil
@@ -314,3 +315,47 @@ def test_the_command_checks_yaml_is_the_variant_model_garden_builds_from_its_ove
             experiment, params_override=overrides).as_dict()
         assert parsed.trainer.checkpoint_interval == 4 and parsed.trainer.validation_steps == 2
         assert parsed.trainer.best_checkpoint_export_subdir == "best_ckpt"
+
+
+@pytest.mark.slow  # Imports Model Garden, writes the generated files and builds a tiny BERT.
+def test_the_command_checks_initial_checkpoint_is_model_gardens_layout_without_rng(tmp_path):
+    # Both trainers' dropout generators start from the seed, as in a model dir of Model Garden's:
+    # with `rng` in it, ctl restored the states this writer made, which differ where a layer is
+    # built on the model's first call (BERT's next-sentence head: here after its initializers
+    # drew their seeds; in both trainers in their first step, with no initializer run).
+    import tensorflow as tf
+
+    from bench.model_garden_zoo import command, registry
+    from ctl.core import checkpoint_contents
+
+    registry.import_all()
+    experiment = "bert/pretraining"
+    config = command.config(experiment, str(tmp_path / "data"), ["validation_loss"])
+    command.write_initial_checkpoint(experiment, config, [str(tmp_path / "model")])
+    graph = checkpoint_contents.SavedGraph(tf.train.load_checkpoint(str(tmp_path / "model" / "ckpt-0")))
+    assert sorted(graph.root_children()) == ["global_step", "model", "optimizer", "save_counter"]
+
+
+def test_the_command_checks_reasons_say_what_empty_dirs_and_model_gardens_eval_found(tmp_path):
+    from bench.model_garden_zoo import command
+    from ctl.core import evaluation
+
+    assert command.scratch_reason(None) == ""
+    assert command.scratch_reason(0.02).startswith("from empty model dirs as well (max relative")
+    assert command.scratch_reason(0.0).startswith(
+        "from empty model dirs they are the same (max relative difference 0.0e+00): the initial "
+        "checkpoint moves Model Garden's dropout draws, not ctl's")
+    # The ops come from ctl's own line (ctl.core.evaluation), as its log has it.
+    assert command.RANDOM_OPS_LINE in inspect.getsource(evaluation.Evaluation._look_for_random_ops)
+    log = tmp_path / "ctl.log"
+    log.write_text(" train | step: 2\n eval | " + command.RANDOM_OPS_LINE
+                   + "RandomUniform, Multinomial), whose state lives in their kernels: ...\n")
+    assert command._eval_random_ops(str(log)) == ["RandomUniform", "Multinomial"]
+    log.write_text(" eval | step: 6 | loss: 1\n")
+    assert command._eval_random_ops(str(log)) == []
+    said = command.eval_mode_reason(8, [], ["RandomUniform"])
+    assert said.startswith("Model Garden's own --mode=eval of its ckpt-8 gives ctl's numbers: the "
+                           "eval step draws from stateful random ops (RandomUniform)")
+    assert command.eval_mode_reason(8, ["loss 1 (ctl) vs 2 (train_lib)"], []) == (
+        "Model Garden's own --mode=eval of its ckpt-8 differs from ctl's too: loss 1 (ctl) vs 2 "
+        "(train_lib)")

@@ -147,7 +147,8 @@ def run_export_row(experiment: str, family: str, steps: int, workdir: str, log_d
 COMMAND_KEYS = ["command", "command_checks", "command_reason"]
 COMMAND_ALL = COMMAND_KEYS + ["command_best", "command_line", "command_max_rel_loss_diff",
                               "command_losses", "command_found", "command_commit", "command_cpu_s",
-                              "command_first_loop_s", "command_process_cpu_s"]
+                              "command_first_loop_s", "command_process_cpu_s",
+                              "command_empty_dirs_max_rel_loss_diff"]
 
 
 def run_command_row(experiment: str, family: str, metrics: List[str], workdir: str,

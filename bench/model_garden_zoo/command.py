@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from bench.model_garden_zoo import compare
 
@@ -46,6 +46,7 @@ SEED_BINDING = f"--gin_bindings=ctl.FaultTolerance.seed={SEED}"
 BEST_SUBDIR = "best_ckpt"
 CHECKS = ("runs", "loss", "eval", "checkpoints", "evaluations", "best")
 BUDGET_S = 2300  # The row's processes in all, by default (the zoo gives the row 2400 s).
+RANDOM_OPS_LINE = "the eval step draws from stateful random ops ("  # ctl.core.evaluation's line.
 
 
 def merged(overrides: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -176,13 +177,18 @@ def config(experiment: str, data_dir: str, metrics: Sequence[str], eval_steps: i
 
 def write_initial_checkpoint(experiment: str, yaml_config: Dict[str, Any],
                              model_dirs: Sequence[str]) -> int:
-    """Step 0 of both runs in each of `model_dirs`, as a seeded ctl run lays it out; returns the
-    eval steps (`compare.eval_steps_of`).
+    """Step 0 of both runs in each of `model_dirs`, as Model Garden's trainer lays it out
+    (`global_step`, `model`, `optimizer`: no `rng`); returns the eval steps
+    (`compare.eval_steps_of`).
 
-    Built after the seed both trainers' processes get (`SEED`), so that it holds the states of the
-    generators tf_keras' dropout then draws from as `rng`: a seeded ctl run does not restore a
-    checkpoint without them into a model with dropout (a documented limit), and Model Garden's
-    trainer does not read them (its generators start from the same seed, in the same states).
+    Without the states of the generators tf_keras' dropout draws from (`rng`), each trainer's
+    generators start from the seed both processes get (`SEED`), as they do in a model dir of
+    Model Garden's that a user brings: ctl restores the checkpoint with a line saying so.
+    With them, ctl would draw from the states this process made, and Model Garden's trainer
+    from its own: a layer built on the model's first call (BERT's pretraining heads) makes its
+    generator here, eagerly, after its initializers drew their seeds from the same seeded
+    stream, while both trainers make it as their first step is traced, where the restore gives
+    its weights their values and no initializer draws.
 
     Args:
       experiment: a registered experiment's name.
@@ -192,7 +198,6 @@ def write_initial_checkpoint(experiment: str, yaml_config: Dict[str, Any],
     import tensorflow as tf
 
     import ctl
-    from ctl.core import checkpoint_contents
     from ctl.faults import resume
 
     resume.seed_everything(SEED)
@@ -202,20 +207,22 @@ def write_initial_checkpoint(experiment: str, yaml_config: Dict[str, Any],
         model(task.features(next(iter(task.build_inputs(training=True)))), training=False)
     except TypeError:
         pass
-    checkpoint = checkpoint_contents.build_checkpoint(
-        tf.Variable(0, dtype=tf.int64), model, task.build_optimizer())
+    checkpoint = tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64), model=model,
+                                     optimizer=task.build_optimizer())
     for directory in model_dirs:
         tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2).save(checkpoint_number=0)
     return compare.eval_steps_of(task)
 
 
-def run_train_lib(experiment: str, config_file: str, model_dir: str) -> None:
-    """Model Garden's train.py with `--mode=train_and_eval`, seeded as ctl's process is.
+def run_train_lib(experiment: str, config_file: str, model_dir: str,
+                  mode: str = "train_and_eval") -> None:
+    """Model Garden's train.py with `--mode=train_and_eval` (or `mode`), seeded as ctl's process is.
 
     Args:
       experiment: `--experiment`.
       config_file: `--config_file`.
       model_dir: `--model_dir`.
+      mode: `--mode`: `train_and_eval`, or `eval` (the latest checkpoint, once).
     """
     from official.core import train_lib, train_utils
     from official.modeling import performance
@@ -234,7 +241,7 @@ def run_train_lib(experiment: str, config_file: str, model_dir: str) -> None:
     resume.seed_everything(SEED)
     strategy, task, trainer = compare.train_py_setup(params, model_dir)
     train_lib.run_experiment(
-        distribution_strategy=strategy, task=task, mode="train_and_eval", params=params,
+        distribution_strategy=strategy, task=task, mode=mode, params=params,
         model_dir=model_dir, trainer=trainer, summary_manager=None,
         eval_summary_manager=summary_manager.maybe_build_eval_summary_manager(params, model_dir),
         enable_async_checkpointing=True)
@@ -446,6 +453,66 @@ def _run(command: List[str], log: str, env: Dict[str, str], deadline: float,
     return None if code == 0 else f"exit {code}: {_last_line(log)}"
 
 
+def scratch_reason(diff: Optional[float]) -> str:
+    """What the losses of both trainers from empty model dirs say of training losses that differ
+    from the initial checkpoint ('' if a run failed).
+
+    Args:
+      diff: their max relative difference (None: a trainer's run failed).
+    """
+    if diff is None:
+        return ""
+    if diff > compare.LOSS_TOLERANCE:
+        return f"from empty model dirs as well (max relative difference {diff:.2e})"
+    return (f"from empty model dirs they are the same (max relative difference {diff:.1e}): the "
+            "initial checkpoint moves Model Garden's dropout draws, not ctl's (where its trainer "
+            "builds the model in its first step, the restore gives the new variables their values "
+            "and no initializer runs, whose seeds come from the seeded stream its dropout "
+            "generators' seeds then come from; ctl builds the model, initializers and all, "
+            "before it restores, as both do from scratch)")
+
+
+def eval_mode_reason(step: int, differing: List[str], ops: Sequence[str]) -> str:
+    """What Model Garden's own `--mode=eval` of its last checkpoint says of evaluations that
+    differ after equal training losses.
+
+    Args:
+      step: the last checkpoint's step.
+      differing: its metrics that differ from ctl's evaluation at `step` (`_differing`).
+      ops: the stateful random ops ctl's log says its eval step draws from ([]: none named).
+    """
+    if differing:
+        return (f"Model Garden's own --mode=eval of its ckpt-{step} differs from ctl's too: "
+                + _first_three(differing))
+    drawn = f" ({', '.join(ops)})" if ops else ""
+    return (f"Model Garden's own --mode=eval of its ckpt-{step} gives ctl's numbers: the eval step "
+            f"draws from stateful random ops{drawn}, whose state lives in their kernels; ctl "
+            "traces it anew for each evaluation, so that every evaluation of a checkpoint draws "
+            "what the seed gives, while Model Garden's trainer goes on with the kernels of its "
+            "earlier evaluations")
+
+
+def _eval_random_ops(log: str) -> List[str]:
+    """The stateful random ops ctl's log says its eval step draws from (ctl.core.evaluation's
+    line); [] if it names none."""
+    with open(log) as f:
+        for line in f:
+            if RANDOM_OPS_LINE in line:
+                return line.split(RANDOM_OPS_LINE, 1)[1].split(")", 1)[0].split(", ")
+    return []
+
+
+def _last_evaluation(model_dir: str) -> Tuple[Optional[int], Dict[str, float]]:
+    """The step of the last evaluation in `model_dir`'s `validation/`, and its metrics."""
+    evals = _evaluations(model_dir)
+    steps = {step for values in evals.values() for step in values}
+    if not steps:
+        return None, {}
+    step = max(steps)
+    return step, {metric: values[step] for metric, values in evals.items()
+                  if step in values and not metric.startswith("best_")}
+
+
 def check_command(experiment: str, workdir: str, metrics: Sequence[str],
                   budget_s: float = BUDGET_S) -> Dict[str, Any]:
     """Runs `experiment`'s YAML through `python -m ctl.train` and Model Garden's trainer; its row's
@@ -510,6 +577,40 @@ def check_command(experiment: str, workdir: str, metrics: Sequence[str],
         who: first_loop_s(dirs[who], launched[who], schedule(trainer)["loops"][0]) for who in dirs}
     found = checks(dirs, trainer)
     reasons = {"runs": "", **found.pop("command_reasons")}
+    if reasons.get("loss", "").startswith("training losses differ"):
+        # Both again from empty model dirs: does the initial checkpoint make the difference?
+        empty = {who: os.path.join(root, "empty", who) for who in dirs}
+        for directory in empty.values():
+            os.makedirs(directory)  # Some tasks write files there as they are built (WMT's).
+        ran = [_run(user[:-3] + [f"--model_dir={empty['ctl']}"] + user[-2:],
+                    os.path.join(root, "empty", "ctl.log"), env, deadline, {}, "ctl"),
+               _run(garden[:-1] + [f"--model_dir={empty['train_lib']}"],
+                    os.path.join(root, "empty", "train_lib.log"), dict(os.environ), deadline, {},
+                    "train_lib")]
+        diff = None
+        if not any(ran):
+            losses = {"ctl": compare._train_losses(empty["ctl"], ["loss"]),
+                      "train_lib": compare._train_losses(empty["train_lib"], ["training_loss", "loss"])}
+            steps = schedule(trainer)["loops"]
+            if all(sorted(values) == steps for values in losses.values()):
+                diff = max(compare._relative(losses["ctl"][s], losses["train_lib"][s]) for s in steps)
+        row["command_empty_dirs_max_rel_loss_diff"] = diff
+        reasons["loss"] = "; ".join(filter(None, [reasons["loss"], scratch_reason(diff)]))
+    elif reasons.get("eval", "").startswith("validation/ differs"):
+        # Model Garden's own evaluation of its last checkpoint, in a process of its own.
+        step, ours = _last_evaluation(dirs["ctl"])
+        again = os.path.join(root, "train_lib_eval")
+        shutil.copytree(dirs["train_lib"], again, ignore=shutil.ignore_patterns(
+            "validation", "train", BEST_SUBDIR, "events.out.*"))
+        if step is not None and not _run(
+                garden[:-1] + [f"--model_dir={again}", "--mode=eval"],
+                os.path.join(root, "train_lib_eval.log"), dict(os.environ), deadline, {},
+                "train_lib"):
+            theirs_step, theirs = _last_evaluation(again)
+            if theirs_step == step:
+                reasons["eval"] += "; " + eval_mode_reason(
+                    step, _differing(ours, theirs, compare.EVAL_TOLERANCE),
+                    _eval_random_ops(os.path.join(root, "ctl.log")))
     row.update(found)
     row["command_checks"] = {check: not reasons.get(check) for check in CHECKS}
     row["command"] = all(row["command_checks"].values())
@@ -529,12 +630,14 @@ def main(argv=None) -> int:
                         help="be Model Garden's trainer on --config_file, in --model_dir")
     parser.add_argument("--config_file", help="with --train_lib")
     parser.add_argument("--model_dir", help="with --train_lib")
+    parser.add_argument("--mode", default="train_and_eval", choices=["train_and_eval", "eval"],
+                        help="with --train_lib")
     args = parser.parse_args(argv)
     from bench.model_garden_zoo import registry
 
     if args.train_lib:  # Timed (`first_loop_s`) with the imports Model Garden's own train.py pays.
         registry.import_as_train_py(args.experiment)
-        run_train_lib(args.experiment, args.config_file, args.model_dir)
+        run_train_lib(args.experiment, args.config_file, args.model_dir, args.mode)
         return 0
     registry.import_all()
     if not args.workdir:
