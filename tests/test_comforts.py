@@ -91,9 +91,9 @@ def test_best_checkpoint_survives_restart_and_retention(run_dir, tmp_path):
     assert best["metric"] == "loss" and best["step"] == 40
     before = snapshot(os.path.join(model_dir, "best"))
     # Resume training toward zeros: every later evaluation is worse.
-    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
-                     f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
-                     "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
+    result = ctl_in_process("--mode=train_and_eval", f"--model_dir={model_dir}",
+                            f"--gin_file={COMFORTS_GIN}", "--gin.ctl.Schedule.train_steps=60",
+                            "--gin.ctl.Experiment.trainer_cls=@ZeroTargetsTrainer")
     assert result.returncode == 0, result.stderr
     evals = ModelDir(model_dir).metrics("eval")
     assert [e["step"] for e in evals][-2:] == [50, 60]
@@ -217,7 +217,7 @@ SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.gin")))
 @pytest.mark.slow
 @pytest.mark.parametrize("gin_file", SHIPPED_CONFIGS, ids=os.path.basename)
 def test_smoke_mode_passes_on_every_shipped_experiment(gin_file):
-    result = run_ctl("--mode=smoke", f"--gin_file={gin_file}")
+    result = ctl_in_process("--mode=smoke", f"--gin_file={gin_file}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "smoke | PASS" in result.stdout
 
