@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from ctl.hooks.exporting import FinalExporter
 from ctl.core.hook_protocol import Hook
 from ctl.config import gin_config as config
 from tests.support.env import ROOT
-from tests.support.in_process import run_ctl_in_process
+from tests.support.in_process import ctl_in_process
 from tests.support.processes import run_ctl
 from tests.support.reading import ctl_stderr_lines, exported, model_at, served, snapshot
 from tests.support.strategies import mirrored
@@ -31,14 +30,6 @@ from tests.tasks import RegressionTask, regression_data
 
 COMFORTS_GIN = os.path.join(ROOT, "tests", "comforts.gin")
 FEATURES, _ = regression_data(5, seed=3)
-
-
-def ctl_in_process(*args):
-    """`python -m ctl.run args` as its main in this process (no TensorFlow import to pay): its
-    status, stdout and stderr as a `subprocess.CompletedProcess`. The command's own one line and
-    exit 2 for a refused input: tests/test_bad_inputs.py's processes."""
-    code, out, err = run_ctl_in_process(list(args))
-    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def one_error_line(result, *messages):

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import signal
 import socket
 import time
@@ -23,7 +22,7 @@ from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json
 from ctl.sidecar import continuous_eval
 from tests.support.env import ROOT, TEST_GIN
-from tests.support.in_process import run_ctl_in_process
+from tests.support.in_process import ctl_in_process, run_ctl_in_process
 from tests.support.processes import Process, run_ctl
 from tests.support.reading import ctl_stderr_lines, scalars, snapshot
 from tests.sidecar_tasks import DeleteOnFirstEvaluation, RecordingCallback, TwoEvalSetsTask
@@ -49,14 +48,6 @@ def experiment(task=None, callbacks=(), **schedule):
                           hooks=[ctl.hooks.KerasCallbacks(callbacks)] if callbacks else [],
                           schedule=ctl.Schedule(**{"train_steps": 40, "steps_per_loop": 10,
                                                    "checkpoint_interval": 10, **schedule}))
-
-
-def ctl_in_process(*args):
-    """`python -m ctl.run args` as its main in this process (no TensorFlow import to pay): its
-    status, stdout and stderr as a `subprocess.CompletedProcess`. The command's own one line and
-    exit 2 for a sidecar's bad input: tests/test_bad_inputs.py's processes."""
-    code, out, err = run_ctl_in_process(list(args))
-    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 @pytest.fixture

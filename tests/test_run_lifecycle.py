@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from ctl.core.stop import EXIT_PREEMPTED
 from tests.support.env import ROOT, TEST_GIN
+from tests.support.in_process import ctl_in_process
 from tests.support.processes import Process, run, run_ctl
 from tests.support.reading import ctl_stderr_lines
 
@@ -97,7 +98,8 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
     assert "latest ckpt-20" in text and "summaries train/ eval/" in text
     before = _files_and_times(model_dir)
 
-    again = run_ctl(*args)
+    # Run again, then longer: the command's main in this process (the process's own end: above).
+    again = ctl_in_process(*args)
     assert again.returncode == 0, again.stderr
     assert not ctl_stderr_lines(again.stderr), again.stderr
     assert "the run is already complete (trained to step 20" in again.stdout
@@ -110,7 +112,7 @@ def test_a_finished_run_says_where_its_results_are_and_run_again_changes_nothing
     assert after == before
     assert eval_steps(model_dir) == [10, 20]
 
-    longer = run_ctl(*args, "--gin_bindings=ctl.Schedule.train_steps=30")
+    longer = ctl_in_process(*args, "--gin_bindings=ctl.Schedule.train_steps=30")
     assert longer.returncode == 0, longer.stderr
     assert eval_steps(model_dir) == [10, 20, 30]
     assert "trained to step 30" in longer.stdout

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from experiments import records
 from tests.support.env import ROOT
-from tests.support.processes import run_ctl
+from tests.support.in_process import ctl_in_process
 from tests.support.reading import scalars
 
 pytestmark = pytest.mark.slow
@@ -21,10 +21,11 @@ pytestmark = pytest.mark.slow
 
 def test_model_garden_bert_trains_from_tfrecord_files(tmp_path):
     data_dir = tmp_path / "data"
-    result = run_ctl("--mode=train_and_eval", f"--model_dir={tmp_path / 'run'}",
-                     f"--gin_file={os.path.join(ROOT, 'configs', 'bert_classifier.gin')}",
-                     "--gin_bindings=TRAIN_STEPS=300", "--gin_bindings=ctl.Schedule.eval_interval=300",
-                     f"--gin_bindings=BertClassifierTask.data_dir='{data_dir}'")
+    # The command's main in this process (no TensorFlow import to pay).
+    result = ctl_in_process("--mode=train_and_eval", f"--model_dir={tmp_path / 'run'}",
+                            f"--gin_file={os.path.join(ROOT, 'configs', 'bert_classifier.gin')}",
+                            "--gin_bindings=TRAIN_STEPS=300", "--gin_bindings=ctl.Schedule.eval_interval=300",
+                            f"--gin_bindings=BertClassifierTask.data_dir='{data_dir}'")
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(data_dir)) == [
         "eval-00000-of-00002.tfrecord", "eval-00001-of-00002.tfrecord",

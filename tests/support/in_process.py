@@ -4,6 +4,7 @@ already: its exit status, stdout and stderr (gin and absl's flags cleared after)
 import contextlib
 import io
 import os
+import subprocess
 from typing import Dict, List, Optional, Tuple
 
 from absl import app
@@ -39,3 +40,11 @@ def run_ctl_in_process(args: List[str], env: Optional[Dict[str, str]] = None
         absl_flags.FLAGS.unparse_flags()
         gin.clear_config()
     return code, out.getvalue(), err.getvalue()
+
+
+def ctl_in_process(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """`run_ctl_in_process` as `tests.support.processes.run_ctl` returns a process's end: a
+    `subprocess.CompletedProcess` (returncode, stdout, stderr), for a test that runs the command's
+    main here instead of paying a process's TensorFlow import."""
+    code, out, err = run_ctl_in_process(list(args), env)
+    return subprocess.CompletedProcess(list(args), code, out, err)
