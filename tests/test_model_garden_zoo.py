@@ -359,3 +359,31 @@ def test_the_command_checks_reasons_say_what_empty_dirs_and_model_gardens_eval_f
     assert command.eval_mode_reason(8, ["loss 1 (ctl) vs 2 (train_lib)"], []) == (
         "Model Garden's own --mode=eval of its ckpt-8 differs from ctl's too: loss 1 (ctl) vs 2 "
         "(train_lib)")
+
+
+@pytest.mark.slow  # Imports Model Garden and builds its image classification pipeline 7 times.
+def test_the_input_check_tells_a_pipeline_that_mixes_each_replicas_batch_from_a_lost_position(tmp_path):
+    """Where a step at two replicas read other data, `new_replicas` says what Model Garden's own
+    pipeline gives there (`--input_at_two_replicas`): with mixup and cutmix (DeiT's), which mix
+    each replica's half batch at two replicas, other global batches, the same once they are off
+    (the same examples); without them, the same global batches: a run that read other data lost
+    its position."""
+    import importlib
+
+    from bench.model_garden_zoo import guarantees, registry
+
+    assert guarantees.first_other_step([1.0] * 6, [1.0, 2.0, 1.0, 1.0, 1.0, 3.0]) == 6
+    assert guarantees.first_other_step([1.0] * 6, [1.0, 2.0, 1.0, 1.0, 1.0, 1.0]) is None
+    assert guarantees.first_other_step([1.0] * 6, [1.0, 2.0, 1.0, 1.0, 1.0, 1.0], first=1) == 2
+    importlib.import_module(registry.VISION)
+    check = guarantees._input_at_two_replicas  # noqa: SLF001 (the zoo's own)
+    mixup = [{"task": {"train_data": {"mixup_and_cutmix": {"mixup_alpha": 0.8}}}}]
+    said = check("image_classification", str(tmp_path), mixup)
+    assert "gives other global batches at two replicas than at one: step 4's inputs sum to" in said
+    assert ("; with task.train_data.mixup_and_cutmix=None (turning off its mixup and cutmix, "
+            "applied to each batch after batching) they are the same at steps 4-6: the same "
+            "examples, mixed as one batch at one replica and as two half batches at two (python -m "
+            "bench.model_garden_zoo.guarantees image_classification --input_at_two_replicas)") in said
+    said = check("image_classification", str(tmp_path))
+    assert "gives the same global batches at one and two replicas at steps 4-6" in said
+    assert "already differ" not in said

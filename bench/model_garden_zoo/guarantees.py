@@ -2,6 +2,7 @@
 
     python -m bench.model_garden_zoo.guarantees NAME [--workdir=DIR] [--random_ops]
                                                 [--train_lib_at_two_replicas] [--gradients]
+                                                [--input_at_two_replicas]
 
 The run is seeded as a user seeds theirs: `ctl.FaultTolerance.seed = 1` in the gin file (which
 seeds Python, NumPy, TensorFlow and Keras, turns on op determinism and makes tf_keras draw
@@ -25,7 +26,9 @@ can hold a step until told to go on, so that a process is stopped mid-loop, in a
   hold) `--mode=eval` on a copy of the killed run's last checkpoint in a dir of its own;
 - `new_replicas`: the SIGTERM-stopped run resumed with `--cpu_replicas=2 --strategy=mirrored`:
   it goes on at the next step, each step reads the uninterrupted run's data (the sum of its
-  inputs), its checkpoint's `train_examples` record counts the examples it read (each step's
+  inputs; where it does not, `--input_at_two_replicas` says what Model Garden's own pipeline
+  gives those steps at one replica and at two, with the augmentations it draws for each batch
+  and without), its checkpoint's `train_examples` record counts the examples it read (each step's
   batches, as the recorded task writes them: the uninterrupted run's count where the task splits
   its global batch over the replicas; more where its input gives each replica a batch of its own
   size, as Model Garden's `mock` does, under Model Garden's trainer too), and its losses and
@@ -756,6 +759,118 @@ def _train_lib_at_two_replicas(experiment: str, workdir: str) -> str:
     return "Model Garden's train_lib trains there (loops of %d steps at two replicas)" % LOOP
 
 
+INPUT_CHECK = "INPUT-AT-2 "
+# The augmentations Model Garden's readers apply to a batch once it is batched (at two replicas to
+# each replica's half batch), by their `task.train_data` field: the value that turns one off, what
+# it is, and what it does to the examples.
+BATCH_AUGMENTATIONS = {
+    "mixup_and_cutmix": (None, "its mixup and cutmix", "mixed"),
+    "masking_rate": (0.0, "its masking of tokens", "masked"),
+}
+
+
+def input_at_two_replicas(row: _Row) -> str:
+    """What Model Garden's own pipeline gives the row's steps at one replica and at two, in a
+    process of its own: a sentence for the row."""
+    return _check_in_process(row, "--input_at_two_replicas", INPUT_CHECK, "the input check")
+
+
+def global_batch_sums(experiment: str, overrides, replicas: int) -> List[float]:
+    """The sum of the inputs of each global batch of steps 1..STEPS (as the recorded task adds
+    them: each numeric tensor in float64) that Model Garden's own `task.build_inputs` gives at
+    `replicas` replicas: `replicas` consecutive batches a step of one input pipeline built for an
+    `InputContext` of that many replicas, as a MirroredStrategy hands them out. Seeded as the run
+    seeds (`ctl.FaultTolerance.seed = 1`) before the build; no ctl loop.
+
+    Args:
+      experiment: a registered experiment's name.
+      overrides: its params_override (the variant, the data, any more).
+      replicas: replicas in sync.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    import ctl
+    from ctl.faults import resume
+
+    resume.seed_everything(1)
+    task = ctl.ModelGardenTask(experiment=experiment, params_override=overrides)
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                         num_replicas_in_sync=replicas)
+    batches = iter(task.garden_task.build_inputs(task.params.task.train_data, input_context=context))
+    sums = []
+    for _ in range(STEPS):
+        tensors = [t for _ in range(replicas) for t in tf.nest.flatten(next(batches))]
+        sums.append(sum(float(np.sum(np.asarray(t, np.float64))) for t in tensors
+                        if t.dtype.is_floating or t.dtype.is_integer))
+    return sums
+
+
+def first_other_step(a: List[float], b: List[float], first: int = HOLD_AT + 1) -> Optional[int]:
+    """The first of steps `first`..STEPS whose sums in `a` and `b` (step k at index k-1) differ
+    beyond INPUT_TOLERANCE, or None.
+
+    Args:
+      a, b: the sums of two builds (`global_batch_sums`).
+      first: the first step compared (default: the first the row runs at two replicas).
+    """
+    for step in range(first, STEPS + 1):
+        if _relative(a[step - 1], b[step - 1]) > INPUT_TOLERANCE:
+            return step
+    return None
+
+
+def _input_at_two_replicas(experiment: str, workdir: str, more=()) -> str:
+    """`--input_at_two_replicas`, in this process: the global batches of the variant's steps
+    HOLD_AT+1..STEPS at one replica and at two (`global_batch_sums`); where they differ, again
+    with the first augmentation of `BATCH_AUGMENTATIONS` that is on turned off; and whether a
+    second build at one replica gives the first's at every step. A sentence.
+
+    Args:
+      experiment: a registered experiment's name.
+      workdir: the zoo's workdir (its `data/` holds the generated files).
+      more: params_override dicts applied after the variant's (a test's).
+    """
+    from bench.model_garden_zoo import data, variants
+    from ctl.adapters import model_garden
+
+    base = variants.overrides(experiment, STEPS) + data.data_overrides(
+        experiment, os.path.join(workdir, "data")) + list(more)
+    one, two, again = (global_batch_sums(experiment, base, r) for r in (1, 2, 1))
+    steps = f"steps {HOLD_AT + 1}-{STEPS}"
+    said = ("Model Garden's own pipeline (its task.build_inputs, no ctl loop, seeded as the run; "
+            "at two replicas two consecutive half batches a step, of an InputContext of 2 replicas)")
+    other = first_other_step(one, two)
+    if other is None:
+        said += (f" gives the same global batches at one and two replicas at {steps} (the sums of "
+                 "their inputs): the run at two replicas read other data than its pipeline gives")
+    else:
+        said += (f" gives other global batches at two replicas than at one: step {other}'s inputs "
+                 f"sum to {two[other - 1]!r} at two, {one[other - 1]!r} at one")
+        train_data = model_garden.experiment_config(experiment, params_override=base).task.train_data
+        found = [(field, *how) for field, how in BATCH_AUGMENTATIONS.items()
+                 if hasattr(train_data, field) and getattr(train_data, field) not in (None, how[0])]
+        for field, off, name, done in found[:1]:
+            without = base + [{"task": {"train_data": {field: off}}}]
+            one_off, two_off = (global_batch_sums(experiment, without, r) for r in (1, 2))
+            still = first_other_step(one_off, two_off)
+            said += (f"; with task.train_data.{field}={off!r} (turning off {name}, applied to "
+                     "each batch after batching) " + (
+                         f"they are the same at {steps}: the same examples, {done} as one batch at "
+                         "one replica and as two half batches at two" if still is None else
+                         f"they still differ: step {still}'s inputs sum to {two_off[still - 1]!r} "
+                         f"at two, {one_off[still - 1]!r} at one"))
+        if not found:
+            said += ("; none of the augmentations applied to each batch that the check turns off "
+                     f"is on ({', '.join('task.train_data.' + f for f in BATCH_AUGMENTATIONS)})")
+    unstable = first_other_step(one, again, first=1)
+    if unstable is not None:
+        said += (f"; two builds at one replica already differ at step {unstable} "
+                 f"({one[unstable - 1]!r} vs {again[unstable - 1]!r}): the pipeline does not "
+                 "repeat itself")
+    return said + f" (python -m bench.model_garden_zoo.guarantees {experiment} --input_at_two_replicas)"
+
+
 def _new_replicas(row: _Row) -> Dict[str, Any]:
     from tests.support.reading import scalars
 
@@ -805,7 +920,8 @@ def _new_replicas(row: _Row) -> Dict[str, Any]:
         ours, theirs = read[steps].get(step), read[row.path("reference.steps")].get(step)
         if ours is None or theirs is None or _relative(ours, theirs) > INPUT_TOLERANCE:
             raise Failed(f"at two replicas step {step} read other data than uninterrupted "
-                         f"(the sum of its inputs {ours!r} vs {theirs!r})")
+                         f"(the sum of its inputs {ours!r} vs {theirs!r}); "
+                         f"{input_at_two_replicas(row)}")
     ours, theirs = (scalars(os.path.join(d, "train")).get("loss", {}) for d in (model_dir, row.reference))
     if STEPS not in ours or STEPS not in theirs:
         raise Failed(f"no loss summary at step {STEPS}: {sorted(ours)} at two replicas, "
@@ -1044,6 +1160,9 @@ def main(argv=None) -> int:
                         help="only: the stateful random ops in the variant's train step")
     parser.add_argument("--train_lib_at_two_replicas", action="store_true",
                         help="only: Model Garden's train_lib on the variant at two CPU replicas")
+    parser.add_argument("--input_at_two_replicas", action="store_true",
+                        help="only: Model Garden's own train pipeline of the variant at one "
+                             "replica and at two, with its batch-level augmentation and without")
     parser.add_argument("--gradients", action="store_true",
                         help="only: do Model Garden's own train-step gradients repeat, in one "
                              "process and in two (gradients_check)")
@@ -1072,6 +1191,11 @@ def main(argv=None) -> int:
         return 0
     if args.gradients:
         print(GRADIENTS_CHECK + gradients_check(args.experiment, args.family, args.workdir), flush=True)
+        return 0
+    if args.input_at_two_replicas:
+        for module in _family_modules(args.family):
+            importlib.import_module(module)
+        print(INPUT_CHECK + _input_at_two_replicas(args.experiment, args.workdir), flush=True)
         return 0
     if args.train_lib_at_two_replicas:
         for module in _family_modules(args.family):
