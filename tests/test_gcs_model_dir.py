@@ -21,7 +21,7 @@ from ctl.model_dir import EVAL_DIR
 from ctl.model_dir.sidecar_progress import SIDECAR_PROGRESS_FILE
 from ctl.model_dir import PUBLISHED_MARKER, ModelDir, read_json, read_json_lines
 from tests.support.env import ROOT
-from tests.support.in_process import run_ctl_in_process
+from tests.support.in_process import ctl_in_process, run_ctl_in_process
 from tests.support.processes import Process, run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
 
@@ -153,8 +153,10 @@ def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes
     model_dir = f"{gcs_dir}/run"
     exporter = ["--gin_bindings=ctl.Experiment.hooks=[@ctl.hooks.LatestExporter()]",
                 "--gin_bindings=ctl.Schedule.max_checkpoints=5"]
-    trained = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
-                      "--gin_bindings=ctl.Schedule.train_steps=20", *exporter, timeout=WAIT_S)
+    # The trainer, and the sidecar's restart below, run the command's main in this process; the
+    # sidecar that is killed is a process.
+    trained = ctl_in_process("--mode=train", f"--model_dir={model_dir}", f"--gin_file={COMFORTS_GIN}",
+                             "--gin_bindings=ctl.Schedule.train_steps=20", *exporter)
     assert trained.returncode == 0, trained.stderr[-3000:]
     export = f"{model_dir}/export/latest"
     gcs.inject_faults([{"path_contains": "export%2Flatest%2F10%2Fsaved_model.pb", "status": 503}])
@@ -170,7 +172,7 @@ def test_a_sidecar_killed_during_an_export_leaves_no_published_half_and_finishes
     assert not read_json_lines(ModelDir(model_dir).sidecar_metrics_file)  # Not recorded as done.
 
     gcs.reset()
-    restarted = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    restarted = ctl_in_process("--mode=continuous_eval", f"--model_dir={model_dir}")
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert [r["number"] for r in read_json_lines(ModelDir(model_dir).sidecar_metrics_file)] == [10, 20]
     assert listing(export) == ["10", "20"] and all(published(f"{export}/{s}") for s in ("10", "20"))
