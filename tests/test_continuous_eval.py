@@ -123,9 +123,11 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     checkpoint's metrics line and recording its progress; the restarted sidecar
     evaluates every checkpoint exactly once (metrics, progress and summaries)."""
     model_dir = str(tmp_path / "run")
-    trained = run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
-                      "--gin_bindings=ctl.Schedule.train_steps = 40",
-                      "--gin_bindings=ctl.Schedule.eval_interval = None")
+    # The trainer and the restarted sidecar: the command's main in this process (the killed one
+    # is a process).
+    trained = ctl_in_process("--mode=train", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}",
+                             "--gin_bindings=ctl.Schedule.train_steps = 40",
+                             "--gin_bindings=ctl.Schedule.eval_interval = None")
     assert trained.returncode == 0, trained.stderr[-3000:]
     steps = sorted(ModelDir(model_dir).checkpoints())
     assert steps == [10, 20, 30, 40]
@@ -138,7 +140,7 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     [first] = evaluated_numbers(model_dir)
     assert not os.path.exists(ModelDir(model_dir).file(EVAL_DIR, SIDECAR_PROGRESS_FILE)) or first not in progress(model_dir)
 
-    restarted = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    restarted = ctl_in_process("--mode=continuous_eval", f"--model_dir={model_dir}")
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert evaluated_numbers(model_dir) == steps  # Each exactly once, in order (as recorded).
     assert progress(model_dir) == {step: "evaluated" for step in steps}
