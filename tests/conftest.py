@@ -125,7 +125,6 @@ LONGEST_FIRST = (
     "tests/test_model_garden_zoo.py::test_the_sidecar_column_compares_with_the_in_line_evaluation_of_the_same_"
     "checkpoint",  # 28
     "tests/test_claims.py::test_a_record_the_bucket_cannot_read_is_neither_taken_nor_lost",  # 28
-    "tests/test_comforts.py::test_warm_start_restores_a_subset_and_reports_it",  # 28
     "tests/test_model_garden.py::test_retinanets_coco_evaluation_aggregates_nested_logs_on_default_and_mirrored",
     "tests/test_sweep.py::test_trials_on_a_bucket_with_the_study_and_the_logs_in_the_sweep_dir",  # 26
 )
