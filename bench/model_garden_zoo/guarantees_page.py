@@ -159,10 +159,21 @@ def docs_item(rows: List[Dict[str, Any]], column: str) -> str:
         else:
             not_held.setdefault(_why_not(result), []).append(row["experiment"])
     names = lambda found: ", ".join(f"`{n}`" for n in sorted(found))  # noqa: E731
-    text = (f"- *Model Garden* (seeded, `python -m ctl.run`, default strategy, local disk): {WHAT[column]}, "
+    text = (f"- *Model Garden* (seeded, with `stateless_random_ops`, `python -m ctl.run`, default strategy, local "
+            f"disk): {WHAT[column]}, "
             f"on {sum(map(len, holds.values()))} of {len(rows)} rows: " +
             ("; ".join(f"{family} ({names(found)})" for family, found in sorted(holds.items()))
              or "none yet"))
+    # Rows checked with TensorFlow's CPU kernels one op at a time and without oneDNN (their
+    # details say so: `guarantees.cpu_settings`), which a user of those models sets too.
+    settings = sorted({re.search(r"its processes started with ([^)]*)\)", result["detail"]).group(1)
+                       for row in rows for result in [(row.get("guarantees") or {}).get(column) or {}]
+                       if result.get("holds") and "its processes started with" in result.get("detail", "")})
+    for setting in settings:
+        found = [row["experiment"] for row in rows
+                 if f"started with {setting})" in ((row.get("guarantees") or {}).get(column) or {}).get("detail", "")
+                 and ((row.get("guarantees") or {}).get(column) or {}).get("holds")]
+        text += f" ({names(found)} with `{setting}`)"
     if not_held:
         text += "; not on " + "; ".join(f"{names(found)} ({why})" for why, found in sorted(not_held.items()))
     if unchecked:
