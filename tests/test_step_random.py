@@ -116,3 +116,12 @@ def test_draws_outside_the_train_step_are_tensorflows_own():
         tf.range(3))[0], tf.float32)).get_concrete_function()
     ops = {op.type for op in traced.graph.get_operations()}
     assert {"RandomUniform", "RandomShuffle"} <= ops
+
+
+def test_a_seeded_run_names_the_stateful_random_ops_its_train_step_draws_from(tmp_path, caplog):
+    _train(tmp_path / "stateful", 2, seed=7)
+    assert ("the train step draws from stateful random ops (RandomShuffle, RandomStandardNormal, "
+            "RandomUniform)") in caplog.text
+    caplog.clear()
+    _train(tmp_path / "stateless", 2, seed=7, stateless_random_ops=True)
+    assert "stateful random ops" not in caplog.text  # Each draw of the step reached.
