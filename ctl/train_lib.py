@@ -272,7 +272,8 @@ def build_controller(plan: RunPlan, directory: ModelDir, strategy: tf.distribute
             interval=schedule.summary_interval),
         between_loops=BetweenLoops(after_train_loop=[faults] if faults else [],
                                    train_actions=train_actions, eval_actions=eval_actions,
-                                   stop=hooks.run.stop),
+                                   stop=hooks.run.stop,
+                                   before_writing=lock.stop_if_taken if lock is not None else None),
     )
     hooks.run.step_fn = lambda: controller.step  # The controller owns the current step.
     return Built(trainer, controller, faults, hooks, eval_side)
@@ -382,7 +383,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                 manager.let_go()
 
     # Before anything else is written; raises UserError if held. In an object store the
-    # lease settles beside the first train loop, which waits for it before it saves.
+    # lease settles beside the first train loop; the run's first write waits for it.
     if lock is None:
         before_writing()
         first_writes()

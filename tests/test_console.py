@@ -66,6 +66,27 @@ def test_plain_train_lines_first_last_and_at_most_once_a_second():
     assert all(ONE_FORMAT.match(line) for line in lines)
 
 
+def test_a_skipped_loop_line_is_said_when_a_stop_ends_the_stretch_after_it():
+    # A hook's stop request comes after the loop's line (the hooks run once the run may
+    # write): the loop it stopped at is said, as the last of its stretch, once.
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    clock = [0.0]
+    console.LOGGER.addHandler(handler)
+    try:
+        lines = console.TrainLines(clock=lambda: clock[0], min_interval=1.0)
+        lines.loop_end(10, 60, {"loss": 0.5}, 10, 0.2, last=False)
+        clock[0] += 0.2
+        lines.loop_end(20, 60, {"loss": 0.4}, 10, 0.2, last=False)  # Within a second: skipped.
+        lines.say_skipped()
+        lines.say_skipped()
+    finally:
+        console.LOGGER.removeHandler(handler)
+    assert [(r.ctl_step, r.ctl_progress) for r in records] == [(10, (10, 60, False)),
+                                                               (20, (20, 60, True))]
+
+
 def test_terminal_gets_a_bar_and_other_lines_above_it():
     clock = [0.0]
     terminal = Terminal()

@@ -10,7 +10,9 @@ three times. Counted by the task itself: its Python `train_step` runs only as
 it is traced. On the default and the mirrored strategy.
 """
 
+import logging
 import os
+import threading
 
 import pytest
 import tensorflow as tf
@@ -218,6 +220,52 @@ def test_the_eval_steps_own_summaries_are_written_by_the_traced_evaluation(tmp_p
     _first_loop(task, None, str(tmp_path), "train_and_eval", eval_steps=2)
     assert task.eval_traces == 1
     assert sorted(scalars(str(tmp_path / "eval"))["own_eval_loss"]) == [7]
+
+
+class _TrainLines(logging.Handler):
+    """Sets `seen` at the first train line ctl logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = threading.Event()
+
+    def emit(self, record):
+        if getattr(record, "ctl_kind", None) == "train":
+            self.seen.set()
+
+
+class WaitingEvalTask(PlainTask):
+    """Its eval step's first trace waits (at most 30 s) for the run's first train line."""
+
+    def __init__(self, lines: _TrainLines):
+        super().__init__()
+        self.lines = lines
+        self.line_before_check: list = []
+
+    def validation_step(self, inputs, model, metrics):
+        if not self.line_before_check:
+            self.line_before_check.append(self.lines.seen.wait(30))
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_the_first_loop_is_reported_before_the_eval_steps_check_ends(tmp_path):
+    # The eval step's check runs beside the first train loop; the run's first write waits for
+    # it, the loop's line and summaries do not (as Model Garden's trainer, which traces its eval
+    # step at its first evaluation, reports its first loop without it).
+    from tests.support.reading import scalars
+
+    lines = _TrainLines()
+    logger = logging.getLogger("ctl")
+    logger.addHandler(lines)
+    try:
+        task = WaitingEvalTask(lines)
+        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=4, eval_interval=4,
+                    checkpoint_interval=4, summary_interval=2)
+    finally:
+        logger.removeHandler(lines)
+    assert task.line_before_check == [True]
+    assert task.eval_traces == 1
+    assert sorted(scalars(str(tmp_path / "train"))["loss"]) == [2, 4]
 
 
 class VectorEvalLossTask(RegressionTask):

@@ -43,12 +43,17 @@ class BetweenLoops:
         eval_actions: after each evaluation, with its results.
         stop: checked after every train loop and evaluation (None: a `StopRequest` of
             the Controller's own).
+        before_writing: called with the step before the train actions and before each
+            checkpoint save: waits until the run may write (its checks passed, its model dir
+            held) or raises. A train loop's line and summaries come before it: a run whose
+            checks end after its first loop reports that loop as soon as it ends.
     """
 
     after_train_loop: Sequence[AfterTrainLoop] = ()
     train_actions: Sequence[Action] = ()
     eval_actions: Sequence[Action] = ()
     stop: Optional[StopRequest] = None
+    before_writing: Optional[Callable[[int], None]] = None
 
 
 class Controller:
@@ -109,7 +114,8 @@ class Controller:
             eval=summaries.eval or SummaryManager(None, global_step))
         self.between_loops = BetweenLoops(
             tuple(between_loops.after_train_loop), tuple(between_loops.train_actions),
-            tuple(between_loops.eval_actions), between_loops.stop or StopRequest())
+            tuple(between_loops.eval_actions), between_loops.stop or StopRequest(),
+            between_loops.before_writing)
         self._save_options = tf.train.CheckpointOptions(enable_async=checkpoints.asynchronous)
         if checkpoints.asynchronous and checkpoints.manager is not None:
             compat.share_keras_cpu_twins(
@@ -235,18 +241,25 @@ class Controller:
         now = time.perf_counter()
         loop_seconds = now - started
         self._last_loop_end = (now, end.step)
-        for action in self.between_loops.train_actions:
-            action(output)
         steps_per_second = max(end.step - last_step, 0) / max(now - last_time, 1e-9)
         stretch_end = stretch_end or end.step
+        last = end.step >= stretch_end or stop.should_stop
         self._train_lines.loop_end(end.step, max(self._final_step or 0, stretch_end), output,
-                                   num_steps, loop_seconds,
-                                   last=end.step >= stretch_end or stop.should_stop)
+                                   num_steps, loop_seconds, last=last)
         self.summary_manager.write_summaries(
             {**output, "steps_per_second": steps_per_second}, step=end.step)
         self.summary_manager.flush_if_due()
         self.eval_summary_manager.flush_if_due()
+        self._before_writing()
+        for action in self.between_loops.train_actions:
+            action(output)
+        if stop.should_stop and not last:  # An action asked to stop: the stretch ends here.
+            self._train_lines.say_skipped()
         return end.step
+
+    def _before_writing(self) -> None:
+        if self.between_loops.before_writing is not None:
+            self.between_loops.before_writing(self.step)
 
     @contextlib.contextmanager
     def train_loop_context(self) -> Iterator[None]:
@@ -386,6 +399,7 @@ class Controller:
         """Saves a checkpoint (if due, with `check_interval`); hooks see it once complete."""
         if self.checkpoint_manager is None:
             return False
+        self._before_writing()
         self.flush_summaries()  # A checkpoint's steps have their summaries on disk.
         path = self.checkpoint_manager.save(checkpoint_number=self.step,
                                             check_interval=check_interval,

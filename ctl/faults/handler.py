@@ -184,8 +184,10 @@ class FaultHandler:
 
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         # Before anything this loop would save: a trainer whose model dir another took stops.
+        # A claim still being decided is not waited for here: the run's first write waits for
+        # it (the controller's `before_writing`, `preempt`), the loop's line and summaries not.
         if self.lock is not None:
-            self.lock.stop_if_taken(end.step)
+            self.lock.stop_if_taken(end.step, wait=False)
         loss = (end.logs or {}).get("loss")
         above = None
         if self.per_loop and not _finite(loss):
@@ -210,6 +212,8 @@ class FaultHandler:
         Args:
             step: the step training stopped at.
         """
+        if self.lock is not None:
+            self.lock.stop_if_taken(step)  # Decided, and still this trainer's, before it saves.
         path = self.manager.save(check_interval=False) or self.manager.latest_checkpoint
         self.manager.sync()  # Written (and uploaded) before the exit names it.
         if path:  # A multi-worker worker saved to its scratch dir: name the chief's copy.

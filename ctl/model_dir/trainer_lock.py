@@ -21,9 +21,10 @@ before that loop's checkpoint, with one line and exit 2
 
 A lease settles for a second before its holder knows it has it (`SETTLE_SECONDS`). A trainer
 takes it beside its first train loop (`acquire_aside`): the loop computes while the lease
-settles and writes nothing, and the first write of the run waits for the lease at that loop's
-end (`stop_if_taken`): a trainer that did not get it stops there with one line, having written
-nothing but its own lease record. A check that must pass before the run writes (the eval
+settles and writes nothing, and the first write of the run (the hooks' actions after a loop, a
+checkpoint) waits for the lease (`stop_if_taken`); the loop's line and summaries do not, an
+object store's summaries staying local until then: a trainer that did not get it stops there
+with one line, having written nothing but its own lease record. A check that must pass before the run writes (the eval
 step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well: there before
 the lock is taken, in an object store while the lease settles (there `ctl.train_lib` takes the
 lease before it traces the train step too, and the eval step's check waits for that trace). A run
@@ -72,13 +73,18 @@ class ModelDirLock:
         """Whether its claim settles before it is known to be held (a lease, in an object store)."""
         return isinstance(self._claim, Lease)
 
-    def stop_if_taken(self, step: int) -> None:
+    def stop_if_taken(self, step: int, wait: bool = True) -> None:
         """Raises `ModelDirTaken` if another process took this trainer's claim meanwhile (a
-        lease; called after each train loop, before its checkpoint).
+        lease; called after each train loop, and before each write the run makes).
 
         Args:
             step: the step the loop ended at, for the message.
+            wait: False returns at once while a claim taken aside is still being decided
+                (its checks or its lease settling): nothing may be written meanwhile, and the
+                run's next write waits for it.
         """
+        if not wait and self._aside is not None and self._aside.is_alive():
+            return
         self.decided()
         if self._claim.held and self._claim.lost:
             raise ModelDirTaken(
@@ -109,8 +115,8 @@ class ModelDirLock:
                       checks: Optional[Callable[[], None]] = None) -> None:
         """Takes it; in an object store, or with `checks`, beside the caller, who goes on to
         train (the lease settles, the checks run meanwhile): the run's first write waits for
-        it (`decided`, called by `stop_if_taken` after each train loop and before the run's
-        end). On a file system without checks as `acquire`.
+        it (`decided`, called by `stop_if_taken` before the run's first write, and before the
+        run's end). On a file system without checks as `acquire`.
 
         Args:
             reads: work that writes nothing, run now (while the lease settles).

@@ -161,10 +161,12 @@ class TrainLines:
         self.clock = clock
         self.min_interval = min_interval
         self._last = None  # clock() of the last line; None: the next loop starts a stretch.
+        self._skipped: Optional[tuple] = None  # The last loop's line, if not said.
 
     def restart(self) -> None:
         self.pace.restart()
         self._last = None
+        self._skipped = None
 
     def loop_end(self, step: int, target: int, logs: Dict[str, Any], steps: int,
                  seconds: float, last: bool) -> None:
@@ -182,8 +184,23 @@ class TrainLines:
         rate = self.pace.add(steps, seconds)
         now = self.clock()
         if not last and self._last is not None and now - self._last < self.min_interval:
+            self._skipped = (step, target, logs, seconds, rate)
             return
+        self._skipped = None
         self._last = None if last else now
+        self._say(step, target, logs, seconds, rate, last)
+
+    def say_skipped(self) -> None:
+        """The stretch ended after all (a stop was asked after the loop's line): the loop's line,
+        if it was skipped."""
+        if self._skipped is not None:
+            self._say(*self._skipped, last=True)
+        self._skipped = None
+        self._last = None
+
+    @staticmethod
+    def _say(step: int, target: int, logs: Dict[str, Any], seconds: float,
+             rate: Optional[float], last: bool) -> None:
         if rate is None:
             pace = f"first loop {seconds:.2f} sec, tracing included"
         else:
