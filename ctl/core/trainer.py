@@ -177,6 +177,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         # step then draws from tf.random as functions of the step (`ctl.core.step_random`).
         self.step_random_seed: Optional[int] = None
         self._said_stateful_draws = False
+        self._rng_tracked_at_trace: Optional[int] = -1  # The loop's trace count then (-1: never).
         self._said_ignored_aux = False  # The aux losses' line: once.
         self._eval_checkpoint = None  # Built on first use, with ema_decay.
         self.init_async()
@@ -272,7 +273,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
                 # Traced before it runs, so that what its trace builds (a layer's RNG state) is
                 # in the checkpoint, restored, before a step draws from it.
                 self.trace_train_loop()
-            self.track_new_rng_states()
+            self._track_rng_states_if_traced()
             end = self._train_loop(self.train_iterator, num_steps)
         except Exception as error:  # Re-raised unless it is the user's.
             explained = user_error_within(error) or xla.explain(error, type(self.task).__name__)
@@ -332,6 +333,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
 
             graph_loop.trace = lambda iterator: loop.get_concrete_function(  # type: ignore[attr-defined]
                 iterator, loops.LOOP_SIZE)
+            graph_loop.tracing_count = loop.experimental_get_tracing_count  # type: ignore[attr-defined]
             return graph_loop
         parts = (self.train_step, self._reset_train_metrics, self._train_results)
         if self._use_tf_function:
@@ -344,6 +346,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
 
         if self._use_tf_function:
             host_loop.trace = step_fn.get_concrete_function  # type: ignore[attr-defined]
+            host_loop.tracing_count = step_fn.experimental_get_tracing_count  # type: ignore[attr-defined]
         return host_loop
 
     # Two override points of one shape, this and `Evaluation.next_eval_inputs`: a subclass changes
@@ -446,7 +449,7 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
         if trace is None:
             return False
         traced = trace(self.train_iterator)
-        self.track_new_rng_states()
+        self._track_rng_states_if_traced()
         self._say_stateful_draws(traced)
         return True
 
@@ -471,6 +474,16 @@ class Trainer(orbit.AbstractTrainer, Evaluation, Inputs):
                 "train", "the train step still draws from stateful random ops (%s), not through "
                 "tf.random.uniform, normal, truncated_normal, shuffle or categorical: a run "
                 "resumed after kill -9 or SIGTERM draws other numbers there", ", ".join(ops))
+
+    def _track_rng_states_if_traced(self) -> None:
+        """`track_new_rng_states` before a loop, if the loop was traced since the last time (only
+        a trace builds a layer; a walk of a large model's layers is a share of a short loop). A
+        loop that cannot say how often it was traced is tracked before every call."""
+        count = getattr(self._train_loop, "tracing_count", None)
+        traces = count() if count is not None else None
+        if traces is None or traces != self._rng_tracked_at_trace:
+            self.track_new_rng_states()
+            self._rng_tracked_at_trace = traces
 
     def track_new_rng_states(self) -> None:
         """Adds to the checkpoint the model's RNG states made since it was built (a layer built
