@@ -162,6 +162,40 @@ def test_a_pipeline_with_unsaveable_state_is_named_at_start():
     assert "RandomUniform is stateful" in resume.stateful_input_op(Noisy())
 
 
+@pytest.mark.parametrize("seed", [None, 3], ids=["unseeded", "seeded"])
+def test_a_run_of_a_pipeline_with_unsaveable_state_says_so_before_its_first_step(tmp_path, seed):
+    # The pipeline is probed on a thread of its own beside the restore and the train step's
+    # trace; what it found is said before the first loop's line.
+    import logging
+
+    from tests.fault_tasks import ProbeTask
+
+    class Noisy(ProbeTask):
+        def build_inputs(self, training, input_context=None):
+            dataset = super().build_inputs(training, input_context)
+            return dataset.map(lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("ctl")
+    logger.addHandler(handler)
+    try:
+        ctl.run_experiment("train", str(tmp_path), experiment=ctl.Experiment(
+            task=Noisy(), fault_tolerance=FaultTolerance(seed=seed), schedule=ctl.Schedule(
+                train_steps=2, steps_per_loop=2, checkpoint_interval=2, eval_interval=None)))
+    finally:
+        logger.removeHandler(handler)
+    said = [(record.levelname, record.getMessage()) for record in records
+            if "RandomUniform is stateful" in record.getMessage()]
+    expected = (("INFO", "a resume reads the batches already consumed again") if seed else
+                ("WARNING", "set ctl.FaultTolerance.seed"))
+    assert len(said) == 1 and said[0][0] == expected[0] and expected[1] in said[0][1], said
+    first_loop = next(k for k, record in enumerate(records)
+                      if hasattr(record, "ctl_progress"))
+    assert records.index(next(r for r in records if "RandomUniform is stateful" in r.getMessage())) < first_loop
+
+
 class _SignalAfterStep(ctl.hooks.Hook):
     """Sends this process SIGTERM from the train actions of the loop that ends at `step`, and
     waits (up to 60 s) until `received()`: the watcher thread has set the stop. Without the

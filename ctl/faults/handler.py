@@ -167,12 +167,9 @@ class FaultHandler:
                 f"ctl.FaultTolerance.stop_check='loop' is for one-process strategies, not {name}: "
                 "on a cluster the per-step guard makes every worker stop after the same step; "
                 "leave stop_check = 'step'.")
-        probe = resume.probe_pipeline(trainer.task)
-        seeded = settings.seed is not None
-        stateful = resume.warn_if_not_replayable(trainer.task, seeded, probe)
-        # Before the restore: it may set options on the train dataset.
-        self.input_position = resume.InputPosition(trainer, probe,
-                                                   replay=seeded and stateful is not None)
+        # Before the restore: it sets options on the train dataset.
+        self.input_position = resume.InputPosition(trainer, resume.probe_pipeline(trainer.task),
+                                                   seeded=settings.seed is not None)
 
     def resume_inputs(self) -> str:
         """Positions the train input after the restored step (call once, after restore).

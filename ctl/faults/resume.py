@@ -7,8 +7,8 @@
   (`ctl.core.checkpoint_contents`);
 - `seed_everything`: one seed for Python, NumPy, TensorFlow and Keras, and TF op determinism
   (and, on a CPU, a line saying what op determinism leaves to chance: `cpu_left_to_chance`);
-- `stateful_input_op`, `warn_if_not_replayable`: a pipeline whose state cannot be saved, said
-  at start.
+- `stateful_input_op`, `say_not_replayable`: a pipeline whose state cannot be saved, said
+  before its first step (probed beside the restore and the train step's trace).
 
 What comes back on which strategy, and what it costs: docs/faults.md ("Resume") and
 docs/explanation/fault-tolerance-internals.md.
@@ -20,6 +20,7 @@ import platform
 import random
 import sys
 import tempfile
+import threading
 from typing import Optional
 
 import keras
@@ -125,23 +126,22 @@ def stateful_input_op(task, probe: Optional[tf.data.Dataset] = None) -> Optional
     return None if error is None or "stateful" not in error else error
 
 
-def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] = None) -> Optional[str]:
-    """Says at start how a resume repeats the data of a train pipeline with state ctl cannot
-    save; returns that state (`stateful_input_op`), or None.
+def say_not_replayable(task, seeded: bool, reason: Optional[str]) -> None:
+    """Says how a resume repeats the data of a train pipeline with state ctl cannot save
+    (`reason`, from `stateful_input_op`; None: nothing to say).
 
     Seeded (`ctl.FaultTolerance.seed`), its random ops draw the same numbers in a new process
-    from their start: a resume reads the consumed batches again (`InputPosition(replay=True)`)
+    from their start: a resume reads the consumed batches again (`InputPosition`'s replay)
     rather than restoring an iterator whose ops would start over. Unseeded, a WARNING says that
     its data do not repeat.
 
     Args:
         task: the run's `ctl.Task`.
         seeded: whether `ctl.FaultTolerance.seed` is set.
-        probe: a train pipeline of the task (None: one is built).
+        reason: the state a checkpoint cannot hold, or None.
     """
-    reason = stateful_input_op(task, probe)
     if reason is None:
-        return None
+        return
     if seeded:
         console.info(
             "input", "the train input pipeline of %s has state a checkpoint cannot hold (%s): a "
@@ -153,7 +153,61 @@ def warn_if_not_replayable(task, seeded: bool, probe: Optional[tf.data.Dataset] 
             "does not see the data an uninterrupted run would (set ctl.FaultTolerance.seed: a "
             "resume then reads the consumed batches again; seed tf.random.Generator objects).",
             type(task).__name__, reason)
-    return reason
+
+
+def saving_options() -> tf.data.Options:
+    """The tf.data options under which ctl saves a train iterator: its full state, not tf.data's
+    symbolic checkpoints (those make a `shuffle` many times slower per batch in TensorFlow 2.20,
+    measured on digits, for a smaller checkpoint without prefetch buffers), and stateful random
+    ops' draws left out (`say_not_replayable` says so). They change nothing but what an
+    iterator's checkpoint holds."""
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = False
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return options
+
+
+class _Probes:
+    """Whether a train pipeline has state a checkpoint cannot hold (`stateful_input_op`) and
+    whether a started iterator of it can be saved, found on a thread of its own: they make
+    iterators of the probe pipeline and write them (work TensorFlow does outside Python), beside
+    the restore and the train step's trace. Builds nothing: no op takes a seed meanwhile.
+
+    Args:
+        task: the run's `ctl.Task`.
+        probe: a train pipeline of it (`probe_pipeline`).
+        seeded: whether `ctl.FaultTolerance.seed` is set (a stateful pipeline is then replayed,
+            and its started iterator is not tried).
+        try_saving: whether to try a started iterator (the train dataset is a `tf.data.Dataset`).
+    """
+
+    def __init__(self, task, probe: tf.data.Dataset, seeded: bool, try_saving: bool):
+        self.stateful: Optional[str] = None  # Why its state cannot be saved, or None.
+        self.unsaved: Optional[str] = None  # Why a started iterator cannot be written, or None.
+        self._error: Optional[BaseException] = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(task, probe, seeded, try_saving),
+                         name="ctl-input-probes", daemon=True).start()
+
+    def _run(self, task, probe, seeded: bool, try_saving: bool) -> None:
+        try:
+            self.stateful = stateful_input_op(task, probe)
+            if try_saving and not (seeded and self.stateful is not None):
+                # An iterator that has produced one element: some ops refuse only once they
+                # run (`from_generator`).
+                self.unsaved = _serialization_error(probe.with_options(saving_options()),
+                                                    started=True)
+        except BaseException as error:  # Raised where the result is read.
+            self._error = error
+        finally:
+            self._done.set()
+
+    def result(self) -> "_Probes":
+        """Waits for the probes; raises what they raised."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self
 
 
 TRAIN_INPUT = "train_input"  # The train iterator's name in the checkpoint.
@@ -169,30 +223,68 @@ class InputPosition:
     the iterator to the checkpoint for the saves that follow.
     """
 
-    def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None, replay: bool = False):
-        """Chooses how the position is kept (tf.data options) and sizes the run.
+    def __init__(self, trainer, probe: Optional[tf.data.Dataset] = None, seeded: bool = False):
+        """Sets the train dataset's options and sizes the run; probes the pipeline beside.
 
         Args:
             trainer: the run's Trainer (its train dataset, checkpoint and strategy).
             probe: a train pipeline of the trainer's task (`probe_pipeline`) to try options on
                 (None: one is built).
-            replay: resume by reading the consumed batches from a fresh pipeline, never from a saved
-                position: for a pipeline whose seeded random ops an iterator's state leaves out
-                (they would start over at the saved position).
+            seeded: whether `ctl.FaultTolerance.seed` is set: a pipeline whose seeded random ops
+                an iterator's state leaves out (they would start over at a saved position) is
+                then resumed by reading the consumed batches from a fresh pipeline.
         """
         self.trainer = trainer
-        self.replay = replay
-        self._options = None  # The tf.data options under which the iterator saves, if it does.
-        self.why_not_saved = ("its random ops' state is not an iterator's: the consumed batches "
-                              "are read again" if replay else self._choose_options(probe))
+        self.seeded = seeded
+        probe = probe_pipeline(trainer.task) if probe is None else probe
+        dataset = trainer.train_dataset
+        self._tf_data = isinstance(dataset, tf.data.Dataset)
+        if self._tf_data:  # Before its iterator is made; whether it saves is found beside.
+            trainer.train_dataset = dataset.with_options(saving_options())
+        self._probes: Optional[_Probes] = _Probes(trainer.task, probe, seeded, self._tf_data)
+        self._replay = False
+        self._options: Optional[tf.data.Options] = None  # Under which the iterator saves, if it does.
+        self._why_not_saved: Optional[str] = None
         self.how: Optional[str] = None  # How the last resume found the position: "checkpoint", "skip" or "start".
         # Examples consumed, for a restart at another size (None under parameter servers).
         self.size = run_size.input_size(trainer.strategy, trainer.checked_inputs, probe)
         self.examples = run_size.ExamplesRecord() if self.size is not None else None
 
+    def _decided(self) -> None:
+        """Reads the probes once they are known (once), and says what they found."""
+        if self._probes is None:
+            return
+        probes, self._probes = self._probes.result(), None
+        say_not_replayable(self.trainer.task, self.seeded, probes.stateful)
+        self._replay = self.seeded and probes.stateful is not None
+        if self._replay:
+            self._why_not_saved = ("its random ops' state is not an iterator's: the consumed "
+                                   "batches are read again")
+        elif not self._tf_data:
+            self._why_not_saved = (f"the train dataset is a {type(self.trainer.train_dataset).__name__}, "
+                                   "whose iterator TensorFlow cannot checkpoint")
+        elif probes.unsaved is not None:
+            self._why_not_saved = probes.unsaved
+        else:
+            self._options = saving_options()
+
+    @property
+    def replay(self) -> bool:
+        """Whether a resume reads the consumed batches again from a fresh pipeline (a seeded
+        pipeline with state an iterator's checkpoint leaves out)."""
+        self._decided()
+        return self._replay
+
+    @property
+    def why_not_saved(self) -> Optional[str]:
+        """Why checkpoints do not hold the train iterator's state, or None."""
+        self._decided()
+        return self._why_not_saved
+
     @property
     def saved(self) -> bool:
         """Whether checkpoints hold the train iterator's state (`train_input`)."""
+        self._decided()
         return self._options is not None
 
     def with_options(self, dataset):
@@ -294,30 +386,6 @@ class InputPosition:
             self.trainer.train_dataset = self.with_options(self.trainer.train_dataset)  # Anew.
             return False
         return True
-
-    def _choose_options(self, probe) -> Optional[str]:
-        """Sets the train dataset's options so that its iterator saves; why it cannot, or None.
-
-        Tried on `probe`, with an iterator that has produced one element (some
-        ops refuse only once they run: `from_generator`). The full state, not
-        tf.data's symbolic checkpoints: those make a `shuffle` many times slower
-        per batch in TensorFlow 2.20 (measured on digits), for a smaller
-        checkpoint (no prefetch buffers).
-        """
-        dataset = self.trainer.train_dataset
-        if not isinstance(dataset, tf.data.Dataset):
-            return (f"the train dataset is a {type(dataset).__name__}, whose iterator "
-                    "TensorFlow cannot checkpoint")
-        probe = probe_pipeline(self.trainer.task) if probe is None else probe
-        options = tf.data.Options()
-        options.experimental_symbolic_checkpoint = False
-        # Stateful random ops' draws are not saved (warn_if_not_replayable says so).
-        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-        reason = _serialization_error(probe.with_options(options), started=True)
-        if reason is None:
-            self._options = options
-            self.trainer.train_dataset = dataset.with_options(options)
-        return reason
 
 
 @tf.function

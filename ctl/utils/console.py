@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, Optional, TextIO
+from typing import Any, Dict, Optional, TextIO, Tuple
 
 import numpy as np
 
@@ -161,7 +161,8 @@ class TrainLines:
         self.clock = clock
         self.min_interval = min_interval
         self._last = None  # clock() of the last line; None: the next loop starts a stretch.
-        self._skipped: Optional[tuple] = None  # The last loop's line, if not said.
+        # The last loop's line, if it was not said.
+        self._skipped: Optional[Tuple[int, int, Dict[str, Any], float, Optional[float]]] = None
 
     def restart(self) -> None:
         self.pace.restart()
@@ -194,7 +195,8 @@ class TrainLines:
         """The stretch ended after all (a stop was asked after the loop's line): the loop's line,
         if it was skipped."""
         if self._skipped is not None:
-            self._say(*self._skipped, last=True)
+            step, target, logs, seconds, rate = self._skipped
+            self._say(step, target, logs, seconds, rate, last=True)
         self._skipped = None
         self._last = None
 
