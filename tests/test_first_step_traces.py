@@ -13,6 +13,7 @@ it is traced. On the default and the mirrored strategy.
 import logging
 import os
 import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -286,6 +287,39 @@ def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
                                             r"of shape \(\w+,\), not a scalar"):
         _first_loop(VectorEvalLossTask(), None, str(model_dir), "train_and_eval",
                     summary_interval=2)
+    assert _files(tmp_path) == before
+
+
+class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
+    """Its loss is NaN from its first step; its eval step's check refuses it, and that
+    check's trace (beside the first train loop) ends only after the first step ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.stepped = threading.Event()
+
+    def build_losses(self, labels, outputs, aux_losses=None):
+        nan = tf.ensure_shape(tf.py_function(self._nan, [], tf.float32), [])
+        return super().build_losses(labels, outputs) * nan
+
+    def _nan(self):
+        self.stepped.set()
+        return tf.constant(float("nan"))
+
+    def validation_step(self, inputs, model, metrics):
+        self.stepped.wait(30)
+        time.sleep(1)  # The train loop meanwhile ends on its bad loss.
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_a_bad_loss_in_the_first_loop_waits_for_the_eval_steps_check(tmp_path):
+    # The NaN guard's stop, at the first loop's end, comes after the eval step's check beside
+    # it: the check's error is the run's, and the run leaves the model dir as it found it.
+    model_dir = _earlier_run(tmp_path, exists=False)
+    before = _files(tmp_path)
+    with pytest.raises(ctl.UserError, match=r"NanBeforeTheEvalCheckTask.validation_step returned "
+                                            r"a loss of shape \(\w+,\), not a scalar"):
+        _first_loop(NanBeforeTheEvalCheckTask(), None, str(model_dir), "train_and_eval")
     assert _files(tmp_path) == before
 
 
