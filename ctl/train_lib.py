@@ -330,15 +330,9 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
 
     if not early:
         check_run()
-    refused: List[bool] = []
 
     def check_eval() -> None:  # On the claim's thread, beside the first train loop.
-        try:
-            contract.check_eval(trainer, schedule.eval_steps,
-                                controller.eval_summary_manager.tracing)
-        except BaseException:
-            refused.append(True)
-            raise
+        contract.check_eval(trainer, schedule.eval_steps, controller.eval_summary_manager.tracing)
 
     def checks_while_settling() -> None:  # On the claim's thread (`early`).
         checked.wait()  # The train step's trace first: the eval step's follows it.
@@ -351,8 +345,16 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         check_run()
         before_writing()
 
+    claimed: List[bool] = []  # The first writes began: the model dir is this run's.
+
     def discard_if_refused() -> None:
-        if refused:
+        # Refused (a check, the claim another trainer took since `check`, the reads): what the
+        # summaries' writers made goes (the checks' traces, the first loop's summaries). Once
+        # the claim's thread ended: a run may end on an error of its own before.
+        if lock is None:
+            return
+        lock.settle()
+        if not claimed:
             _discard_summaries(controller)
 
     stack.callback(discard_if_refused)
@@ -367,6 +369,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
                 faults.resume_inputs()
 
     def first_writes() -> None:  # Everything is validated.
+        claimed.append(True)
         # Independent: side by side in an object store (one after the other on a file system,
         # where the dir comes first).
         complete = bool(done and done[0] is not None)  # This run writes nothing more.

@@ -13,12 +13,15 @@ it is traced. On the default and the mirrored strategy.
 import logging
 import os
 import threading
+import time
 
 import pytest
 import tensorflow as tf
 import tf_keras
 
 import ctl
+from ctl.model_dir import ModelDir
+from ctl.model_dir.trainer_lock import TRAINER_LOCK_FILE, ModelDirLock
 from tests import contract_tasks
 from tests.sidecar_tasks import RandomDraw
 from tests.tasks import RegressionTask
@@ -287,6 +290,82 @@ def test_a_bad_eval_step_ends_the_run_before_its_first_write(tmp_path, exists):
         _first_loop(VectorEvalLossTask(), None, str(model_dir), "train_and_eval",
                     summary_interval=2)
     assert _files(tmp_path) == before
+
+
+class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
+    """Its loss is NaN from its first step (or, `fails`, the step fails); its eval step's check
+    refuses it, and that check's trace (beside the first train loop) ends only after the first
+    step ran."""
+
+    def __init__(self, fails: bool = False):
+        super().__init__()
+        self.fails = fails
+        self.stepped = threading.Event()
+
+    def build_losses(self, labels, outputs, aux_losses=None):
+        nan = tf.ensure_shape(tf.py_function(self._nan, [], tf.float32), [])
+        return super().build_losses(labels, outputs) * nan
+
+    def _nan(self):
+        self.stepped.set()
+        if self.fails:
+            raise ValueError("the step's data ran dry")
+        return tf.constant(float("nan"))
+
+    def validation_step(self, inputs, model, metrics):
+        self.stepped.wait(30)
+        time.sleep(1)  # The train loop meanwhile ends on its bad loss.
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_a_bad_loss_in_the_first_loop_waits_for_the_eval_steps_check(tmp_path):
+    # The NaN guard's stop, at the first loop's end, comes after the eval step's check beside
+    # it: the check's error is the run's, and the run leaves the model dir as it found it.
+    model_dir = _earlier_run(tmp_path, exists=False)
+    before = _files(tmp_path)
+    with pytest.raises(ctl.UserError, match=r"NanBeforeTheEvalCheckTask.validation_step returned "
+                                            r"a loss of shape \(\w+,\), not a scalar"):
+        _first_loop(NanBeforeTheEvalCheckTask(), None, str(model_dir), "train_and_eval")
+    assert _files(tmp_path) == before
+
+
+def test_a_first_loop_that_fails_before_the_eval_steps_check_ends_leaves_the_model_dir(tmp_path):
+    # The loop's error is the run's; the check, refused after it, leaves nothing either.
+    model_dir = _earlier_run(tmp_path, exists=False)
+    before = _files(tmp_path)
+    with pytest.raises(tf.errors.OpError, match="the step's data ran dry"):
+        _first_loop(NanBeforeTheEvalCheckTask(fails=True), None, str(model_dir), "train_and_eval")
+    assert _files(tmp_path) == before
+
+
+class TakenMeanwhileTask(PlainTask):
+    """Its eval step's check (beside the first train loop, before the claim is taken) has
+    another trainer take the model dir: one that started since this run found it free."""
+
+    def __init__(self, model_dir: str):
+        super().__init__()
+        self.other = ModelDirLock(ModelDir(model_dir))
+
+    def validation_step(self, inputs, model, metrics):
+        if not self.eval_traces:
+            self.other.acquire()
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_a_model_dir_taken_during_the_first_loop_is_left_as_the_other_trainer_has_it(tmp_path):
+    # The run's first loop wrote its summaries (and the eval step's check traced under the eval
+    # writer) before its claim was refused: they go, the other trainer's dir is as it had it.
+    model_dir = _earlier_run(tmp_path, exists=True)
+    before = _files(tmp_path)
+    task = TakenMeanwhileTask(str(model_dir))
+    try:
+        with pytest.raises(ctl.UserError, match=rf"is in use by another trainer \(pid {os.getpid()}"):
+            _first_loop(task, None, str(model_dir), "train_and_eval", summary_interval=2)
+        after = _files(tmp_path)
+        assert after.pop(str(model_dir / TRAINER_LOCK_FILE))  # The other trainer's record.
+        assert after == before
+    finally:
+        task.other.release()
 
 
 def _objects(gs_dir: str) -> dict:

@@ -88,6 +88,21 @@ def test_keeps_summaries_until_a_flush_is_due(tmp_path):
     SummaryManager(None, step).write_summaries({"loss": 1.0})  # No dir: writes nothing.
 
 
+def test_a_discard_removes_this_process_s_event_files_not_another_s(tmp_path):
+    # A run refused before its first write removes what its writers made; an event file another
+    # process made meanwhile in the same directory (a sidecar evaluator's, the trainer's that
+    # holds the model dir) stays, and so does the directory that holds it.
+    directory = tmp_path / "run" / "eval"
+    manager = SummaryManager(str(directory), tf.Variable(1, dtype=tf.int64))
+    manager.write_summaries({"loss": 1.0})
+    manager.flush()
+    other = directory / "events.out.tfevents.1.elsewhere.4242.0.v2"
+    other.write_bytes(b"another process's")
+    manager.discard()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "run", "run/eval", f"run/eval/{other.name}"]
+
+
 def test_a_nested_dict_is_written_after_what_was_kept(tmp_path):
     step = tf.Variable(1, dtype=tf.int64)
     manager = SummaryManager(str(tmp_path), step)

@@ -182,7 +182,8 @@ class FaultHandler:
     def __call__(self, end: TrainLoopEnd) -> TrainLoopEnd:
         # Before anything this loop would save: a trainer whose model dir another took stops.
         # A claim still being decided is not waited for here: the run's first write waits for
-        # it (the controller's `before_writing`, `preempt`), the loop's line and summaries not.
+        # it (the controller's `before_writing`, `preempt`), and a bad loss does; the loop's
+        # line and summaries not.
         if self.lock is not None:
             self.lock.stop_if_taken(end.step, wait=False)
         loss = (end.logs or {}).get("loss")
@@ -193,6 +194,8 @@ class FaultHandler:
             above = (float(np.mean(loss)), float(self.settings.loss_upper_bound))
             end = end._replace(bad_step=end.step)  # The loop's mean: named by its end.
         if end.bad_step is not None:
+            if self.lock is not None:  # A refusal (a failed check) is the run's error first.
+                self.lock.stop_if_taken(end.step)
             end = self._on_bad_loss(end.bad_step, end, above)
         # Cluster-wide, only the agreed request counts: every worker stops at the same step.
         cluster_wide = self.guard is not None and self.guard.cluster_wide

@@ -244,6 +244,9 @@ def _mend(path: str) -> str:
 class NewFiles:
     """What a summary writer about to be created in `directory` adds: the directories missing
     on the way to it, and its event files beside those already there (`undo` removes them).
+    An event file is this process's by its name (TensorFlow's `<time>.<host>.<pid>.<n>.v2`):
+    one another process made there meanwhile (the trainer that holds the model dir, a sidecar
+    evaluator) stays.
 
     Args:
         directory: the writer's directory.
@@ -262,8 +265,9 @@ class NewFiles:
     def undo(self) -> None:
         if not tf.io.gfile.isdir(self.directory):
             return
+        own = f".{socket.gethostname()}.{os.getpid()}."
         for name in tf.io.gfile.listdir(self.directory):
-            if name not in self.files and name.startswith("events.out.tfevents."):
+            if name not in self.files and name.startswith("events.out.tfevents.") and own in name:
                 tf.io.gfile.remove(os.path.join(self.directory, name))
         for path in self.missing:  # Deepest first, each only if nothing else is in it now.
             if tf.io.gfile.isdir(path) and not tf.io.gfile.listdir(path):

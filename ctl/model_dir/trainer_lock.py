@@ -180,6 +180,12 @@ class ModelDirLock:
         if not self._aside_taken:
             self._refuse()
 
+    def settle(self) -> None:
+        """Waits for a claim taken aside (`acquire_aside`) to be decided, raising nothing
+        (`decided` raises what it found): a run that ends on an error of its own first."""
+        if self._aside is not None:
+            self._aside.join()
+
     def ending(self) -> None:
         """The run's end: its claim is released soon (a lease renews no more while fresh)."""
         if isinstance(self._claim, Lease):
