@@ -353,7 +353,7 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         # the claim's thread ended: a run may end on an error of its own before.
         if lock is None:
             return
-        lock.settle()
+        lock.join_aside()
         if not claimed:
             _discard_summaries(controller)
 

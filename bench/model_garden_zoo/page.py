@@ -53,8 +53,15 @@ def _eval(row) -> str:
 
 def _export(row) -> str:
     """The export check's answer (bench/model_garden_zoo/export.py): "-" where it was not run."""
+    if row.get("export") == "fails" and GARDEN_FAILS_TOO in (row.get("export_reason") or ""):
+        return "fails, as Model Garden's own"  # ctl's line says why (ctl.adapters.model_garden_serving).
     return {None: "-", "serves": "serves", "no module": "no module"}.get(row.get("export"),
                                                                        "**fails**")
+
+
+# What ctl's refusal says when Model Garden's own export of the model fails the same way
+# (`ctl.adapters.model_garden_serving`; tests/test_model_garden_export.py runs both).
+GARDEN_FAILS_TOO = "Model Garden's own export"
 
 
 def _command(row) -> str:
@@ -201,7 +208,10 @@ def render(results) -> str:
         "`tf.saved_model.load`, must give on one eval batch what the same module gives around a "
         "model restored from the run's final checkpoint (every output within a relative 1e-4). "
         "\"serves\": it does; \"no module\": Model Garden has no export module for the family "
-        "(the reason says what ctl does instead); \"-\": not checked.",
+        "(the reason says what ctl does instead); \"fails, as Model Garden's own\": the module "
+        "cannot serve this model, and Model Garden's own export of it fails the same way (the "
+        "reason says why and what to change; tests/test_model_garden_export.py runs both); "
+        "\"-\": not checked.",
         *([_command_bullet(results)] if commands else []),
         "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
         "time from the end of one train loop (of one step) to the end of the next, so the step "

@@ -180,7 +180,7 @@ class ModelDirLock:
         if not self._aside_taken:
             self._refuse()
 
-    def settle(self) -> None:
+    def join_aside(self) -> None:
         """Waits for a claim taken aside (`acquire_aside`) to be decided, raising nothing
         (`decided` raises what it found): a run that ends on an error of its own first."""
         if self._aside is not None:
