@@ -453,6 +453,12 @@ def _run(command: List[str], log: str, env: Dict[str, str], deadline: float,
     return None if code == 0 else f"exit {code}: {_last_line(log)}"
 
 
+# What a row's reason says when Model Garden's own run agrees with ctl where its in-run numbers
+# do not (the page says so: bench/model_garden_zoo/page.py).
+SAME_FROM_SCRATCH = "from empty model dirs they are the same"
+SAME_AS_ITS_EVAL = "gives ctl's numbers"
+
+
 def scratch_reason(diff: Optional[float]) -> str:
     """What the losses of both trainers from empty model dirs say of training losses that differ
     from the initial checkpoint ('' if a run failed).
@@ -464,7 +470,7 @@ def scratch_reason(diff: Optional[float]) -> str:
         return ""
     if diff > compare.LOSS_TOLERANCE:
         return f"from empty model dirs as well (max relative difference {diff:.2e})"
-    return (f"from empty model dirs they are the same (max relative difference {diff:.1e}): the "
+    return (f"{SAME_FROM_SCRATCH} (max relative difference {diff:.1e}): the "
             "initial checkpoint moves Model Garden's dropout draws, not ctl's (where its trainer "
             "builds the model in its first step, the restore gives the new variables their values "
             "and no initializer runs, whose seeds come from the seeded stream its dropout "
@@ -485,7 +491,7 @@ def eval_mode_reason(step: int, differing: List[str], ops: Sequence[str]) -> str
         return (f"Model Garden's own --mode=eval of its ckpt-{step} differs from ctl's too: "
                 + _first_three(differing))
     drawn = f" ({', '.join(ops)})" if ops else ""
-    return (f"Model Garden's own --mode=eval of its ckpt-{step} gives ctl's numbers: the eval step "
+    return (f"Model Garden's own --mode=eval of its ckpt-{step} {SAME_AS_ITS_EVAL}: the eval step "
             f"draws from stateful random ops{drawn}, whose state lives in their kernels; ctl "
             "traces it anew for each evaluation, so that every evaluation of a checkpoint draws "
             "what the seed gives, while Model Garden's trainer goes on with the kernels of its "

@@ -68,6 +68,11 @@ def _command(row) -> str:
     """The command check's answer (bench/model_garden_zoo/command.py): "-" where it was not run;
     with ctl's time from launch to its first loop's end over train_lib's (`start`)."""
     said = {None: "-", True: "yes"}.get(row.get("command"), "**no**")
+    reason = row.get("command_reason") or ""
+    if row.get("command") is False and command.SAME_FROM_SCRATCH in reason:
+        said = "**no** (ctl = Model Garden's own run from empty dirs)"
+    elif row.get("command") is False and command.SAME_AS_ITS_EVAL in reason:
+        said = "**no** (ctl = Model Garden's own --mode=eval)"
     ratio = start_ratio(row)
     cpu = row.get("command_process_cpu_s") or {}
     said = said if ratio is None else f"{said}, start {ratio:.2f}x"
@@ -261,7 +266,10 @@ def _command_bullet(results) -> str:
         f"{compare.EVAL_TOLERANCE:g}, and the checkpoints kept (and the last one's top-level "
         "objects), the steps evaluated and the best checkpoint's step, top-level objects and "
         "`info.json` those of Model Garden's run and of the YAML; \"**no**\": the reason says "
-        "which are not; \"-\": not checked.")
+        "which are not; \"**no** (ctl = Model Garden's own ...)\": they differ from Model "
+        "Garden's in-run numbers, and Model Garden's own run from empty model dirs, or its own "
+        "`--mode=eval` of the same checkpoint, gives ctl's (the reason says why Model Garden's "
+        "run moves); \"-\": not checked.")
 
 
 def record(results) -> str:
