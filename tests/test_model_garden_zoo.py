@@ -361,6 +361,26 @@ def test_the_command_checks_reasons_say_what_empty_dirs_and_model_gardens_eval_f
         "(train_lib)")
 
 
+def test_a_resume_that_is_not_bit_identical_on_the_same_data_names_the_gradients_check():
+    # Only the final checkpoint differs, or a step's loss on the same data with no stateful random
+    # op: Model Garden's own gradients check says whether its step repeats (run once per row:
+    # cached on the row here). Other data, or no difference, is left as it is.
+    import types
+
+    from bench.model_garden_zoo import guarantees
+
+    row = types.SimpleNamespace(
+        gradients="Model Garden's own train step (...): 39 between two processes (...)")
+    said = guarantees._why_not_bit_identical(row, "final checkpoint: a/b: 2 of 9 values differ")
+    assert said == "final checkpoint: a/b: 2 of 9 values differ; " + row.gradients
+    same_data = ("step 3's loss 1.0 (stopped process) vs 2.0 uninterrupted, on the same data (its "
+                 "inputs' sum): its train step holds no stateful random op (...)")
+    assert guarantees._why_not_bit_identical(row, same_data) == same_data + "; " + row.gradients
+    other = "step 3's loss 1.0 (stopped process) vs 2.0 uninterrupted (its inputs' sum 1 vs 2: other data)"
+    assert guarantees._why_not_bit_identical(row, other) == other
+    assert guarantees._why_not_bit_identical(row, "") == ""
+
+
 @pytest.mark.slow  # Imports Model Garden and builds its image classification pipeline 7 times.
 def test_the_input_check_tells_a_pipeline_that_mixes_each_replicas_batch_from_a_lost_position(tmp_path):
     """Where a step at two replicas read other data, `new_replicas` says what Model Garden's own

@@ -282,6 +282,18 @@ def _why_other_losses(row: "_Row", difference: str, steps_file: str) -> str:
     return difference + f", on the same data (its inputs' sum): {row.random_ops}"
 
 
+def _why_not_bit_identical(row: "_Row", difference: str) -> str:
+    """`difference`, and where the resumed run read the same data and its train step draws from no
+    stateful random op (or only the final checkpoint differs), whether Model Garden's own train
+    step repeats its gradients, in one process and in two (`gradients_check`, once per row)."""
+    if not difference or not (difference.startswith("final checkpoint: ")
+                              or "holds no stateful random op" in difference):
+        return difference
+    if getattr(row, "gradients", None) is None:
+        row.gradients = gradients_check(row.experiment, row.family, row.workdir)
+    return f"{difference}; {row.gradients}"
+
+
 def checkpoint_difference(path_a: str, path_b: str, tolerance: float = 0.0,
                           ignore: Tuple[str, ...] = ()) -> Tuple[str, float]:
     """('' or the first variable that differs by more than `tolerance`, the largest relative
@@ -387,6 +399,7 @@ def reference_and_kill_9(row: _Row) -> Dict[str, Dict[str, Any]]:
             if not difference:
                 difference, _ = checkpoint_difference(_latest(reference), _latest(chaos))
                 difference = difference and f"final checkpoint: {difference}"
+            difference = _why_not_bit_identical(row, difference)
             out["kill_9"] = {"holds": not difference, "detail": difference or (
                 f"killed in step {HOLD_AT} after ckpt-{LOOP}; steps {LOOP + 1}-{STEPS} again: "
                 f"every loss and the final checkpoint bit for bit")}
@@ -539,6 +552,7 @@ def sigterm_and_new_replicas(row: _Row) -> Dict[str, Dict[str, Any]]:
         if not difference:
             difference, _ = checkpoint_difference(_latest(row.reference), _latest(model_dir))
             difference = difference and f"final checkpoint: {difference}"
+        difference = _why_not_bit_identical(row, difference)
         out["sigterm"] = {"holds": not difference, "seconds_to_exit": round(took, 1),
                           "detail": difference or (
                               f"exit 75 {took:.0f} s after SIGTERM in step {HOLD_AT}, before step "
