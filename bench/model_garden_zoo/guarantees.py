@@ -1204,6 +1204,8 @@ def main(argv=None) -> int:
               flush=True)
         return 0
     if args.gradients:
+        for module in _family_modules(args.family):  # The data's overrides name the experiment.
+            importlib.import_module(module)
         print(GRADIENTS_CHECK + gradients_check(args.experiment, args.family, args.workdir), flush=True)
         return 0
     if args.input_at_two_replicas:
