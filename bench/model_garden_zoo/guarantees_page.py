@@ -169,11 +169,13 @@ def docs_item(rows: List[Dict[str, Any]], column: str) -> str:
     settings = sorted({re.search(r"its processes started with ([^)]*)\)", result["detail"]).group(1)
                        for row in rows for result in [(row.get("guarantees") or {}).get(column) or {}]
                        if result.get("holds") and "its processes started with" in result.get("detail", "")})
+    held = sum(map(len, holds.values()))
     for setting in settings:
         found = [row["experiment"] for row in rows
                  if f"started with {setting})" in ((row.get("guarantees") or {}).get(column) or {}).get("detail", "")
                  and ((row.get("guarantees") or {}).get(column) or {}).get("holds")]
-        text += f" ({names(found)} with `{setting}`)"
+        text += (f" (each with `{setting}`)" if len(found) == held else
+                 f" ({names(found)} with `{setting}`)")
     if not_held:
         text += "; not on " + "; ".join(f"{names(found)} ({why})" for why, found in sorted(not_held.items()))
     if unchecked:
