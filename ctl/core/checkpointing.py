@@ -44,7 +44,7 @@ from ctl.model_dir import (Ahead, ModelDir, Restored, UnreadableCheckpointError,
                            is_object_store)
 
 
-UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
+UPLOADS_IN_FLIGHT = 3  # Object stores: saves whose upload may still be under way.
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
