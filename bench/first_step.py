@@ -252,7 +252,7 @@ def _keras_fit(clock: Clock, args) -> None:
 
 def _env(experiment: str) -> Dict[str, str]:
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    if experiment.startswith("dlrm") or "ranking" in experiment:
+    if experiment.endswith("_criteo") or "ranking" in experiment:  # The ranking family's names.
         env["TF_USE_LEGACY_KERAS"] = "1"  # tensorflow_recommenders refuses Keras 3 as tf.keras.
     return env
 

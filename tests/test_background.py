@@ -55,9 +55,10 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
         step.assign(number)
         path = manager.save()
         assert path == f"{gcs_dir}/ckpt-{number}"  # Named where it will be.
-        # Saves wait rather than queue: at most UPLOADS_IN_FLIGHT behind the training (and
-        # one more whose upload is done, still retiring older checkpoints).
-        assert uploads().pending <= checkpointing.UPLOADS_IN_FLIGHT + 1
+        # Saves wait rather than queue: at most UPLOADS_IN_FLIGHT behind the training, each its
+        # files' upload and its state file's (and one more whose upload is done, still retiring
+        # older checkpoints).
+        assert uploads().pending <= 2 * checkpointing.UPLOADS_IN_FLIGHT + 1
     manager.sync()  # The uploads; the retired checkpoints' deletes are close()'s to wait for.
     gcs.set_latency(0)
     directory = ModelDir(gcs_dir)
@@ -88,6 +89,28 @@ def test_a_checkpoint_uploads_beside_the_summaries_and_is_named_only_after_them(
         assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the summaries.
         time.sleep(0.5)
         assert ModelDir(gcs_dir).checkpoint_state().latest is None  # Not named before them.
+    finally:
+        gate.set()
+    manager.close()
+    assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
+
+
+def test_a_checkpoints_files_upload_while_the_one_before_is_named_in_the_state_file(gcs_dir):
+    # The state file's lane is busy (naming an earlier checkpoint, held here): the next
+    # checkpoint's files upload meanwhile on their own lane, and it is named after.
+    from ctl.model_dir.background import CHECKPOINTS
+
+    manager, step, _ = _manager(gcs_dir)
+    gate = threading.Event()
+    uploads().submit(gate.wait, lane=CHECKPOINTS)
+    try:
+        step.assign(1)
+        manager.save()
+        deadline = time.monotonic() + 60
+        while not tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the state file's lane.
+        assert ModelDir(gcs_dir).checkpoint_state().latest is None
     finally:
         gate.set()
     manager.close()

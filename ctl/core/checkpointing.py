@@ -30,20 +30,21 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
 from ctl.core import checkpoint_contents
 from ctl.utils import console
 from ctl.model_dir import staging
-from ctl.model_dir.background import CHECKPOINTS, FILES, RETIREMENTS, upload, uploads
+from ctl.model_dir.background import (CHECKPOINT_FILES, CHECKPOINTS, FILES, RETIREMENTS, upload,
+                                      uploads)
 from ctl.utils.errors import UserError, first_line
 from ctl.model_dir import (Ahead, ModelDir, Restored, UnreadableCheckpointError, checkpoint_files,
                            is_object_store)
 
 
-UPLOADS_IN_FLIGHT = 2  # Object stores: saves whose upload may still be under way.
+UPLOADS_IN_FLIGHT = 3  # Object stores: saves whose upload may still be under way.
 
 
 def interval_crossed(interval: Optional[int], last_step: Optional[int], step: int) -> bool:
@@ -116,6 +117,7 @@ class CheckpointManager:
         # At most this many saves wait for their upload: a run that saves faster than the store
         # takes its checkpoints waits for it, as a synchronous save would, instead of queueing.
         self._uploading = threading.BoundedSemaphore(UPLOADS_IN_FLIGHT)
+        self._uploaded_files: Set[str] = set()  # Staged checkpoints whose files are in the store.
         self._remote: Optional[Dict[int, str]] = None  # Uploads thread: the store's checkpoints.
         self._uploaded_at: Dict[str, float] = {}  # Uploads thread: path -> when.
         self._published: List[str] = []  # Uploads thread: what the state file names, replaced whole.
@@ -192,9 +194,12 @@ class CheckpointManager:
             while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
                 uploads().check()  # An upload failed meanwhile: raise it rather than wait on.
             try:
-                # On a lane of its own: the summaries and metrics handed over before this
-                # save upload meanwhile, and land before the state file names it (`_upload`).
-                uploads().submit(self._upload, path, uploads().mark(FILES), lane=CHECKPOINTS)
+                # Its files on a lane of their own, beside the publication of the checkpoint
+                # before (its state file); then, in the order saved, its own publication once
+                # its files and the summaries and metrics handed over before this save landed.
+                uploads().submit(self._upload_files, path, lane=CHECKPOINT_FILES)
+                uploads().submit(self._upload, path, uploads().mark(FILES),
+                                 uploads().mark(CHECKPOINT_FILES), lane=CHECKPOINTS)
             except BaseException:  # An upload failed since the check: `_upload` will not run.
                 self._uploading.release()
                 raise
@@ -215,7 +220,7 @@ class CheckpointManager:
         if self._manager is not None:
             self._manager.sync()
         if self._staging is not None and uploaded:
-            uploads().wait(lanes=(FILES, CHECKPOINTS))
+            uploads().wait(lanes=(FILES, CHECKPOINT_FILES, CHECKPOINTS))
 
     def _tf_manager(self) -> tf.train.CheckpointManager:
         if self._manager is None:
@@ -231,15 +236,20 @@ class CheckpointManager:
             self._manager = tf.train.CheckpointManager(self.checkpoint, directory, **kwargs)
         return self._manager
 
-    def _upload(self, local: str, files_mark: int) -> None:
-        """On the checkpoints' uploads thread: the files of the staged checkpoint `local`, its
-        index last, then (once the first `files_mark` uploads of summaries and metrics are
-        done) the state file; then hands the retirement of checkpoints beyond `max_to_keep` to
-        a lane of its own (no longer named by the state file: their deletes need not hold up
-        the next checkpoint's upload)."""
+    def _upload(self, local: str, files_mark: int, checkpoint_files_mark: int) -> None:
+        """On the checkpoints' thread, in the order saved: once the files of the staged checkpoint
+        `local` are uploaded (`_upload_files`, the first `checkpoint_files_mark` of their lane),
+        and the first `files_mark` uploads of summaries and metrics are done, the state file
+        naming it; then hands the retirement of checkpoints beyond `max_to_keep` to a lane of its
+        own (no longer named by the state file: their deletes need not hold up the next
+        checkpoint's upload)."""
         released = False
         try:
-            self._upload_files(local, files_mark)
+            uploads().wait_for(CHECKPOINT_FILES, checkpoint_files_mark)
+            if local not in self._uploaded_files:
+                return  # Its files' upload failed: that error is the run's, the state file as it was.
+            self._uploaded_files.discard(local)
+            self._publish(local, files_mark)
             self._uploading.release()  # Readable where the state file says: the next save may go.
             released = True
             kept = self._kept()
@@ -250,7 +260,9 @@ class CheckpointManager:
             if not released:
                 self._uploading.release()
 
-    def _upload_files(self, local: str, files_mark: int) -> None:
+    def _upload_files(self, local: str) -> None:
+        """On the checkpoint files' thread: the files of the staged checkpoint `local`, its index
+        last (a reader never finds an index without its data), then their local copies go."""
         name = os.path.basename(local)
         files = sorted((f for f in os.listdir(self._staging) if f.startswith(name + ".")),
                        key=lambda f: f.endswith(".index"))
@@ -258,6 +270,12 @@ class CheckpointManager:
             raise RuntimeError(f"ctl bug: the staged checkpoint {local} is not whole ({files}).")
         for file in files:
             upload(os.path.join(self._staging, file), self._files.checkpoint_path(file))
+        for file in files:  # Uploaded: the local copy is not needed any more.
+            os.remove(os.path.join(self._staging, file))
+        self._uploaded_files.add(local)
+
+    def _publish(self, local: str, files_mark: int) -> None:
+        name = os.path.basename(local)
         if self._remote is None:  # Listed once; this thread keeps it up to date after.
             self._remote = self._files.checkpoints()
         path = self._files.checkpoint_path(name)
@@ -268,8 +286,6 @@ class CheckpointManager:
         self._files.write_checkpoint_state(Restored(path, keep=kept), quiet=True,
                                          stamps=self._uploaded_at)
         self._published = kept
-        for file in files:  # Uploaded: the local copy is not needed any more.
-            os.remove(os.path.join(self._staging, file))
 
     def _kept(self):
         newest = sorted(self._remote)

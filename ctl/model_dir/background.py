@@ -38,7 +38,8 @@ def upload(local: str, remote: str) -> None:
 
 
 FILES = "files"  # Summaries and metrics.jsonl.
-CHECKPOINTS = "checkpoints"
+CHECKPOINT_FILES = "checkpoint_files"  # A checkpoint's files, while the one before is published.
+CHECKPOINTS = "checkpoints"  # The state file naming each checkpoint, in the order saved.
 RETIREMENTS = "retirements"  # Deletes of checkpoints the state file no longer names.
 
 
@@ -48,10 +49,11 @@ class Uploads:
 
     Args:
         name: the prefix of the lanes' thread names.
-        lanes: the lanes' names (`FILES`, `CHECKPOINTS`, `RETIREMENTS`).
+        lanes: the lanes' names (`FILES`, `CHECKPOINT_FILES`, `CHECKPOINTS`, `RETIREMENTS`).
     """
 
-    def __init__(self, name: str = "ctl-uploads", lanes=(FILES, CHECKPOINTS, RETIREMENTS)):
+    def __init__(self, name: str = "ctl-uploads",
+                 lanes=(FILES, CHECKPOINT_FILES, CHECKPOINTS, RETIREMENTS)):
         self._lanes = {lane: _Lane(f"{name}-{lane}", self._store) for lane in lanes}
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()
