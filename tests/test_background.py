@@ -74,43 +74,24 @@ def test_a_checkpoint_in_a_bucket_is_staged_uploaded_and_retired_and_saves_wait_
     assert not os.path.exists(manager._staging)
 
 
-def test_a_checkpoint_uploads_beside_the_summaries_and_is_named_only_after_them(gcs_dir):
-    # A summaries upload handed over before the save has not landed: the checkpoint's files
-    # upload meanwhile (their own lane), and the state file waits for it.
+@pytest.mark.parametrize("held", ["files", "checkpoints"], ids=["summaries", "state_file"])
+def test_a_checkpoints_files_upload_beside_a_held_lane_and_it_is_named_only_after(gcs_dir, held):
+    # summaries: an upload of summaries handed over before the save has not landed; the
+    # checkpoint's files upload meanwhile, and the state file waits for it. state_file: the state
+    # file's lane is busy (naming an earlier checkpoint, held here); the next checkpoint's files
+    # upload meanwhile on their own lane, and it is named after.
     manager, step, _ = _manager(gcs_dir)
     gate = threading.Event()
-    uploads().submit(gate.wait)  # The FILES lane: summaries and metrics.jsonl.
+    uploads().submit(gate.wait, lane=held)
     try:
         step.assign(1)
         manager.save()
         deadline = time.monotonic() + 60
         while not tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the summaries.
+        assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the held lane.
         time.sleep(0.5)
-        assert ModelDir(gcs_dir).checkpoint_state().latest is None  # Not named before them.
-    finally:
-        gate.set()
-    manager.close()
-    assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
-
-
-def test_a_checkpoints_files_upload_while_the_one_before_is_named_in_the_state_file(gcs_dir):
-    # The state file's lane is busy (naming an earlier checkpoint, held here): the next
-    # checkpoint's files upload meanwhile on their own lane, and it is named after.
-    from ctl.model_dir.background import CHECKPOINTS
-
-    manager, step, _ = _manager(gcs_dir)
-    gate = threading.Event()
-    uploads().submit(gate.wait, lane=CHECKPOINTS)
-    try:
-        step.assign(1)
-        manager.save()
-        deadline = time.monotonic() + 60
-        while not tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Not behind the state file's lane.
-        assert ModelDir(gcs_dir).checkpoint_state().latest is None
+        assert ModelDir(gcs_dir).checkpoint_state().latest is None  # Not named before it.
     finally:
         gate.set()
     manager.close()

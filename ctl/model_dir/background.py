@@ -7,7 +7,7 @@ uploads handed to the process's `Uploads`:
     ...
     uploads().wait()   # every upload submitted so far is done (or its error raised)
 
-Three lanes (`FILES`, `CHECKPOINTS`, `RETIREMENTS`), each first in, first out on a thread of
+Four lanes (`FILES`, `CHECKPOINT_FILES`, `CHECKPOINTS`, `RETIREMENTS`), each first in, first out on a thread of
 its own; the first error is raised again on the caller's thread. On a file system nothing is
 handed here. The lanes' order, and what the store's latency costs:
 docs/explanation/model-dir-records.md.
