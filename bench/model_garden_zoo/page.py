@@ -215,7 +215,7 @@ def render(results) -> str:
         "\"serves\": it does; \"no module\": Model Garden has no export module for the family "
         "(the reason says what ctl does instead); \"fails, as Model Garden's own\": the module "
         "cannot serve this model, and Model Garden's own export of it fails the same way (the "
-        "reason says why and what to change; tests/test_model_garden_export.py runs both); "
+        "reason says why and what to change); "
         "\"-\": not checked.",
         *([_command_bullet(results)] if commands else []),
         "- **Seconds per step.** Each trainer's `steps_per_second` summary, inverted: the wall "
