@@ -271,6 +271,44 @@ def test_the_first_loop_is_reported_before_the_eval_steps_check_ends(tmp_path):
     assert sorted(scalars(str(tmp_path / "train"))["loss"]) == [2, 4]
 
 
+class EagerEvalTask(PlainTask):
+    """Its train step waits (at most 3 s) for its eval step's trace to begin; the eval step's
+    trace records whether the run's first train line came before it."""
+
+    def __init__(self, lines: _TrainLines):
+        super().__init__()
+        self.lines = lines
+        self.eval_began = threading.Event()
+        self.line_before_check: list = []
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        wait = tf.py_function(lambda: self.eval_began.wait(3), [], tf.bool)
+        with tf.control_dependencies([wait]):
+            return super().train_step(inputs, model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics):
+        if not self.line_before_check:
+            self.line_before_check.append(self.lines.seen.is_set())
+            self.eval_began.set()
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_the_eval_steps_check_starts_when_the_first_loop_ended(tmp_path):
+    # Not beside the first loop, whose CPU it would take on a busy host: the first loop's line
+    # comes before the eval step's trace begins (a check begun beside the loop is seen by its
+    # step, which waits for it, and comes before that line).
+    lines = _TrainLines()
+    logger = logging.getLogger("ctl")
+    logger.addHandler(lines)
+    try:
+        task = EagerEvalTask(lines)
+        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=2, eval_interval=2)
+    finally:
+        logger.removeHandler(lines)
+    assert task.line_before_check == [True]
+    assert task.eval_traces == 1
+
+
 class VectorEvalLossTask(RegressionTask):
     """Its validation_step returns the per-example loss; its train step is right."""
 
