@@ -339,6 +339,7 @@ class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
         super().__init__()
         self.fails = fails
         self.stepped = threading.Event()
+        self.eval_traced = False
 
     def build_losses(self, labels, outputs, aux_losses=None):
         nan = tf.ensure_shape(tf.py_function(self._nan, [], tf.float32), [])
@@ -351,6 +352,7 @@ class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
         return tf.constant(float("nan"))
 
     def validation_step(self, inputs, model, metrics):
+        self.eval_traced = True
         self.stepped.wait(30)
         time.sleep(1)  # The train loop meanwhile ends on its bad loss.
         return super().validation_step(inputs, model, metrics)
@@ -367,13 +369,16 @@ def test_a_bad_loss_in_the_first_loop_waits_for_the_eval_steps_check(tmp_path):
     assert _files(tmp_path) == before
 
 
-def test_a_first_loop_that_fails_before_the_eval_steps_check_ends_leaves_the_model_dir(tmp_path):
-    # The loop's error is the run's; the check, refused after it, leaves nothing either.
+def test_a_first_loop_that_fails_before_the_eval_steps_check_leaves_the_model_dir(tmp_path):
+    # The loop's error is the run's; the check, not begun (it starts when the first loop
+    # ended), is not run: the run leaves nothing.
     model_dir = _earlier_run(tmp_path, exists=False)
     before = _files(tmp_path)
+    task = NanBeforeTheEvalCheckTask(fails=True)
     with pytest.raises(tf.errors.OpError, match="the step's data ran dry"):
-        _first_loop(NanBeforeTheEvalCheckTask(fails=True), None, str(model_dir), "train_and_eval")
+        _first_loop(task, None, str(model_dir), "train_and_eval")
     assert _files(tmp_path) == before
+    assert not task.eval_traced
 
 
 class TakenMeanwhileTask(PlainTask):
