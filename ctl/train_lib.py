@@ -20,6 +20,7 @@ with `ctl.core.build_run`.
 
 import contextlib
 import dataclasses
+import functools
 import shutil
 import tempfile
 import threading
@@ -303,8 +304,9 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
         stack.callback(eval_side.release)
     # Traces, runs nothing: the loops' own traces, under what the loops run under (the summaries'
     # writers, whose event files a refused run removes: it leaves the model dir as it found it).
-    # The eval step's trace runs beside the first train loop of a one-process train_and_eval run:
-    # its first write waits for it (`ModelDirLock.acquire_aside`), and a refusal stops it there.
+    # The eval step's trace of a one-process train_and_eval run runs on the claim's thread when
+    # the first train loop ended, before the run's first write (`ModelDirLock.acquire_aside`),
+    # and a refusal stops it there.
     # In an object store the trainer's lease is taken beside these checks too (`early`): its
     # record settles meanwhile, and a refusal puts it back as it was.
     eval_beside = plan.in_line_eval and plan.one_process and lock is not None
@@ -331,8 +333,8 @@ def _run(plan: RunPlan, directory: ModelDir, strategy: tf.distribute.Strategy,
     if not early:
         check_run()
 
-    def check_eval() -> None:  # On the claim's thread, beside the first train loop.
-        contract.check_eval(trainer, schedule.eval_steps, controller.eval_summary_manager.tracing)
+    check_eval = functools.partial(  # On the claim's thread.
+        contract.check_eval, trainer, schedule.eval_steps, controller.eval_summary_manager.tracing)
 
     def checks_while_settling() -> None:  # On the claim's thread (`early`).
         checked.wait()  # The train step's trace first: the eval step's follows it.

@@ -271,6 +271,44 @@ def test_the_first_loop_is_reported_before_the_eval_steps_check_ends(tmp_path):
     assert sorted(scalars(str(tmp_path / "train"))["loss"]) == [2, 4]
 
 
+class EagerEvalTask(PlainTask):
+    """Its train step waits (at most 3 s) for its eval step's trace to begin; the eval step's
+    trace records whether the run's first train line came before it."""
+
+    def __init__(self, lines: _TrainLines):
+        super().__init__()
+        self.lines = lines
+        self.eval_began = threading.Event()
+        self.line_before_check: list = []
+
+    def train_step(self, inputs, model, optimizer, metrics):
+        wait = tf.py_function(lambda: self.eval_began.wait(3), [], tf.bool)
+        with tf.control_dependencies([wait]):
+            return super().train_step(inputs, model, optimizer, metrics)
+
+    def validation_step(self, inputs, model, metrics):
+        if not self.line_before_check:
+            self.line_before_check.append(self.lines.seen.is_set())
+            self.eval_began.set()
+        return super().validation_step(inputs, model, metrics)
+
+
+def test_the_eval_steps_check_starts_when_the_first_loop_ended(tmp_path):
+    # Not beside the first loop, whose CPU it would take on a busy host: the first loop's line
+    # comes before the eval step's trace begins (a check begun beside the loop is seen by its
+    # step, which waits for it, and comes before that line).
+    lines = _TrainLines()
+    logger = logging.getLogger("ctl")
+    logger.addHandler(lines)
+    try:
+        task = EagerEvalTask(lines)
+        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=2, eval_interval=2)
+    finally:
+        logger.removeHandler(lines)
+    assert task.line_before_check == [True]
+    assert task.eval_traces == 1
+
+
 class VectorEvalLossTask(RegressionTask):
     """Its validation_step returns the per-example loss; its train step is right."""
 
@@ -301,6 +339,7 @@ class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
         super().__init__()
         self.fails = fails
         self.stepped = threading.Event()
+        self.eval_traced = False
 
     def build_losses(self, labels, outputs, aux_losses=None):
         nan = tf.ensure_shape(tf.py_function(self._nan, [], tf.float32), [])
@@ -313,6 +352,7 @@ class NanBeforeTheEvalCheckTask(VectorEvalLossTask):
         return tf.constant(float("nan"))
 
     def validation_step(self, inputs, model, metrics):
+        self.eval_traced = True
         self.stepped.wait(30)
         time.sleep(1)  # The train loop meanwhile ends on its bad loss.
         return super().validation_step(inputs, model, metrics)
@@ -329,13 +369,16 @@ def test_a_bad_loss_in_the_first_loop_waits_for_the_eval_steps_check(tmp_path):
     assert _files(tmp_path) == before
 
 
-def test_a_first_loop_that_fails_before_the_eval_steps_check_ends_leaves_the_model_dir(tmp_path):
-    # The loop's error is the run's; the check, refused after it, leaves nothing either.
+def test_a_first_loop_that_fails_before_the_eval_steps_check_leaves_the_model_dir(tmp_path):
+    # The loop's error is the run's; the check, not begun (it starts when the first loop
+    # ended), is not run: the run leaves nothing.
     model_dir = _earlier_run(tmp_path, exists=False)
     before = _files(tmp_path)
+    task = NanBeforeTheEvalCheckTask(fails=True)
     with pytest.raises(tf.errors.OpError, match="the step's data ran dry"):
-        _first_loop(NanBeforeTheEvalCheckTask(fails=True), None, str(model_dir), "train_and_eval")
+        _first_loop(task, None, str(model_dir), "train_and_eval")
     assert _files(tmp_path) == before
+    assert not task.eval_traced
 
 
 class TakenMeanwhileTask(PlainTask):

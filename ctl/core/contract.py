@@ -23,8 +23,8 @@ be (docs/guide/writing-a-task.md lists every check and its message):
       Each trace is the loop's own (Trainer.trace_train_loop,
       Evaluation.trace_eval_loop: the first loop runs it, not a second trace),
       but for a loop without a tf.function, which traces a step of its own.
-    check_eval (train_lib, beside the first train loop of a one-process
-      train_and_eval run, whose first write waits for it; else in check_run):
+    check_eval (train_lib, after the first train loop of a one-process
+      train_and_eval run, before its first write; else in check_run):
       the validation_step's trace.
 
 A mistake raises `UserError` (exit 2, one line on stderr); an error raised by
@@ -265,7 +265,8 @@ def check_eval(trainer, eval_steps: Optional[int],
     """One trace of the task's `validation_step` on the first eval set's element spec: the
     evaluation's own function (`Evaluation.trace_eval_loop`, which the first evaluation then
     runs), else a trace of its own. Runs no step. Safe on a thread of its own beside a train
-    loop that is already traced (`ctl.train_lib` runs it beside the first loop).
+    loop that is already traced (`ctl.train_lib` runs it on the claim's thread, once the first
+    loop ended, or beside it while a lease settles).
 
     Args:
         trainer: the built Trainer (its train loop traced, if it trains: the model's variables

@@ -21,7 +21,7 @@ such as `tf.nn.dropout`) is left as it is, and named at start
 
 The five functions of `tf.random` are replaced once, at the first use, by functions that draw
 statelessly only on a thread inside `drawn_per_step`, and as before everywhere else (the
-input pipeline, the eval step traced beside the first train loop on another thread).
+input pipeline, the eval step traced on another thread after the first train loop).
 """
 
 import contextlib

@@ -25,8 +25,9 @@ settles and writes nothing, and the first write of the run (the hooks' actions a
 checkpoint) waits for the lease (`stop_if_taken`); the loop's line and summaries do not, an
 object store's summaries staying local until then: a trainer that did not get it stops there
 with one line, having written nothing but its own lease record. A check that must pass before the run writes (the eval
-step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well: there before
-the lock is taken, in an object store while the lease settles (there `ctl.train_lib` takes the
+step's trace, `ctl.train_lib`) runs on that thread too, on a file system as well: there when the
+run first waits for it (after its first train loop: the check takes no CPU from that loop), before
+the lock is taken; in an object store while the lease settles (there `ctl.train_lib` takes the
 lease before it traces the train step too, and the eval step's check waits for that trace). A run
 a check refuses, or whose `reads` fail, stops having written nothing: no lock file, or the lease
 record put back as it was (`Lease.undo`: the record its take replaced, or none). At the run's end the lease is renewed
@@ -64,9 +65,12 @@ class ModelDirLock:
         self.model_dir = directory.path
         self._claim = claim_for(directory.file(TRAINER_LOCK_FILE), "trainer", wait=True)
         self.path = self._claim.path
-        self._aside: Optional[threading.Thread] = None  # Taking it beside the first loop.
+        self._aside: Optional[threading.Thread] = None  # Taking it aside (`acquire_aside`).
         self._aside_taken = False
         self._aside_error: Optional[BaseException] = None
+        # On a file system the checks taken aside start when the run first waits for them.
+        self._checks_wanted = threading.Event()
+        self._checks_unwanted = False  # The run ended first: they need not run.
 
     @property
     def settles(self) -> bool:
@@ -127,6 +131,9 @@ class ModelDirLock:
                 for a check of `reads`, the train step's trace), run before a file lock is taken
                 (its file unmade) or while a lease's record settles (put back as it was after
                 an error, `Lease.undo`): its error is raised by `decided`, the claim not held.
+                Before a file lock they start when the run first waits for the decision (its
+                first write, after its first train loop): they take no CPU from that loop. A
+                lease's record settles at once (it is renewed only once held), and so do they.
         """
         if checks is None and not isinstance(self._claim, Lease):
             self.acquire(reads)
@@ -146,6 +153,9 @@ class ModelDirLock:
         def take() -> None:
             try:
                 if checks is not None and not settling:
+                    self._checks_wanted.wait()
+                    if self._checks_unwanted:
+                        return  # Nothing taken, nothing written.
                     checks()
                 self._aside_taken = self._claim.try_acquire(
                     check_while_settling if checks is not None and settling else None)
@@ -173,7 +183,7 @@ class ModelDirLock:
         trainer has it, or the error taking it raised. Does nothing once decided."""
         if self._aside is None:
             return
-        self._aside.join()
+        self._join_aside()
         self._aside = None
         if self._aside_error is not None:
             raise self._aside_error
@@ -184,7 +194,13 @@ class ModelDirLock:
         """Waits for a claim taken aside (`acquire_aside`) to be decided, raising nothing
         (`decided` raises what it found): a run that ends on an error of its own first."""
         if self._aside is not None:
-            self._aside.join()
+            self._join_aside(unwanted=True)
+
+    def _join_aside(self, unwanted: bool = False) -> None:
+        if not self._checks_wanted.is_set():  # Waited for: the checks start now,
+            self._checks_unwanted = unwanted  # unless the run ended without them.
+            self._checks_wanted.set()
+        self._aside.join()
 
     def ending(self) -> None:
         """The run's end: its claim is released soon (a lease renews no more while fresh)."""
@@ -200,7 +216,7 @@ class ModelDirLock:
 
     def release(self) -> None:
         if self._aside is not None:  # Still settling: let it decide, then let go.
-            self._aside.join()
+            self._join_aside(unwanted=True)
             self._aside = None
         self._claim.release()
 
