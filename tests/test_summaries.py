@@ -73,18 +73,26 @@ def test_writes_the_same_summaries_as_orbit(tmp_path, rounds):
         _steps_in_file_order(str(tmp_path / "ctl")))
 
 
-def test_keeps_summaries_until_a_flush_is_due(tmp_path):
+def test_keeps_summaries_until_a_flush_is_due_the_first_ones_at_once(tmp_path):
+    # The first rows (a run's first loop) go to disk at once, as under orbit; then every
+    # FLUSH_SECONDS.
     now = [0.0]
     step = tf.Variable(5, dtype=tf.int64)
     manager = SummaryManager(str(tmp_path), step, clock=lambda: now[0])
+    manager.flush_if_due()
+    assert _events(str(tmp_path)) == []  # Nothing kept: nothing written.
     manager.write_summaries({"loss": 1.0})
+    manager.flush_if_due()
+    assert [e[1:4] for e in _events(str(tmp_path))] == [("loss", 5, 1.0)]
     manager.write_summaries({"loss": 2.0}, step=6)
+    manager.write_summaries({"loss": 3.0}, step=7)
     now[0] += SummaryManager.FLUSH_SECONDS / 2
     manager.flush_if_due()
-    assert _events(str(tmp_path)) == []  # Nothing on disk yet.
+    assert len(_events(str(tmp_path))) == 1  # Kept, not yet on disk.
     now[0] += SummaryManager.FLUSH_SECONDS
     manager.flush_if_due()
-    assert [e[1:4] for e in _events(str(tmp_path))] == [("loss", 5, 1.0), ("loss", 6, 2.0)]
+    assert [e[1:4] for e in _events(str(tmp_path))] == [("loss", 5, 1.0), ("loss", 6, 2.0),
+                                                        ("loss", 7, 3.0)]
     SummaryManager(None, step).write_summaries({"loss": 1.0})  # No dir: writes nothing.
 
 

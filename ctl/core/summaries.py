@@ -4,7 +4,8 @@
 and what lands on disk (the same tags, steps and values `tf.summary.scalar` writes; a nested
 dict's values in a subdirectory per key), but keeps a loop's scalars as Python floats and
 writes all of a writer's kept rows with one `tf.function` call per flush. The controller
-flushes before each checkpoint, at the end of training and otherwise every `FLUSH_SECONDS`;
+flushes before each checkpoint, at the end of training and otherwise every `FLUSH_SECONDS`
+(the first rows kept at once: a run's first loop is on disk as it ends, as under orbit);
 an evaluation's results are written as its `writing()` context ends. In an object store the
 writers write to a local directory (`ctl.model_dir.staging`) and each flush hands an upload to
 `ctl.model_dir.background` (`mirror`). Everything here runs eagerly, between loops.
@@ -17,6 +18,7 @@ Why, and what it saves: docs/explanation/training-loop.md ("Loop summaries").
 
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -52,7 +54,7 @@ class SummaryManager:
         self._writers: Dict[str, Any] = {}
         self._batch_writers: Dict[str, Callable] = {}  # Per subdirectory, traced on first use.
         self._pending: List[Tuple[str, int, Dict[str, float]]] = []  # (subdirectory, step, scalars)
-        self._last_flush = clock()
+        self._last_flush = -math.inf  # The first rows kept are due at once.
         # In an object store: written here, uploaded by `mirror`.
         self._local = (staging.directory("summaries")
                        if self.enabled and is_object_store(summary_dir) else None)
