@@ -117,7 +117,8 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
     given: Dict[str, Any] = {"evaluated": known.evaluated, "latest": known.latest, "train": known.train,
              "eval": known.eval}
     reads = {
-        "best": lambda: _best_records(directory),
+        "best": lambda: [best_record(directory)],  # Beside the exporters' (each a round trip).
+        "best_exports": lambda: _export_best_records(directory),
         "evaluated": lambda: step in directory.evaluations_on_record(),
         "latest": lambda: directory.checkpoint_state().latest,
         "train": lambda: tf.io.gfile.isdir(directory.train_dir),
@@ -143,7 +144,8 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
         console.info(KIND, "trained to step %d; %s", step, final, step=step)
     else:
         console.info(KIND, "%s", final, step=step)
-    records = found["best"]
+    records = [r for r in found["best"] + found["best_exports"]
+               if r and isinstance(r.get("value"), (int, float))]
     settled = not records or found["evaluated"]
     for record in records:
         if settled:
@@ -167,12 +169,12 @@ def say_done(directory: ModelDir, step: int, results: Optional[Dict[str, Any]],
                  directory.path, directory.path)
 
 
-def _best_records(directory: ModelDir):
-    """`ctl.hooks.BestCheckpoint`'s record and each `ctl.hooks.BestExporter`'s, if any."""
-    records = [best_record(directory)]
+def _export_best_records(directory: ModelDir):
+    """Each `ctl.hooks.BestExporter`'s record, if any."""
+    records = []
     for path in export_best_record_files(directory):
         record = read_json(path, {})
         if isinstance(record, dict) and record:
             records.append(record)
-    return [r for r in records if r and isinstance(r.get("value"), (int, float))]
+    return records
 

@@ -38,6 +38,29 @@ def test_uploads_run_in_order_and_an_error_is_raised_on_the_caller_s_thread():
     queue.wait()  # Raised once.
 
 
+def test_uploads_of_different_objects_overlap_and_those_of_one_object_keep_their_order():
+    # On a lane of several threads: what was handed over under another key runs while an upload
+    # is held; what was handed over under the held one waits for it, and a mark waits for all.
+    queue = Uploads("test-uploads", workers={"files": 2})
+    done, gate = [], threading.Event()
+    queue.submit(gate.wait, key="events")
+    queue.submit(done.append, "events, after the held one", key="events")
+    queue.submit(done.append, "metrics", key="metrics")
+    mark = queue.mark()
+    deadline = time.monotonic() + 30
+    while "metrics" not in done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done == ["metrics"]  # Beside the held upload; the same object's next one waits.
+    waited = threading.Thread(target=queue.wait_for, args=("files", mark), daemon=True)
+    waited.start()
+    waited.join(timeout=0.3)
+    assert waited.is_alive()  # The mark counts the held upload too.
+    gate.set()
+    waited.join(timeout=30)
+    queue.wait()
+    assert not waited.is_alive() and done == ["metrics", "events, after the held one"]
+
+
 def _manager(model_dir, max_to_keep=2):
     task = RegressionTask()
     model, optimizer = task.build_model(), task.build_optimizer()
@@ -96,6 +119,78 @@ def test_a_checkpoints_files_upload_beside_a_held_lane_and_it_is_named_only_afte
         gate.set()
     manager.close()
     assert ModelDir(gcs_dir).checkpoint_state().latest == f"{gcs_dir}/ckpt-1"
+
+
+def test_a_checkpoints_files_upload_beside_those_of_the_checkpoint_before(gcs, gcs_dir):
+    # The bucket holds the upload of ckpt-1's data for 5 s: ckpt-2's files land meanwhile, and
+    # the state file names neither before ckpt-1 is whole (in the order saved), then both.
+    gcs.inject_faults([{"delay_ms": 5000, "methods": ["POST"], "path_contains": "ckpt-1.data"}])
+    manager, step, _ = _manager(gcs_dir)
+    for number in (1, 2):
+        step.assign(number)
+        manager.save()
+    deadline = time.monotonic() + 60
+    while not tf.io.gfile.exists(f"{gcs_dir}/ckpt-2.index") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tf.io.gfile.exists(f"{gcs_dir}/ckpt-2.index")
+    assert not tf.io.gfile.exists(f"{gcs_dir}/ckpt-1.index")  # Still held: not behind it.
+    assert ModelDir(gcs_dir).checkpoint_state().latest is None  # Neither named yet.
+    manager.close()
+    gcs.reset()
+    state = ModelDir(gcs_dir).checkpoint_state()
+    assert state.all == [f"{gcs_dir}/ckpt-1", f"{gcs_dir}/ckpt-2"] and state.latest == state.all[-1]
+
+
+def _write_operative_config(model_dir):
+    from ctl.config import gin_config
+
+    gin_config.save_operative_config(ModelDir(model_dir))
+    return "operative_config"
+
+
+def _write_hparams(model_dir):
+    from ctl.hooks import hparams
+
+    uploads().submit(hparams.write_summary, model_dir, {"lr": 0.1}, "complete", 3)
+    return None  # Its tags are the HParams plugin's.
+
+
+@pytest.mark.parametrize("write", [_write_operative_config, _write_hparams],
+                         ids=["operative_config", "hparams"])
+def test_a_summary_written_once_in_a_bucket_holds_up_no_summary_of_the_training_thread(
+        gcs, gcs_dir, tmp_path, write):
+    # Written on the uploads' thread while every request takes 300 ms: the training thread's
+    # own summary writes (a local writer) do not wait for it (a TensorFlow writer on the
+    # store itself held them for seconds), and it lands in the bucket whole.
+    writer = tf.summary.create_file_writer(str(tmp_path / "train"))
+
+    @tf.function
+    def summary(step):
+        with writer.as_default():
+            tf.summary.scalar("loss", 1.0, step=step)
+
+    summary(tf.constant(0, tf.int64))
+    writer.flush()
+    gcs.set_latency(300)
+    directory = f"{gcs_dir}/train" if write is _write_operative_config else gcs_dir
+    tag = write(gcs_dir)
+    longest, step = 0.0, 1
+    while uploads().pending:
+        started = time.monotonic()
+        summary(tf.constant(step, tf.int64))
+        writer.flush()
+        longest = max(longest, time.monotonic() - started)
+        step += 1
+        time.sleep(0.05)
+    uploads().wait()
+    gcs.set_latency(0)
+    assert step > 5 and longest < 1.5, (step, longest)  # Held: 3 s and more.
+    events = tf.io.gfile.glob(f"{directory}/events.out.tfevents.*")
+    assert len(events) == 1
+    if tag:
+        tags = {value.tag for record in tf.compat.v1.train.summary_iterator(events[0])
+                for value in record.summary.value}
+        assert tag in {t.split("/")[0] for t in tags}, tags
 
 
 def _pausing_in(code, at, pause):

@@ -49,6 +49,25 @@ def test_a_lease_has_one_holder_until_it_is_released(tmp_path, quick):
     second.release()
 
 
+def test_a_lease_taken_right_after_its_check_reads_it_once_and_back_once(gcs, gcs_dir, tmp_path):
+    # In a bucket a read of the record is one request, and a take right after a check that
+    # found it free writes at once: the take is its write (a resumable upload's two
+    # requests) and the read-back (two requests less than an existence check before each
+    # read and a read of its own before the write).
+    log = tmp_path / "requests.jsonl"
+    lease = claims.Lease(f"{gcs_dir}/trainer.lock", "trainer", wait=True)
+    gcs.log_requests(str(log))
+    try:
+        assert not lease.held_elsewhere()
+        checked = len(log.read_text().splitlines())
+        assert lease.try_acquire()
+        took = [json.loads(line)["method"] for line in log.read_text().splitlines()[checked:]]
+    finally:
+        lease.release()
+        gcs.log_requests(None)
+    assert checked == 1 and took == ["POST", "PUT", "GET"], (checked, took)
+
+
 def _hold_and_die(path, signal_name):
     """A process that takes the lease and is then killed (or leaves it behind unrenewed)."""
     code = (f"import os, signal, time; from ctl.model_dir import claims, lease as leases; "

@@ -44,3 +44,25 @@ def test_the_best_is_the_runs_once_the_final_step_is_evaluated(tmp_path, caplog)
                 "path": directory.file(BEST_DIR, "ckpt-300", "ckpt")})
     best = directory.file(BEST_DIR, "ckpt-300", "ckpt")
     assert said(caplog, directory, 300) == [f"best: AP = 0.07 at step 300: {best}"]
+
+
+def test_in_a_bucket_the_closing_reads_are_made_side_by_side(gcs, gcs_dir, tmp_path, caplog):
+    # Each read of the closing lines is a round trip: the best checkpoint's record and the
+    # exporters' records (a listing) are read at once, as the others are, not one after the other.
+    caplog.set_level("INFO", logger="ctl")
+    directory = ModelDir(gcs_dir)
+    log = tmp_path / "requests.jsonl"
+    gcs.set_latency(300)
+    gcs.log_requests(str(log))
+    try:
+        say_done(directory, 300, {"AP": 0.05})
+    finally:
+        gcs.log_requests(None)
+        gcs.set_latency(0)
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    best = [r for r in requests if BEST_RECORD_FILE in r["path"] and BEST_DIR in r["path"]
+            and "export" not in r["path"]]
+    listing = [r for r in requests if r["method"] == "GET" and "export%2F" in r["path"]
+               and "prefix=" in r["path"] and "maxResults" not in r["path"]]  # The glob.
+    assert best and listing, [r["path"] for r in requests]
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a in best for b in listing)

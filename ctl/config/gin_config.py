@@ -20,7 +20,7 @@ import tensorflow as tf
 from ctl import compat
 from ctl.utils.errors import UserError, first_line
 from ctl.config.gin_text import check_gin_file
-from ctl.model_dir.background import uploads
+from ctl.model_dir.background import upload_written, uploads
 from ctl.model_dir import ModelDir, is_object_store, write_atomically
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
@@ -226,10 +226,17 @@ def save_operative_config(directory: ModelDir) -> None:
 
 def _write_operative_config(directory: ModelDir, text: str) -> None:
     write_atomically(directory.operative_config_file, text)
-    writer = tf.summary.create_file_writer(directory.train_dir)
-    with writer.as_default():
-        tf.summary.text("operative_config", gin.markdown(text), step=0)
-    writer.close()
+
+    def write(summary_dir: str) -> None:
+        writer = tf.summary.create_file_writer(summary_dir)
+        with writer.as_default():
+            tf.summary.text("operative_config", gin.markdown(text), step=0)
+        writer.close()
+
+    if is_object_store(directory.path):  # Written locally, then uploaded (`upload_written`).
+        upload_written(directory.train_dir, write)
+    else:
+        write(directory.train_dir)
 
 
 def operative_values(text: Optional[str] = None) -> Dict[str, Any]:

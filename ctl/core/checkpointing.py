@@ -15,8 +15,9 @@ In an object store (`gs://`) TensorFlow writes a checkpoint's shards to a
 temporary directory and renames each, a copy and a delete there, every
 request tens of milliseconds, all on the training thread. So there the
 manager saves to a local staging directory (`ctl.model_dir.staging`) and hands the
-upload to `ctl.model_dir.background` (its checkpoints lane, beside the summaries'):
-the data files, then the index, then the `checkpoint` state file naming it
+upload to `ctl.model_dir.background` (its checkpoints' lanes, beside the summaries'):
+the data files, then the index (beside the files of the checkpoints before), then the
+`checkpoint` state file naming it, in the order saved
 (after the summaries and metrics written before the save), then the deletion
 of checkpoints beyond `max_to_keep` (on a lane of its own). A reader (a sidecar, a
 restart) sees a checkpoint once its index is there and trusts it once the
@@ -185,7 +186,7 @@ class CheckpointManager:
         if options is None or not options.enable_async:
             # An asynchronous save still writing names its checkpoint in the state file
             # when it finishes: after this save's, which it would hide.
-            self.sync(uploaded=False)  # Uploads keep their order (one FIFO thread).
+            self.sync(uploaded=False)  # Uploads keep their order (the state file's one thread).
         if is_object_store(self.directory):
             uploads().check()  # An earlier upload failed: raise it before staging another.
         path = self._tf_manager().save(checkpoint_number=step, options=options)
@@ -194,10 +195,11 @@ class CheckpointManager:
             while not self._uploading.acquire(timeout=0.5):  # Released by `_upload`.
                 uploads().check()  # An upload failed meanwhile: raise it rather than wait on.
             try:
-                # Its files on a lane of their own, beside the publication of the checkpoint
-                # before (its state file); then, in the order saved, its own publication once
-                # its files and the summaries and metrics handed over before this save landed.
-                uploads().submit(self._upload_files, path, lane=CHECKPOINT_FILES)
+                # Its files on a lane of their own, beside the files of the checkpoints before
+                # and the publication of the one before (its state file); then, in the order
+                # saved, its own publication once its files and those of the checkpoints before,
+                # and the summaries and metrics handed over before this save, landed.
+                uploads().submit(self._upload_files, path, lane=CHECKPOINT_FILES, key=path)
                 uploads().submit(self._upload, path, uploads().mark(FILES),
                                  uploads().mark(CHECKPOINT_FILES), lane=CHECKPOINTS)
             except BaseException:  # An upload failed since the check: `_upload` will not run.

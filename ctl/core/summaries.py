@@ -208,7 +208,7 @@ class SummaryManager:
                 return
         if not self._mirror_queued:
             self._mirror_queued = True
-            uploads().submit(self._upload_grown)
+            uploads().submit(self._upload_grown, key=self._local)  # Beside other objects.
 
     def _upload_grown(self) -> None:
         self._mirror_queued = False  # A flush from now on queues the next mirror.

@@ -29,7 +29,7 @@ import tensorflow as tf
 from ctl.config import gin_config as config
 from ctl.core.hook_protocol import Hook
 from ctl.model_dir import is_object_store
-from ctl.model_dir.background import uploads
+from ctl.model_dir.background import upload_written, uploads
 
 STATE, STEP = "state", "step"  # The columns that say how the run ended.
 # Names a run's end state other than complete or stopped (None: not this run), set by the
@@ -65,11 +65,18 @@ def write_summary(model_dir: str, values: Dict[str, Any], state: str, step: int)
     from tensorboard.plugins.hparams import api as hp  # Only when a run ends.
 
     shown = tensorboard_values({**values, STATE: state, STEP: step})
-    writer = tf.summary.create_file_writer(model_dir)
-    with writer.as_default():
-        hp.hparams(shown, trial_id=os.path.basename(os.path.normpath(model_dir)),
-                   start_time_secs=None)
-    writer.close()
+
+    def write(summary_dir: str) -> None:
+        writer = tf.summary.create_file_writer(summary_dir)
+        with writer.as_default():
+            hp.hparams(shown, trial_id=os.path.basename(os.path.normpath(model_dir)),
+                       start_time_secs=None)
+        writer.close()
+
+    if is_object_store(model_dir):  # Written locally, then uploaded (`upload_written`).
+        upload_written(model_dir, write)
+    else:
+        write(model_dir)
 
 
 class HParamsSummary(Hook):

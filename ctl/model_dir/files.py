@@ -208,7 +208,7 @@ class JsonLines:
                 if self._queued:
                     return
                 self._queued = True
-            uploads().submit(self._upload)
+            uploads().submit(self._upload, key=self.path)  # Beside other objects.
             return
         self._read_lines()
         self._lines.append(line)

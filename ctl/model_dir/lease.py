@@ -8,7 +8,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -46,6 +46,8 @@ class Lease:
         self._renewer: Optional[threading.Thread] = None
         self._ending = False  # Its holder releases it soon (`ending`).
         self._replaced: Optional[bytes] = None  # The record the last take wrote over (`undo`).
+        # `held_elsewhere`'s last read when it found the claim free: (when, record, its bytes).
+        self._looked: Optional[Tuple[float, Dict[str, Any], list]] = None
 
     @property
     def held(self) -> bool:
@@ -64,8 +66,15 @@ class Lease:
         """
         if self.held:
             return True
-        found: list = []  # The record's bytes, if there is one.
-        record = self._read(found)
+        looked, self._looked = self._looked, None
+        if looked is not None and time.monotonic() - looked[0] < SETTLE_SECONDS / 2:
+            # `held_elsewhere` found it free just now: a record written since is caught by the
+            # read-back, as one written after a read here would be (both are written within
+            # `SETTLE_SECONDS` of this one, so one of the two takers reads the other's back).
+            _, record, found = looked
+        else:
+            found = []  # The record's bytes, if there is one.
+            record = self._read(found)
         if record is None:
             return self._unknown()
         if record and not self._stale(record):
@@ -109,10 +118,12 @@ class Lease:
         `wait` its error is raised."""
         if self.held:
             return False
-        record = self._read()
+        started, found = time.monotonic(), []
+        record = self._read(found)
         if record is None:
             return self._unknown()
         if not record or self._stale(record):
+            self._looked = (started, record, found)  # For a `try_acquire` that follows at once.
             return False
         self._seen = record
         gone = self._watch_until_stale(record) if self.wait else False
@@ -199,12 +210,10 @@ class Lease:
         for attempt in range(READ_ATTEMPTS):
             if attempt:
                 time.sleep(0.5 * attempt)
-            try:
-                if not tf.io.gfile.exists(self.path):
-                    return {}
+            try:  # One request (an existence check first would be a second).
                 data = read_bytes(self.path)
             except tf.errors.NotFoundError:
-                return {}  # Deleted between the two calls.
+                return {}
             except tf.errors.OpError as error:  # A store under load answers an error now and then.
                 self.read_error = error
                 continue
