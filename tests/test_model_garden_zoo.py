@@ -403,6 +403,13 @@ def test_the_gradients_check_tells_processes_that_compute_other_gradients():
                          "--gradients)")
     moved = guarantees.gradients_sentence("e", [record, {**record, "weights": "v"}], [usual, other])
     assert "did not start from the same weights and batch (2 different digests)" in moved
+    # The guarantees page groups a row whose detail ends with that sentence by it.
+    from bench.model_garden_zoo import guarantees_page
+
+    rows = [{"experiment": "e", "family": "segmentation",
+             "guarantees": {"kill_9": {"holds": False, "detail": "final checkpoint: ...; " + said}}}]
+    assert "not on `e` (Model Garden's own train step, with no ctl code, gives their gradients one " \
+           "of several ways per process)" in " ".join(guarantees_page.docs_item(rows, "kill_9").split())
 
 
 @pytest.mark.slow  # Imports Model Garden and builds its image classification pipeline 7 times.
