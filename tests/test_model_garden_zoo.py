@@ -381,6 +381,37 @@ def test_a_resume_that_is_not_bit_identical_on_the_same_data_names_the_gradients
     assert guarantees._why_not_bit_identical(row, "") == ""
 
 
+def test_the_gradients_check_tells_processes_that_compute_other_gradients():
+    # Model Garden's own train step in several processes, from the same weights and batch (their
+    # digests): the same gradients in all, or the sets they fall into and which variables differ
+    # (DeepLab v3+: 2 of 12 processes, 39 variables), or starts that differ (nothing to compare).
+    import numpy as np
+
+    from bench.model_garden_zoo import guarantees
+
+    usual = [np.array([1.0, 2.0], np.float32), np.array([3.0], np.float32),
+             np.array([5.0], np.float32)]
+    other = [np.nextafter(usual[0], np.float32(9)), np.nextafter(usual[1], np.float32(9)), usual[2]]
+    record = {"variables": 3, "differ": [0, 0], "names": ["a", "b", "c"], "weights": "w", "batch": "x"}
+    said = guarantees.gradients_sentence("e", [record] * 3, [usual, other, usual])
+    assert "but 3 processes give 2 different sets (2, 1 processes): in the rarer, the gradients " \
+           "of 2 variables (in the model's order a to b) differ by up to 1e-07 relative" in said
+    assert guarantees.TENSORFLOW_PER_PROCESS in said
+    assert said.endswith("(python -m bench.model_garden_zoo.guarantees e --gradients)")
+    same = guarantees.gradients_sentence("e", [record] * 3, [usual, usual, usual])
+    assert same.endswith("and 0 between 3 processes (python -m bench.model_garden_zoo.guarantees e "
+                         "--gradients)")
+    moved = guarantees.gradients_sentence("e", [record, {**record, "weights": "v"}], [usual, other])
+    assert "did not start from the same weights and batch (2 different digests)" in moved
+    # The guarantees page groups a row whose detail ends with that sentence by it.
+    from bench.model_garden_zoo import guarantees_page
+
+    rows = [{"experiment": "e", "family": "segmentation",
+             "guarantees": {"kill_9": {"holds": False, "detail": "final checkpoint: ...; " + said}}}]
+    assert "not on `e` (Model Garden's own train step, with no ctl code, gives their gradients one " \
+           "of several ways per process)" in " ".join(guarantees_page.docs_item(rows, "kill_9").split())
+
+
 @pytest.mark.slow  # Imports Model Garden and builds its image classification pipeline 7 times.
 def test_the_input_check_tells_a_pipeline_that_mixes_each_replicas_batch_from_a_lost_position(tmp_path):
     """Where a step at two replicas read other data, `new_replicas` says what Model Garden's own

@@ -285,7 +285,8 @@ def _why_other_losses(row: "_Row", difference: str, steps_file: str) -> str:
 def _why_not_bit_identical(row: "_Row", difference: str) -> str:
     """`difference`, and where the resumed run read the same data and its train step draws from no
     stateful random op (or only the final checkpoint differs), whether Model Garden's own train
-    step repeats its gradients, in one process and in two (`gradients_check`, once per row)."""
+    step repeats its gradients, in one process and across `GRADIENT_PROCESSES` (`gradients_check`,
+    once per row)."""
     if not difference or not (difference.startswith("final checkpoint: ")
                               or "holds no stateful random op" in difference):
         return difference
@@ -641,7 +642,11 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
 
 
 GRADIENTS_CHECK = "GRADIENTS "
-GRADIENT_CALLS = 5  # Calls of the gradient function in each of the check's two processes.
+GRADIENT_CALLS = 5  # Calls of the gradient function in each of the check's processes.
+# Processes of the check, two at a time: a model whose gradients come out one of two ways, the
+# rarer in about one process of eight (DeepLab v3+ on this host: 3 of 25), shows both ways in
+# 12 with a chance of about 4 in 5.
+GRADIENT_PROCESSES = 12
 
 
 class _RecordedGradients:
@@ -655,10 +660,22 @@ class _RecordedGradients:
         self.gradients = [gradient for gradient, _ in grads_and_vars]
 
 
+def _digest(arrays) -> str:
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha1()
+    for array in arrays:
+        digest.update(np.asarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _gradients_once(experiment: str, workdir: str, path: str) -> str:
     """In this process: Model Garden's own `train_step` of the variant on its first train batch,
     from the seeded initial weights, `GRADIENT_CALLS` times (one `tf.function`); writes the first
-    call's gradients to `path` (.npz); returns how many calls differ from the first (JSON)."""
+    call's gradients to `path` (.npz); returns how many calls differ from the first, the
+    variables' names and digests of the weights and the batch it started from (JSON)."""
     import numpy as np
     import tensorflow as tf
 
@@ -681,20 +698,26 @@ def _gradients_once(experiment: str, workdir: str, path: str) -> str:
     calls = [[np.asarray(g) for g in gradients(batch) if g is not None] for _ in range(GRADIENT_CALLS)]
     np.savez(path, *calls[0])
     differ = [sum(a.tobytes() != b.tobytes() for a, b in zip(calls[0], c)) for c in calls[1:]]
-    return json.dumps({"variables": len(calls[0]), "differ": differ})
+    return json.dumps({"variables": len(calls[0]), "differ": differ,
+                       "names": [v.name for v in model.trainable_variables],
+                       "weights": _digest(w.numpy() for w in model.weights),
+                       "batch": _digest(tf.nest.flatten(batch))})
 
 
-def gradients_check(experiment: str, family: str, workdir: str) -> str:
+def gradients_check(experiment: str, family: str, workdir: str,
+                    processes: int = GRADIENT_PROCESSES) -> str:
     """Whether Model Garden's own train step of the variant (its model, losses and
     `tape.gradient`; no ctl loop, no update) gives the same gradients on the same batch and
-    weights: `GRADIENT_CALLS` calls in one process, and the first call of two processes side by
-    side (each `--gradients_once`, with this environment: `TF_NUM_INTEROP_THREADS` and
-    `TF_ENABLE_ONEDNN_OPTS` too). A sentence.
+    weights: `GRADIENT_CALLS` calls in one process, and the first call of `processes` processes,
+    two side by side at a time (each `--gradients_once`, with this environment:
+    `TF_NUM_INTEROP_THREADS` and `TF_ENABLE_ONEDNN_OPTS` too), each starting from the same
+    weights and batch (their digests). A sentence.
 
     Args:
       experiment: a registered experiment's name.
       family: its family.
       workdir: the zoo's workdir (its `data/` holds the generated files).
+      processes: how many processes compute the gradients.
     """
     import subprocess
 
@@ -704,32 +727,78 @@ def gradients_check(experiment: str, family: str, workdir: str) -> str:
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [os.path.join(workdir, f"gradients-{experiment.replace('/', '_')}-{k}.npz")
-             for k in range(2)]
-    data.data_overrides(experiment, os.path.join(workdir, "data"))  # Written once, before both.
-    # Side by side, as the guarantee check runs its trainers.
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "bench.model_garden_zoo.guarantees", experiment,
-         f"--family={family}", f"--workdir={workdir}", f"--gradients_once={path}"],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": root}) for path in paths]
+             for k in range(processes)]
+    data.data_overrides(experiment, os.path.join(workdir, "data"))  # Written once, before all.
     said = []
-    for process in processes:
-        out, _ = process.communicate(timeout=WAIT_S)
-        lines = [line[len(GRADIENTS_CHECK):] for line in out.splitlines()
-                 if line.startswith(GRADIENTS_CHECK)]
-        if not lines:
-            return f"the gradients check ended without a result (exit {process.returncode})"
-        said.append(json.loads(lines[-1]))
-    first, second = (np.load(p) for p in paths)
-    across = sum(first[k].tobytes() != second[k].tobytes() for k in first.files)
+    for pair in range(0, processes, 2):  # Side by side, as the guarantee check runs its trainers.
+        running = [subprocess.Popen(
+            [sys.executable, "-m", "bench.model_garden_zoo.guarantees", experiment,
+             f"--family={family}", f"--workdir={workdir}", f"--gradients_once={path}"],
+            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": root}) for path in paths[pair:pair + 2]]
+        for process in running:
+            out, _ = process.communicate(timeout=WAIT_S)
+            lines = [line[len(GRADIENTS_CHECK):] for line in out.splitlines()
+                     if line.startswith(GRADIENTS_CHECK)]
+            if not lines:
+                return f"the gradients check ended without a result (exit {process.returncode})"
+            said.append(json.loads(lines[-1]))
+    loaded = [np.load(p) for p in paths]
+    grads = [[found[k] for k in sorted(found.files, key=lambda k: int(k.split("_")[1]))]
+             for found in loaded]
+    for path in paths:
+        os.remove(path)
+    return gradients_sentence(experiment, said, grads)
+
+
+def gradients_sentence(experiment: str, said: List[Dict[str, Any]], grads: List[List[Any]]) -> str:
+    """The gradients check's sentence from what its processes found.
+
+    Args:
+      experiment: the row's experiment.
+      said: each process's `--gradients_once` record (JSON-decoded).
+      grads: each process's gradients of its first call, in the model's order.
+    """
+    import numpy as np
+
+    processes = len(grads)
+    outcomes: Dict[str, List[int]] = {}
+    for k, process_grads in enumerate(grads):
+        outcomes.setdefault(_digest(process_grads), []).append(k)
     within = max(max(s["differ"], default=0) for s in said)
     settings = ", ".join(f"{name} {os.environ.get(name, 'unset')}"
                          for name in ("TF_NUM_INTEROP_THREADS", "TF_ENABLE_ONEDNN_OPTS"))
-    return (f"Model Garden's own train step (no ctl loop, no update), op determinism on, "
-            f"{settings}: on one batch from the same weights, the gradients of {within} of "
-            f"{said[0]['variables']} variables differ between {GRADIENT_CALLS} calls in one "
-            f"process, and {across} between two processes (python -m "
-            f"bench.model_garden_zoo.guarantees {experiment} --gradients)")
+    variables = said[0]["variables"]
+    command = f"python -m bench.model_garden_zoo.guarantees {experiment} --gradients"
+    start = ("Model Garden's own train step (no ctl loop, no update), op determinism on, "
+             f"{settings}, on one batch from the same weights: the gradients of {within} of "
+             f"{variables} variables differ between {GRADIENT_CALLS} calls in one process")
+    starts = {(s["weights"], s["batch"]) for s in said}
+    if len(starts) > 1:
+        return (f"{start}; but its {processes} processes did not start from the same weights and "
+                f"batch ({len(starts)} different digests) ({command})")
+    if len(outcomes) == 1:
+        return f"{start}, and 0 between {processes} processes ({command})"
+    ranked = sorted(outcomes.values(), key=len, reverse=True)
+    usual, other = grads[ranked[0][0]], [grads[found[0]] for found in ranked[1:]]
+    differ = sorted({i for g in other for i, (a, b) in enumerate(zip(usual, g))
+                     if a.tobytes() != b.tobytes()})
+    worst = max(float(np.abs(a.astype(np.float64) - b).max()) / max(float(np.abs(a).max()), 1e-30)
+                for g in other for i, (a, b) in enumerate(zip(usual, g)) if i in differ)
+    names = said[0]["names"]
+    which = (f" (in the model's order {names[differ[0]]} to {names[differ[-1]]})"
+             if len(names) == variables else "")
+    return (f"{start}, but {processes} processes give {len(outcomes)} different sets "
+            f"({', '.join(str(len(found)) for found in ranked)} processes): in the rarer, the "
+            f"gradients of {len(differ)} variables{which} differ by up to {worst:.1g} relative. "
+            f"{TENSORFLOW_PER_PROCESS} ({command})")
+
+
+# What the gradients check shows where its processes disagree (guarantees_page reads it too).
+TENSORFLOW_PER_PROCESS = (
+    "So TensorFlow computes this model's gradients one of several ways, fixed within a process "
+    "and not from one to the next, with no ctl code in the step: a resumed run, a new process, "
+    "may end a few ulps away from the uninterrupted one")
 
 
 COLLECTIVE_SHAPES = "Shape mismatch in the collective instance"
@@ -1179,7 +1248,7 @@ def main(argv=None) -> int:
                              "replica and at two, with its batch-level augmentation and without")
     parser.add_argument("--gradients", action="store_true",
                         help="only: do Model Garden's own train-step gradients repeat, in one "
-                             "process and in two (gradients_check)")
+                             f"process and across {GRADIENT_PROCESSES} (gradients_check)")
     parser.add_argument("--gradients_once", default="",
                         help="(the gradients check's own processes) write them to this .npz")
     args = parser.parse_args(argv)

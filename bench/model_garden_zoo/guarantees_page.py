@@ -134,6 +134,9 @@ def _why_not(result: Dict[str, Any]) -> str:
     # Results recorded before the sidecar was held against the killed run's own checkpoint.
     if result.get("holds") is None and "not comparable" in detail:
         return "not comparable: kill -9 changed the checkpoints it evaluates"
+    if guarantees.TENSORFLOW_PER_PROCESS in detail:
+        return ("Model Garden's own train step, with no ctl code, gives their gradients one of several "
+                "ways per process")
     if "not found yet" in detail:
         return "not explained yet"
     return "the zoo table says why"
