@@ -90,7 +90,8 @@ CPU_NOTE = ("op determinism leaves TensorFlow's CPU kernels free to add in anoth
             "other ops run beside them and, through oneDNN (TF_ENABLE_ONEDNN_OPTS), from one "
             "process to the next: a resumed run may end a few ulps away from an uninterrupted "
             "one; for bit for bit, start the process with TF_NUM_INTEROP_THREADS=1 "
-            "TF_ENABLE_ONEDNN_OPTS=0 (slower)")
+            "TF_ENABLE_ONEDNN_OPTS=0 (slower; a few models still vary from one process to the "
+            "next: docs/faults.md)")
 _said_cpu_note: list = []  # Once per process.
 
 
