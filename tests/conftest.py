@@ -111,7 +111,6 @@ LONGEST_FIRST = (
     "tests/test_model_garden_zoo.py::test_representative_experiments_train_with_model_gardens_numbers",  # 53
     "tests/test_sweep.py::test_sigterm_then_kill_9_then_a_dead_worker_taken_over_one_trial_resumed",  # 42
     "tests/test_sweep.py::test_forked_trials_end_as_the_same_trials_in_processes_of_their_own",  # 40
-    "tests/test_preemption.py::test_sigkill_at_random_moments_ends_bit_identical",  # 39
     "tests/test_multiworker.py::test_parameter_servers_train_to_the_target_step_beside_a_sidecar_evaluator",
     "tests/test_async_preemption.py::test_a_signal_during_an_async_save_names_the_checkpoint_a_restart_restores"
     "[gcs]",  # 36
