@@ -1,4 +1,8 @@
-"""`python -m ctl.run` end to end: modes, outputs and resume (every bad input: test_bad_inputs.py)."""
+"""`python -m ctl.run` end to end: modes, outputs and resume (every bad input: test_bad_inputs.py).
+
+A run in a process of its own (`alone`, and Mirrored over two logical CPUs, which a process splits
+at its start); evaluating and resuming its checkpoint run the command's main in this process
+(`tests/support/in_process.py`: the same flags and output, a TensorFlow import less)."""
 
 import os
 import shutil
@@ -7,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.support.env import TEST_GIN
+from tests.support.in_process import ctl_in_process
 from tests.support.processes import run_ctl
 from tests.support.reading import scalars
 from tests.tasks import regression_data
@@ -46,7 +51,7 @@ def test_a_run_writes_checkpoints_configs_and_summaries(alone):
 def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
     shutil.copytree(trained_dir(), model_dir)
-    result = run_ctl("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
+    result = ctl_in_process("--mode=eval", f"--model_dir={model_dir}", f"--gin_file={TEST_GIN}")
     assert result.returncode == 0, result.stderr
     evals = scalars(os.path.join(model_dir, "eval"))
     assert evals["examples"] == {20: 10.0}
@@ -59,8 +64,8 @@ def test_eval_mode_evaluates_the_latest_checkpoint(trained_dir, tmp_path):
 def test_train_and_eval_resumes_and_evaluates_at_intervals(trained_dir, tmp_path):
     model_dir = str(tmp_path / "run")
     shutil.copytree(trained_dir(), model_dir)
-    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
-                     f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps=40")
+    result = ctl_in_process("--mode=train_and_eval", f"--model_dir={model_dir}",
+                            f"--gin_file={TEST_GIN}", "--gin_bindings=ctl.Schedule.train_steps=40")
     assert result.returncode == 0, result.stderr
     assert "restored model from" in result.stdout and "ckpt-20" in result.stdout
     # Step 20, a multiple of eval_interval that `--mode=train` did not evaluate, is evaluated first.

@@ -47,10 +47,11 @@ RUN_DIR = pytest.mark.xdist_group("comforts_run_dir")
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """40 steps of train_and_eval with every exporter and the best checkpoint."""
+    """40 steps of train_and_eval with every exporter and the best checkpoint (the command's main
+    in this process: its output and files are the command's)."""
     model_dir = str(tmp_path_factory.mktemp("comforts"))
-    result = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
-                     f"--gin_file={COMFORTS_GIN}")
+    result = ctl_in_process("--mode=train_and_eval", f"--model_dir={model_dir}",
+                            f"--gin_file={COMFORTS_GIN}")
     assert result.returncode == 0, result.stderr
     return model_dir, result.stdout
 

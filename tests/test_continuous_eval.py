@@ -261,8 +261,9 @@ def test_a_sidecar_for_an_extended_run_does_not_take_the_old_finished_marker(run
     wait_until(lambda: evaluator.poll() is not None or "marks a run of fewer steps than "
                "ctl.Schedule.train_steps (60)" in evaluator.stdout(),
                "the evaluator to see the old marker")
-    trainer = start_ctl("--mode=train", f"--model_dir={run_dir}", *extended)
-    assert trainer.wait(timeout=WAIT_S) == 0, trainer.stdout()[-3000:]
+    # The trainer: the command's main in this process, while the sidecar's process waits for it.
+    trainer = ctl_in_process("--mode=train", f"--model_dir={run_dir}", *extended)
+    assert trainer.returncode == 0, trainer.stdout[-3000:] + trainer.stderr[-3000:]
     assert evaluator.wait(timeout=WAIT_S) == 0, evaluator.stdout()[-3000:]
     assert evaluated_numbers(run_dir) == [10, 20, 30, 40, 50, 60]
     assert ("finished: the trainer's final checkpoint (number 60) is evaluated"

@@ -53,12 +53,14 @@ def markers(model_dir):
 
 def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     model_dir = f"{gcs_dir}/run"
-    trained = run_ctl("--mode=train_and_eval", f"--model_dir={model_dir}",
-                      f"--gin_file={COMFORTS_GIN}", timeout=WAIT_S)
+    # Every mode runs ctl.run's main in this process (a TensorFlow import less each): what runs on
+    # gs:// is the same code; a process of its own on gs:// is every other test of this file's.
+    trained = ctl_in_process("--mode=train_and_eval", f"--model_dir={model_dir}",
+                             f"--gin_file={COMFORTS_GIN}")
     assert trained.returncode == 0, trained.stderr[-3000:]
     directory = ModelDir(model_dir)
     assert sorted(directory.checkpoints()) == [40]
-    values = checkpoint_values(f"{model_dir}/ckpt-40")  # Written from a child process of this one.
+    values = checkpoint_values(f"{model_dir}/ckpt-40")
     assert values and all(v is None or np.all(np.isfinite(v)) for v in values.values())
     assert [r["step"] for r in read_json_lines(directory.metrics_file) if r["kind"] == "eval"] \
         == [10, 20, 30, 40]
@@ -71,14 +73,12 @@ def test_every_mode_runs_on_gs(gcs_dir, tmp_path):
     assert "serving_default" in served.signatures
 
     # The sidecar reads the trainer's config.gin from the bucket (no --gin_file).
-    sidecar = run_ctl("--mode=continuous_eval", f"--model_dir={model_dir}", timeout=WAIT_S)
+    sidecar = ctl_in_process("--mode=continuous_eval", f"--model_dir={model_dir}")
     assert sidecar.returncode == 0, sidecar.stderr[-3000:]
     records = read_json_lines(directory.sidecar_metrics_file)
     assert [r["number"] for r in records] == [40]
     assert read_json(directory.file(EVAL_DIR, SIDECAR_PROGRESS_FILE))
 
-    # The trainer and the sidecar ran as processes; eval and smoke run the same command's main
-    # in this process (a TensorFlow import less each).
     code, _, err = run_ctl_in_process(["--mode=eval", f"--model_dir={model_dir}",
                                        f"--gin_file={COMFORTS_GIN}"])
     assert code == 0, err[-3000:]

@@ -94,18 +94,6 @@ def test_a_signal_stops_an_in_line_evaluation_at_its_next_step(tmp_path, eval_st
     assert not [r for r in ModelDir(model_dir).metrics("eval")]
 
 
-def test_sigkill_at_random_moments_ends_bit_identical(tmp_path, gcs_dir):
-    """Kills the trainer twice; the resumed run's weights equal an uninterrupted run's, with both
-    model dirs in a bucket (a real GCS API: checkpoints staged, then uploaded). The default
-    strategy's host loop. On a local disk: the kills inside `tf.while_loop`s below, and the host
-    loop under Mirrored (`test_sigkill_with_every_train_step_setting_ends_bit_identical`)."""
-    target = 300
-    # Host loop: slower steps, so that kills land mid-run on a fast machine.
-    bindings = (f"ctl.Schedule.train_steps={target}", "ctl.Trainer.use_tf_while_loop=False")
-    # Model, optimizer, RNG state and step, bit for bit.
-    assert_bit_equal(*straight_and_chaos_runs(tmp_path, target, bindings, (), root=gcs_dir))
-
-
 def test_sigkill_inside_tf_while_loops_ends_bit_identical(tmp_path):
     """Kills land while a `tf.while_loop` runs its steps (evidence: the last step the
     graph started is not a loop's last); the resumed run equals an uninterrupted one."""
@@ -132,14 +120,17 @@ TRAIN_STEP_SETTINGS = (
 )
 
 
-def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path):
+def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path, gcs_dir):
     """Mixed_float16 (loss scaling), XLA, clipping, accumulation and the moving average together,
-    under MirroredStrategy over two CPUs: a trainer killed twice at random steps ends with
-    the same checkpoint, bit for bit, as one that ran straight through, and the state of each
-    setting is in that checkpoint."""
+    under MirroredStrategy over two CPUs, the host loop, both model dirs in a bucket (a real GCS
+    API: checkpoints staged, then uploaded off the training thread): a trainer killed twice at
+    random steps ends with the same checkpoint, bit for bit, as one that ran straight through,
+    and the state of each setting is in that checkpoint. The default strategy on a local disk:
+    the kills inside `tf.while_loop`s above."""
     target = 100
     bindings = (f"ctl.Schedule.train_steps={target}", *TRAIN_STEP_SETTINGS)
-    reference, resumed = straight_and_chaos_runs(tmp_path, target, bindings, MIRRORED)
+    # Model, optimizer, RNG state and step, bit for bit.
+    reference, resumed = straight_and_chaos_runs(tmp_path, target, bindings, MIRRORED, root=gcs_dir)
     assert_bit_equal(reference, resumed)
     # Each setting's state is in the checkpoint, and it was at work.
     values = {name: value for name, value in checkpoint_values(resumed).items()
@@ -150,7 +141,7 @@ def test_sigkill_with_every_train_step_setting_ends_bit_identical(tmp_path):
     assert int(values["ema/updates/.ATTRIBUTES/VARIABLE_VALUE"]) == target
     averages = [v for name, v in values.items() if name.startswith("ema/model/")]
     assert averages and all(np.all(np.isfinite(v)) for v in averages)
-    summaries = scalars(os.path.join(str(tmp_path / "chaos"), "train"))
+    summaries = scalars(f"{gcs_dir}/chaos/train")
     assert {"loss_scale", "gradient_norm", "learning_rate"} <= set(summaries)
     assert max(summaries["gradient_norm"].values()) > 0.5  # Clipping had work to do.
 

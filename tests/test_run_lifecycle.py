@@ -1,6 +1,7 @@
 """A run's life through `python -m ctl.run`: how it starts, stops, resumes, ends and is run again.
 
-Real processes on real model dirs. `tests/lifecycle.gin`'s `PacedTask` takes
+Real processes on real model dirs (a run that restarts one, or trains beside a sidecar's: the
+command's main in this process, `tests/support/in_process.py`). `tests/lifecycle.gin`'s `PacedTask` takes
 real time per step, so that a signal sent when its progress file shows a
 step lands where the test means it to. Every wait is bounded and every
 process is killed in a `finally`.
@@ -178,7 +179,7 @@ def test_sigterm_during_the_final_evaluation_stops_it_and_a_restart_finishes_it(
     assert len(lines) == 1 and lines[0].startswith("ctl.run: preempted: stopped by SIGTERM"), lines
     assert eval_steps(model_dir) == []
     assert not os.path.exists(os.path.join(model_dir, "ctl_run_finished.json"))
-    again = run_ctl(*args)
+    again = ctl_in_process(*args)  # The restart: the command's main in this process.
     assert again.returncode == 0, again.stderr
     assert eval_steps(model_dir) == [10]  # Evaluated first, on restart at step 10.
     assert " done | step:     10 | trained to step 10" in again.stdout
@@ -263,7 +264,7 @@ def test_in_line_evaluation_steps_aside_while_a_sidecar_serves_the_model_dir(tmp
     with Process.ctl(*(a.replace("train_and_eval", "continuous_eval") for a in args),
                     "--gin_bindings=ctl.ContinuousEval.timeout=300") as sidecar:
         assert sidecar.wait_until(lambda: os.path.exists(announcement)), sidecar.stderr()
-        trainer = run_ctl(*args)
+        trainer = ctl_in_process(*args)  # The command's main in this process, beside the sidecar's.
         assert trainer.returncode == 0, trainer.stderr
         assert sidecar.finish(timeout=300).returncode == 0, sidecar.stderr()
     aside = [line for line in trainer.stdout.splitlines() if "in-line evaluation steps aside" in line]

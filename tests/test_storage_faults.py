@@ -5,6 +5,10 @@ same command resumes, bit-identical to a run that never failed.
 
 Every run is `python -m ctl.run` on tests/faults.gin (ProbeTask, seed 7) with a
 600 KiB frozen weight, so that a 2 MiB tmpfs holds three checkpoints and not a fourth.
+A run that meets the fault is a process of its own (its exit status and its one line); the
+uninterrupted run and the resumes once the cause is fixed run the command's main in this process
+(`tests/support/in_process.py`: a TensorFlow import less each), where no environment or wrapper
+of their own is needed.
 """
 
 import errno
@@ -17,6 +21,7 @@ import tensorflow as tf
 
 from ctl.faults.storage import EXIT_STORAGE_FAULT, StorageFault, storage_fault_within
 from tests.support.env import ROOT
+from tests.support.in_process import ctl_in_process
 from tests.support.processes import run_ctl
 from tests.support.reading import checkpoint_values, ctl_stderr_lines
 from ctl.model_dir import ModelDir
@@ -25,9 +30,14 @@ FAULTS_GIN = os.path.join(ROOT, "tests", "faults.gin")
 BALLAST = "--gin_bindings=ProbeTask.ballast_kb=600"
 
 
-def train(model_dir, steps, env=None, wrapper=()):
-    return run_ctl("--mode=train", f"--model_dir={model_dir}", f"--gin_file={FAULTS_GIN}", BALLAST,
-                   f"--gin_bindings=ctl.Schedule.train_steps={steps}", env=env, wrapper=wrapper)
+def train(model_dir, steps, env=None, wrapper=(), here=False):
+    """`python -m ctl.run --mode=train` to `steps`; `here`: its main in this process."""
+    args = ("--mode=train", f"--model_dir={model_dir}", f"--gin_file={FAULTS_GIN}", BALLAST,
+            f"--gin_bindings=ctl.Schedule.train_steps={steps}")
+    if here:
+        assert env is None and not wrapper, "a run with its own environment or wrapper is a process"
+        return ctl_in_process(*args)
+    return run_ctl(*args, env=env, wrapper=wrapper)
 
 
 # The tests that read `straight_run` run in one test process (an xdist group), so it runs once.
@@ -38,7 +48,7 @@ STRAIGHT = pytest.mark.xdist_group("straight_run")
 def straight_run(tmp_path_factory):
     """A local run of 40 steps that nothing interrupted: ckpt-20, ckpt-30, ckpt-40."""
     model_dir = str(tmp_path_factory.mktemp("straight"))
-    result = train(model_dir, 40)
+    result = train(model_dir, 40, here=True)
     assert result.returncode == 0, result.stderr
     return model_dir
 
@@ -91,7 +101,7 @@ def test_a_full_disk(tmp_path, straight_run):
         assert_same_checkpoint(f"{model_dir}/ckpt-30", f"{straight_run}/ckpt-30")
 
         subprocess.run(["mount", "-o", "remount,size=8m", disk], check=True, timeout=30)
-        again = train(model_dir, 40)
+        again = train(model_dir, 40, here=True)
         assert again.returncode == 0, again.stderr
         assert "restored model from" in again.stdout and "ckpt-30" in again.stdout
         assert_same_checkpoint(f"{model_dir}/ckpt-40", f"{straight_run}/ckpt-40")
@@ -116,7 +126,7 @@ def test_a_read_only_file_system_during_a_save(tmp_path, straight_run):
         assert tf.train.latest_checkpoint(model_dir) == f"{model_dir}/ckpt-20"
     finally:
         umount(refused)
-    again = train(model_dir, 40)
+    again = train(model_dir, 40, here=True)
     assert again.returncode == 0, again.stderr
     assert_same_checkpoint(f"{model_dir}/ckpt-40", f"{straight_run}/ckpt-40")
 
@@ -165,7 +175,7 @@ def test_an_object_store_answering_errors_during_a_save(gcs, gcs_dir, straight_r
     assert_same_checkpoint(f"{gcs_dir}/ckpt-20", f"{straight_run}/ckpt-20")
 
     gcs.reset()
-    again = train(gcs_dir, 30)
+    again = train(gcs_dir, 30, here=True)
     assert again.returncode == 0, again.stderr
     assert_same_checkpoint(f"{gcs_dir}/ckpt-30", f"{straight_run}/ckpt-30")
 
@@ -251,7 +261,7 @@ def test_a_bucket_gets_a_checkpoint_s_data_then_its_index_then_the_state_file(gc
     assert tf.train.latest_checkpoint(gcs_dir) == f"{gcs_dir}/ckpt-20"
 
     gcs.reset()
-    again = train(gcs_dir, 30)
+    again = train(gcs_dir, 30, here=True)
     assert again.returncode == 0, again.stderr
     assert f"restored model from {gcs_dir}/ckpt-20" in again.stdout, again.stdout
     assert_same_checkpoint(f"{gcs_dir}/ckpt-30", f"{straight_run}/ckpt-30")
