@@ -422,7 +422,8 @@ def test_bad_inputs_in_processes(trained_dir, tmp_path):
 
 # Damaged model dirs that still hold a checkpoint that restores, through `python -m ctl.run`: the run
 # restores the newest one and completes (`--mode=train`, 30 steps; eval evaluates it), saying which it
-# restored and nothing on stderr. Every kind of damage, on a local disk and in a bucket: tests/test_damaged_model_dir.py.
+# restored and nothing on stderr. Every kind of damage, on a local disk and in a bucket:
+# tests/test_damaged_model_dir.py.
 def _remove(prefix):
     def damage(model_dir):
         for name in os.listdir(model_dir):

@@ -370,8 +370,8 @@ QUICK = "leases.RENEW_SECONDS = 0.5; leases.STALE_SECONDS = 20.0; leases.SETTLE_
 
 
 def _in_a_process(code, **kwargs):
-    return Process(python_command("from ctl.model_dir import claims, lease as leases; " + QUICK + code), env=FEW_RETRIES,
-                   **kwargs)
+    return Process(python_command("from ctl.model_dir import claims, lease as leases; " + QUICK + code),
+                   env=FEW_RETRIES, **kwargs)
 
 
 def _record(path):

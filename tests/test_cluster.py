@@ -112,7 +112,8 @@ def test_local_cluster_layout_and_tf_configs():
     assert sorted(configs) == ["chief", "evaluator", "ps 0", "worker 0", "worker 1"]
     for name, text in configs.items():  # Each is valid and names its own task.
         parsed = cluster.read_tf_config({"TF_CONFIG": text})
-        assert (parsed.task_type, parsed.task_id) == (name.split(" ")[0], int(name.split(" ")[-1]) if " " in name else 0)
+        expected_id = int(name.split(" ")[-1]) if " " in name else 0
+        assert (parsed.task_type, parsed.task_id) == (name.split(" ")[0], expected_id)
     assert set(launch.local_cluster(workers=3)) == {"worker"}
 
 

@@ -138,7 +138,8 @@ def test_a_sidecar_killed_after_a_metrics_line_before_its_progress_evaluates_eac
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     # In the window: one metrics line, and no progress recorded for it.
     [first] = evaluated_numbers(model_dir)
-    assert not os.path.exists(ModelDir(model_dir).file(EVAL_DIR, SIDECAR_PROGRESS_FILE)) or first not in progress(model_dir)
+    progress_file = ModelDir(model_dir).file(EVAL_DIR, SIDECAR_PROGRESS_FILE)
+    assert not os.path.exists(progress_file) or first not in progress(model_dir)
 
     restarted = ctl_in_process("--mode=continuous_eval", f"--model_dir={model_dir}")
     assert restarted.returncode == 0, restarted.stderr[-3000:]
