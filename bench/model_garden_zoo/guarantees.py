@@ -644,9 +644,9 @@ def _stateful_random_ops(experiment: str, workdir: str) -> str:
 GRADIENTS_CHECK = "GRADIENTS "
 GRADIENT_CALLS = 5  # Calls of the gradient function in each of the check's processes.
 # Processes of the check, two at a time: a model whose gradients come out one of two ways, the
-# rarer in about one process of eight (DeepLab v3+ on this host: 3 of 25), shows both ways in
-# 12 with a chance of about 4 in 5.
-GRADIENT_PROCESSES = 12
+# rarer in about one process of ten (DeepLab v3+ on this host: 3 of 25, 1 of 17 and 2 of 16),
+# shows both ways in 24 with a chance of about 9 in 10 (in 12, about 7 in 10: 12 missed it once).
+GRADIENT_PROCESSES = 24
 
 
 class _RecordedGradients:
