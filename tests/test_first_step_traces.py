@@ -237,40 +237,6 @@ class _TrainLines(logging.Handler):
             self.seen.set()
 
 
-class WaitingEvalTask(PlainTask):
-    """Its eval step's first trace waits (at most 30 s) for the run's first train line."""
-
-    def __init__(self, lines: _TrainLines):
-        super().__init__()
-        self.lines = lines
-        self.line_before_check: list = []
-
-    def validation_step(self, inputs, model, metrics):
-        if not self.line_before_check:
-            self.line_before_check.append(self.lines.seen.wait(30))
-        return super().validation_step(inputs, model, metrics)
-
-
-def test_the_first_loop_is_reported_before_the_eval_steps_check_ends(tmp_path):
-    # The eval step's check runs beside the first train loop; the run's first write waits for
-    # it, the loop's line and summaries do not (as Model Garden's trainer, which traces its eval
-    # step at its first evaluation, reports its first loop without it).
-    from tests.support.reading import scalars
-
-    lines = _TrainLines()
-    logger = logging.getLogger("ctl")
-    logger.addHandler(lines)
-    try:
-        task = WaitingEvalTask(lines)
-        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=4, eval_interval=4,
-                    checkpoint_interval=4, summary_interval=2)
-    finally:
-        logger.removeHandler(lines)
-    assert task.line_before_check == [True]
-    assert task.eval_traces == 1
-    assert sorted(scalars(str(tmp_path / "train"))["loss"]) == [2, 4]
-
-
 class EagerEvalTask(PlainTask):
     """Its train step waits (at most 3 s) for its eval step's trace to begin; the eval step's
     trace records whether the run's first train line came before it."""
@@ -295,18 +261,23 @@ class EagerEvalTask(PlainTask):
 
 def test_the_eval_steps_check_starts_when_the_first_loop_ended(tmp_path):
     # Not beside the first loop, whose CPU it would take on a busy host: the first loop's line
-    # comes before the eval step's trace begins (a check begun beside the loop is seen by its
-    # step, which waits for it, and comes before that line).
+    # and summaries come before the eval step's trace begins (a check begun beside the loop is
+    # seen by its step, which waits for it, and comes before that line); the run's first write
+    # waits for the check.
+    from tests.support.reading import scalars
+
     lines = _TrainLines()
     logger = logging.getLogger("ctl")
     logger.addHandler(lines)
     try:
         task = EagerEvalTask(lines)
-        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=2, eval_interval=2)
+        _first_loop(task, None, str(tmp_path), "train_and_eval", train_steps=4, eval_interval=4,
+                    checkpoint_interval=4, summary_interval=2)
     finally:
         logger.removeHandler(lines)
     assert task.line_before_check == [True]
     assert task.eval_traces == 1
+    assert sorted(scalars(str(tmp_path / "train"))["loss"]) == [2, 4]
 
 
 class VectorEvalLossTask(RegressionTask):
