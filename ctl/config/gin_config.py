@@ -20,8 +20,9 @@ import tensorflow as tf
 from ctl import compat
 from ctl.utils.errors import UserError, first_line
 from ctl.config.gin_text import check_gin_file
-from ctl.model_dir.background import upload_written, uploads
+from ctl.model_dir.background import uploads
 from ctl.model_dir import ModelDir, is_object_store, write_atomically
+from ctl.model_dir.files import upload_written
 
 # gin opens files with Python's `open`; this lets it read them through tf.io.gfile
 # too, so a --gin_file or the trainer's config.gin may be in an object store.
@@ -233,10 +234,7 @@ def _write_operative_config(directory: ModelDir, text: str) -> None:
             tf.summary.text("operative_config", gin.markdown(text), step=0)
         writer.close()
 
-    if is_object_store(directory.path):  # Written locally, then uploaded (`upload_written`).
-        upload_written(directory.train_dir, write)
-    else:
-        write(directory.train_dir)
+    upload_written(directory.train_dir, write)  # In an object store: locally, then uploaded.
 
 
 def operative_values(text: Optional[str] = None) -> Dict[str, Any]:

@@ -29,7 +29,8 @@ import tensorflow as tf
 from ctl.config import gin_config as config
 from ctl.core.hook_protocol import Hook
 from ctl.model_dir import is_object_store
-from ctl.model_dir.background import upload_written, uploads
+from ctl.model_dir.background import uploads
+from ctl.model_dir.files import upload_written
 
 STATE, STEP = "state", "step"  # The columns that say how the run ended.
 # Names a run's end state other than complete or stopped (None: not this run), set by the
@@ -73,10 +74,7 @@ def write_summary(model_dir: str, values: Dict[str, Any], state: str, step: int)
                        start_time_secs=None)
         writer.close()
 
-    if is_object_store(model_dir):  # Written locally, then uploaded (`upload_written`).
-        upload_written(model_dir, write)
-    else:
-        write(model_dir)
+    upload_written(model_dir, write)  # In an object store: locally, then uploaded.
 
 
 class HParamsSummary(Hook):

@@ -14,13 +14,10 @@ handed here. The lanes' order, and what the store's latency costs:
 docs/explanation/model-dir-records.md.
 """
 
-import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
-
-from ctl.model_dir import staging
 
 _CHUNK_BYTES = 16 << 20
 
@@ -38,29 +35,6 @@ def upload(local: str, remote: str) -> None:
             if not chunk:
                 break
             target.write(chunk)
-
-
-def upload_written(remote_dir: str, write: Callable[[str], None]) -> None:
-    """Runs `write(local_dir)` on a new local staging directory, then uploads each file it
-    wrote there into `remote_dir` under the same relative path, and removes the local copies.
-
-    For a summary written once (a `tf.summary` writer on the store itself makes its event
-    file there in several requests, inside TensorFlow ops that hold up the training thread's
-    own summary ops meanwhile).
-
-    Args:
-        remote_dir: the directory in the object store.
-        write: writes files into the local directory it is given.
-    """
-    local = staging.directory("written")
-    try:
-        write(local)
-        for directory, _, names in os.walk(local):
-            for name in sorted(names):
-                path = os.path.join(directory, name)
-                upload(path, os.path.join(remote_dir, os.path.relpath(path, local)))
-    finally:
-        staging.remove(local)
 
 
 FILES = "files"  # Summaries and metrics.jsonl.

@@ -15,11 +15,12 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from ctl.model_dir.background import uploads
+from ctl.model_dir import staging
+from ctl.model_dir.background import upload, uploads
 from ctl.utils import console
 from ctl.utils.errors import first_line
 
@@ -36,6 +37,33 @@ def is_object_store(path: str) -> bool:
         path: a path or URL.
     """
     return path.split("://", 1)[0] in OBJECT_STORE_SCHEMES if "://" in path else False
+
+
+def upload_written(remote_dir: str, write: Callable[[str], None]) -> None:
+    """In an object store, runs `write(local_dir)` on a new local staging directory, then
+    uploads each file it wrote there into `remote_dir` under the same relative path, and removes
+    the local copies; elsewhere runs `write(remote_dir)`.
+
+    For a summary written once (a `tf.summary` writer on the store itself makes its event
+    file there in several requests, inside TensorFlow ops that hold up the training thread's
+    own summary ops meanwhile).
+
+    Args:
+        remote_dir: the directory the files belong in.
+        write: writes files into the directory it is given.
+    """
+    if not is_object_store(remote_dir):
+        write(remote_dir)
+        return
+    local = staging.directory("written")
+    try:
+        write(local)
+        for directory, _, names in os.walk(local):
+            for name in sorted(names):
+                path = os.path.join(directory, name)
+                upload(path, os.path.join(remote_dir, os.path.relpath(path, local)))
+    finally:
+        staging.remove(local)
 
 
 def write_atomically(path: str, text: Union[str, bytes]) -> None:
